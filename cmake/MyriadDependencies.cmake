@@ -1,0 +1,61 @@
+# Finds every dependency and decides which optional parts (CUDA kernels, NCCL) are built.
+
+# LibTorch: Debian's CPU libtorch-dev, or the CUDA build inside an installed PyTorch
+# (Torch_DIR from torch.utils.cmake_prefix_path; scripts/setup.sh passes it).
+if(NOT CMAKE_CUDA_ARCHITECTURES)
+  # Torch's CUDA config otherwise probes the GPUs of the build machine.
+  set(CMAKE_CUDA_ARCHITECTURES 80 90)
+endif()
+if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST} AND NOT TORCH_CUDA_ARCH_LIST)
+  set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
+endif()
+find_package(Torch REQUIRED)
+
+# LibTorch 2.13 and later refuse to compile below C++20.
+if(Torch_VERSION VERSION_GREATER_EQUAL 2.13)
+  set(MYRIAD_CXX_STANDARD 20)
+else()
+  set(MYRIAD_CXX_STANDARD 17)
+endif()
+
+set(MPI_CXX_SKIP_MPICXX ON)
+find_package(MPI REQUIRED COMPONENTS CXX)
+find_package(HDF5 REQUIRED COMPONENTS C)
+find_package(Boost 1.71 REQUIRED COMPONENTS program_options)
+find_package(nlohmann_json 3.9 REQUIRED)
+find_package(Threads REQUIRED)
+
+set(MYRIAD_WITH_CUDA OFF)
+if(TARGET torch_cuda)
+  set(MYRIAD_WITH_CUDA ON)
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+endif()
+
+set(MYRIAD_NCCL_ENABLED OFF)
+if(MYRIAD_WITH_NCCL STREQUAL "ON" OR (MYRIAD_WITH_NCCL STREQUAL "AUTO" AND MYRIAD_WITH_CUDA))
+  if(NOT MYRIAD_WITH_CUDA)
+    message(FATAL_ERROR "MYRIAD_WITH_NCCL=ON needs a LibTorch built with CUDA; this one is CPU-only")
+  endif()
+  if(MYRIAD_WITH_NCCL STREQUAL "ON")
+    find_package(NCCL 2.12 REQUIRED)
+  else()
+    find_package(NCCL 2.12)
+  endif()
+  set(MYRIAD_NCCL_ENABLED ${NCCL_FOUND})
+endif()
+
+if(MYRIAD_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+
+# Every myriad target compiles with the same flags, so that all of them can share one
+# precompiled <torch/torch.h>.
+function(myriad_target_defaults target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter -Winvalid-pch
+      -fmacro-prefix-map=${PROJECT_SOURCE_DIR}/=>)
+  if(NOT target STREQUAL "myriad_pch")
+    target_precompile_headers(${target} REUSE_FROM myriad_pch)
+  endif()
+endfunction()

@@ -1,0 +1,31 @@
+#pragma once
+
+#include <memory>
+
+#include "myriad/comm/communicator.h"
+
+namespace myriad {
+
+class ProcessContext;
+
+// Owns this rank's communicators and hands out the one that moves tensors of a given device:
+// MPI for CPU tensors, NCCL for CUDA tensors. The NCCL communicator is created on first use,
+// which every rank reaches together because it is the first CUDA collective.
+class CommFactory {
+ public:
+  explicit CommFactory(const ProcessContext& context);
+  ~CommFactory();
+  CommFactory(const CommFactory&) = delete;
+  CommFactory& operator=(const CommFactory&) = delete;
+
+  Communicator& for_device(const torch::Device& device);
+  Communicator& for_tensor(const torch::Tensor& tensor) { return for_device(tensor.device()); }
+  Communicator& mpi() { return *mpi_; }
+
+ private:
+  const ProcessContext& context_;
+  std::unique_ptr<Communicator> mpi_;
+  std::unique_ptr<Communicator> nccl_;
+};
+
+}  // namespace myriad

@@ -1,0 +1,102 @@
+#pragma once
+
+#include <mpi.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace myriad {
+
+enum class ReduceOp { kSum, kMax, kMin };
+const char* reduce_op_name(ReduceOp op);
+
+// Element types every backend moves: float64, float32, bfloat16, float16, int64, int32, uint8
+// and int8. MPI has no half-precision arithmetic; its backend reduces bfloat16 and float16 with
+// custom operations that accumulate each pair in float32.
+bool is_communicable_dtype(torch::ScalarType dtype);
+
+// The data plane: collectives on torch tensors among the ranks of one MPI communicator. Two
+// backends implement it (MPI for CPU tensors, NCCL for CUDA tensors); CommFactory picks one by
+// device.
+//
+// Every collective is checked before it moves data: all ranks exchange a short description of
+// their call over MPI (operation, dtype, shape, device, counts, root), and if any rank's call is
+// malformed or differs from the others, every rank throws the same collective Error naming the
+// offending rank. A mismatch therefore never hangs or corrupts memory. The check costs one small
+// MPI_Allgather on the host and no device synchronisation; MYRIAD_COMM_CHECKS=0 turns it off.
+//
+// The NCCL backend enqueues work on LibTorch's current CUDA stream, so results are ordered with
+// the caller's kernels without extra synchronisation.
+class Communicator {
+ public:
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual const char* backend() const = 0;
+  // The device whose tensors this communicator moves.
+  virtual torch::Device device() const = 0;
+
+  // In place; every rank passes a contiguous tensor of the same dtype and shape.
+  void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // Concatenates every rank's `input` along dim 0; every rank passes the same shape.
+  torch::Tensor all_gather(const torch::Tensor& input);
+  // Rank r passes counts[r] rows (dim 0); every rank passes the same counts.
+  torch::Tensor all_gather(const torch::Tensor& input, const std::vector<int64_t>& counts);
+  // Reduces `input` over ranks and returns this rank's block of dim-0 rows: input.size(0)/size()
+  // rows each, or counts[r] rows for rank r.
+  torch::Tensor reduce_scatter(const torch::Tensor& input, ReduceOp op = ReduceOp::kSum);
+  torch::Tensor reduce_scatter(const torch::Tensor& input, const std::vector<int64_t>& counts,
+                               ReduceOp op = ReduceOp::kSum);
+  // In place; root's tensor overwrites everyone's.
+  void broadcast(torch::Tensor& tensor, int root);
+  // Root receives every rank's rows in rank order (counts[r] from rank r); the other ranks get
+  // an empty tensor.
+  torch::Tensor gather(const torch::Tensor& input, const std::vector<int64_t>& counts, int root);
+  // Root's `input` holds sum(counts) rows; rank r receives counts[r] of them. The other ranks'
+  // `input` only gives the dtype and row shape.
+  torch::Tensor scatter(const torch::Tensor& input, const std::vector<int64_t>& counts, int root);
+  // Returns when every rank has arrived and the work it queued before has finished.
+  void barrier();
+
+  // One integer per rank, exchanged over MPI with no device synchronisation.
+  std::vector<int64_t> all_gather_counts(int64_t local) const;
+
+ protected:
+  // Duplicates `control` for this communicator's own agreement traffic.
+  explicit Communicator(MPI_Comm control);
+  MPI_Comm control() const { return control_; }
+
+  // The backends. Arguments are already validated and agreed on by every rank; `counts` always
+  // has one entry per rank, and `equal` says all entries are the same.
+  virtual void all_reduce_impl(torch::Tensor& tensor, ReduceOp op) = 0;
+  virtual void all_gather_impl(const torch::Tensor& input, torch::Tensor& output,
+                               const std::vector<int64_t>& counts, bool equal) = 0;
+  virtual void reduce_scatter_impl(const torch::Tensor& input, torch::Tensor& output,
+                                   const std::vector<int64_t>& counts, bool equal,
+                                   ReduceOp op) = 0;
+  virtual void broadcast_impl(torch::Tensor& tensor, int root) = 0;
+  virtual void gather_impl(const torch::Tensor& input, torch::Tensor& output,
+                           const std::vector<int64_t>& counts, int root) = 0;
+  virtual void scatter_impl(const torch::Tensor& input, torch::Tensor& output,
+                            const std::vector<int64_t>& counts, int root) = 0;
+  virtual void barrier_impl() = 0;
+
+ private:
+  struct Call;
+  void agree(const Call& call) const;
+  torch::Tensor gather_rows(const char* name, const torch::Tensor& input,
+                            const std::vector<int64_t>& counts, bool equal);
+  torch::Tensor reduce_rows(const char* name, const torch::Tensor& input,
+                            const std::vector<int64_t>& counts, bool equal, ReduceOp op);
+
+  MPI_Comm control_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  bool checks_ = true;
+};
+
+}  // namespace myriad

@@ -1,0 +1,50 @@
+#pragma once
+
+#ifdef MYRIAD_WITH_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "myriad/comm/communicator.h"
+
+namespace myriad {
+
+// CUDA tensors over NCCL, on one GPU per rank. The unique id travels by MPI_Bcast. Every
+// operation is enqueued on LibTorch's current CUDA stream, so it is ordered with the caller's
+// kernels and needs no extra synchronisation. When an NCCL call fails the communicator is
+// aborted (ncclCommAbort), so no rank stays blocked inside NCCL, and an Error is thrown.
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(MPI_Comm comm, torch::Device device);
+  ~NcclCommunicator() override;
+
+  const char* backend() const override { return "nccl"; }
+  torch::Device device() const override { return device_; }
+  ncclComm_t handle() const { return comm_; }
+
+ protected:
+  void all_reduce_impl(torch::Tensor& tensor, ReduceOp op) override;
+  void all_gather_impl(const torch::Tensor& input, torch::Tensor& output,
+                       const std::vector<int64_t>& counts, bool equal) override;
+  void reduce_scatter_impl(const torch::Tensor& input, torch::Tensor& output,
+                           const std::vector<int64_t>& counts, bool equal, ReduceOp op) override;
+  void broadcast_impl(torch::Tensor& tensor, int root) override;
+  void gather_impl(const torch::Tensor& input, torch::Tensor& output,
+                   const std::vector<int64_t>& counts, int root) override;
+  void scatter_impl(const torch::Tensor& input, torch::Tensor& output,
+                    const std::vector<int64_t>& counts, int root) override;
+  void barrier_impl() override;
+
+ private:
+  // Checks the communicator is usable and returns the stream to enqueue on; the caller holds a
+  // CUDAGuard for device_.
+  cudaStream_t begin() const;
+  // Runs an NCCL call; on failure aborts the communicator and throws with NCCL's message.
+  void check(ncclResult_t rc, const char* expr, const char* file, int line);
+
+  torch::Device device_;
+  ncclComm_t comm_ = nullptr;
+  bool aborted_ = false;
+};
+
+}  // namespace myriad
+#endif

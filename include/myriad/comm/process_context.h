@@ -1,0 +1,48 @@
+#pragma once
+
+#include <mpi.h>
+#include <torch/types.h>
+
+#include <string>
+
+#include "myriad/comm/device_selection.h"
+
+namespace myriad {
+
+// One per process: owns MPI's lifetime and knows where this rank runs. MPI is the control plane
+// (start-up, rank discovery, agreement); tensors travel through a Communicator.
+class ProcessContext {
+ public:
+  // Initialises MPI, asking for MPI_THREAD_SERIALIZED and failing when less is provided.
+  ProcessContext(int* argc, char*** argv);
+  ~ProcessContext();
+  ProcessContext(const ProcessContext&) = delete;
+  ProcessContext& operator=(const ProcessContext&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  const std::string& hostname() const { return hostname_; }
+  int thread_level() const { return thread_level_; }
+  // MPI_COMM_WORLD with errors returned instead of aborting, so MYRIAD_CHECK_MPI sees them.
+  MPI_Comm world() const { return MPI_COMM_WORLD; }
+
+  // Picks and activates this rank's device. kAuto takes a GPU when every rank has one.
+  torch::Device select_device(DevicePreference preference);
+  // Whether CUDA devices are visible on every rank (a collective call).
+  bool all_ranks_have_gpu() const;
+
+  // Logical AND of `local` over all ranks (a collective call).
+  bool all_true(bool local) const;
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  int thread_level_ = 0;
+  std::string hostname_;
+};
+
+}  // namespace myriad

@@ -1,0 +1,27 @@
+#pragma once
+
+#include <boost/program_options.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace myriad {
+
+namespace po = boost::program_options;
+
+// Parses `argv` (argv[0] excluded when `skip_program` is set) against `options`. An unknown
+// option or a malformed value becomes a UsageError naming it. Returns false when --help was given;
+// rank 0 has then printed `usage` and the options.
+bool parse_command_line(int argc, char** argv, const po::options_description& options,
+                        po::variables_map& values, const std::string& usage, int rank);
+
+// Like parse_command_line, then reads the INI file named by option `config_option` when set;
+// the command line wins over the file.
+bool parse_command_line_and_config(int argc, char** argv, const po::options_description& options,
+                                   po::variables_map& values, const std::string& usage, int rank,
+                                   const std::string& config_option);
+
+// "4096", "64K", "256M", "2G" (powers of 1024; a trailing B or iB is allowed). UsageError otherwise.
+int64_t parse_byte_size(const std::string& text);
+
+}  // namespace myriad

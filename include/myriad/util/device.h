@@ -1,0 +1,17 @@
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+
+namespace myriad {
+
+// Waits for the work queued on `device`'s current stream; a no-op on the CPU.
+void synchronize_device(const torch::Device& device);
+
+// Peak bytes the caching allocator has handed out on `device` since the last reset, and the
+// reset itself. On the CPU both report 0: LibTorch keeps no CPU statistics.
+int64_t peak_device_memory(const torch::Device& device);
+void reset_peak_device_memory(const torch::Device& device);
+
+}  // namespace myriad

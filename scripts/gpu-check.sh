@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Builds myriad on a GPU node and checks it there: every test (NCCL included, at each rank count
+# the node's GPUs allow) and the benchmarks, with logs and a summary in the output folder.
+#
+#   scripts/gpu-check.sh [--deps-dir DIR] [--out DIR] [--only tests|bench]
+#
+# --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
+# stays off (NCCL_NVLS_ENABLE=0 and friends) unless the caller set those variables.
+set -uo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+deps_args=()
+out=${OUT:-$repo/build/gpu-check}
+only=all
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "gpu-check.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+forward=(-x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x LD_LIBRARY_PATH)
+
+gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+nvidia-smi topo -m >>"$out/nvidia-smi.txt" 2>&1
+note "node: $(hostname), $gpus GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | xargs)"
+
+rank_counts=()
+for n in 1 2 3 4 8; do [ "$n" -le "$gpus" ] && rank_counts+=("$n"); done
+
+start=$(date +%s)
+if ! "$repo/scripts/setup.sh" "${deps_args[@]}" --jobs "$(nproc)" -- \
+    -DMYRIAD_MPI_TEST_RANKS="$(IFS=';'; echo "${rank_counts[*]}")" \
+    -DMPIEXEC_PREFLAGS="$(IFS=';'; echo "${forward[*]}")" >"$out/build.log" 2>&1; then
+  note "BUILD FAILED (build.log)"; tail -n 60 "$out/build.log"; exit 1
+fi
+note "build: $(( $(date +%s) - start )) s; $(grep -m1 'myriad: LibTorch' "$out/build.log")"
+if [ -n "${MYRIAD_DEPS_PREFIX:-}" ] || [ ${#deps_args[@]} -gt 0 ]; then
+  export LD_LIBRARY_PATH="$(ls -d "${MYRIAD_DEPS_PREFIX:-/tmp/myriad-deps}"/usr/lib/*-linux-gnu | head -n1):${LD_LIBRARY_PATH:-}"
+fi
+bin="$repo/build/bin"
+status=0
+
+if [ "$only" = all ] || [ "$only" = tests ]; then
+  start=$(date +%s)
+  if ctest --test-dir "$repo/build" -V >"$out/ctest.log" 2>&1; then
+    note "tests: all passed ($(( $(date +%s) - start )) s): $(grep -E 'tests passed' "$out/ctest.log")"
+  else
+    status=1; note "TESTS FAILED: $(grep -E 'tests passed|Failed|\*\*\*' "$out/ctest.log" | head -n 20)"
+  fi
+  grep -aE "Test #|NCCL tests|PASSED  \]|SKIPPED \] [0-9]+ tests" "$out/ctest.log" | sed 's/^[0-9]*: //' \
+    | tee -a "$summary"
+fi
+
+if [ "$only" = all ] || [ "$only" = bench ]; then
+  for n in "${rank_counts[@]}"; do
+    [ "$n" -ge 2 ] || continue
+    for checks in on off; do
+      log="$out/collectives-np$n-checks-$checks.txt"
+      mpirun -np "$n" --bind-to none "${forward[@]}" "$bin/myriad-bench" collectives --backend nccl \
+        --min-bytes 1K --max-bytes 1G --factor 4 --iters 20 --checks "$checks" >"$log" 2>&1 || status=1
+      note "collectives, $n ranks, checks $checks (largest sizes):"
+      grep -E "^(all_reduce|all_gather|reduce_scatter|broadcast) +1073741824|OK|FAILED" "$log" | tee -a "$summary"
+    done
+  done
+fi
+note "gpu-check status: $status"
+exit $status

@@ -1,0 +1,10 @@
+#pragma once
+
+namespace myriad {
+
+class ProcessContext;
+
+// Each `myriad-bench <command>` is one function taking the arguments after the command name.
+int run_collectives_bench(ProcessContext& context, int argc, char** argv);
+
+}  // namespace myriad

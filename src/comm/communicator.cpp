@@ -1,0 +1,225 @@
+#include "myriad/comm/communicator.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+
+#include "collective_signature.h"
+#include "tensor_rows.h"
+#include "myriad/util/check_mpi.h"
+#include "myriad/util/error.h"
+
+namespace myriad {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+bool is_communicable_dtype(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat64:
+    case torch::kFloat32:
+    case torch::kBFloat16:
+    case torch::kFloat16:
+    case torch::kInt64:
+    case torch::kInt32:
+    case torch::kUInt8:
+    case torch::kInt8: return true;
+    default: return false;
+  }
+}
+
+// One collective call as this rank sees it, before validation.
+struct Communicator::Call {
+  const char* name;
+  const torch::Tensor& tensor;
+  ShapeRule rule = ShapeRule::kSameShape;
+  bool in_place = false;
+  int64_t op = -1;
+  int64_t root = -1;
+  const std::vector<int64_t>* counts = nullptr;
+  // Rows this rank's tensor must have; -1 when any number is fine.
+  int64_t expected_rows = -1;
+  // Rows must split evenly over the ranks (equal reduce-scatter).
+  bool divisible_rows = false;
+};
+
+Communicator::Communicator(MPI_Comm control) {
+  MYRIAD_CHECK_MPI(MPI_Comm_dup(control, &control_));
+  MYRIAD_CHECK_MPI(MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN));
+  MYRIAD_CHECK_MPI(MPI_Comm_rank(control_, &rank_));
+  MYRIAD_CHECK_MPI(MPI_Comm_size(control_, &size_));
+  const char* checks = std::getenv("MYRIAD_COMM_CHECKS");
+  checks_ = checks == nullptr || std::string(checks) != "0";
+}
+
+Communicator::~Communicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
+}
+
+void Communicator::agree(const Call& call) const {
+  const torch::Tensor& t = call.tensor;
+  CollectiveSignature sig = describe_call(call.name, t, call.rule, call.op, call.root, call.counts);
+  CallProblem problem = CallProblem::kNone;
+  const torch::Device expected = device();
+  if (!is_communicable_dtype(t.scalar_type())) {
+    problem = CallProblem::kDtype;
+  } else if (t.device().type() != expected.type() ||
+             (expected.has_index() && t.device().index() != expected.index())) {
+    problem = CallProblem::kDevice;
+  } else if (call.in_place && !t.is_contiguous()) {
+    problem = CallProblem::kNotContiguous;
+  } else if (t.dim() > kMaxSignatureDims) {
+    problem = CallProblem::kTooManyDims;
+  } else if (call.rule == ShapeRule::kSameRowShape && t.dim() == 0) {
+    problem = CallProblem::kNoRowDim;
+  } else if (call.root != -1 && (call.root < 0 || call.root >= size_)) {
+    problem = CallProblem::kRoot;
+  } else if (call.counts != nullptr && static_cast<int>(call.counts->size()) != size_) {
+    problem = CallProblem::kCountsSize;
+  } else if (call.counts != nullptr &&
+             std::any_of(call.counts->begin(), call.counts->end(), [](int64_t c) { return c < 0; })) {
+    problem = CallProblem::kNegativeCount;
+  } else if (call.expected_rows >= 0 && t.size(0) != call.expected_rows) {
+    problem = CallProblem::kRowsMismatch;
+    sig.expected_rows = call.expected_rows;
+  } else if (call.divisible_rows && (t.dim() == 0 || t.size(0) % size_ != 0)) {
+    problem = call.tensor.dim() == 0 ? CallProblem::kNoRowDim : CallProblem::kIndivisible;
+  }
+  sig.problem = static_cast<int64_t>(problem);
+
+  if (!checks_) {
+    if (problem != CallProblem::kNone) {
+      MYRIAD_THROW("{}", describe_problem(call.name, rank_, sig, expected));
+    }
+    return;
+  }
+  static_assert(sizeof(CollectiveSignature) % sizeof(int64_t) == 0, "signature is int64 words");
+  const int words = sizeof(CollectiveSignature) / sizeof(int64_t);
+  std::vector<CollectiveSignature> all(size_);
+  MYRIAD_CHECK_MPI(MPI_Allgather(&sig, words, MPI_INT64_T, all.data(), words, MPI_INT64_T, control_));
+  const std::string disagreement = find_disagreement(call.name, all, expected);
+  MYRIAD_CHECK_COLLECTIVE(disagreement.empty(), "{}", disagreement);
+}
+
+void Communicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  Call call{"all_reduce", tensor};
+  call.in_place = true;
+  call.op = static_cast<int64_t>(op);
+  agree(call);
+  if (tensor.numel() > 0) all_reduce_impl(tensor, op);
+}
+
+torch::Tensor Communicator::gather_rows(const char* name, const torch::Tensor& input,
+                                        const std::vector<int64_t>& counts, bool equal) {
+  Call call{name, input};
+  call.rule = equal ? ShapeRule::kSameShape : ShapeRule::kSameRowShape;
+  call.counts = equal ? nullptr : &counts;
+  call.expected_rows = equal ? -1 : (static_cast<int>(counts.size()) == size_ ? counts[rank_] : -1);
+  agree(call);
+  std::vector<int64_t> rows = equal ? std::vector<int64_t>(size_, input.size(0)) : counts;
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  torch::Tensor output = torch::empty(shape, input.options());
+  if (output.numel() > 0) all_gather_impl(input.contiguous(), output, rows, equal);
+  return output;
+}
+
+torch::Tensor Communicator::all_gather(const torch::Tensor& input) {
+  return gather_rows("all_gather", input, {}, true);
+}
+
+torch::Tensor Communicator::all_gather(const torch::Tensor& input,
+                                       const std::vector<int64_t>& counts) {
+  return gather_rows("all_gather", input, counts, false);
+}
+
+torch::Tensor Communicator::reduce_rows(const char* name, const torch::Tensor& input,
+                                        const std::vector<int64_t>& counts, bool equal,
+                                        ReduceOp op) {
+  Call call{name, input};
+  call.op = static_cast<int64_t>(op);
+  call.rule = equal ? ShapeRule::kSameShape : ShapeRule::kSameRowShape;
+  call.counts = equal ? nullptr : &counts;
+  call.divisible_rows = equal;
+  if (!equal && static_cast<int>(counts.size()) == size_) {
+    call.expected_rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  }
+  agree(call);
+  std::vector<int64_t> rows =
+      equal ? std::vector<int64_t>(size_, input.size(0) / size_) : counts;
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] = rows[rank_];
+  torch::Tensor output = torch::empty(shape, input.options());
+  if (input.numel() > 0) reduce_scatter_impl(input.contiguous(), output, rows, equal, op);
+  return output;
+}
+
+torch::Tensor Communicator::reduce_scatter(const torch::Tensor& input, ReduceOp op) {
+  return reduce_rows("reduce_scatter", input, {}, true, op);
+}
+
+torch::Tensor Communicator::reduce_scatter(const torch::Tensor& input,
+                                           const std::vector<int64_t>& counts, ReduceOp op) {
+  return reduce_rows("reduce_scatter", input, counts, false, op);
+}
+
+void Communicator::broadcast(torch::Tensor& tensor, int root) {
+  Call call{"broadcast", tensor};
+  call.in_place = true;
+  call.root = root;
+  agree(call);
+  if (tensor.numel() > 0) broadcast_impl(tensor, root);
+}
+
+torch::Tensor Communicator::gather(const torch::Tensor& input, const std::vector<int64_t>& counts,
+                                   int root) {
+  Call call{"gather", input};
+  call.rule = ShapeRule::kSameRowShape;
+  call.counts = &counts;
+  call.root = root;
+  call.expected_rows = static_cast<int>(counts.size()) == size_ ? counts[rank_] : -1;
+  agree(call);
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] = rank_ == root ? std::accumulate(counts.begin(), counts.end(), int64_t{0}) : 0;
+  torch::Tensor output = torch::empty(shape, input.options());
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  if (total * row_numel(input) > 0) gather_impl(input.contiguous(), output, counts, root);
+  return output;
+}
+
+torch::Tensor Communicator::scatter(const torch::Tensor& input, const std::vector<int64_t>& counts,
+                                    int root) {
+  Call call{"scatter", input};
+  call.rule = ShapeRule::kSameRowShape;
+  call.counts = &counts;
+  call.root = root;
+  if (rank_ == root && static_cast<int>(counts.size()) == size_) {
+    call.expected_rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  }
+  agree(call);
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape[0] = counts[rank_];
+  torch::Tensor output = torch::empty(shape, input.options());
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  if (total * row_numel(input) > 0) scatter_impl(input.contiguous(), output, counts, root);
+  return output;
+}
+
+void Communicator::barrier() { barrier_impl(); }
+
+std::vector<int64_t> Communicator::all_gather_counts(int64_t local) const {
+  std::vector<int64_t> counts(size_);
+  MYRIAD_CHECK_MPI(MPI_Allgather(&local, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, control_));
+  return counts;
+}
+
+}  // namespace myriad

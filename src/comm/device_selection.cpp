@@ -1,0 +1,25 @@
+#include "myriad/comm/device_selection.h"
+
+#include "myriad/util/error.h"
+
+namespace myriad {
+
+DevicePreference parse_device_preference(const std::string& name) {
+  if (name == "auto") return DevicePreference::kAuto;
+  if (name == "cpu") return DevicePreference::kCpu;
+  if (name == "cuda" || name == "gpu") return DevicePreference::kCuda;
+  throw UsageError(str_format("unknown device '{}' (expected auto, cpu or cuda)", name));
+}
+
+int choose_local_gpu(int local_rank, int local_size, int visible_gpus) {
+  MYRIAD_CHECK(visible_gpus > 0, "no CUDA device is visible to this rank");
+  MYRIAD_CHECK(local_rank >= 0 && local_rank < local_size, "local rank {} outside [0, {})",
+               local_rank, local_size);
+  if (visible_gpus == 1) return 0;
+  MYRIAD_CHECK(local_rank < visible_gpus,
+               "{} ranks run on this node but only {} GPUs are visible; start one rank per GPU",
+               local_size, visible_gpus);
+  return local_rank;
+}
+
+}  // namespace myriad

@@ -1,0 +1,218 @@
+#include "myriad/comm/nccl_communicator.h"
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <exception>
+
+#include "myriad/util/check_cuda.h"
+#include "tensor_rows.h"
+#include "myriad/util/check_mpi.h"
+#include "myriad/util/check_nccl.h"
+#include "myriad/util/error.h"
+#include "myriad/util/log.h"
+
+#define NCCL_CALL(call) check((call), #call, __FILE__, __LINE__)
+
+namespace myriad {
+
+namespace {
+
+ncclDataType_t nccl_type(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat64: return ncclFloat64;
+    case torch::kFloat32: return ncclFloat32;
+    case torch::kBFloat16: return ncclBfloat16;
+    case torch::kFloat16: return ncclFloat16;
+    case torch::kInt64: return ncclInt64;
+    case torch::kInt32: return ncclInt32;
+    case torch::kUInt8: return ncclUint8;
+    case torch::kInt8: return ncclInt8;
+    default: MYRIAD_THROW("no NCCL datatype for {}", c10::toString(dtype));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  MYRIAD_THROW("unknown reduction");
+}
+
+char* byte_ptr(const torch::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(MPI_Comm comm, torch::Device device)
+    : Communicator(comm), device_(device) {
+  MYRIAD_CHECK(device.is_cuda() && device.has_index(), "NCCL needs a CUDA device with an index, got {}",
+               device.str());
+  ncclUniqueId id;
+  if (rank() == 0) MYRIAD_CHECK_NCCL(ncclGetUniqueId(&id), nullptr);
+  MYRIAD_CHECK_MPI(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, control()));
+  c10::cuda::CUDAGuard guard(device_);
+  MYRIAD_CHECK_NCCL(ncclCommInitRank(&comm_, size(), id, rank()), nullptr);
+  int version = 0;
+  ncclGetVersion(&version);
+  log_debug("NCCL {} communicator ready on {} ({} ranks)", version, device_.str(), size());
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_ == nullptr || aborted_) return;
+  // While an error unwinds, peers may be gone; destroying would wait for them.
+  if (std::uncaught_exceptions() > 0) {
+    ncclCommAbort(comm_);
+  } else {
+    ncclCommDestroy(comm_);
+  }
+}
+
+void NcclCommunicator::check(ncclResult_t rc, const char* expr, const char* file, int line) {
+  if (rc == ncclSuccess) return;
+  const std::string detail = std::string(ncclGetErrorString(rc)) + ": " + ncclGetLastError(comm_);
+  if (!aborted_) {
+    ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+  throw_error(file, line, str_format("NCCL call failed: {}: {} (communicator aborted)", expr, detail));
+}
+
+cudaStream_t NcclCommunicator::begin() const {
+  MYRIAD_CHECK(!aborted_, "the NCCL communicator was aborted by an earlier error");
+  return c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+}
+
+void NcclCommunicator::all_reduce_impl(torch::Tensor& tensor, ReduceOp op) {
+  c10::cuda::CUDAGuard guard(device_);
+  const cudaStream_t stream = begin();
+  NCCL_CALL(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
+                          nccl_type(tensor.scalar_type()), nccl_op(op), comm_,
+                          stream));
+}
+
+void NcclCommunicator::all_gather_impl(const torch::Tensor& input, torch::Tensor& output,
+                                       const std::vector<int64_t>& counts, bool equal) {
+  c10::cuda::CUDAGuard guard(device_);
+  const cudaStream_t stream = begin();
+  const ncclDataType_t type = nccl_type(input.scalar_type());
+  if (equal) {
+    NCCL_CALL(ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), type, comm_, stream));
+    return;
+  }
+  // NCCL has no all-gather-v: one broadcast per root, fused into one group.
+  const int64_t row = row_numel(output);
+  const int64_t row_bytes = row * output.element_size();
+  int64_t offset = 0;
+  NCCL_CALL(ncclGroupStart());
+  for (int r = 0; r < size(); ++r) {
+    if (counts[r] > 0) {
+      // The send buffer is read on root r only.
+      NCCL_CALL(ncclBroadcast(input.data_ptr(), byte_ptr(output) + offset * row_bytes, counts[r] * row, type, r,
+                              comm_, stream));
+    }
+    offset += counts[r];
+  }
+  NCCL_CALL(ncclGroupEnd());
+}
+
+void NcclCommunicator::reduce_scatter_impl(const torch::Tensor& input, torch::Tensor& output,
+                                           const std::vector<int64_t>& counts, bool equal,
+                                           ReduceOp op) {
+  c10::cuda::CUDAGuard guard(device_);
+  const cudaStream_t stream = begin();
+  const ncclDataType_t type = nccl_type(input.scalar_type());
+  if (equal) {
+    NCCL_CALL(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), type,
+                                nccl_op(op), comm_, stream));
+    return;
+  }
+  // One reduce per root, each delivering that root's block of rows, fused into one group.
+  const int64_t row = row_numel(input);
+  const int64_t row_bytes = row * input.element_size();
+  int64_t offset = 0;
+  NCCL_CALL(ncclGroupStart());
+  for (int r = 0; r < size(); ++r) {
+    if (counts[r] > 0) {
+      // The receive buffer is written on root r only.
+      NCCL_CALL(ncclReduce(byte_ptr(input) + offset * row_bytes, output.data_ptr(), counts[r] * row, type,
+                           nccl_op(op), r, comm_, stream));
+    }
+    offset += counts[r];
+  }
+  NCCL_CALL(ncclGroupEnd());
+}
+
+void NcclCommunicator::broadcast_impl(torch::Tensor& tensor, int root) {
+  c10::cuda::CUDAGuard guard(device_);
+  const cudaStream_t stream = begin();
+  NCCL_CALL(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
+                          nccl_type(tensor.scalar_type()), root, comm_, stream));
+}
+
+void NcclCommunicator::gather_impl(const torch::Tensor& input, torch::Tensor& output,
+                                   const std::vector<int64_t>& counts, int root) {
+  c10::cuda::CUDAGuard guard(device_);
+  const cudaStream_t stream = begin();
+  const ncclDataType_t type = nccl_type(input.scalar_type());
+  const int64_t row = row_numel(input);
+  NCCL_CALL(ncclGroupStart());
+  if (rank() == root) {
+    int64_t offset = 0;
+    for (int r = 0; r < size(); ++r) {
+      if (counts[r] > 0) {
+        char* slot = byte_ptr(output) + offset * row * output.element_size();
+        if (r == root) {
+          MYRIAD_CHECK_CUDA(cudaMemcpyAsync(slot, input.data_ptr(), input.nbytes(),
+                                            cudaMemcpyDeviceToDevice, stream));
+        } else {
+          NCCL_CALL(ncclRecv(slot, counts[r] * row, type, r, comm_, stream));
+        }
+      }
+      offset += counts[r];
+    }
+  } else if (counts[rank()] > 0) {
+    NCCL_CALL(ncclSend(input.data_ptr(), counts[rank()] * row, type, root, comm_, stream));
+  }
+  NCCL_CALL(ncclGroupEnd());
+}
+
+void NcclCommunicator::scatter_impl(const torch::Tensor& input, torch::Tensor& output,
+                                    const std::vector<int64_t>& counts, int root) {
+  c10::cuda::CUDAGuard guard(device_);
+  const cudaStream_t stream = begin();
+  const ncclDataType_t type = nccl_type(output.scalar_type());
+  const int64_t row = row_numel(output);
+  NCCL_CALL(ncclGroupStart());
+  if (rank() == root) {
+    int64_t offset = 0;
+    for (int r = 0; r < size(); ++r) {
+      if (counts[r] > 0) {
+        const char* slot = byte_ptr(input) + offset * row * input.element_size();
+        if (r == root) {
+          MYRIAD_CHECK_CUDA(cudaMemcpyAsync(output.data_ptr(), slot, output.nbytes(),
+                                            cudaMemcpyDeviceToDevice, stream));
+        } else {
+          NCCL_CALL(ncclSend(slot, counts[r] * row, type, r, comm_, stream));
+        }
+      }
+      offset += counts[r];
+    }
+  } else if (counts[rank()] > 0) {
+    NCCL_CALL(ncclRecv(output.data_ptr(), counts[rank()] * row, type, root, comm_, stream));
+  }
+  NCCL_CALL(ncclGroupEnd());
+}
+
+void NcclCommunicator::barrier_impl() {
+  c10::cuda::CUDAGuard guard(device_);
+  const cudaStream_t stream = begin();
+  MYRIAD_CHECK_CUDA(cudaStreamSynchronize(stream));
+  ncclResult_t async_error = ncclSuccess;
+  NCCL_CALL(ncclCommGetAsyncError(comm_, &async_error));
+  NCCL_CALL(async_error);
+  MYRIAD_CHECK_MPI(MPI_Barrier(control()));
+}
+
+}  // namespace myriad

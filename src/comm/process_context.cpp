@@ -1,0 +1,94 @@
+#include "myriad/comm/process_context.h"
+
+#include <torch/cuda.h>
+#include <unistd.h>
+
+#include "myriad/util/check_cuda.h"
+#include "myriad/util/check_mpi.h"
+#include "myriad/util/error.h"
+#include "myriad/util/log.h"
+
+namespace myriad {
+
+namespace {
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+ProcessContext::ProcessContext(int* argc, char*** argv) {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown-host");
+  hostname_ = host;
+
+  int initialized = 0;
+  MYRIAD_CHECK_MPI(MPI_Initialized(&initialized));
+  MYRIAD_CHECK(!initialized, "MPI was already initialised; create one ProcessContext per process");
+  // Communication happens from one thread at a time (the training loop, or the autograd
+  // engine's thread during backward), never concurrently.
+  const int required = MPI_THREAD_SERIALIZED;
+  const int rc = MPI_Init_thread(argc, argv, required, &thread_level_);
+  if (rc != MPI_SUCCESS) {
+    throw Error(str_format("MPI_Init_thread failed with code {}", rc), hostname_);
+  }
+  MYRIAD_CHECK_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  MYRIAD_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  MYRIAD_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  set_error_identity(rank_, hostname_);
+  configure_logging(log_config_from_env(rank_, size_));
+  MYRIAD_CHECK(thread_level_ >= required, "MPI provides {} but myriad needs {}",
+               thread_level_name(thread_level_), thread_level_name(required));
+
+  MPI_Comm node = MPI_COMM_NULL;
+  MYRIAD_CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  MYRIAD_CHECK_MPI(MPI_Comm_rank(node, &local_rank_));
+  MYRIAD_CHECK_MPI(MPI_Comm_size(node, &local_size_));
+  MYRIAD_CHECK_MPI(MPI_Comm_free(&node));
+  log_debug("rank {} of {} on {} (local rank {} of {}), {}", rank_, size_, hostname_, local_rank_,
+            local_size_, thread_level_name(thread_level_));
+}
+
+ProcessContext::~ProcessContext() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+bool ProcessContext::all_true(bool local) const {
+  int value = local ? 1 : 0;
+  int result = 0;
+  MYRIAD_CHECK_MPI(MPI_Allreduce(&value, &result, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD));
+  return result != 0;
+}
+
+bool ProcessContext::all_ranks_have_gpu() const {
+  return all_true(torch::cuda::is_available() && torch::cuda::device_count() > 0);
+}
+
+torch::Device ProcessContext::select_device(DevicePreference preference) {
+  if (preference == DevicePreference::kCpu) return torch::kCPU;
+  const bool gpus = all_ranks_have_gpu();
+  if (!gpus) {
+    MYRIAD_CHECK_COLLECTIVE(preference != DevicePreference::kCuda,
+                            "--device cuda was asked for, but not every rank sees a CUDA device");
+    return torch::kCPU;
+  }
+#ifdef MYRIAD_WITH_CUDA
+  const int index = choose_local_gpu(local_rank_, local_size_,
+                                     static_cast<int>(torch::cuda::device_count()));
+  MYRIAD_CHECK_CUDA(cudaSetDevice(index));
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+#else
+  MYRIAD_THROW_COLLECTIVE("this build of myriad has no CUDA support; rebuild against a CUDA LibTorch");
+#endif
+}
+
+}  // namespace myriad

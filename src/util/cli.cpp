@@ -1,0 +1,85 @@
+#include "myriad/util/cli.h"
+
+#include <cctype>
+#include <fstream>
+#include <iostream>
+
+#include "myriad/util/error.h"
+
+namespace myriad {
+
+namespace {
+
+bool wants_help(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") return true;
+  }
+  return false;
+}
+
+void print_help(const po::options_description& options, const std::string& usage, int rank) {
+  if (rank != 0) return;
+  std::cout << usage << "\n\n" << options << std::endl;
+}
+
+}  // namespace
+
+bool parse_command_line(int argc, char** argv, const po::options_description& options,
+                        po::variables_map& values, const std::string& usage, int rank) {
+  if (wants_help(argc, argv)) {
+    print_help(options, usage, rank);
+    return false;
+  }
+  try {
+    po::store(po::command_line_parser(argc, argv).options(options).run(), values);
+    po::notify(values);
+  } catch (const po::error& e) {
+    throw UsageError(e.what());
+  }
+  return true;
+}
+
+bool parse_command_line_and_config(int argc, char** argv, const po::options_description& options,
+                                   po::variables_map& values, const std::string& usage, int rank,
+                                   const std::string& config_option) {
+  if (wants_help(argc, argv)) {
+    print_help(options, usage, rank);
+    return false;
+  }
+  try {
+    po::store(po::command_line_parser(argc, argv).options(options).run(), values);
+    if (values.count(config_option) > 0) {
+      const std::string path = values[config_option].as<std::string>();
+      std::ifstream file(path);
+      if (!file) throw UsageError(str_format("cannot open config file '{}'", path));
+      try {
+        po::store(po::parse_config_file(file, options, false), values);
+      } catch (const po::error& e) {
+        throw UsageError(str_format("config file '{}': {}", path, e.what()));
+      }
+    }
+    po::notify(values);
+  } catch (const po::error& e) {
+    throw UsageError(e.what());
+  }
+  return true;
+}
+
+int64_t parse_byte_size(const std::string& text) {
+  size_t pos = 0;
+  while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
+  if (pos == 0) throw UsageError(str_format("'{}' is not a byte size (e.g. 4096, 64K, 256M, 2G)", text));
+  int64_t value = std::stoll(text.substr(0, pos));
+  std::string unit = text.substr(pos);
+  if (unit.size() > 1 && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (unit.size() > 1 && unit.back() == 'i') unit.pop_back();
+  if (unit.empty() || unit == "B" || unit == "b") return value;
+  static const std::string kUnits = "KMGT";
+  const size_t power = unit.size() == 1 ? kUnits.find(std::toupper(static_cast<unsigned char>(unit[0])))
+                                        : std::string::npos;
+  if (power != std::string::npos) return value << (10 * (power + 1));
+  throw UsageError(str_format("'{}' is not a byte size (e.g. 4096, 64K, 256M, 2G)", text));
+}
+
+}  // namespace myriad

@@ -1,0 +1,34 @@
+#include "myriad/util/device.h"
+
+#ifdef MYRIAD_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace myriad {
+
+void synchronize_device(const torch::Device& device) {
+#ifdef MYRIAD_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
+#endif
+}
+
+int64_t peak_device_memory(const torch::Device& device) {
+#ifdef MYRIAD_WITH_CUDA
+  if (device.is_cuda()) {
+    // Entry 0 of each statistic is the aggregate over pools in every LibTorch version; the
+    // enum naming it moved between namespaces.
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[0].peak;
+  }
+#endif
+  return 0;
+}
+
+void reset_peak_device_memory(const torch::Device& device) {
+#ifdef MYRIAD_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+}
+
+}  // namespace myriad

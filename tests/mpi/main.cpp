@@ -1,0 +1,63 @@
+// Test main for the multi-rank binary: initialises MPI through ProcessContext, lets only rank 0
+// print GoogleTest's report (other ranks print their failures, tagged with their rank), and makes
+// every rank exit with the same code.
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+
+#include "mpi_test.h"
+#include "myriad/comm/comm_factory.h"
+#include "myriad/comm/process_context.h"
+
+namespace {
+
+// On ranks other than 0: print failed assertions only, prefixed with the rank.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_,
+                 result.file_name() ? result.file_name() : "?", result.line_number(),
+                 result.message());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  myriad::ProcessContext context(&argc, &argv);
+  torch::set_num_threads(1);
+  auto& env = myriad::testing::environment();
+  env.context = &context;
+#ifdef MYRIAD_WITH_NCCL
+  // NCCL needs one GPU per rank: with more ranks on a node than GPUs, the NCCL tests skip.
+  env.gpus = context.all_true(torch::cuda::device_count() >= context.local_size());
+#endif
+  if (env.gpus) env.gpu = context.select_device(myriad::DevicePreference::kCuda);
+
+  int code = 0;
+  {
+    myriad::CommFactory comms(context);
+    env.comms = &comms;
+    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    if (context.rank() != 0) {
+      delete listeners.Release(listeners.default_result_printer());
+      listeners.Append(new RankFailurePrinter(context.rank()));
+    } else {
+      std::printf("[ myriad ] %d rank(s); NCCL tests %s\n", context.size(),
+                  env.gpus ? "enabled" : "skipped (no GPU on every rank, or no NCCL build)");
+    }
+    int local = RUN_ALL_TESTS();
+    MPI_Allreduce(&local, &code, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    env.comms = nullptr;
+  }
+  return code;
+}

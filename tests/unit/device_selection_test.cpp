@@ -1,0 +1,33 @@
+#include <gtest/gtest.h>
+
+#include "myriad/comm/device_selection.h"
+#include "myriad/util/error.h"
+
+namespace myriad {
+namespace {
+
+TEST(DeviceSelection, MapsLocalRankToGpu) {
+  EXPECT_EQ(choose_local_gpu(0, 4, 4), 0);
+  EXPECT_EQ(choose_local_gpu(3, 4, 4), 3);
+  EXPECT_EQ(choose_local_gpu(1, 2, 8), 1);
+}
+
+TEST(DeviceSelection, OneVisibleGpuMeansTheLauncherAssignedIt) {
+  // srun --gpus-per-task=1 or CUDA_VISIBLE_DEVICES per task: every rank sees its own GPU as 0.
+  EXPECT_EQ(choose_local_gpu(3, 4, 1), 0);
+}
+
+TEST(DeviceSelection, MoreRanksThanGpusIsAnError) {
+  EXPECT_THROW(choose_local_gpu(2, 4, 2), Error);
+  EXPECT_THROW(choose_local_gpu(0, 1, 0), Error);
+}
+
+TEST(DeviceSelection, ParsesPreference) {
+  EXPECT_EQ(parse_device_preference("auto"), DevicePreference::kAuto);
+  EXPECT_EQ(parse_device_preference("cuda"), DevicePreference::kCuda);
+  EXPECT_EQ(parse_device_preference("cpu"), DevicePreference::kCpu);
+  EXPECT_THROW(parse_device_preference("tpu"), UsageError);
+}
+
+}  // namespace
+}  // namespace myriad
