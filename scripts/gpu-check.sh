@@ -2,7 +2,9 @@
 # Builds myriad on a GPU node and checks it there: every test (NCCL included, at each rank count
 # the node's GPUs allow) and the benchmarks, with logs and a summary in the output folder.
 #
-#   scripts/gpu-check.sh [--deps-dir DIR] [--out DIR] [--only tests|bench]
+#   scripts/gpu-check.sh [--deps-dir DIR] [--out DIR] [--only LIST]
+#
+# LIST is a comma list of: tests, collectives, classifier (default: all of them).
 #
 # --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
 # stays off (NCCL_NVLS_ENABLE=0 and friends) unless the caller set those variables.
@@ -11,7 +13,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps_args=()
 out=${OUT:-$repo/build/gpu-check}
-only=all
+only=tests,collectives,classifier
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
@@ -53,7 +55,9 @@ fi
 bin="$repo/build/bin"
 status=0
 
-if [ "$only" = all ] || [ "$only" = tests ]; then
+wants() { [[ ",$only," == *",$1,"* ]]; }
+
+if wants tests; then
   start=$(date +%s)
   if ctest --test-dir "$repo/build" -V >"$out/ctest.log" 2>&1; then
     note "tests: all passed ($(( $(date +%s) - start )) s): $(grep -E 'tests passed' "$out/ctest.log")"
@@ -64,7 +68,7 @@ if [ "$only" = all ] || [ "$only" = tests ]; then
     | tee -a "$summary"
 fi
 
-if [ "$only" = all ] || [ "$only" = bench ]; then
+if wants collectives; then
   for n in "${rank_counts[@]}"; do
     [ "$n" -ge 2 ] || continue
     for checks in on off; do
@@ -75,6 +79,30 @@ if [ "$only" = all ] || [ "$only" = bench ]; then
       grep -E "^(all_reduce|all_gather|reduce_scatter|broadcast) +1073741824|OK|FAILED" "$log" | tee -a "$summary"
     done
   done
+fi
+# One classifier benchmark: its log, and its result lines in the summary.
+classifier() {
+  local ranks=$1 name=$2
+  shift 2
+  local log="$out/classifier-np$ranks-$name.txt"
+  mpirun -np "$ranks" --bind-to none "${forward[@]}" "$bin/myriad-bench" classifier "$@" >"$log" 2>&1 || status=1
+  note "classifier $name, $ranks rank(s):"
+  grep -E "^(step time|effective|peak memory|largest|# plan)|error" "$log" | tee -a "$summary"
+}
+
+if wants classifier; then
+  for n in "${rank_counts[@]}"; do
+    [ "$n" -eq 2 ] || [ "$n" -eq 4 ] || continue
+    classifier "$n" 1M-b128 --num-classes 1M --batch-size 128 --workspace 48G
+    classifier "$n" 1M-b512 --num-classes 1M --batch-size 512 --workspace 48G
+    classifier "$n" 8M-b512 --num-classes 8M --batch-size 512 --workspace 48G --steps 10 --warmup 3
+    classifier "$n" 8M-b128 --num-classes 8M --batch-size 128 --workspace 48G --steps 10 --warmup 3
+    classifier "$n" 8M-b128-naive --num-classes 8M --batch-size 128 --naive --steps 10 --warmup 3
+    classifier "$n" max-classes --num-classes 8M --batch-size 128 --momentum-dtype bf16 --workspace 4G \
+      --steps 5 --warmup 2 --find-max-classes
+  done
+  classifier 1 max-classes --num-classes 8M --batch-size 256 --momentum-dtype bf16 --workspace 4G \
+    --steps 5 --warmup 2 --find-max-classes
 fi
 note "gpu-check status: $status"
 exit $status

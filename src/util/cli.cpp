@@ -82,4 +82,19 @@ int64_t parse_byte_size(const std::string& text) {
   throw UsageError(str_format("'{}' is not a byte size (e.g. 4096, 64K, 256M, 2G)", text));
 }
 
+int64_t parse_count(const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  const std::string unit = text.substr(digits);
+  int64_t multiplier = 0;
+  if (unit.empty()) multiplier = 1;
+  if (unit == "K" || unit == "k") multiplier = 1000;
+  if (unit == "M" || unit == "m") multiplier = 1000 * 1000;
+  if (unit == "G" || unit == "g") multiplier = 1000 * 1000 * 1000;
+  if (digits == 0 || multiplier == 0) {
+    throw UsageError(str_format("'{}' is not a count (e.g. 1000, 500K, 8M)", text));
+  }
+  return std::stoll(text.substr(0, digits)) * multiplier;
+}
+
 }  // namespace myriad

@@ -2,7 +2,10 @@
 
 #ifdef MYRIAD_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include "myriad/util/check_cuda.h"
 #endif
 
 namespace myriad {
@@ -28,6 +31,26 @@ int64_t peak_device_memory(const torch::Device& device) {
 void reset_peak_device_memory(const torch::Device& device) {
 #ifdef MYRIAD_WITH_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+}
+
+DeviceMemory device_memory(const torch::Device& device) {
+  DeviceMemory memory;
+#ifdef MYRIAD_WITH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device);
+    size_t free = 0, total = 0;
+    MYRIAD_CHECK_CUDA(cudaMemGetInfo(&free, &total));
+    memory.free = static_cast<int64_t>(free);
+    memory.total = static_cast<int64_t>(total);
+  }
+#endif
+  return memory;
+}
+
+void release_cached_memory(const torch::Device& device) {
+#ifdef MYRIAD_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
 }
 

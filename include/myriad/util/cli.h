@@ -24,4 +24,7 @@ bool parse_command_line_and_config(int argc, char** argv, const po::options_desc
 // "4096", "64K", "256M", "2G" (powers of 1024; a trailing B or iB is allowed). UsageError otherwise.
 int64_t parse_byte_size(const std::string& text);
 
+// "1000000", "1M", "8M", "500K", "1G" (powers of 1000). UsageError otherwise.
+int64_t parse_count(const std::string& text);
+
 }  // namespace myriad

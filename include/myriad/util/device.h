@@ -14,4 +14,14 @@ void synchronize_device(const torch::Device& device);
 int64_t peak_device_memory(const torch::Device& device);
 void reset_peak_device_memory(const torch::Device& device);
 
+struct DeviceMemory {
+  int64_t free = 0;
+  int64_t total = 0;
+};
+// The device's free and total memory (cudaMemGetInfo); zeros on the CPU.
+DeviceMemory device_memory(const torch::Device& device);
+
+// Returns the allocator's cached blocks to the device (between benchmark cases).
+void release_cached_memory(const torch::Device& device);
+
 }  // namespace myriad

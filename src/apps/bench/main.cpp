@@ -17,6 +17,9 @@ struct Command {
 
 const Command kCommands[] = {
     {"collectives", "bandwidth of every collective, nccl-tests style", myriad::run_collectives_bench},
+    {"classifier", "time and memory of a sharded classifier step (or --naive baseline)", myriad::run_classifier_bench},
+    {"classifier-check", "loss and gradients of an HDF5 case, for parity checks", myriad::run_classifier_check},
+    {"classifier-case", "write a random HDF5 case for classifier-check", myriad::run_classifier_case},
 };
 
 std::string usage() {

@@ -1,0 +1,26 @@
+#pragma once
+
+#include <cstdint>
+
+namespace myriad {
+
+// How the class rows are processed within a memory budget (design §1). With `cache`, forward
+// keeps every chunk's logits and GEMM rows for backward; without it, backward recomputes them
+// (one more GEMM) and only one chunk's buffers exist at a time.
+struct ChunkPlan {
+  int64_t chunk_rows = 0;
+  int64_t chunks = 0;
+  bool cache = false;
+};
+
+// Bytes one class row costs: kept from forward to backward when cached (its logits, its GEMM
+// row), and in flight during backward (its logit gradients, its weight gradient).
+int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes);
+int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes);
+
+// The plan for `rows` active class rows, a global batch `batch`, embedding `dim`, GEMM operands
+// of `gemm_bytes` per element, within `budget_bytes`. Caches when everything fits; otherwise the
+// largest chunk that fits, and at least one row.
+ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes, int64_t budget_bytes);
+
+}  // namespace myriad

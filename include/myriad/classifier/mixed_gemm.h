@@ -1,0 +1,21 @@
+#pragma once
+
+#include <torch/types.h>
+
+namespace myriad {
+
+// Matrix products with float32 output and float32 accumulation from float32, bfloat16 or float16
+// operands, so logits stay float32 whatever the GEMM precision (LibTorch's matmul returns its
+// inputs' dtype). Row-major, contiguous operands of one dtype; `out` is contiguous float32.
+
+// out = op(a) @ op(b), or out += op(a) @ op(b) when `accumulate`.
+void gemm_f32(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const torch::Tensor& b,
+              bool trans_b, bool accumulate);
+
+// out[M, N] (+)= a[M, K] @ b[K, N] for K much larger than M and N (a batch of rows times a chunk
+// of classes). One cuBLAS call would cover the small output with a few tiles and leave most of
+// the GPU idle, so K is cut into slices multiplied in one batched call and then summed.
+void gemm_f32_long_k(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
+                     bool accumulate);
+
+}  // namespace myriad

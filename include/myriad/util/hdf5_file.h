@@ -1,0 +1,91 @@
+#pragma once
+
+#include <hdf5.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace myriad {
+
+// A thin RAII layer over the HDF5 C API for the tensors myriad stores: numeric datasets read and
+// written whole or by ranges of rows (dim 0), variable-length byte strings (encoded images), and
+// scalar attributes. Every failure throws an Error naming the file and the object.
+class Hdf5File {
+ public:
+  enum class Mode { kRead, kReadWrite, kCreate };
+
+  // kCreate truncates. A missing, unreadable or corrupt file is an Error naming it.
+  Hdf5File(const std::string& path, Mode mode);
+  ~Hdf5File();
+  Hdf5File(Hdf5File&& other) noexcept;
+  Hdf5File& operator=(Hdf5File&& other) noexcept;
+  Hdf5File(const Hdf5File&) = delete;
+  Hdf5File& operator=(const Hdf5File&) = delete;
+
+  const std::string& path() const { return path_; }
+  bool has(const std::string& name) const;
+  std::vector<int64_t> shape(const std::string& name) const;
+  // The torch dtype a numeric dataset reads as (uint8, int32, int64, float32, float64, ...).
+  torch::ScalarType dtype(const std::string& name) const;
+
+  torch::Tensor read(const std::string& name) const;
+  // Rows [begin, begin + count) along dim 0.
+  torch::Tensor read_rows(const std::string& name, int64_t begin, int64_t count) const;
+  // Rows listed by `rows` (ascending), read as one selection of hyperslabs.
+  torch::Tensor read_row_list(const std::string& name, const std::vector<int64_t>& rows) const;
+
+  // A dataset shaped like `tensor` (CPU, contiguous), written whole. `chunk_rows` > 0 chunks
+  // the dataset along dim 0 (needed for later partial I/O of large datasets).
+  void write(const std::string& name, const torch::Tensor& tensor, int64_t chunk_rows = 0);
+  // An empty dataset to be filled by write_rows.
+  void create(const std::string& name, torch::ScalarType dtype, const std::vector<int64_t>& shape,
+              int64_t chunk_rows = 0);
+  void write_rows(const std::string& name, int64_t begin, const torch::Tensor& rows);
+
+  // Variable-length byte strings (one per row), for encoded images.
+  void create_bytes(const std::string& name, int64_t count, int64_t chunk_rows);
+  void write_bytes(const std::string& name, int64_t begin, const std::vector<std::string>& items);
+  std::vector<std::string> read_bytes(const std::string& name, int64_t begin, int64_t count) const;
+  bool is_bytes(const std::string& name) const;
+
+  // Scalar attributes on an object ("/" is the file). Getters return nullopt when absent.
+  void set_attribute(const std::string& object, const std::string& key, int64_t value);
+  void set_attribute(const std::string& object, const std::string& key, double value);
+  void set_attribute(const std::string& object, const std::string& key, const std::string& value);
+  std::optional<int64_t> int_attribute(const std::string& object, const std::string& key) const;
+  std::optional<double> float_attribute(const std::string& object, const std::string& key) const;
+  std::optional<std::string> string_attribute(const std::string& object, const std::string& key) const;
+
+  // Writes buffered data to disk (H5Fflush).
+  void flush();
+
+ private:
+  std::string where(const std::string& name) const;
+  hid_t file_ = -1;
+  std::string path_;
+};
+
+// Writes a file under a temporary name next to `path` and renames it into place on commit(), so
+// readers never see a partial file. Without commit() (an error unwound the writer) the temporary
+// file is removed.
+class AtomicOutput {
+ public:
+  explicit AtomicOutput(std::string path);
+  ~AtomicOutput();
+  AtomicOutput(const AtomicOutput&) = delete;
+  AtomicOutput& operator=(const AtomicOutput&) = delete;
+
+  const std::string& temporary_path() const { return temporary_; }
+  // fsyncs the temporary file and renames it to the final path.
+  void commit();
+
+ private:
+  std::string path_;
+  std::string temporary_;
+  bool committed_ = false;
+};
+
+}  // namespace myriad

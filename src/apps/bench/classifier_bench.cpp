@@ -1,0 +1,250 @@
+// myriad-bench classifier: speed and memory of one training step of the sharded classifier
+// (forward, backward, SGD-momentum update of the shard), or of the naive baseline with --naive.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "bench_commands.h"
+#include "myriad/classifier/margin_config.h"
+#include "myriad/classifier/naive_softmax.h"
+#include "myriad/classifier/sharded_softmax.h"
+#include "myriad/comm/comm_factory.h"
+#include "myriad/comm/process_context.h"
+#include "myriad/util/check_mpi.h"
+#include "myriad/util/cli.h"
+#include "myriad/util/device.h"
+#include "myriad/util/entry.h"
+#include "myriad/util/error.h"
+#include "myriad/util/log.h"
+
+namespace myriad {
+
+namespace {
+
+torch::ScalarType parse_gemm_dtype(const std::string& name) {
+  if (name == "fp32" || name == "float32") return torch::kFloat32;
+  if (name == "bf16" || name == "bfloat16") return torch::kBFloat16;
+  if (name == "fp16" || name == "float16") return torch::kFloat16;
+  throw UsageError(str_format("unknown dtype '{}' (fp32, bf16, fp16)", name));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Dense matrix-product rate of this device in `dtype`, the ceiling the classifier is compared to.
+double measure_gemm_tflops(const torch::Device& device, torch::ScalarType dtype) {
+  const int64_t n = device.is_cuda() ? 8192 : 1024;
+  const auto options = torch::dtype(dtype).device(device);
+  const torch::Tensor a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
+  torch::Tensor c = torch::matmul(a, b);
+  synchronize_device(device);
+  const int reps = device.is_cuda() ? 20 : 3;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) c = torch::matmul(a, b);
+  synchronize_device(device);
+  return 2.0 * n * n * n * reps / seconds_since(start) / 1e12;
+}
+
+struct Spread {
+  double min, avg, max;
+};
+
+Spread over_ranks(double value, const ProcessContext& context) {
+  Spread s{value, value, value};
+  MYRIAD_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &s.min, 1, MPI_DOUBLE, MPI_MIN, context.world()));
+  MYRIAD_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &s.max, 1, MPI_DOUBLE, MPI_MAX, context.world()));
+  MYRIAD_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &s.avg, 1, MPI_DOUBLE, MPI_SUM, context.world()));
+  s.avg /= context.size();
+  return s;
+}
+
+struct BenchConfig {
+  ShardedSoftmaxOptions options;
+  int64_t local_batch = 128;
+  int steps = 20;
+  int warmup = 5;
+  bool naive = false;
+};
+
+// One classifier (myriad's or the naive baseline) and its step.
+class Subject {
+ public:
+  Subject(Communicator& comm, const BenchConfig& config, const torch::Device& device) : device_(device) {
+    if (config.naive) {
+      naive_ = std::make_unique<NaiveShardedSoftmax>(comm, config.options, device);
+    } else {
+      sharded_ = std::make_unique<ShardedMarginSoftmax>(comm, config.options, device);
+    }
+    const int64_t classes = config.options.num_classes;
+    features_ = torch::randn({config.local_batch, config.options.embedding_size}, torch::device(device));
+    labels_ = torch::randint(0, classes, {config.local_batch}, torch::dtype(torch::kInt64).device(device));
+  }
+
+  double step() {
+    synchronize_device(device_);
+    const auto start = std::chrono::steady_clock::now();
+    if (naive_) {
+      naive_->step(features_, labels_);
+    } else {
+      torch::Tensor x = features_.detach().requires_grad_(true);
+      sharded_->forward(x, labels_).backward();
+    }
+    synchronize_device(device_);
+    return seconds_since(start);
+  }
+
+  const ChunkPlan* plan() const { return sharded_ ? &sharded_->last_plan() : nullptr; }
+
+ private:
+  torch::Device device_;
+  std::unique_ptr<ShardedMarginSoftmax> sharded_;
+  std::unique_ptr<NaiveShardedSoftmax> naive_;
+  torch::Tensor features_, labels_;
+};
+
+bool is_out_of_memory(const std::exception& e) {
+  return std::string(e.what()).find("out of memory") != std::string::npos;
+}
+
+// The largest class count whose shards, optimizer state and workspace fit on every rank: a
+// prediction from the persistent bytes per class, then tries that allocate for real, shrinking
+// by 5% until all ranks succeed (agreeing through MPI before any collective runs).
+int64_t find_max_classes(ProcessContext& context, Communicator& comm, BenchConfig config,
+                         const torch::Device& device) {
+  const ShardedSoftmaxOptions& o = config.options;
+  const int64_t state_bytes = o.optimizer.momentum == 0.0 ? 0 : torch::elementSize(o.optimizer.state_dtype);
+  const int64_t persistent = o.embedding_size * (4 + state_bytes);
+  const DeviceMemory memory = device_memory(device);
+  // Leave the workspace, CUDA's context and the allocator's fragmentation outside the estimate.
+  const int64_t usable = memory.free - o.workspace_bytes - (int64_t{3} << 30);
+  int64_t classes = std::max<int64_t>(comm.size(), usable / persistent * comm.size());
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    config.options.num_classes = classes;
+    std::unique_ptr<Subject> subject;
+    bool fits = true;
+    try {
+      subject = std::make_unique<Subject>(comm, config, device);
+      torch::Tensor probe = torch::empty({o.workspace_bytes}, torch::dtype(torch::kUInt8).device(device));
+    } catch (const std::exception& e) {
+      if (!is_out_of_memory(e)) throw;
+      fits = false;
+    }
+    if (context.all_true(fits)) {
+      subject->step();
+      subject->step();
+      return classes;
+    }
+    subject.reset();
+    release_cached_memory(device);
+    classes = classes * 95 / 100;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
+  po::options_description options("classifier options");
+  std::string classes_text, dtype_name, workspace_text, state_name, device_name;
+  BenchConfig config;
+  int64_t dim = 512;
+  double sample_rate = 1.0;
+  bool find_max = false;
+  options.add_options()
+      ("num-classes", po::value(&classes_text)->default_value("1M"), "classes C over all ranks (e.g. 100K, 1M, 8M)")
+      ("embedding-size", po::value(&dim)->default_value(512), "embedding size D")
+      ("batch-size", po::value(&config.local_batch)->default_value(128), "samples per rank")
+      ("dtype", po::value(&dtype_name)->default_value("bf16"), "GEMM operands: fp32, bf16 or fp16")
+      ("workspace", po::value(&workspace_text)->default_value("8G"), "classifier workspace budget (bytes, e.g. 4G)")
+      ("sample-rate", po::value(&sample_rate)->default_value(1.0), "Partial FC negative sampling rate in (0, 1]")
+      ("momentum-dtype", po::value(&state_name)->default_value("fp32"), "SGD momentum storage: fp32 or bf16")
+      ("naive", po::bool_switch(&config.naive), "benchmark the naive baseline (logits gathered to rank 0)")
+      ("steps", po::value(&config.steps)->default_value(20), "timed steps")
+      ("warmup", po::value(&config.warmup)->default_value(5), "untimed steps first")
+      ("find-max-classes", po::bool_switch(&find_max), "also find the largest C that trains on these ranks")
+      ("device", po::value(&device_name)->default_value("auto"), "auto, cpu or cuda");
+  add_margin_options(options);
+  po::variables_map values;
+  if (!parse_command_line(argc, argv, options, values, "usage: mpirun -np W myriad-bench classifier [options]",
+                          context.rank())) {
+    return kExitOk;
+  }
+  if (config.steps < 1 || config.warmup < 0 || config.local_batch < 1 || dim < 1) {
+    throw UsageError("--steps, --batch-size and --embedding-size must be positive, --warmup non-negative");
+  }
+  ShardedSoftmaxOptions& o = config.options;
+  o.num_classes = parse_count(classes_text);
+  o.embedding_size = dim;
+  o.margin = margin_from_options(values);
+  o.gemm_dtype = parse_gemm_dtype(dtype_name);
+  o.workspace_bytes = parse_byte_size(workspace_text);
+  o.sample_rate = sample_rate;
+  o.optimizer.lr = 0.1;
+  o.optimizer.momentum = 0.9;
+  o.optimizer.weight_decay = 5e-4;
+  o.optimizer.state_dtype = parse_gemm_dtype(state_name);
+  if (o.optimizer.state_dtype == torch::kFloat16) throw UsageError("--momentum-dtype must be fp32 or bf16");
+
+  const torch::Device device = context.select_device(parse_device_preference(device_name));
+  CommFactory comms(context);
+  Communicator& comm = comms.for_device(device);
+  const double gemm_peak = measure_gemm_tflops(device, o.gemm_dtype);
+  release_cached_memory(device);
+  reset_peak_device_memory(device);
+
+  auto subject = std::make_unique<Subject>(comm, config, device);
+  const int64_t shard_rows = ClassPartition(o.num_classes, comm.size()).size(comm.rank());
+  for (int i = 0; i < config.warmup; ++i) subject->step();
+  std::vector<double> times;
+  for (int i = 0; i < config.steps; ++i) times.push_back(subject->step());
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  const ChunkPlan* plan = subject->plan();
+  const Spread step_ms = over_ranks(median * 1e3, context);
+  const int64_t global_batch = config.local_batch * comm.size();
+  const double tflops = 6.0 * global_batch * dim * shard_rows / (median * 1e12);
+  const Spread rate = over_ranks(tflops, context);
+  const Spread peak = over_ranks(static_cast<double>(peak_device_memory(device)), context);
+  const std::string label = config.naive ? "naive baseline" : "myriad";
+  if (context.rank() == 0) {
+    std::printf("# classifier %s: C=%lld over %d rank(s) (%lld per rank), D=%lld, batch %lld per rank (%lld global), "
+                "%s GEMMs, %s, sample rate %.3g, momentum %s, workspace %s, device %s\n",
+                label.c_str(), static_cast<long long>(o.num_classes), comm.size(), static_cast<long long>(shard_rows),
+                static_cast<long long>(dim), static_cast<long long>(config.local_batch),
+                static_cast<long long>(global_batch), c10::toString(o.gemm_dtype), o.margin.describe().c_str(),
+                sample_rate, c10::toString(o.optimizer.state_dtype), format_bytes(o.workspace_bytes).c_str(),
+                device.str().c_str());
+    if (plan != nullptr) {
+      std::printf("# plan: %s, %lld chunk(s) of %lld classes\n", plan->cache ? "cached logits" : "recompute in backward",
+                  static_cast<long long>(plan->chunks), static_cast<long long>(plan->chunk_rows));
+    }
+    std::printf("step time (median of %d): %.3f ms (min/avg/max over ranks %.3f / %.3f / %.3f)\n", config.steps,
+                step_ms.max, step_ms.min, step_ms.avg, step_ms.max);
+    std::printf("effective rate 6*B*D*n_r/t: %.3g TFLOP/s per rank (min %.3g); %s GEMM peak measured: %.3g TFLOP/s "
+                "(%.0f%%)\n",
+                rate.avg, rate.min, c10::toString(o.gemm_dtype), gemm_peak, 100.0 * rate.avg / gemm_peak);
+    if (device.is_cuda()) {
+      std::printf("peak memory per rank: min %s, max %s, max/min %.3f; %.0f bytes per class\n",
+                  format_bytes(peak.min).c_str(), format_bytes(peak.max).c_str(), peak.max / std::max(1.0, peak.min),
+                  peak.max / static_cast<double>(shard_rows));
+    }
+    std::fflush(stdout);
+  }
+  if (find_max && device.is_cuda()) {
+    subject.reset();
+    release_cached_memory(device);
+    const int64_t largest = find_max_classes(context, comm, config, device);
+    if (context.rank() == 0) {
+      std::printf("largest C that trains on %d rank(s) (workspace %s, momentum %s): %lld classes (%.1fM)\n",
+                  comm.size(), format_bytes(o.workspace_bytes).c_str(), c10::toString(o.optimizer.state_dtype),
+                  static_cast<long long>(largest), largest / 1e6);
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace myriad

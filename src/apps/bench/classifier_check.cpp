@@ -1,0 +1,96 @@
+// myriad-bench classifier-check: one forward and backward of the sharded classifier on a case
+// given as HDF5 (features [N, D] float32, labels [N] int64, weight [C, D] float32), with float32
+// GEMMs. Rank r takes its balanced slice of the rows and its class shard; rank 0 writes the loss
+// and the gathered gradients. Users compare them with any other implementation.
+
+#include <numeric>
+
+#include "bench_commands.h"
+#include "myriad/classifier/margin_config.h"
+#include "myriad/classifier/sharded_softmax.h"
+#include "myriad/comm/comm_factory.h"
+#include "myriad/comm/process_context.h"
+#include "myriad/util/cli.h"
+#include "myriad/util/entry.h"
+#include "myriad/util/error.h"
+#include "myriad/util/hdf5_file.h"
+#include "myriad/util/log.h"
+
+namespace myriad {
+
+int run_classifier_check(ProcessContext& context, int argc, char** argv) {
+  po::options_description options("classifier-check options");
+  std::string input, output, device_name;
+  options.add_options()
+      ("input", po::value(&input)->required(), "HDF5 case: features [N, D] float32, labels [N] int64, weight [C, D] float32")
+      ("output", po::value(&output)->required(), "HDF5 written by rank 0: loss, grad_features [N, D], grad_weight [C, D]")
+      ("device", po::value(&device_name)->default_value("auto"), "auto, cpu or cuda");
+  add_margin_options(options);
+  po::variables_map values;
+  if (!parse_command_line(argc, argv, options, values,
+                          "usage: mpirun -np W myriad-bench classifier-check --input case.h5 --output out.h5 [margin options]",
+                          context.rank())) {
+    return kExitOk;
+  }
+  const MarginConfig margin = margin_from_options(values);
+  const torch::Device device = context.select_device(parse_device_preference(device_name));
+  CommFactory comms(context);
+  Communicator& comm = comms.for_device(device);
+
+  // Every rank reads the same file, so a bad case fails on all ranks alike.
+  torch::Tensor features, labels, weight;
+  std::vector<int64_t> rows;
+  int64_t n = 0, classes = 0, dim = 0;
+  try {
+    Hdf5File file(input, Hdf5File::Mode::kRead);
+    for (const char* name : {"features", "labels", "weight"}) {
+      MYRIAD_CHECK(file.has(name), "'{}' has no dataset '{}'", input, name);
+    }
+    const std::vector<int64_t> f = file.shape("features"), l = file.shape("labels"), w = file.shape("weight");
+    MYRIAD_CHECK(f.size() == 2 && l.size() == 1 && w.size() == 2 && f[0] == l[0] && f[1] == w[1],
+                 "'{}': expected features [N, D], labels [N] and weight [C, D]", input);
+    n = f[0];
+    dim = f[1];
+    classes = w[0];
+    rows = balanced_counts(n, comm.size());
+    const int64_t begin = std::accumulate(rows.begin(), rows.begin() + comm.rank(), int64_t{0});
+    features = file.read_rows("features", begin, rows[comm.rank()]).to(torch::kFloat32);
+    labels = file.read_rows("labels", begin, rows[comm.rank()]).to(torch::kInt64);
+    const ClassPartition part(classes, comm.size());
+    weight = file.read_rows("weight", part.offset(comm.rank()), part.size(comm.rank())).to(torch::kFloat32);
+  } catch (const Error& e) {
+    throw Error(e.message(), e.location(), true);
+  }
+
+  ShardedSoftmaxOptions o;
+  o.num_classes = classes;
+  o.embedding_size = dim;
+  o.margin = margin;
+  o.update = WeightUpdate::kAccumulateGrad;
+  ShardedMarginSoftmax classifier(comm, o, device);
+  classifier.weight().copy_(weight);
+  torch::Tensor x = features.to(device).requires_grad_(true);
+  torch::Tensor loss = classifier.forward(x, labels.to(device));
+  loss.backward();
+
+  const torch::Tensor grad_features = comm.gather(x.grad().contiguous(), rows, 0);
+  const torch::Tensor grad_weight = comm.gather(classifier.weight_grad(), classifier.partition().sizes(), 0);
+  if (context.rank() == 0) {
+    AtomicOutput out(output);
+    {
+      Hdf5File file(out.temporary_path(), Hdf5File::Mode::kCreate);
+      file.write("loss", loss.detach().cpu());
+      file.write("grad_features", grad_features.cpu());
+      file.write("grad_weight", grad_weight.cpu());
+      file.set_attribute("/", "margin", margin.describe());
+      file.set_attribute("/", "world_size", static_cast<int64_t>(comm.size()));
+    }
+    out.commit();
+    log_info("classifier-check: {} samples, {} classes, D={}, {} on {} rank(s): loss {:.9f}; wrote {}", n, classes,
+             dim, margin.describe(), comm.size(), loss.item<double>(), output);
+  }
+  comm.barrier();
+  return kExitOk;
+}
+
+}  // namespace myriad

@@ -1,0 +1,69 @@
+#pragma once
+
+// Launchers of the classifier's CUDA kernels. Plain pointers and streams only, so that this
+// header and the .cu files compile without LibTorch. Each returns cudaGetLastError() after its
+// launch; callers check it.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "myriad/classifier/margin.h"
+
+namespace myriad::cuda {
+
+enum class ElementType { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+// Columns of the logits one block of chunk_stats reduces.
+constexpr int64_t kStatsTile = 4096;
+
+// Per (row, tile of kStatsTile columns): max of z and sum of exp(z - max), into
+// tile_max/tile_sum [rows, tiles]; target_logit[row] = z at the row's target when its target
+// column (target_col[row] - begin) lies in this chunk.
+cudaError_t chunk_stats(const float* dot, int64_t rows, int64_t cols, const int64_t* target_col,
+                 int64_t begin, MarginParams params, float* tile_max, float* tile_sum,
+                 float* target_logit, cudaStream_t stream);
+
+// out[i, j] = coef * (exp(z_ij - row_max_i) * row_inv_sum_i - [j is i's target]) * dz/dcos,
+// with coef read from device memory (no host synchronisation for the loss gradient).
+cudaError_t chunk_grad(const float* dot, int64_t rows, int64_t cols, const int64_t* target_col,
+                int64_t begin, const float* row_max, const float* row_inv_sum, const float* coef,
+                MarginParams params, void* out, ElementType out_type, cudaStream_t stream);
+
+// out[r] = weight[row(r)] (normalised when `normalize`) in out_type, for the `count` rows
+// row(r) = index ? index[begin + r] : begin + r.
+cudaError_t prepare_rows(const float* weight, int64_t dim, const int64_t* index, int64_t begin,
+                  int64_t count, bool normalize, void* out, ElementType out_type, cudaStream_t stream);
+
+struct SgdArgs {
+  float lr;
+  float momentum;
+  float weight_decay;
+  bool nesterov;
+  float grad_multiplier;  // undoes loss scaling
+};
+
+// For each of `count` rows: dw from grad (the gradient with respect to the normalised row when
+// `normalized`, else the row's own gradient), then SGD with momentum and weight decay on the row
+// and its momentum buffer (momentum_type; null when momentum is 0). One pass over each row.
+cudaError_t sgd_rows(float* weight, void* momentum, ElementType momentum_type, const float* grad,
+              int64_t dim, const int64_t* index, int64_t begin, int64_t count, bool normalized,
+              SgdArgs args, cudaStream_t stream);
+
+struct AdamWArgs {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+  float bias_correction1;  // 1 - beta1^t
+  float bias_correction2;  // 1 - beta2^t
+  float grad_multiplier;
+};
+
+// AdamW on each of `count` rows, with first and second moments in state_type.
+cudaError_t adamw_rows(float* weight, void* exp_avg, void* exp_avg_sq, ElementType state_type,
+                const float* grad, int64_t dim, const int64_t* index, int64_t begin, int64_t count,
+                bool normalized, AdamWArgs args, cudaStream_t stream);
+
+}  // namespace myriad::cuda

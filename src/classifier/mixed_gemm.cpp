@@ -1,0 +1,142 @@
+#include "myriad/classifier/mixed_gemm.h"
+
+#include <algorithm>
+
+#include "myriad/util/error.h"
+
+#ifdef MYRIAD_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <cublas_v2.h>
+#endif
+
+namespace myriad {
+
+namespace {
+
+void check_operands(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b) {
+  MYRIAD_CHECK(a.scalar_type() == b.scalar_type(), "GEMM operands differ in dtype: {} and {}",
+               c10::toString(a.scalar_type()), c10::toString(b.scalar_type()));
+  MYRIAD_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous(),
+               "GEMM output must be contiguous float32");
+  MYRIAD_CHECK(a.is_contiguous() && b.is_contiguous(), "GEMM operands must be contiguous");
+  MYRIAD_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2, "GEMM operands must be matrices");
+}
+
+void gemm_cpu(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const torch::Tensor& b,
+              bool trans_b, bool accumulate) {
+  torch::Tensor left = a.to(torch::kFloat32);
+  torch::Tensor right = b.to(torch::kFloat32);
+  if (trans_a) left = left.t();
+  if (trans_b) right = right.t();
+  if (accumulate) {
+    out.addmm_(left, right);
+  } else {
+    torch::mm_out(out, left, right);
+  }
+}
+
+#ifdef MYRIAD_WITH_CUDA
+cudaDataType_t cuda_type(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32: return CUDA_R_32F;
+    case torch::kBFloat16: return CUDA_R_16BF;
+    case torch::kFloat16: return CUDA_R_16F;
+    default: MYRIAD_THROW("no mixed-precision GEMM for {}", c10::toString(dtype));
+  }
+}
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  MYRIAD_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS {} failed: {}", what,
+               cublasGetStatusString(status));
+}
+
+// A row-major operand as cuBLAS sees it: the same memory read column-major is its transpose.
+struct Operand {
+  const void* data;
+  cublasOperation_t op;
+  int64_t ld;
+};
+
+// Row-major C[M,N] = op(A)[M,K] op(B)[K,N] is column-major C^T = op(B)^T op(A)^T, so B goes first.
+void gemm_cuda(void* c, int64_t m, int64_t n, int64_t k, Operand a, Operand b, cudaDataType_t type,
+               float beta, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c) {
+  cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
+  const float alpha = 1.0f;
+  MYRIAD_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, "GEMM dimensions exceed cuBLAS");
+  if (batch == 1) {
+    check_cublas(cublasGemmEx(handle, b.op, a.op, static_cast<int>(n), static_cast<int>(m),
+                              static_cast<int>(k), &alpha, b.data, type, static_cast<int>(b.ld), a.data,
+                              type, static_cast<int>(a.ld), &beta, c, CUDA_R_32F, static_cast<int>(n),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  } else {
+    check_cublas(cublasGemmStridedBatchedEx(
+                     handle, b.op, a.op, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                     &alpha, b.data, type, static_cast<int>(b.ld), stride_b, a.data, type,
+                     static_cast<int>(a.ld), stride_a, &beta, c, CUDA_R_32F, static_cast<int>(n),
+                     stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmStridedBatchedEx");
+  }
+}
+
+// op(X) of a row-major matrix stored as `x`: cuBLAS transposes it iff we do not.
+Operand operand(const torch::Tensor& x, bool trans) {
+  return {x.data_ptr(), trans ? CUBLAS_OP_T : CUBLAS_OP_N, x.size(1)};
+}
+#endif
+
+}  // namespace
+
+void gemm_f32(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const torch::Tensor& b,
+              bool trans_b, bool accumulate) {
+  check_operands(out, a, b);
+  const int64_t m = trans_a ? a.size(1) : a.size(0);
+  const int64_t k = trans_a ? a.size(0) : a.size(1);
+  const int64_t n = trans_b ? b.size(0) : b.size(1);
+  MYRIAD_CHECK((trans_b ? b.size(1) : b.size(0)) == k && out.size(0) == m && out.size(1) == n,
+               "GEMM shapes do not match: op(a) {}x{}, op(b) {}x{}, out {}x{}", m, k,
+               trans_b ? b.size(1) : b.size(0), n, out.size(0), out.size(1));
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!accumulate) out.zero_();
+    return;
+  }
+  if (!out.is_cuda()) return gemm_cpu(out, a, trans_a, b, trans_b, accumulate);
+#ifdef MYRIAD_WITH_CUDA
+  gemm_cuda(out.data_ptr(), m, n, k, operand(a, trans_a), operand(b, trans_b), cuda_type(a.scalar_type()),
+            accumulate ? 1.0f : 0.0f, 1, 0, 0, 0);
+#endif
+}
+
+void gemm_f32_long_k(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
+  check_operands(out, a, b);
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  MYRIAD_CHECK(b.size(0) == k && out.size(0) == m && out.size(1) == n, "GEMM shapes do not match");
+  // Slices of at least 2048 along K, at most 64 of them: enough output tiles to fill the GPU,
+  // few enough partial products to sum cheaply.
+  const int64_t slice = std::max<int64_t>(2048, (k + 63) / 64);
+  const int64_t slices = k / slice;
+  if (!out.is_cuda() || slices < 2) return gemm_f32(out, a, false, b, false, accumulate);
+#ifdef MYRIAD_WITH_CUDA
+  torch::Tensor partial = torch::empty({slices, m, n}, out.options());
+  Operand left{a.data_ptr(), CUBLAS_OP_N, k};
+  Operand right{b.data_ptr(), CUBLAS_OP_N, n};
+  gemm_cuda(partial.data_ptr(), m, n, slice, left, right, cuda_type(a.scalar_type()), 0.0f, slices,
+            slice, slice * n, m * n);
+  if (accumulate) {
+    out.add_(partial.sum(0));
+  } else {
+    torch::sum_out(out, partial, {0});
+  }
+  const int64_t done = slices * slice;
+  if (done < k) {
+    // The remainder of K, as views with the parents' leading dimensions.
+    const auto* a_rest = static_cast<const char*>(a.data_ptr()) + done * a.element_size();
+    const auto* b_rest = static_cast<const char*>(b.data_ptr()) + done * n * b.element_size();
+    gemm_cuda(out.data_ptr(), m, n, k - done, Operand{a_rest, CUBLAS_OP_N, k},
+              Operand{b_rest, CUBLAS_OP_N, n}, cuda_type(a.scalar_type()), 1.0f, 1, 0, 0, 0);
+  }
+#endif
+}
+
+}  // namespace myriad

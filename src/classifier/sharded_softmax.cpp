@@ -1,0 +1,341 @@
+#include "myriad/classifier/sharded_softmax.h"
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/autograd.h>
+
+#include <limits>
+
+#include "myriad/classifier/mixed_gemm.h"
+#include "myriad/classifier/partial_fc.h"
+#include "myriad/comm/communicator.h"
+#include "myriad/util/error.h"
+#include "myriad/util/hash_random.h"
+#include "softmax_chunk.h"
+
+namespace myriad {
+
+namespace {
+
+// The classifier picks its own precisions; an autocast region around it must not change them.
+struct NoAutocast {
+  c10::impl::ExcludeDispatchKeyGuard guard{c10::autocast_dispatch_keyset};
+};
+
+constexpr int64_t kNoTarget = -1;
+
+// Where global sample `index` came from, for error messages.
+std::string sample_origin(int64_t index, const std::vector<int64_t>& counts) {
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (index < counts[r]) return str_format("sample {} of rank {}", index, r);
+    index -= counts[r];
+  }
+  return "an unknown sample";
+}
+
+int64_t first_true(const torch::Tensor& mask) { return mask.nonzero().select(1, 0)[0].item<int64_t>(); }
+
+}  // namespace
+
+// Everything forward computed that backward needs.
+struct ShardedMarginSoftmax::Step {
+  int64_t id = 0;
+  std::vector<int64_t> counts;
+  int64_t batch = 0;
+  int64_t local_begin = 0;
+  torch::ScalarType feature_dtype = torch::kFloat32;
+  bool skip = false;
+  torch::Tensor xn;          // [B, D] float32: normalised features (raw for softmax)
+  torch::Tensor inv_xnorm;   // [B, 1] when normalised
+  torch::Tensor xg;          // xn as GEMM operand
+  torch::Tensor target_col;  // [B] row among the active rows, or kNoTarget
+  torch::Tensor active;      // Partial FC's shard rows; undefined when all rows are active
+  int64_t active_rows = 0;
+  ChunkPlan plan;
+  torch::Tensor row_max;      // [B] global max logit
+  torch::Tensor row_inv_sum;  // [B] 1 / global sum of exp(z - max)
+  std::vector<torch::Tensor> cached_dot;
+  std::vector<torch::Tensor> cached_rows;
+};
+
+namespace {
+
+class ShardedSoftmaxFunction : public torch::autograd::Function<ShardedSoftmaxFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& features,
+                               const torch::Tensor& labels, ShardedMarginSoftmax* module) {
+    int64_t step = 0;
+    torch::Tensor loss = module->run_forward(features, labels, &step);
+    ctx->saved_data["module"] = reinterpret_cast<int64_t>(module);
+    ctx->saved_data["step"] = step;
+    return loss;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* module = reinterpret_cast<ShardedMarginSoftmax*>(ctx->saved_data["module"].toInt());
+    return {module->run_backward(ctx->saved_data["step"].toInt(), grads[0]), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor hashed_normal_rows(int64_t begin, int64_t rows, int64_t dim, double std, uint64_t seed,
+                                 const torch::Device& device) {
+  torch::Tensor out = torch::empty({rows, dim}, torch::dtype(torch::kFloat32).device(device));
+  const int64_t rows_per_block = std::max<int64_t>(1, (int64_t{16} << 20) / std::max<int64_t>(dim, 1));
+  for (int64_t r = 0; r < rows; r += rows_per_block) {
+    const int64_t n = std::min(rows_per_block, rows - r);
+    const torch::Tensor keys = torch::arange((begin + r) * dim, (begin + r + n) * dim,
+                                             torch::dtype(torch::kInt64).device(device));
+    out.slice(0, r, r + n).copy_(hash_normal(keys, seed).mul_(std).view({n, dim}));
+  }
+  return out;
+}
+
+ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoftmaxOptions& options,
+                                           const torch::Device& device)
+    : comm_(comm), options_(options), device_(device), partition_(options.num_classes, comm.size()) {
+  MYRIAD_CHECK_COLLECTIVE(options.embedding_size > 0, "the embedding size must be positive, got {}",
+                          options.embedding_size);
+  MYRIAD_CHECK_COLLECTIVE(options.sample_rate > 0.0 && options.sample_rate <= 1.0,
+                          "the sample rate must be in (0, 1], got {}", options.sample_rate);
+  MYRIAD_CHECK_COLLECTIVE(options.gemm_dtype == torch::kFloat32 || options.gemm_dtype == torch::kBFloat16 ||
+                              options.gemm_dtype == torch::kFloat16,
+                          "classifier GEMMs run in float32, bfloat16 or float16");
+  MYRIAD_CHECK_COLLECTIVE(options.workspace_bytes > 0, "the classifier workspace must be positive");
+  const int64_t rows = partition_.size(comm.rank());
+  weight_ = hashed_normal_rows(partition_.offset(comm.rank()), rows, options.embedding_size, options.init_std,
+                               options.seed, device);
+  if (options.update == WeightUpdate::kAccumulateGrad) weight_grad_ = torch::zeros_like(weight_);
+  optimizer_ = std::make_unique<ShardOptimizer>(options.optimizer, rows, options.embedding_size, device);
+}
+
+ShardedMarginSoftmax::~ShardedMarginSoftmax() = default;
+
+void ShardedMarginSoftmax::zero_grad() {
+  if (weight_grad_.defined()) weight_grad_.zero_();
+}
+
+torch::Tensor ShardedMarginSoftmax::forward(const torch::Tensor& features, const torch::Tensor& labels) {
+  if (torch::GradMode::is_enabled() && features.requires_grad()) {
+    return ShardedSoftmaxFunction::apply(features, labels, this);
+  }
+  // Nothing will call backward: keep no state for it.
+  torch::NoGradGuard no_grad;
+  int64_t step = 0;
+  torch::Tensor loss = run_forward(features, labels, &step);
+  pending_.reset();
+  return loss;
+}
+
+torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features, const torch::Tensor& labels,
+                                                int64_t* step_id) {
+  NoAutocast no_autocast;
+  const MarginParams params = options_.margin.params();
+  const int64_t dim = options_.embedding_size;
+  const int rank = comm_.rank();
+  auto step = std::make_unique<Step>();
+  step->id = ++steps_;
+  *step_id = step->id;
+  step->feature_dtype = features.scalar_type();
+
+  // Gather first: the gathered tensors are identical on every rank, so every check below fails
+  // on all ranks alike, and the collectives themselves reject ranks whose inputs disagree.
+  step->counts = comm_.all_gather_counts(features.dim() > 0 ? features.size(0) : 0);
+  const torch::Tensor x = comm_.all_gather(features.detach(), step->counts);
+  torch::Tensor y = comm_.all_gather(labels.detach(), step->counts);
+  MYRIAD_CHECK_COLLECTIVE(x.dim() == 2 && x.size(1) == dim,
+                          "features have {} dimensions of width {}, but the classifier expects [batch, {}]",
+                          x.dim(), x.dim() > 1 ? x.size(1) : 0, dim);
+  MYRIAD_CHECK_COLLECTIVE(x.is_floating_point(), "features must be floating point, got {}",
+                          c10::toString(x.scalar_type()));
+  MYRIAD_CHECK_COLLECTIVE(y.dim() == 1 && !y.is_floating_point() && y.scalar_type() != torch::kBool,
+                          "labels must be a 1-D integer tensor");
+  step->batch = x.size(0);
+  MYRIAD_CHECK_COLLECTIVE(step->batch > 0, "the global batch is empty");
+  for (int r = 0; r < rank; ++r) step->local_begin += step->counts[r];
+  y = y.to(torch::kInt64);
+
+  // One host synchronisation validates labels and features together.
+  const torch::Tensor summary =
+      torch::stack({y.min().to(torch::kFloat64), y.max().to(torch::kFloat64),
+                    x.isfinite().all().to(torch::kFloat64)})
+          .cpu();
+  const int64_t num_classes = options_.num_classes;
+  if (summary[0].item<double>() < 0 || summary[1].item<double>() >= static_cast<double>(num_classes)) {
+    const int64_t bad = first_true(y.lt(0).logical_or_(y.ge(num_classes)));
+    MYRIAD_THROW_COLLECTIVE("label {} of {} is outside [0, {})", y[bad].item<int64_t>(),
+                            sample_origin(bad, step->counts), num_classes);
+  }
+  if (summary[2].item<double>() == 0.0) {
+    if (options_.non_finite == NonFinitePolicy::kError) {
+      const int64_t bad = first_true(x.isfinite().all(1).logical_not_());
+      MYRIAD_THROW_COLLECTIVE("the features of {} contain NaN or infinity",
+                              sample_origin(bad, step->counts));
+    }
+    step->skip = true;
+    pending_ = std::move(step);
+    return torch::full({}, std::numeric_limits<float>::quiet_NaN(), x.options().dtype(torch::kFloat32));
+  }
+
+  const torch::Tensor xf = x.to(torch::kFloat32);
+  if (params.normalized) {
+    const torch::Tensor norm = xf.norm(2, 1, true).clamp_min(1e-12);
+    step->inv_xnorm = norm.reciprocal();
+    step->xn = xf * step->inv_xnorm;
+  } else {
+    step->xn = xf.contiguous();
+  }
+  step->xg = step->xn.to(options_.gemm_dtype).contiguous();
+
+  const int64_t shard_rows = partition_.size(rank);
+  const int64_t offset = partition_.offset(rank);
+  const torch::Tensor local = y - offset;
+  const torch::Tensor owned = local.ge(0).logical_and_(local.lt(shard_rows));
+  const torch::Tensor local_target = torch::where(owned, local, torch::full_like(local, kNoTarget));
+  if (options_.sample_rate < 1.0) {
+    step->active = sample_class_rows(local_target, shard_rows, offset, options_.sample_rate, options_.seed,
+                                     step->id);
+    step->active_rows = step->active.size(0);
+    const torch::Tensor position = torch::searchsorted(step->active, local_target.clamp_min(0));
+    step->target_col = torch::where(owned, position, local_target);
+  } else {
+    step->active_rows = shard_rows;
+    step->target_col = local_target;
+  }
+
+  const int64_t gemm_bytes = static_cast<int64_t>(torch::elementSize(options_.gemm_dtype));
+  step->plan = plan_chunks(step->active_rows, step->batch, dim, gemm_bytes, options_.workspace_bytes);
+  last_plan_ = step->plan;
+  const auto f32 = x.options().dtype(torch::kFloat32);
+  torch::Tensor row_max = torch::full({step->batch}, -std::numeric_limits<float>::infinity(), f32);
+  torch::Tensor row_sum = torch::zeros({step->batch}, f32);
+  torch::Tensor target_logit = torch::zeros({step->batch}, f32);
+  for (int64_t begin = 0; begin < step->active_rows; begin += step->plan.chunk_rows) {
+    const int64_t end = std::min(begin + step->plan.chunk_rows, step->active_rows);
+    torch::Tensor rows =
+        prepare_chunk_rows(weight_, step->active, begin, end, options_.gemm_dtype, params.normalized);
+    torch::Tensor dot = torch::empty({step->batch, end - begin}, f32);
+    gemm_f32(dot, step->xg, false, rows, true, false);
+    accumulate_chunk_stats(dot, step->target_col, begin, params, row_max, row_sum, target_logit);
+    if (step->plan.cache) {
+      step->cached_dot.push_back(std::move(dot));
+      step->cached_rows.push_back(std::move(rows));
+    }
+  }
+
+  // Softmax statistics across shards: the max, then sum-exp and target logit in one all-reduce.
+  torch::Tensor global_max = row_max.clone();
+  comm_.all_reduce(global_max, ReduceOp::kMax);
+  torch::Tensor packed =
+      torch::stack({row_sum.mul_(row_max.sub_(global_max).exp_()), target_logit}, 1).contiguous();
+  comm_.all_reduce(packed, ReduceOp::kSum);
+  const torch::Tensor sum_exp = packed.select(1, 0);
+  step->row_max = global_max;
+  step->row_inv_sum = sum_exp.reciprocal();
+  const torch::Tensor loss = (sum_exp.log() + global_max - packed.select(1, 1)).mean();
+  pending_ = std::move(step);
+  return loss;
+}
+
+torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::Tensor& grad) {
+  MYRIAD_CHECK(pending_ && pending_->id == step_id,
+               "classifier backward of step {} came after a later forward; run backward before the "
+               "next forward",
+               step_id);
+  NoAutocast no_autocast;
+  std::unique_ptr<Step> step = std::move(pending_);
+  const MarginParams params = options_.margin.params();
+  const int rank = comm_.rank();
+  const int64_t local_rows = step->counts[rank];
+  const auto local_options = torch::dtype(step->feature_dtype).device(device_);
+  if (step->skip) return torch::zeros({local_rows, options_.embedding_size}, local_options);
+
+  const bool fused = options_.update == WeightUpdate::kFused;
+  if (fused) optimizer_->begin_step();
+  const torch::Tensor coef = grad.to(torch::kFloat32).reshape({1}) / static_cast<double>(step->batch);
+  torch::Tensor dxn = torch::zeros({step->batch, options_.embedding_size}, step->xn.options());
+  for (int64_t c = 0; c < step->plan.chunks; ++c) {
+    const int64_t begin = c * step->plan.chunk_rows;
+    const int64_t end = std::min(begin + step->plan.chunk_rows, step->active_rows);
+    torch::Tensor rows, dot;
+    if (step->plan.cache) {
+      rows = std::move(step->cached_rows[c]);
+      dot = std::move(step->cached_dot[c]);
+    } else {
+      rows = prepare_chunk_rows(weight_, step->active, begin, end, options_.gemm_dtype, params.normalized);
+      dot = torch::empty({step->batch, end - begin}, step->xn.options());
+      gemm_f32(dot, step->xg, false, rows, true, false);
+    }
+    const torch::Tensor logit_grad = chunk_logit_grad(dot, step->target_col, begin, step->row_max,
+                                                      step->row_inv_sum, coef, params, options_.gemm_dtype);
+    dot = torch::Tensor();
+    gemm_f32_long_k(dxn, logit_grad, rows, true);
+    rows = torch::Tensor();
+    torch::Tensor row_grad = torch::empty({end - begin, options_.embedding_size}, step->xn.options());
+    gemm_f32(row_grad, logit_grad, true, step->xg, false, false);
+    if (fused) {
+      optimizer_->update_rows(weight_, step->active, begin, end, row_grad, params.normalized, 1.0 / loss_scale_);
+    } else {
+      const torch::Tensor index = step->active.defined()
+                                      ? step->active.slice(0, begin, end)
+                                      : torch::arange(begin, end, step->xn.options().dtype(torch::kInt64));
+      const torch::Tensor w = weight_.index_select(0, index);
+      weight_grad_.index_add_(0, index, params.normalized ? unnormalize_row_grad(w, row_grad) : row_grad);
+    }
+  }
+
+  torch::Tensor local = comm_.reduce_scatter(dxn, step->counts);
+  if (params.normalized) {
+    const torch::Tensor xn = step->xn.slice(0, step->local_begin, step->local_begin + local_rows);
+    local = (local - xn * (xn * local).sum(1, true)) * step->inv_xnorm.slice(0, step->local_begin,
+                                                                             step->local_begin + local_rows);
+  }
+  return local.to(step->feature_dtype);
+}
+
+torch::Tensor ShardedMarginSoftmax::predict(const torch::Tensor& features) {
+  torch::NoGradGuard no_grad;
+  NoAutocast no_autocast;
+  const MarginParams params = options_.margin.params();
+  const int rank = comm_.rank();
+  const std::vector<int64_t> counts = comm_.all_gather_counts(features.dim() > 0 ? features.size(0) : 0);
+  const torch::Tensor x = comm_.all_gather(features.detach(), counts);
+  MYRIAD_CHECK_COLLECTIVE(x.dim() == 2 && x.size(1) == options_.embedding_size,
+                          "features have the wrong shape for the classifier (expected [batch, {}])",
+                          options_.embedding_size);
+  const int64_t batch = x.size(0);
+  torch::Tensor xn = x.to(torch::kFloat32);
+  if (params.normalized) xn = xn / xn.norm(2, 1, true).clamp_min(1e-12);
+  const torch::Tensor xg = xn.to(options_.gemm_dtype).contiguous();
+  const int64_t shard_rows = partition_.size(rank);
+  const int64_t offset = partition_.offset(rank);
+  const ChunkPlan plan =
+      plan_chunks(shard_rows, batch, options_.embedding_size,
+                  static_cast<int64_t>(torch::elementSize(options_.gemm_dtype)), options_.workspace_bytes);
+  torch::Tensor best = torch::full({batch}, -std::numeric_limits<float>::infinity(), xn.options());
+  torch::Tensor best_class = torch::zeros({batch}, xn.options().dtype(torch::kInt64));
+  for (int64_t begin = 0; begin < shard_rows; begin += plan.chunk_rows) {
+    const int64_t end = std::min(begin + plan.chunk_rows, shard_rows);
+    const torch::Tensor rows =
+        prepare_chunk_rows(weight_, torch::Tensor(), begin, end, options_.gemm_dtype, params.normalized);
+    torch::Tensor dot = torch::empty({batch, end - begin}, xn.options());
+    gemm_f32(dot, xg, false, rows, true, false);
+    const auto [value, column] = dot.max(1);
+    const torch::Tensor better = value.gt(best);
+    best = torch::where(better, value, best);
+    best_class = torch::where(better, column + (offset + begin), best_class);
+  }
+  // The best score over all shards; among shards that reach it, the smallest class id.
+  torch::Tensor global_best = best.clone();
+  comm_.all_reduce(global_best, ReduceOp::kMax);
+  torch::Tensor winner = torch::where(best.eq(global_best), best_class,
+                                      torch::full_like(best_class, std::numeric_limits<int64_t>::max()));
+  comm_.all_reduce(winner, ReduceOp::kMin);
+  int64_t local_begin = 0;
+  for (int r = 0; r < rank; ++r) local_begin += counts[r];
+  return winner.slice(0, local_begin, local_begin + counts[rank]);
+}
+
+}  // namespace myriad

@@ -1,0 +1,148 @@
+#include "softmax_chunk.h"
+
+#include <limits>
+#include <vector>
+
+#include "myriad/util/check_cuda.h"
+#include "myriad/util/error.h"
+
+#ifdef MYRIAD_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/kernels.h"
+#endif
+
+namespace myriad {
+
+namespace {
+
+// Rows of the batch whose target lies in the chunk, their columns, and the target's logit and
+// dz/dcos through the margin. The margin applies to at most B entries, so the CPU evaluates it
+// with the same scalar function the CUDA kernels use.
+struct ChunkTargets {
+  torch::Tensor rows;
+  torch::Tensor cols;
+  torch::Tensor z;
+  torch::Tensor dz_dcos;
+};
+
+ChunkTargets chunk_targets(const torch::Tensor& dot, const torch::Tensor& target_col, int64_t begin,
+                           const MarginParams& params) {
+  ChunkTargets t;
+  const torch::Tensor local = target_col - begin;
+  const torch::Tensor inside = local.ge(0).logical_and_(local.lt(dot.size(1)));
+  t.rows = inside.nonzero().squeeze(1);
+  t.cols = local.index_select(0, t.rows);
+  const torch::Tensor cosine = dot.index({t.rows, t.cols}).contiguous();
+  t.z = torch::empty_like(cosine);
+  t.dz_dcos = torch::empty_like(cosine);
+  const float* c = cosine.data_ptr<float>();
+  float* z = t.z.data_ptr<float>();
+  float* d = t.dz_dcos.data_ptr<float>();
+  for (int64_t i = 0; i < cosine.numel(); ++i) margin_target(c[i], params, z + i, d + i);
+  return t;
+}
+
+// Logits of the non-target classes, as margin_other computes them.
+torch::Tensor other_logits(const torch::Tensor& dot, const MarginParams& params) {
+  return params.normalized ? dot.clamp(-1.0, 1.0).mul_(params.scale) : dot.clone();
+}
+
+#ifdef MYRIAD_WITH_CUDA
+cuda::ElementType element_type(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32: return cuda::ElementType::kFloat32;
+    case torch::kBFloat16: return cuda::ElementType::kBFloat16;
+    case torch::kFloat16: return cuda::ElementType::kFloat16;
+    default: MYRIAD_THROW("no CUDA kernel for {}", c10::toString(dtype));
+  }
+}
+
+cudaStream_t stream_of(const torch::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+
+// Kernels index rows through the grid's y dimension.
+constexpr int64_t kMaxCudaBatch = 65535;
+#endif
+
+}  // namespace
+
+torch::Tensor prepare_chunk_rows(const torch::Tensor& weight, const torch::Tensor& index,
+                                 int64_t begin, int64_t end, torch::ScalarType dtype, bool normalize) {
+  const int64_t count = end - begin;
+#ifdef MYRIAD_WITH_CUDA
+  if (weight.is_cuda()) {
+    torch::Tensor out = torch::empty({count, weight.size(1)}, weight.options().dtype(dtype));
+    MYRIAD_CHECK_CUDA(cuda::prepare_rows(weight.data_ptr<float>(), weight.size(1),
+                                         index.defined() ? index.data_ptr<int64_t>() : nullptr, begin,
+                                         count, normalize, out.data_ptr(), element_type(dtype),
+                                         stream_of(weight)));
+    return out;
+  }
+#endif
+  torch::Tensor rows = index.defined() ? weight.index_select(0, index.slice(0, begin, end))
+                                       : weight.slice(0, begin, end);
+  if (normalize) rows = rows / rows.norm(2, 1, true).clamp_min(1e-12);
+  return rows.to(dtype).contiguous();
+}
+
+void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& target_col, int64_t begin,
+                            const MarginParams& params, torch::Tensor& row_max, torch::Tensor& row_sum,
+                            torch::Tensor& target_logit) {
+  torch::Tensor chunk_max, chunk_sum;
+#ifdef MYRIAD_WITH_CUDA
+  if (dot.is_cuda()) {
+    MYRIAD_CHECK(dot.size(0) <= kMaxCudaBatch, "global batch {} exceeds {}", dot.size(0), kMaxCudaBatch);
+    const int64_t tiles = (dot.size(1) + cuda::kStatsTile - 1) / cuda::kStatsTile;
+    torch::Tensor tile_max = torch::empty({dot.size(0), tiles}, dot.options());
+    torch::Tensor tile_sum = torch::empty({dot.size(0), tiles}, dot.options());
+    MYRIAD_CHECK_CUDA(cuda::chunk_stats(dot.data_ptr<float>(), dot.size(0), dot.size(1),
+                                        target_col.data_ptr<int64_t>(), begin, params,
+                                        tile_max.data_ptr<float>(), tile_sum.data_ptr<float>(),
+                                        target_logit.data_ptr<float>(), stream_of(dot)));
+    chunk_max = std::get<0>(tile_max.max(1));
+    chunk_sum = tile_sum.mul_(tile_max.sub_(chunk_max.unsqueeze(1)).exp_()).sum(1);
+  }
+#endif
+  if (!dot.is_cuda()) {
+    torch::Tensor z = other_logits(dot, params);
+    const ChunkTargets t = chunk_targets(dot, target_col, begin, params);
+    z.index_put_({t.rows, t.cols}, t.z);
+    target_logit.index_put_({t.rows}, t.z);
+    chunk_max = std::get<0>(z.max(1));
+    chunk_sum = z.sub_(chunk_max.unsqueeze(1)).exp_().sum(1);
+  }
+  // Merge with what earlier chunks saw: rescale both sums to the new maximum.
+  const torch::Tensor merged_max = torch::maximum(row_max, chunk_max);
+  row_sum.mul_(row_max.sub_(merged_max).exp_()).add_(chunk_sum.mul_(chunk_max.sub_(merged_max).exp_()));
+  row_max.copy_(merged_max);
+}
+
+torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& target_col, int64_t begin,
+                               const torch::Tensor& row_max, const torch::Tensor& row_inv_sum,
+                               const torch::Tensor& coef, const MarginParams& params,
+                               torch::ScalarType dtype) {
+#ifdef MYRIAD_WITH_CUDA
+  if (dot.is_cuda()) {
+    MYRIAD_CHECK(dot.size(0) <= kMaxCudaBatch, "global batch {} exceeds {}", dot.size(0), kMaxCudaBatch);
+    torch::Tensor out = torch::empty(dot.sizes(), dot.options().dtype(dtype));
+    MYRIAD_CHECK_CUDA(cuda::chunk_grad(dot.data_ptr<float>(), dot.size(0), dot.size(1),
+                                       target_col.data_ptr<int64_t>(), begin, row_max.data_ptr<float>(),
+                                       row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params,
+                                       out.data_ptr(), element_type(dtype), stream_of(dot)));
+    return out;
+  }
+#endif
+  torch::Tensor z = other_logits(dot, params);
+  const ChunkTargets t = chunk_targets(dot, target_col, begin, params);
+  z.index_put_({t.rows, t.cols}, t.z);
+  // softmax probabilities, times coef; the target entry also loses coef (the one-hot).
+  torch::Tensor grad = z.sub_(row_max.unsqueeze(1)).exp_().mul_(row_inv_sum.unsqueeze(1)).mul_(coef);
+  const torch::Tensor target_grad = (grad.index({t.rows, t.cols}) - coef).mul_(t.dz_dcos);
+  if (params.normalized) grad.mul_(params.scale);
+  grad.index_put_({t.rows, t.cols}, target_grad);
+  return grad.to(dtype);
+}
+
+}  // namespace myriad

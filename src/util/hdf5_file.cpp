@@ -1,0 +1,460 @@
+#include "myriad/util/hdf5_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#include "myriad/util/check_hdf5.h"
+#include "myriad/util/error.h"
+
+namespace myriad {
+
+namespace {
+
+// HDF5 builds without thread safety must not be entered from two threads at once; the data
+// loader's workers read concurrently.
+std::unique_lock<std::recursive_mutex> hdf5_lock() {
+  static std::recursive_mutex mutex;
+  static std::once_flag quiet;
+  // Errors are reported through exceptions, not printed by HDF5 itself.
+  std::call_once(quiet, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+  static const bool threadsafe = [] {
+    hbool_t safe = 0;
+    return H5is_library_threadsafe(&safe) >= 0 && safe;
+  }();
+  return threadsafe ? std::unique_lock<std::recursive_mutex>() : std::unique_lock<std::recursive_mutex>(mutex);
+}
+
+// Closes an HDF5 id when leaving scope.
+class Handle {
+ public:
+  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~Handle() {
+    if (id_ >= 0) close_(id_);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  hid_t get() const { return id_; }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+hid_t native_type(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kUInt8: return H5T_NATIVE_UINT8;
+    case torch::kInt8: return H5T_NATIVE_INT8;
+    case torch::kInt16: return H5T_NATIVE_INT16;
+    case torch::kInt32: return H5T_NATIVE_INT32;
+    case torch::kInt64: return H5T_NATIVE_INT64;
+    case torch::kFloat32: return H5T_NATIVE_FLOAT;
+    case torch::kFloat64: return H5T_NATIVE_DOUBLE;
+    default: MYRIAD_THROW("HDF5 has no native type for {}", c10::toString(dtype));
+  }
+}
+
+// bfloat16/float16 are stored as float32 and bool as uint8, which every reader understands.
+torch::Tensor storable(const torch::Tensor& t) {
+  torch::Tensor out = t.to(torch::kCPU);
+  if (out.scalar_type() == torch::kBFloat16 || out.scalar_type() == torch::kFloat16) out = out.to(torch::kFloat32);
+  if (out.scalar_type() == torch::kBool) out = out.to(torch::kUInt8);
+  return out.contiguous();
+}
+
+std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) { return {shape.begin(), shape.end()}; }
+
+}  // namespace
+
+Hdf5File::Hdf5File(const std::string& path, Mode mode) : path_(path) {
+  auto lock = hdf5_lock();
+  if (mode == Mode::kCreate) {
+    file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    MYRIAD_CHECK(file_ >= 0, "cannot create HDF5 file '{}': {}", path, detail::hdf5_error_stack());
+    return;
+  }
+  MYRIAD_CHECK(access(path.c_str(), F_OK) == 0, "'{}' does not exist", path);
+  MYRIAD_CHECK(access(path.c_str(), mode == Mode::kRead ? R_OK : R_OK | W_OK) == 0, "'{}' is not {}", path,
+               mode == Mode::kRead ? "readable" : "writable");
+  MYRIAD_CHECK(H5Fis_hdf5(path.c_str()) > 0, "'{}' is not an HDF5 file (or is truncated or corrupt)", path);
+  file_ = H5Fopen(path.c_str(), mode == Mode::kRead ? H5F_ACC_RDONLY : H5F_ACC_RDWR, H5P_DEFAULT);
+  MYRIAD_CHECK(file_ >= 0, "cannot open HDF5 file '{}': {}", path, detail::hdf5_error_stack());
+}
+
+Hdf5File::~Hdf5File() {
+  if (file_ >= 0) {
+    auto lock = hdf5_lock();
+    H5Fclose(file_);
+  }
+}
+
+Hdf5File::Hdf5File(Hdf5File&& other) noexcept : file_(other.file_), path_(std::move(other.path_)) {
+  other.file_ = -1;
+}
+
+Hdf5File& Hdf5File::operator=(Hdf5File&& other) noexcept {
+  std::swap(file_, other.file_);
+  std::swap(path_, other.path_);
+  return *this;
+}
+
+std::string Hdf5File::where(const std::string& name) const { return str_format("'{}' in '{}'", name, path_); }
+
+bool Hdf5File::has(const std::string& name) const {
+  auto lock = hdf5_lock();
+  if (name.empty() || name == "/") return true;
+  // Each level must exist before the next can be asked about.
+  size_t pos = 0;
+  while ((pos = name.find('/', pos + 1)) != std::string::npos) {
+    if (H5Lexists(file_, name.substr(0, pos).c_str(), H5P_DEFAULT) <= 0) return false;
+  }
+  return H5Lexists(file_, name.c_str(), H5P_DEFAULT) > 0;
+}
+
+std::vector<int64_t> Hdf5File::shape(const std::string& name) const {
+  auto lock = hdf5_lock();
+  MYRIAD_CHECK(has(name), "{} has no dataset {}", path_, name);
+  Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  Handle space(H5Dget_space(dataset.get()), H5Sclose);
+  MYRIAD_CHECK_HDF5(space.get(), "reading the shape of " + where(name));
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  MYRIAD_CHECK_HDF5(rank, "reading the shape of " + where(name));
+  std::vector<hsize_t> dims(rank);
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return {dims.begin(), dims.end()};
+}
+
+torch::ScalarType Hdf5File::dtype(const std::string& name) const {
+  auto lock = hdf5_lock();
+  MYRIAD_CHECK(has(name), "{} has no dataset {}", path_, name);
+  Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  Handle type(H5Dget_type(dataset.get()), H5Tclose);
+  const H5T_class_t type_class = H5Tget_class(type.get());
+  const size_t size = H5Tget_size(type.get());
+  if (type_class == H5T_FLOAT) return size == 8 ? torch::kFloat64 : torch::kFloat32;
+  if (type_class == H5T_INTEGER) {
+    const bool is_signed = H5Tget_sign(type.get()) == H5T_SGN_2;
+    if (size == 1) return is_signed ? torch::kInt8 : torch::kUInt8;
+    if (size == 2) return is_signed ? torch::kInt16 : torch::kInt32;
+    if (size == 4) return is_signed ? torch::kInt32 : torch::kInt64;
+    return torch::kInt64;
+  }
+  MYRIAD_THROW("{} is not a numeric dataset", where(name));
+}
+
+torch::Tensor Hdf5File::read(const std::string& name) const {
+  const std::vector<int64_t> dims = shape(name);
+  return read_rows(name, 0, dims.empty() ? 1 : dims[0]);
+}
+
+torch::Tensor Hdf5File::read_rows(const std::string& name, int64_t begin, int64_t count) const {
+  auto lock = hdf5_lock();
+  std::vector<int64_t> dims = shape(name);
+  const torch::ScalarType type = dtype(name);
+  if (dims.empty()) {
+    torch::Tensor scalar = torch::empty({}, type);
+    Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+    MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), native_type(type), H5S_ALL, H5S_ALL, H5P_DEFAULT, scalar.data_ptr()),
+                      "reading " + where(name));
+    return scalar;
+  }
+  MYRIAD_CHECK(begin >= 0 && count >= 0 && begin + count <= dims[0], "rows [{}, {}) are outside {} of {} rows",
+               begin, begin + count, where(name), dims[0]);
+  std::vector<int64_t> out_shape = dims;
+  out_shape[0] = count;
+  torch::Tensor out = torch::empty(out_shape, type);
+  if (out.numel() == 0) return out;
+  Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
+  std::vector<hsize_t> start(dims.size(), 0), extent = dims_of(out_shape);
+  start[0] = static_cast<hsize_t>(begin);
+  MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr),
+                    "selecting rows of " + where(name));
+  Handle memory_space(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr), H5Sclose);
+  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), native_type(type), memory_space.get(), file_space.get(), H5P_DEFAULT,
+                            out.data_ptr()),
+                    "reading " + where(name));
+  return out;
+}
+
+torch::Tensor Hdf5File::read_row_list(const std::string& name, const std::vector<int64_t>& rows) const {
+  auto lock = hdf5_lock();
+  const std::vector<int64_t> dims = shape(name);
+  MYRIAD_CHECK(!dims.empty(), "{} is a scalar", where(name));
+  const torch::ScalarType type = dtype(name);
+  std::vector<int64_t> out_shape = dims;
+  out_shape[0] = static_cast<int64_t>(rows.size());
+  torch::Tensor out = torch::empty(out_shape, type);
+  if (out.numel() == 0) return out;
+  Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
+  MYRIAD_CHECK_HDF5(H5Sselect_none(file_space.get()), "selecting rows of " + where(name));
+  std::vector<hsize_t> start(dims.size(), 0), extent = dims_of(dims);
+  // Consecutive rows become one hyperslab each.
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    MYRIAD_CHECK(rows[i] >= 0 && rows[j - 1] < dims[0] && (i == 0 || rows[i] > rows[i - 1]),
+                 "row list for {} must be ascending and inside [0, {})", where(name), dims[0]);
+    start[0] = static_cast<hsize_t>(rows[i]);
+    extent[0] = static_cast<hsize_t>(j - i);
+    MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_OR, start.data(), nullptr, extent.data(), nullptr),
+                      "selecting rows of " + where(name));
+    i = j;
+  }
+  const std::vector<hsize_t> memory_dims = dims_of(out_shape);
+  Handle memory_space(H5Screate_simple(static_cast<int>(memory_dims.size()), memory_dims.data(), nullptr), H5Sclose);
+  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), native_type(type), memory_space.get(), file_space.get(), H5P_DEFAULT,
+                            out.data_ptr()),
+                    "reading " + where(name));
+  return out;
+}
+
+void Hdf5File::create(const std::string& name, torch::ScalarType dtype, const std::vector<int64_t>& shape,
+                      int64_t chunk_rows) {
+  auto lock = hdf5_lock();
+  const std::vector<hsize_t> dims = dims_of(shape);
+  Handle space(dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+               H5Sclose);
+  MYRIAD_CHECK_HDF5(space.get(), "describing " + where(name));
+  Handle properties(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (chunk_rows > 0 && !dims.empty() && dims[0] > 0) {
+    std::vector<hsize_t> chunk = dims;
+    chunk[0] = std::min<hsize_t>(chunk[0], static_cast<hsize_t>(chunk_rows));
+    for (hsize_t& c : chunk) c = std::max<hsize_t>(c, 1);
+    MYRIAD_CHECK_HDF5(H5Pset_chunk(properties.get(), static_cast<int>(chunk.size()), chunk.data()),
+                      "chunking " + where(name));
+  }
+  // Intermediate groups ("shards/0/weight") are created as needed.
+  Handle links(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(links.get(), 1);
+  Handle dataset(H5Dcreate2(file_, name.c_str(), native_type(dtype), space.get(), links.get(), properties.get(),
+                            H5P_DEFAULT),
+                 H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "creating " + where(name));
+}
+
+void Hdf5File::write(const std::string& name, const torch::Tensor& tensor, int64_t chunk_rows) {
+  const torch::Tensor data = storable(tensor);
+  create(name, data.scalar_type(), data.sizes().vec(), chunk_rows);
+  if (data.dim() == 0) {
+    auto lock = hdf5_lock();
+    Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+    MYRIAD_CHECK_HDF5(H5Dwrite(dataset.get(), native_type(data.scalar_type()), H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                               data.data_ptr()),
+                      "writing " + where(name));
+    return;
+  }
+  write_rows(name, 0, data);
+}
+
+void Hdf5File::write_rows(const std::string& name, int64_t begin, const torch::Tensor& rows) {
+  auto lock = hdf5_lock();
+  const torch::Tensor data = storable(rows);
+  if (data.numel() == 0) return;
+  Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
+  std::vector<hsize_t> extent = dims_of(data.sizes().vec());
+  std::vector<hsize_t> start(extent.size(), 0);
+  start[0] = static_cast<hsize_t>(begin);
+  MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr),
+                    "selecting rows of " + where(name));
+  Handle memory_space(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr), H5Sclose);
+  MYRIAD_CHECK_HDF5(H5Dwrite(dataset.get(), native_type(data.scalar_type()), memory_space.get(), file_space.get(),
+                             H5P_DEFAULT, data.data_ptr()),
+                    "writing " + where(name));
+}
+
+void Hdf5File::create_bytes(const std::string& name, int64_t count, int64_t chunk_rows) {
+  auto lock = hdf5_lock();
+  const hsize_t dims[1] = {static_cast<hsize_t>(count)};
+  Handle space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+  Handle type(H5Tvlen_create(H5T_NATIVE_UINT8), H5Tclose);
+  Handle properties(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (count > 0) {
+    const hsize_t chunk[1] = {static_cast<hsize_t>(std::max<int64_t>(1, std::min(count, chunk_rows)))};
+    MYRIAD_CHECK_HDF5(H5Pset_chunk(properties.get(), 1, chunk), "chunking " + where(name));
+  }
+  Handle links(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(links.get(), 1);
+  Handle dataset(H5Dcreate2(file_, name.c_str(), type.get(), space.get(), links.get(), properties.get(), H5P_DEFAULT),
+                 H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "creating " + where(name));
+}
+
+void Hdf5File::write_bytes(const std::string& name, int64_t begin, const std::vector<std::string>& items) {
+  auto lock = hdf5_lock();
+  if (items.empty()) return;
+  std::vector<hvl_t> buffers(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    buffers[i].len = items[i].size();
+    buffers[i].p = const_cast<char*>(items[i].data());
+  }
+  Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  Handle type(H5Tvlen_create(H5T_NATIVE_UINT8), H5Tclose);
+  Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
+  const hsize_t start[1] = {static_cast<hsize_t>(begin)}, extent[1] = {items.size()};
+  MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr),
+                    "selecting rows of " + where(name));
+  Handle memory_space(H5Screate_simple(1, extent, nullptr), H5Sclose);
+  MYRIAD_CHECK_HDF5(H5Dwrite(dataset.get(), type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
+                             buffers.data()),
+                    "writing " + where(name));
+}
+
+std::vector<std::string> Hdf5File::read_bytes(const std::string& name, int64_t begin, int64_t count) const {
+  auto lock = hdf5_lock();
+  const std::vector<int64_t> dims = shape(name);
+  MYRIAD_CHECK(dims.size() == 1 && begin >= 0 && count >= 0 && begin + count <= dims[0],
+               "rows [{}, {}) are outside {}", begin, begin + count, where(name));
+  std::vector<std::string> items(count);
+  if (count == 0) return items;
+  Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  Handle type(H5Tvlen_create(H5T_NATIVE_UINT8), H5Tclose);
+  Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
+  const hsize_t start[1] = {static_cast<hsize_t>(begin)}, extent[1] = {static_cast<hsize_t>(count)};
+  MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr),
+                    "selecting rows of " + where(name));
+  Handle memory_space(H5Screate_simple(1, extent, nullptr), H5Sclose);
+  std::vector<hvl_t> buffers(count);
+  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
+                            buffers.data()),
+                    "reading " + where(name));
+  for (int64_t i = 0; i < count; ++i) items[i].assign(static_cast<const char*>(buffers[i].p), buffers[i].len);
+  H5Dvlen_reclaim(type.get(), memory_space.get(), H5P_DEFAULT, buffers.data());
+  return items;
+}
+
+bool Hdf5File::is_bytes(const std::string& name) const {
+  auto lock = hdf5_lock();
+  if (!has(name)) return false;
+  Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  Handle type(H5Dget_type(dataset.get()), H5Tclose);
+  return H5Tget_class(type.get()) == H5T_VLEN;
+}
+
+namespace {
+
+// Replaces attribute `key` of `object` with a scalar of `type` holding `value`.
+void put_attribute(hid_t file, const std::string& object, const std::string& key, hid_t type, const void* value,
+                   const std::string& where) {
+  Handle target(H5Oopen(file, object.c_str(), H5P_DEFAULT), H5Oclose);
+  MYRIAD_CHECK_HDF5(target.get(), "opening " + where);
+  if (H5Aexists(target.get(), key.c_str()) > 0) {
+    MYRIAD_CHECK_HDF5(H5Adelete(target.get(), key.c_str()), "replacing attribute " + key + " of " + where);
+  }
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle attribute(H5Acreate2(target.get(), key.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  MYRIAD_CHECK_HDF5(attribute.get(), "creating attribute " + key + " of " + where);
+  MYRIAD_CHECK_HDF5(H5Awrite(attribute.get(), type, value), "writing attribute " + key + " of " + where);
+}
+
+}  // namespace
+
+void Hdf5File::set_attribute(const std::string& object, const std::string& key, int64_t value) {
+  auto lock = hdf5_lock();
+  put_attribute(file_, object, key, H5T_NATIVE_INT64, &value, where(object));
+}
+
+void Hdf5File::set_attribute(const std::string& object, const std::string& key, double value) {
+  auto lock = hdf5_lock();
+  put_attribute(file_, object, key, H5T_NATIVE_DOUBLE, &value, where(object));
+}
+
+void Hdf5File::set_attribute(const std::string& object, const std::string& key, const std::string& value) {
+  auto lock = hdf5_lock();
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.get(), std::max<size_t>(1, value.size()));
+  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+  std::string padded = value;
+  padded.resize(std::max<size_t>(1, value.size()), '\0');
+  put_attribute(file_, object, key, type.get(), padded.data(), where(object));
+}
+
+namespace {
+
+// Opens attribute `key` of `object`, or returns an invalid handle when either is absent.
+hid_t open_attribute(hid_t file, const std::string& object, const std::string& key) {
+  if (object != "/" && H5Lexists(file, object.c_str(), H5P_DEFAULT) <= 0) return -1;
+  Handle target(H5Oopen(file, object.c_str(), H5P_DEFAULT), H5Oclose);
+  if (target.get() < 0 || H5Aexists(target.get(), key.c_str()) <= 0) return -1;
+  return H5Aopen(target.get(), key.c_str(), H5P_DEFAULT);
+}
+
+}  // namespace
+
+std::optional<int64_t> Hdf5File::int_attribute(const std::string& object, const std::string& key) const {
+  auto lock = hdf5_lock();
+  Handle attribute(open_attribute(file_, object, key), H5Aclose);
+  if (attribute.get() < 0) return std::nullopt;
+  int64_t value = 0;
+  MYRIAD_CHECK_HDF5(H5Aread(attribute.get(), H5T_NATIVE_INT64, &value), "reading attribute " + key + " of " + where(object));
+  return value;
+}
+
+std::optional<double> Hdf5File::float_attribute(const std::string& object, const std::string& key) const {
+  auto lock = hdf5_lock();
+  Handle attribute(open_attribute(file_, object, key), H5Aclose);
+  if (attribute.get() < 0) return std::nullopt;
+  double value = 0;
+  MYRIAD_CHECK_HDF5(H5Aread(attribute.get(), H5T_NATIVE_DOUBLE, &value), "reading attribute " + key + " of " + where(object));
+  return value;
+}
+
+std::optional<std::string> Hdf5File::string_attribute(const std::string& object, const std::string& key) const {
+  auto lock = hdf5_lock();
+  Handle attribute(open_attribute(file_, object, key), H5Aclose);
+  if (attribute.get() < 0) return std::nullopt;
+  Handle type(H5Aget_type(attribute.get()), H5Tclose);
+  MYRIAD_CHECK(H5Tget_class(type.get()) == H5T_STRING, "attribute {} of {} is not a string", key, where(object));
+  if (H5Tis_variable_str(type.get()) > 0) {
+    char* text = nullptr;
+    Handle memory(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(memory.get(), H5T_VARIABLE);
+    MYRIAD_CHECK_HDF5(H5Aread(attribute.get(), memory.get(), &text), "reading attribute " + key + " of " + where(object));
+    std::string value = text != nullptr ? text : "";
+    H5free_memory(text);
+    return value;
+  }
+  std::string value(H5Tget_size(type.get()), '\0');
+  MYRIAD_CHECK_HDF5(H5Aread(attribute.get(), type.get(), value.data()), "reading attribute " + key + " of " + where(object));
+  value.resize(std::strlen(value.c_str()));
+  return value;
+}
+
+void Hdf5File::flush() {
+  auto lock = hdf5_lock();
+  MYRIAD_CHECK_HDF5(H5Fflush(file_, H5F_SCOPE_GLOBAL), "flushing " + path_);
+}
+
+AtomicOutput::AtomicOutput(std::string path) : path_(std::move(path)) {
+  temporary_ = str_format("{}.tmp-{}", path_, static_cast<long>(getpid()));
+}
+
+AtomicOutput::~AtomicOutput() {
+  if (!committed_) std::remove(temporary_.c_str());
+}
+
+void AtomicOutput::commit() {
+  const int fd = open(temporary_.c_str(), O_RDONLY);
+  MYRIAD_CHECK(fd >= 0, "cannot reopen '{}' to sync it: {}", temporary_, std::strerror(errno));
+  const int synced = fsync(fd);
+  close(fd);
+  MYRIAD_CHECK(synced == 0, "cannot sync '{}': {}", temporary_, std::strerror(errno));
+  MYRIAD_CHECK(std::rename(temporary_.c_str(), path_.c_str()) == 0, "cannot rename '{}' to '{}': {}", temporary_,
+               path_, std::strerror(errno));
+  committed_ = true;
+}
+
+}  // namespace myriad

@@ -1,0 +1,414 @@
+// The sharded margin softmax against the single-process float64 reference, at whatever rank
+// count this binary runs with, on the CPU (MPI) and, where every rank has a GPU, on CUDA (NCCL).
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "mpi_test.h"
+#include "myriad/classifier/partial_fc.h"
+#include "myriad/classifier/sharded_softmax.h"
+#include "myriad/util/error.h"
+#include "support/reference_softmax.h"
+
+namespace myriad::testing {
+namespace {
+
+constexpr double kTolerance = 1e-5;
+
+MarginConfig margin_of(MarginType type, double m1, double m2, double m3, bool straight_through = false) {
+  MarginConfig m;
+  m.type = type;
+  m.scale = type == MarginType::kSoftmax ? 1.0 : 64.0;
+  m.m1 = m1;
+  m.m2 = m2;
+  m.m3 = m3;
+  m.straight_through = straight_through;
+  return m;
+}
+
+std::vector<MarginConfig> every_margin() {
+  return {margin_of(MarginType::kSoftmax, 1, 0, 0),
+          margin_of(MarginType::kArcFace, 1, 0.5, 0),
+          margin_of(MarginType::kArcFace, 1, 0.5, 0, true),
+          margin_of(MarginType::kCosFace, 1, 0, 0.4),
+          margin_of(MarginType::kSphereFace, 1.7, 0, 0),
+          margin_of(MarginType::kSphereFace, 4.0, 0, 0, true),
+          margin_of(MarginType::kCombined, 1.2, 0.3, 0.15)};
+}
+
+// Uneven local batches: 5, 3, 8, 6, ... rows.
+std::vector<int64_t> uneven_batches(int world) {
+  std::vector<int64_t> counts(world);
+  for (int r = 0; r < world; ++r) counts[r] = 2 + (5 * r + 3) % 7;
+  return counts;
+}
+
+struct Problem {
+  torch::Tensor features;  // [N, D] float32, identical on every rank
+  torch::Tensor labels;    // [N]
+  torch::Tensor weight;    // [C, D]
+  std::vector<int64_t> counts;
+};
+
+Problem make_problem(const std::vector<int64_t>& counts, int64_t classes, int64_t dim, uint64_t seed) {
+  torch::manual_seed(seed);
+  Problem p;
+  p.counts = counts;
+  const int64_t n = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  p.features = torch::randn({n, dim});
+  p.labels = torch::randint(0, classes, {n}, torch::kInt64);
+  p.weight = torch::randn({classes, dim}) * 0.1;
+  return p;
+}
+
+class ClassifierTest : public BackendTest {
+ protected:
+  // Per-class budget that makes chunks of about `rows` classes for this problem.
+  static int64_t budget_for_chunk(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes = 4) {
+    return rows * (chunk_cached_bytes_per_row(batch, dim, gemm_bytes) +
+                   chunk_work_bytes_per_row(batch, dim, gemm_bytes));
+  }
+
+  ShardedSoftmaxOptions options_for(const Problem& p, const MarginConfig& margin) {
+    ShardedSoftmaxOptions o;
+    o.num_classes = p.weight.size(0);
+    o.embedding_size = p.weight.size(1);
+    o.margin = margin;
+    o.update = WeightUpdate::kAccumulateGrad;
+    o.workspace_bytes = int64_t{1} << 30;
+    return o;
+  }
+
+  int64_t local_begin(const Problem& p) {
+    return std::accumulate(p.counts.begin(), p.counts.begin() + rank(), int64_t{0});
+  }
+
+  torch::Tensor local_rows(const Problem& p, const torch::Tensor& t) {
+    return t.slice(0, local_begin(p), local_begin(p) + p.counts[rank()]);
+  }
+
+  std::unique_ptr<ShardedMarginSoftmax> make_module(const Problem& p, const ShardedSoftmaxOptions& o) {
+    auto module = std::make_unique<ShardedMarginSoftmax>(comm(), o, device());
+    const ClassPartition& part = module->partition();
+    module->weight().copy_(p.weight.slice(0, part.offset(rank()), part.offset(rank()) + part.size(rank())));
+    return module;
+  }
+
+  struct Outcome {
+    torch::Tensor loss;
+    torch::Tensor grad_features;
+  };
+
+  Outcome run_step(ShardedMarginSoftmax& module, const Problem& p) {
+    torch::Tensor x = local_rows(p, p.features).to(device()).requires_grad_(true);
+    torch::Tensor loss = module.forward(x, local_rows(p, p.labels).to(device()));
+    loss.backward();
+    return {loss.detach().cpu(), x.grad().cpu()};
+  }
+
+  // The loss must be the same number on every rank.
+  void expect_same_loss_everywhere(const torch::Tensor& loss) {
+    torch::Tensor all = MpiTest::comm(torch::kCPU).all_gather(loss.reshape({1}).to(torch::kFloat32));
+    EXPECT_EQ(all.max().item<float>(), all.min().item<float>()) << all;
+  }
+
+  void expect_matches_reference(const Problem& p, const ShardedSoftmaxOptions& o, double tolerance,
+                                const std::string& label) {
+    auto module = make_module(p, o);
+    const Outcome out = run_step(*module, p);
+    const ReferenceResult ref = reference_softmax(p.features, p.labels, p.weight, o.margin);
+    const ClassPartition& part = module->partition();
+    EXPECT_LE(relative_error(out.loss, ref.loss), tolerance) << label << ": loss " << out.loss.item<float>()
+                                                             << " vs " << ref.loss.item<double>();
+    EXPECT_LE(relative_error(out.grad_features, local_rows(p, ref.grad_features)), tolerance)
+        << label << ": grad_features";
+    EXPECT_LE(relative_error(module->weight_grad(),
+                             ref.grad_weight.slice(0, part.offset(rank()), part.offset(rank()) + part.size(rank()))),
+              tolerance)
+        << label << ": grad_weight";
+    expect_same_loss_everywhere(out.loss);
+  }
+};
+
+TEST_P(ClassifierTest, MatchesReferenceForEveryMarginChunkedAndNot) {
+  const Problem p = make_problem(uneven_batches(world()), 37, 16, 11);
+  const int64_t batch = p.features.size(0);
+  for (const MarginConfig& margin : every_margin()) {
+    ShardedSoftmaxOptions o = options_for(p, margin);
+    expect_matches_reference(p, o, kTolerance, margin.describe() + ", whole shard, cached");
+    o.workspace_bytes = budget_for_chunk(3, batch, 16);
+    expect_matches_reference(p, o, kTolerance, margin.describe() + ", chunks of 3 classes");
+  }
+}
+
+TEST_P(ClassifierTest, PlansCacheOrChunksFromTheBudget) {
+  const Problem p = make_problem(uneven_batches(world()), 37, 16, 12);
+  ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+  o.workspace_bytes = budget_for_chunk(3, p.features.size(0), 16);
+  auto module = make_module(p, o);
+  run_step(*module, p);
+  EXPECT_FALSE(module->last_plan().cache);
+  EXPECT_EQ(module->last_plan().chunk_rows, 3);
+}
+
+TEST_P(ClassifierTest, RankWithoutSamples) {
+  std::vector<int64_t> counts = uneven_batches(world());
+  counts[world() - 1] = 0;
+  if (world() == 1) counts[0] = 4;
+  const Problem p = make_problem(counts, 23, 8, 13);
+  expect_matches_reference(p, options_for(p, margin_of(MarginType::kCombined, 1.1, 0.2, 0.1)), kTolerance,
+                           "a rank without samples");
+}
+
+// bfloat16 and float16 GEMM operands round the normalised features and weights to 8 and 11
+// significant bits; docs/classifier.md records these tolerances.
+TEST_P(ClassifierTest, HalfPrecisionGemmsWithinDocumentedTolerance) {
+  const Problem p = make_problem(uneven_batches(world()), 41, 32, 14);
+  for (auto [dtype, tolerance] : {std::pair{torch::kBFloat16, 3e-2}, std::pair{torch::kFloat16, 5e-3}}) {
+    ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+    o.gemm_dtype = dtype;
+    expect_matches_reference(p, o, tolerance, c10::toString(dtype));
+    o.workspace_bytes = budget_for_chunk(5, p.features.size(0), 32, 2);
+    expect_matches_reference(p, o, tolerance, std::string(c10::toString(dtype)) + " chunked");
+  }
+}
+
+TEST_P(ClassifierTest, PartialFcUsesTheSameClassesAtEveryWorldSize) {
+  const Problem p = make_problem(uneven_batches(world()), 97, 16, 15);
+  ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+  o.sample_rate = 0.3;
+  o.seed = 77;
+  o.workspace_bytes = budget_for_chunk(4, p.features.size(0), 16);
+  auto module = make_module(p, o);
+  const Outcome out = run_step(*module, p);
+  // The single-process choice: one shard holding every class, at the same step (1).
+  const torch::Tensor active = sample_class_rows(p.labels, 97, 0, 0.3, 77, 1);
+  EXPECT_LT(active.size(0), 97);
+  const ReferenceResult ref = reference_softmax(p.features, p.labels, p.weight, o.margin, active);
+  const ClassPartition& part = module->partition();
+  EXPECT_LE(relative_error(out.loss, ref.loss), kTolerance);
+  EXPECT_LE(relative_error(out.grad_features, local_rows(p, ref.grad_features)), kTolerance);
+  EXPECT_LE(relative_error(module->weight_grad(),
+                           ref.grad_weight.slice(0, part.offset(rank()), part.offset(rank()) + part.size(rank()))),
+            kTolerance);
+}
+
+// One and two fused SGD steps against torch.optim.SGD's rule applied to the reference gradient.
+TEST_P(ClassifierTest, FusedSgdMatchesReferenceAndTouchesOnlySampledRows) {
+  const Problem p = make_problem(uneven_batches(world()), 53, 16, 16);
+  for (double rate : {1.0, 0.4}) {
+    for (auto state : {torch::kFloat32, torch::kBFloat16}) {
+      ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kCosFace, 1, 0, 0.35));
+      o.update = WeightUpdate::kFused;
+      o.sample_rate = rate;
+      o.seed = 5;
+      o.workspace_bytes = budget_for_chunk(4, p.features.size(0), 16);
+      o.optimizer.lr = 0.5;
+      o.optimizer.momentum = 0.9;
+      o.optimizer.weight_decay = 0.01;
+      o.optimizer.state_dtype = state;
+      auto module = make_module(p, o);
+      const ClassPartition& part = module->partition();
+      const int64_t offset = part.offset(rank()), rows = part.size(rank());
+
+      torch::Tensor w = p.weight.to(torch::kFloat64);
+      torch::Tensor buf = torch::zeros_like(w);
+      torch::Tensor touched = torch::zeros({p.weight.size(0)}, torch::kBool);
+      for (int64_t step = 1; step <= 2; ++step) {
+        run_step(*module, p);
+        torch::Tensor active;
+        if (rate < 1.0) active = sample_class_rows(p.labels, 53, 0, rate, 5, step);
+        const ReferenceResult ref = reference_softmax(p.features, p.labels, w.to(torch::kFloat32), o.margin, active);
+        torch::Tensor rows_now = active.defined() ? active : torch::arange(53);
+        torch::Tensor g = ref.grad_weight.index_select(0, rows_now) + 0.01 * w.index_select(0, rows_now);
+        torch::Tensor b = buf.index_select(0, rows_now) * 0.9 + g;
+        buf.index_copy_(0, rows_now, b);
+        w.index_copy_(0, rows_now, w.index_select(0, rows_now) - 0.5 * b);
+        touched.index_fill_(0, rows_now, true);
+      }
+      const double tolerance = state == torch::kBFloat16 ? 1e-2 : kTolerance;
+      const std::string label = str_format("rate {}, state {}", rate, c10::toString(state));
+      EXPECT_LE(relative_error(module->weight(), w.slice(0, offset, offset + rows)), tolerance) << label;
+      const torch::Tensor momentum = *module->optimizer().state()[0].second;
+      EXPECT_LE(relative_error(momentum, buf.slice(0, offset, offset + rows)), tolerance) << label;
+      // Rows never sampled keep their initial weights and a zero momentum, bit for bit.
+      const torch::Tensor untouched = touched.slice(0, offset, offset + rows).logical_not().nonzero().squeeze(1);
+      if (rate < 1.0 && world() == 1) EXPECT_GT(untouched.numel(), 0) << label;
+      const torch::Tensor initial = p.weight.slice(0, offset, offset + rows);
+      EXPECT_TRUE(torch::equal(module->weight().cpu().index_select(0, untouched), initial.index_select(0, untouched)))
+          << label;
+      EXPECT_EQ(momentum.cpu().index_select(0, untouched).abs().sum().item<double>(), 0.0) << label;
+    }
+  }
+}
+
+TEST_P(ClassifierTest, FusedAdamWMatchesReference) {
+  const Problem p = make_problem(uneven_batches(world()), 31, 8, 17);
+  ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+  o.update = WeightUpdate::kFused;
+  o.optimizer.kind = OptimizerKind::kAdamW;
+  o.optimizer.lr = 0.01;
+  o.optimizer.weight_decay = 0.05;
+  auto module = make_module(p, o);
+  const ClassPartition& part = module->partition();
+  torch::Tensor w = p.weight.to(torch::kFloat64);
+  torch::Tensor m = torch::zeros_like(w), v = torch::zeros_like(w);
+  for (int step = 1; step <= 3; ++step) {
+    run_step(*module, p);
+    const torch::Tensor g = reference_softmax(p.features, p.labels, w.to(torch::kFloat32), o.margin).grad_weight;
+    m = 0.9 * m + 0.1 * g;
+    v = 0.999 * v + 0.001 * g * g;
+    const double bc1 = 1 - std::pow(0.9, step), bc2 = 1 - std::pow(0.999, step);
+    w = w * (1 - 0.01 * 0.05) - (0.01 / bc1) * m / ((v / bc2).sqrt() + 1e-8);
+  }
+  EXPECT_LE(relative_error(module->weight(), w.slice(0, part.offset(rank()), part.offset(rank()) + part.size(rank()))),
+            1e-4);
+}
+
+// The gradient-scale trap of design §1: a replicated backbone trained on W ranks, its gradients
+// SUMMED across ranks, must equal one process training on the union of the batches.
+TEST_P(ClassifierTest, BackboneGradientSummedOverRanksEqualsSingleProcess) {
+  const std::vector<int64_t> counts = uneven_batches(world());
+  const int64_t n = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  torch::manual_seed(21);
+  const torch::Tensor inputs = torch::randn({n, 12});
+  const torch::Tensor labels = torch::randint(0, 29, {n}, torch::kInt64);
+  const torch::Tensor backbone_weight = torch::randn({16, 12}) * 0.3;
+  const torch::Tensor class_weight = torch::randn({29, 16}) * 0.1;
+  const MarginConfig margin = margin_of(MarginType::kArcFace, 1, 0.5, 0);
+
+  Problem p{torch::Tensor(), labels, class_weight, counts};
+  ShardedSoftmaxOptions o = options_for(p, margin);
+  auto module = make_module(p, o);
+  torch::Tensor backbone = backbone_weight.to(device()).clone().requires_grad_(true);
+  const torch::Tensor features = torch::mm(local_rows(p, inputs).to(device()), backbone.t());
+  module->forward(features, local_rows(p, labels).to(device())).backward();
+  torch::Tensor grad = backbone.grad().clone();
+  comm().all_reduce(grad, ReduceOp::kSum);
+
+  torch::Tensor ref_backbone = backbone_weight.to(torch::kFloat64).detach().requires_grad_(true);
+  const ReferenceResult ref = reference_softmax(torch::mm(inputs.to(torch::kFloat64), ref_backbone.t()).detach(),
+                                                labels, class_weight, margin);
+  torch::mm(inputs.to(torch::kFloat64), ref_backbone.t()).backward(ref.grad_features);
+  EXPECT_LE(relative_error(grad, ref_backbone.grad()), kTolerance);
+  if (world() > 1) {
+    // Averaging instead of summing would be off by exactly the world size.
+    EXPECT_GT(relative_error(grad / world(), ref_backbone.grad()), 0.4);
+  }
+}
+
+TEST_P(ClassifierTest, ExtremeCosinesAndLogitsStayFinite) {
+  const int64_t classes = 2 * world() + 3, dim = 8;
+  std::vector<int64_t> counts(world(), 4);
+  Problem p = make_problem(counts, classes, dim, 18);
+  const int64_t n = p.features.size(0);
+  // Features exactly on their class weight (cos = 1, theta = 0), exactly opposite it
+  // (cos = -1, theta + m2 > pi), and huge raw logits for plain softmax.
+  for (int64_t i = 0; i < n; ++i) {
+    const torch::Tensor w = p.weight[p.labels[i].item<int64_t>()];
+    p.features[i].copy_(i % 2 == 0 ? w * 3.0 : w * -2.0);
+  }
+  for (const MarginConfig& margin : {margin_of(MarginType::kArcFace, 1, 0.5, 0),
+                                     margin_of(MarginType::kSphereFace, 4.0, 0, 0),
+                                     margin_of(MarginType::kCombined, 1.35, 0.5, 0.2)}) {
+    auto module = make_module(p, options_for(p, margin));
+    const Outcome out = run_step(*module, p);
+    EXPECT_TRUE(std::isfinite(out.loss.item<float>())) << margin.describe();
+    EXPECT_TRUE(out.grad_features.isfinite().all().item<bool>()) << margin.describe();
+    EXPECT_TRUE(module->weight_grad().isfinite().all().item<bool>()) << margin.describe();
+  }
+  Problem huge = p;
+  huge.features = p.features * 1e4;
+  auto module = make_module(huge, options_for(huge, margin_of(MarginType::kSoftmax, 1, 0, 0)));
+  const Outcome out = run_step(*module, huge);
+  EXPECT_TRUE(std::isfinite(out.loss.item<float>()));
+  EXPECT_TRUE(out.grad_features.isfinite().all().item<bool>());
+}
+
+TEST_P(ClassifierTest, PredictIsTheGlobalArgmax) {
+  const Problem p = make_problem(uneven_batches(world()), 43, 16, 19);
+  ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+  o.workspace_bytes = budget_for_chunk(4, p.features.size(0), 16);
+  auto module = make_module(p, o);
+  const torch::Tensor predicted = module->predict(local_rows(p, p.features).to(device())).cpu();
+  const torch::Tensor cosine = torch::nn::functional::normalize(p.features.to(torch::kFloat64),
+                                                                torch::nn::functional::NormalizeFuncOptions().dim(1))
+                                   .matmul(torch::nn::functional::normalize(
+                                               p.weight.to(torch::kFloat64),
+                                               torch::nn::functional::NormalizeFuncOptions().dim(1))
+                                               .t());
+  EXPECT_TRUE(torch::equal(predicted, local_rows(p, cosine.argmax(1))));
+}
+
+// Bad inputs raise the same collective error on every rank, whichever rank holds them.
+TEST_P(ClassifierTest, BadInputsFailOnEveryRank) {
+  const Problem p = make_problem(uneven_batches(world()), 19, 8, 20);
+  auto module = make_module(p, options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0)));
+  const int culprit = world() - 1;
+  auto expect_error = [&](const torch::Tensor& features, const torch::Tensor& labels, const std::string& expected) {
+    try {
+      module->forward(features.to(device()).requires_grad_(true), labels.to(device()));
+      ADD_FAILURE() << "no error; expected one mentioning: " << expected;
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.collective()) << e.what();
+      EXPECT_NE(e.message().find(expected), std::string::npos) << e.message();
+    }
+  };
+  torch::Tensor labels = local_rows(p, p.labels).clone();
+  torch::Tensor features = local_rows(p, p.features).clone();
+  {
+    torch::Tensor bad = labels.clone();
+    if (rank() == culprit) bad[0] = 19;
+    expect_error(features, bad, str_format("label 19 of sample 0 of rank {}", culprit));
+  }
+  {
+    torch::Tensor bad = labels.clone();
+    if (rank() == culprit) bad[1] = -3;
+    expect_error(features, bad, "label -3");
+  }
+  {
+    torch::Tensor bad = features.clone();
+    if (rank() == culprit) bad[2][1] = std::numeric_limits<float>::quiet_NaN();
+    expect_error(bad, labels, str_format("features of sample 2 of rank {} contain NaN", culprit));
+  }
+  expect_error(torch::randn({labels.size(0), 9}), labels, "expects [batch, 8]");
+  if (world() > 1) {
+    // One rank's features of the wrong width: caught by the gather's agreement.
+    expect_error(torch::randn({labels.size(0), rank() == culprit ? 9 : 8}), labels, "shapes differ");
+  }
+  try {
+    ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+    o.num_classes = world() - 1;
+    ShardedMarginSoftmax too_few(comm(), o, device());
+    ADD_FAILURE() << "fewer classes than ranks was accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.collective());
+  }
+  // The module still works after the errors.
+  const Outcome out = run_step(*module, p);
+  EXPECT_TRUE(std::isfinite(out.loss.item<float>()));
+}
+
+TEST_P(ClassifierTest, SkipPolicyTurnsNonFiniteFeaturesIntoASkippedStep) {
+  const Problem p = make_problem(uneven_batches(world()), 19, 8, 22);
+  ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+  o.non_finite = NonFinitePolicy::kSkip;
+  o.update = WeightUpdate::kFused;
+  auto module = make_module(p, o);
+  const torch::Tensor before = module->weight().clone();
+  torch::Tensor features = local_rows(p, p.features).clone();
+  if (rank() == 0) features[0][0] = std::numeric_limits<float>::infinity();
+  torch::Tensor x = features.to(device()).requires_grad_(true);
+  torch::Tensor loss = module->forward(x, local_rows(p, p.labels).to(device()));
+  loss.backward();
+  EXPECT_TRUE(std::isnan(loss.item<float>()));
+  EXPECT_EQ(x.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_TRUE(torch::equal(module->weight(), before));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ClassifierTest, ::testing::Values("mpi", "nccl"), backend_name);
+
+}  // namespace
+}  // namespace myriad::testing
