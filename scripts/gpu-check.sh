@@ -87,15 +87,19 @@ classifier() {
   local log="$out/classifier-np$ranks-$name.txt"
   mpirun -np "$ranks" --bind-to none "${forward[@]}" "$bin/myriad-bench" classifier "$@" >"$log" 2>&1 || status=1
   note "classifier $name, $ranks rank(s):"
-  grep -E "^(step time|effective|peak memory|largest|# plan)|error" "$log" | tee -a "$summary"
+  grep -E "^(step time|effective|peak memory|largest|# plan|phase)|error" "$log" | tee -a "$summary"
 }
 
 if wants classifier; then
   for n in "${rank_counts[@]}"; do
     [ "$n" -eq 2 ] || [ "$n" -eq 4 ] || continue
-    classifier "$n" 1M-b128 --num-classes 1M --batch-size 128 --workspace 48G
-    classifier "$n" 1M-b512 --num-classes 1M --batch-size 512 --workspace 48G
-    classifier "$n" 8M-b512 --num-classes 8M --batch-size 512 --workspace 48G --steps 10 --warmup 3
+    for state in fp32 bf16; do
+      [ "$state" = fp32 ] || [ "$n" -eq 2 ] || continue
+      classifier "$n" "1M-b128-$state" --num-classes 1M --batch-size 128 --workspace 48G --momentum-dtype "$state" --profile
+      classifier "$n" "1M-b512-$state" --num-classes 1M --batch-size 512 --workspace 48G --momentum-dtype "$state" --profile
+      classifier "$n" "8M-b512-$state" --num-classes 8M --batch-size 512 --workspace 48G --momentum-dtype "$state" \
+        --steps 10 --warmup 3 --profile
+    done
     classifier "$n" 8M-b128 --num-classes 8M --batch-size 128 --workspace 48G --steps 10 --warmup 3
     classifier "$n" 8M-b128-naive --num-classes 8M --batch-size 128 --naive --steps 10 --warmup 3
     classifier "$n" max-classes --num-classes 8M --batch-size 128 --momentum-dtype bf16 --workspace 4G \

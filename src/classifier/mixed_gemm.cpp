@@ -110,19 +110,18 @@ void gemm_f32(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const to
 
 void gemm_f32_long_k(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
   check_operands(out, a, b);
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const int64_t k = a.size(0), m = a.size(1), n = b.size(1);
   MYRIAD_CHECK(b.size(0) == k && out.size(0) == m && out.size(1) == n, "GEMM shapes do not match");
   // Slices of at least 2048 along K, at most 64 of them: enough output tiles to fill the GPU,
   // few enough partial products to sum cheaply.
   const int64_t slice = std::max<int64_t>(2048, (k + 63) / 64);
   const int64_t slices = k / slice;
-  if (!out.is_cuda() || slices < 2) return gemm_f32(out, a, false, b, false, accumulate);
+  if (!out.is_cuda() || slices < 2) return gemm_f32(out, a, true, b, false, accumulate);
 #ifdef MYRIAD_WITH_CUDA
+  const cudaDataType_t type = cuda_type(a.scalar_type());
   torch::Tensor partial = torch::empty({slices, m, n}, out.options());
-  Operand left{a.data_ptr(), CUBLAS_OP_N, k};
-  Operand right{b.data_ptr(), CUBLAS_OP_N, n};
-  gemm_cuda(partial.data_ptr(), m, n, slice, left, right, cuda_type(a.scalar_type()), 0.0f, slices,
-            slice, slice * n, m * n);
+  gemm_cuda(partial.data_ptr(), m, n, slice, Operand{a.data_ptr(), CUBLAS_OP_T, m},
+            Operand{b.data_ptr(), CUBLAS_OP_N, n}, type, 0.0f, slices, slice * m, slice * n, m * n);
   if (accumulate) {
     out.add_(partial.sum(0));
   } else {
@@ -130,11 +129,10 @@ void gemm_f32_long_k(torch::Tensor& out, const torch::Tensor& a, const torch::Te
   }
   const int64_t done = slices * slice;
   if (done < k) {
-    // The remainder of K, as views with the parents' leading dimensions.
-    const auto* a_rest = static_cast<const char*>(a.data_ptr()) + done * a.element_size();
+    const auto* a_rest = static_cast<const char*>(a.data_ptr()) + done * m * a.element_size();
     const auto* b_rest = static_cast<const char*>(b.data_ptr()) + done * n * b.element_size();
-    gemm_cuda(out.data_ptr(), m, n, k - done, Operand{a_rest, CUBLAS_OP_N, k},
-              Operand{b_rest, CUBLAS_OP_N, n}, cuda_type(a.scalar_type()), 1.0f, 1, 0, 0, 0);
+    gemm_cuda(out.data_ptr(), m, n, k - done, Operand{a_rest, CUBLAS_OP_T, m}, Operand{b_rest, CUBLAS_OP_N, n},
+              type, 1.0f, 1, 0, 0, 0);
   }
 #endif
 }

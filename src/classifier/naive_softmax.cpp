@@ -30,31 +30,29 @@ torch::Tensor NaiveShardedSoftmax::step(const torch::Tensor& features, const tor
   const torch::Tensor xg = xn.to(options_.gemm_dtype).contiguous();
   const torch::Tensor rows =
       prepare_chunk_rows(weight_, torch::Tensor(), 0, weight_.size(0), options_.gemm_dtype, params.normalized);
-  torch::Tensor cosine = torch::empty({batch, weight_.size(0)}, xn.options());
-  gemm_f32(cosine, xg, false, rows, true, false);
+  torch::Tensor cosine = torch::empty({weight_.size(0), batch}, xn.options());
+  gemm_f32(cosine, rows, false, xg, true, false);
 
   // Rank 0 receives every shard's logits, [C, B], and computes the loss over all classes.
-  const torch::Tensor all = comm_.gather(cosine.t().contiguous(), partition_.sizes(), 0);
+  const torch::Tensor logits = comm_.gather(cosine, partition_.sizes(), 0);
   torch::Tensor loss = torch::zeros({1}, xn.options());
   torch::Tensor logit_grad_all = torch::empty({0, batch}, xn.options().dtype(options_.gemm_dtype));
   if (rank == 0) {
-    const torch::Tensor logits = all.t().contiguous();
     torch::Tensor row_max = torch::full({batch}, -std::numeric_limits<float>::infinity(), xn.options());
     torch::Tensor row_sum = torch::zeros({batch}, xn.options());
     torch::Tensor target = torch::zeros({batch}, xn.options());
     accumulate_chunk_stats(logits, y, 0, params, row_max, row_sum, target);
     loss = (row_sum.log() + row_max - target).mean().reshape({1});
     const torch::Tensor coef = torch::full({1}, 1.0 / batch, xn.options());
-    logit_grad_all =
-        chunk_logit_grad(logits, y, 0, row_max, row_sum.reciprocal(), coef, params, options_.gemm_dtype).t().contiguous();
+    logit_grad_all = chunk_logit_grad(logits, y, 0, row_max, row_sum.reciprocal(), coef, params, options_.gemm_dtype);
   }
   comm_.broadcast(loss, 0);
-  const torch::Tensor logit_grad = comm_.scatter(logit_grad_all, partition_.sizes(), 0).t().contiguous();
+  const torch::Tensor logit_grad = comm_.scatter(logit_grad_all, partition_.sizes(), 0);
 
   torch::Tensor dxn = torch::zeros({batch, options_.embedding_size}, xn.options());
   gemm_f32_long_k(dxn, logit_grad, rows, true);
   torch::Tensor weight_grad = torch::empty_like(weight_);
-  gemm_f32(weight_grad, logit_grad, true, xg, false, false);
+  gemm_f32(weight_grad, logit_grad, false, xg, false, false);
   optimizer_->begin_step();
   optimizer_->update_rows(weight_, torch::Tensor(), 0, weight_.size(0), weight_grad, params.normalized, 1.0);
   comm_.reduce_scatter(dxn, counts);

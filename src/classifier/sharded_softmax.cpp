@@ -10,6 +10,7 @@
 #include "myriad/comm/communicator.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hash_random.h"
+#include "myriad/util/phase_timer.h"
 #include "softmax_chunk.h"
 
 namespace myriad {
@@ -113,6 +114,10 @@ ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoft
 
 ShardedMarginSoftmax::~ShardedMarginSoftmax() = default;
 
+void ShardedMarginSoftmax::phase(const char* name) {
+  if (timer_ != nullptr) timer_->mark(std::string("classifier.") + name);
+}
+
 void ShardedMarginSoftmax::zero_grad() {
   if (weight_grad_.defined()) weight_grad_.zero_();
 }
@@ -140,6 +145,7 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features, c
   *step_id = step->id;
   step->feature_dtype = features.scalar_type();
 
+  phase("gather");
   // Gather first: the gathered tensors are identical on every rank, so every check below fails
   // on all ranks alike, and the collectives themselves reject ranks whose inputs disagree.
   step->counts = comm_.all_gather_counts(features.dim() > 0 ? features.size(0) : 0);
@@ -156,28 +162,6 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features, c
   MYRIAD_CHECK_COLLECTIVE(step->batch > 0, "the global batch is empty");
   for (int r = 0; r < rank; ++r) step->local_begin += step->counts[r];
   y = y.to(torch::kInt64);
-
-  // One host synchronisation validates labels and features together.
-  const torch::Tensor summary =
-      torch::stack({y.min().to(torch::kFloat64), y.max().to(torch::kFloat64),
-                    x.isfinite().all().to(torch::kFloat64)})
-          .cpu();
-  const int64_t num_classes = options_.num_classes;
-  if (summary[0].item<double>() < 0 || summary[1].item<double>() >= static_cast<double>(num_classes)) {
-    const int64_t bad = first_true(y.lt(0).logical_or_(y.ge(num_classes)));
-    MYRIAD_THROW_COLLECTIVE("label {} of {} is outside [0, {})", y[bad].item<int64_t>(),
-                            sample_origin(bad, step->counts), num_classes);
-  }
-  if (summary[2].item<double>() == 0.0) {
-    if (options_.non_finite == NonFinitePolicy::kError) {
-      const int64_t bad = first_true(x.isfinite().all(1).logical_not_());
-      MYRIAD_THROW_COLLECTIVE("the features of {} contain NaN or infinity",
-                              sample_origin(bad, step->counts));
-    }
-    step->skip = true;
-    pending_ = std::move(step);
-    return torch::full({}, std::numeric_limits<float>::quiet_NaN(), x.options().dtype(torch::kFloat32));
-  }
 
   const torch::Tensor xf = x.to(torch::kFloat32);
   if (params.normalized) {
@@ -214,10 +198,13 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features, c
   torch::Tensor target_logit = torch::zeros({step->batch}, f32);
   for (int64_t begin = 0; begin < step->active_rows; begin += step->plan.chunk_rows) {
     const int64_t end = std::min(begin + step->plan.chunk_rows, step->active_rows);
+    phase("prepare_rows");
     torch::Tensor rows =
         prepare_chunk_rows(weight_, step->active, begin, end, options_.gemm_dtype, params.normalized);
-    torch::Tensor dot = torch::empty({step->batch, end - begin}, f32);
-    gemm_f32(dot, step->xg, false, rows, true, false);
+    torch::Tensor dot = torch::empty({end - begin, step->batch}, f32);
+    phase("gemm_logits");
+    gemm_f32(dot, rows, false, step->xg, true, false);
+    phase("softmax_stats");
     accumulate_chunk_stats(dot, step->target_col, begin, params, row_max, row_sum, target_logit);
     if (step->plan.cache) {
       step->cached_dot.push_back(std::move(dot));
@@ -226,6 +213,7 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features, c
   }
 
   // Softmax statistics across shards: the max, then sum-exp and target logit in one all-reduce.
+  phase("reduce_stats");
   torch::Tensor global_max = row_max.clone();
   comm_.all_reduce(global_max, ReduceOp::kMax);
   torch::Tensor packed =
@@ -234,9 +222,32 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features, c
   const torch::Tensor sum_exp = packed.select(1, 0);
   step->row_max = global_max;
   step->row_inv_sum = sum_exp.reciprocal();
-  const torch::Tensor loss = (sum_exp.log() + global_max - packed.select(1, 1)).mean();
+  torch::Tensor loss = (sum_exp.log() + global_max - packed.select(1, 1)).mean();
+  // One host synchronisation validates labels and features, once all of forward is queued so
+  // that the device never waits for the host. Until then bad values are harmless: labels outside
+  // [0, C) belong to no shard, and non-finite features only make non-finite logits.
+  const torch::Tensor summary =
+      torch::stack({y.min().to(torch::kFloat64), y.max().to(torch::kFloat64),
+                    x.isfinite().all().to(torch::kFloat64)})
+          .cpu();
+  const int64_t num_classes = options_.num_classes;
+  if (summary[0].item<double>() < 0 || summary[1].item<double>() >= static_cast<double>(num_classes)) {
+    const int64_t bad = first_true(y.lt(0).logical_or_(y.ge(num_classes)));
+    MYRIAD_THROW_COLLECTIVE("label {} of {} is outside [0, {})", y[bad].item<int64_t>(),
+                            sample_origin(bad, step->counts), num_classes);
+  }
+  if (summary[2].item<double>() == 0.0) {
+    if (options_.non_finite == NonFinitePolicy::kError) {
+      const int64_t bad = first_true(x.isfinite().all(1).logical_not_());
+      MYRIAD_THROW_COLLECTIVE("the features of {} contain NaN or infinity",
+                              sample_origin(bad, step->counts));
+    }
+    step->skip = true;
+    step->cached_dot.clear();
+    step->cached_rows.clear();
+  }
   pending_ = std::move(step);
-  return loss;
+  return pending_->skip ? torch::full_like(loss, std::numeric_limits<float>::quiet_NaN()) : loss;
 }
 
 torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::Tensor& grad) {
@@ -264,17 +275,23 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
       rows = std::move(step->cached_rows[c]);
       dot = std::move(step->cached_dot[c]);
     } else {
+      phase("prepare_rows");
       rows = prepare_chunk_rows(weight_, step->active, begin, end, options_.gemm_dtype, params.normalized);
-      dot = torch::empty({step->batch, end - begin}, step->xn.options());
-      gemm_f32(dot, step->xg, false, rows, true, false);
+      dot = torch::empty({end - begin, step->batch}, step->xn.options());
+      phase("gemm_logits");
+      gemm_f32(dot, rows, false, step->xg, true, false);
     }
+    phase("logit_grad");
     const torch::Tensor logit_grad = chunk_logit_grad(dot, step->target_col, begin, step->row_max,
                                                       step->row_inv_sum, coef, params, options_.gemm_dtype);
     dot = torch::Tensor();
+    phase("gemm_feature_grad");
     gemm_f32_long_k(dxn, logit_grad, rows, true);
     rows = torch::Tensor();
+    phase("gemm_weight_grad");
     torch::Tensor row_grad = torch::empty({end - begin, options_.embedding_size}, step->xn.options());
-    gemm_f32(row_grad, logit_grad, true, step->xg, false, false);
+    gemm_f32(row_grad, logit_grad, false, step->xg, false, false);
+    phase("update");
     if (fused) {
       optimizer_->update_rows(weight_, step->active, begin, end, row_grad, params.normalized, 1.0 / loss_scale_);
     } else {
@@ -286,6 +303,7 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
     }
   }
 
+  phase("reduce_scatter");
   torch::Tensor local = comm_.reduce_scatter(dxn, step->counts);
   if (params.normalized) {
     const torch::Tensor xn = step->xn.slice(0, step->local_begin, step->local_begin + local_rows);
@@ -320,9 +338,9 @@ torch::Tensor ShardedMarginSoftmax::predict(const torch::Tensor& features) {
     const int64_t end = std::min(begin + plan.chunk_rows, shard_rows);
     const torch::Tensor rows =
         prepare_chunk_rows(weight_, torch::Tensor(), begin, end, options_.gemm_dtype, params.normalized);
-    torch::Tensor dot = torch::empty({batch, end - begin}, xn.options());
-    gemm_f32(dot, xg, false, rows, true, false);
-    const auto [value, column] = dot.max(1);
+    torch::Tensor dot = torch::empty({end - begin, batch}, xn.options());
+    gemm_f32(dot, rows, false, xg, true, false);
+    const auto [value, column] = dot.max(0);
     const torch::Tensor better = value.gt(best);
     best = torch::where(better, value, best);
     best_class = torch::where(better, column + (offset + begin), best_class);

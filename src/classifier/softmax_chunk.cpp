@@ -16,8 +16,8 @@ namespace myriad {
 
 namespace {
 
-// Rows of the batch whose target lies in the chunk, their columns, and the target's logit and
-// dz/dcos through the margin. The margin applies to at most B entries, so the CPU evaluates it
+// Samples whose target lies in the chunk (`cols`), their target's row in the chunk (`rows`), and
+// the target's logit and dz/dcos through the margin. The margin applies to at most B entries, so the CPU evaluates it
 // with the same scalar function the CUDA kernels use.
 struct ChunkTargets {
   torch::Tensor rows;
@@ -30,9 +30,9 @@ ChunkTargets chunk_targets(const torch::Tensor& dot, const torch::Tensor& target
                            const MarginParams& params) {
   ChunkTargets t;
   const torch::Tensor local = target_col - begin;
-  const torch::Tensor inside = local.ge(0).logical_and_(local.lt(dot.size(1)));
-  t.rows = inside.nonzero().squeeze(1);
-  t.cols = local.index_select(0, t.rows);
+  const torch::Tensor inside = local.ge(0).logical_and_(local.lt(dot.size(0)));
+  t.cols = inside.nonzero().squeeze(1);
+  t.rows = local.index_select(0, t.cols);
   const torch::Tensor cosine = dot.index({t.rows, t.cols}).contiguous();
   t.z = torch::empty_like(cosine);
   t.dz_dcos = torch::empty_like(cosine);
@@ -62,8 +62,6 @@ cudaStream_t stream_of(const torch::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
 
-// Kernels index rows through the grid's y dimension.
-constexpr int64_t kMaxCudaBatch = 65535;
 #endif
 
 }  // namespace
@@ -93,25 +91,24 @@ void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& targe
   torch::Tensor chunk_max, chunk_sum;
 #ifdef MYRIAD_WITH_CUDA
   if (dot.is_cuda()) {
-    MYRIAD_CHECK(dot.size(0) <= kMaxCudaBatch, "global batch {} exceeds {}", dot.size(0), kMaxCudaBatch);
-    const int64_t tiles = (dot.size(1) + cuda::kStatsTile - 1) / cuda::kStatsTile;
-    torch::Tensor tile_max = torch::empty({dot.size(0), tiles}, dot.options());
-    torch::Tensor tile_sum = torch::empty({dot.size(0), tiles}, dot.options());
+    const int64_t tiles = (dot.size(0) + cuda::kStatsTileRows - 1) / cuda::kStatsTileRows;
+    torch::Tensor tile_max = torch::empty({tiles, dot.size(1)}, dot.options());
+    torch::Tensor tile_sum = torch::empty({tiles, dot.size(1)}, dot.options());
     MYRIAD_CHECK_CUDA(cuda::chunk_stats(dot.data_ptr<float>(), dot.size(0), dot.size(1),
                                         target_col.data_ptr<int64_t>(), begin, params,
                                         tile_max.data_ptr<float>(), tile_sum.data_ptr<float>(),
                                         target_logit.data_ptr<float>(), stream_of(dot)));
-    chunk_max = std::get<0>(tile_max.max(1));
-    chunk_sum = tile_sum.mul_(tile_max.sub_(chunk_max.unsqueeze(1)).exp_()).sum(1);
+    chunk_max = std::get<0>(tile_max.max(0));
+    chunk_sum = tile_sum.mul_(tile_max.sub_(chunk_max.unsqueeze(0)).exp_()).sum(0);
   }
 #endif
   if (!dot.is_cuda()) {
     torch::Tensor z = other_logits(dot, params);
     const ChunkTargets t = chunk_targets(dot, target_col, begin, params);
     z.index_put_({t.rows, t.cols}, t.z);
-    target_logit.index_put_({t.rows}, t.z);
-    chunk_max = std::get<0>(z.max(1));
-    chunk_sum = z.sub_(chunk_max.unsqueeze(1)).exp_().sum(1);
+    target_logit.index_put_({t.cols}, t.z);
+    chunk_max = std::get<0>(z.max(0));
+    chunk_sum = z.sub_(chunk_max.unsqueeze(0)).exp_().sum(0);
   }
   // Merge with what earlier chunks saw: rescale both sums to the new maximum.
   const torch::Tensor merged_max = torch::maximum(row_max, chunk_max);
@@ -125,7 +122,6 @@ torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& ta
                                torch::ScalarType dtype) {
 #ifdef MYRIAD_WITH_CUDA
   if (dot.is_cuda()) {
-    MYRIAD_CHECK(dot.size(0) <= kMaxCudaBatch, "global batch {} exceeds {}", dot.size(0), kMaxCudaBatch);
     torch::Tensor out = torch::empty(dot.sizes(), dot.options().dtype(dtype));
     MYRIAD_CHECK_CUDA(cuda::chunk_grad(dot.data_ptr<float>(), dot.size(0), dot.size(1),
                                        target_col.data_ptr<int64_t>(), begin, row_max.data_ptr<float>(),
@@ -138,7 +134,7 @@ torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& ta
   const ChunkTargets t = chunk_targets(dot, target_col, begin, params);
   z.index_put_({t.rows, t.cols}, t.z);
   // softmax probabilities, times coef; the target entry also loses coef (the one-hot).
-  torch::Tensor grad = z.sub_(row_max.unsqueeze(1)).exp_().mul_(row_inv_sum.unsqueeze(1)).mul_(coef);
+  torch::Tensor grad = z.sub_(row_max.unsqueeze(0)).exp_().mul_(row_inv_sum.unsqueeze(0)).mul_(coef);
   const torch::Tensor target_grad = (grad.index({t.rows, t.cols}) - coef).mul_(t.dz_dcos);
   if (params.normalized) grad.mul_(params.scale);
   grad.index_put_({t.rows, t.cols}, target_grad);

@@ -1,9 +1,11 @@
 #pragma once
 
 // The per-chunk steps of the sharded margin softmax. A chunk is rows [begin, end) of the active
-// class rows (the whole shard, or the rows Partial FC sampled, listed by `index`). Each step runs
-// as fused CUDA kernels on the GPU and as LibTorch operations on the CPU; both compute the same
-// function, with the margin from margin.h.
+// class rows (the whole shard, or the rows Partial FC sampled, listed by `index`). Logits are
+// class-major, dot[j, b] = x_b . w_j, [chunk classes, batch]: every GEMM operand then has a short
+// leading dimension and the kernels read along the batch. Each step runs as fused CUDA kernels on
+// the GPU and as LibTorch operations on the CPU; both compute the same function, with the margin
+// from margin.h.
 
 #include <torch/types.h>
 
@@ -16,15 +18,15 @@ namespace myriad {
 torch::Tensor prepare_chunk_rows(const torch::Tensor& weight, const torch::Tensor& index,
                                  int64_t begin, int64_t end, torch::ScalarType dtype, bool normalize);
 
-// Folds one chunk of logits `dot` [B, c] into running per-row statistics: `row_max` and
-// `row_sum` (sum of exp(z - row_max)), and writes the target logit of rows whose target column
-// (`target_col` - begin) lies in the chunk into `target_logit`.
+// Folds one chunk of logits `dot` [c, B] into running per-sample statistics: `row_max` and
+// `row_sum` (sum of exp(z - row_max)), and writes the target logit of samples whose target
+// class (`target_col` - begin) lies in the chunk into `target_logit`.
 void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& target_col, int64_t begin,
                             const MarginParams& params, torch::Tensor& row_max, torch::Tensor& row_sum,
                             torch::Tensor& target_logit);
 
-// d loss / d cos for one chunk: coef * (softmax - one_hot) * dz/dcos, in `dtype`. `coef` is a
-// one-element float32 tensor on the logits' device (the incoming gradient over the batch size).
+// d loss / d cos for one chunk, [c, B]: coef * (softmax - one_hot) * dz/dcos, in `dtype`. `coef`
+// is a one-element float32 tensor on the logits' device (incoming gradient over batch size).
 torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& target_col, int64_t begin,
                                const torch::Tensor& row_max, const torch::Tensor& row_inv_sum,
                                const torch::Tensor& coef, const MarginParams& params,

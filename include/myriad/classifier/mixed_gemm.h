@@ -12,9 +12,10 @@ namespace myriad {
 void gemm_f32(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const torch::Tensor& b,
               bool trans_b, bool accumulate);
 
-// out[M, N] (+)= a[M, K] @ b[K, N] for K much larger than M and N (a batch of rows times a chunk
-// of classes). One cuBLAS call would cover the small output with a few tiles and leave most of
-// the GPU idle, so K is cut into slices multiplied in one batched call and then summed.
+// out[M, N] (+)= a^T @ b for a [K, M] and b [K, N] with K much larger than M and N (a chunk of
+// classes times the batch, reduced over the classes). One cuBLAS call would cover the small
+// output with a few tiles and leave most of the GPU idle, so K is cut into slices multiplied in
+// one batched call and then summed.
 void gemm_f32_long_k(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
                      bool accumulate);
 

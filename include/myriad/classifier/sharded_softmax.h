@@ -14,6 +14,7 @@
 namespace myriad {
 
 class Communicator;
+class PhaseTimer;
 
 // What backward does with the classifier's gradient.
 enum class WeightUpdate {
@@ -94,6 +95,8 @@ class ShardedMarginSoftmax {
   void set_loss_scale(double scale) { loss_scale_ = scale; }
   // The plan of the latest forward.
   const ChunkPlan& last_plan() const { return last_plan_; }
+  // Times forward and backward phases ("classifier.*") into `timer` (null: no timing).
+  void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }
 
   struct Step;
   // Autograd entry points (ShardedSoftmaxFunction); not for direct use.
@@ -112,6 +115,9 @@ class ShardedMarginSoftmax {
   int64_t steps_ = 0;
   double loss_scale_ = 1.0;
   ChunkPlan last_plan_;
+  PhaseTimer* timer_ = nullptr;
+
+  void phase(const char* name);
 };
 
 // Normal(0, std) rows [begin, begin + rows) of a [*, dim] matrix, element (i, j) drawn from

@@ -19,6 +19,7 @@
 #include "myriad/util/entry.h"
 #include "myriad/util/error.h"
 #include "myriad/util/log.h"
+#include "myriad/util/phase_timer.h"
 
 namespace myriad {
 
@@ -98,6 +99,9 @@ class Subject {
   }
 
   const ChunkPlan* plan() const { return sharded_ ? &sharded_->last_plan() : nullptr; }
+  void set_phase_timer(PhaseTimer* timer) {
+    if (sharded_) sharded_->set_phase_timer(timer);
+  }
 
  private:
   torch::Device device_;
@@ -154,6 +158,7 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
   int64_t dim = 512;
   double sample_rate = 1.0;
   bool find_max = false;
+  bool profile = false;
   options.add_options()
       ("num-classes", po::value(&classes_text)->default_value("1M"), "classes C over all ranks (e.g. 100K, 1M, 8M)")
       ("embedding-size", po::value(&dim)->default_value(512), "embedding size D")
@@ -166,6 +171,7 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
       ("steps", po::value(&config.steps)->default_value(20), "timed steps")
       ("warmup", po::value(&config.warmup)->default_value(5), "untimed steps first")
       ("find-max-classes", po::bool_switch(&find_max), "also find the largest C that trains on these ranks")
+      ("profile", po::bool_switch(&profile), "also print the time of each phase of the step")
       ("device", po::value(&device_name)->default_value("auto"), "auto, cpu or cuda");
   add_margin_options(options);
   po::variables_map values;
@@ -199,8 +205,14 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
   auto subject = std::make_unique<Subject>(comm, config, device);
   const int64_t shard_rows = ClassPartition(o.num_classes, comm.size()).size(comm.rank());
   for (int i = 0; i < config.warmup; ++i) subject->step();
+  PhaseTimer timer(device, profile);
+  subject->set_phase_timer(&timer);
   std::vector<double> times;
-  for (int i = 0; i < config.steps; ++i) times.push_back(subject->step());
+  for (int i = 0; i < config.steps; ++i) {
+    times.push_back(subject->step());
+    timer.stop();
+  }
+  subject->set_phase_timer(nullptr);
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   const ChunkPlan* plan = subject->plan();
@@ -233,6 +245,12 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
                   peak.max / static_cast<double>(shard_rows));
     }
     std::fflush(stdout);
+  }
+  if (profile) {
+    for (const auto& [name, ms] : timer.totals()) {
+      const Spread per_step = over_ranks(ms / config.steps, context);
+      if (context.rank() == 0) std::printf("phase %-32s %9.3f ms per step (max over ranks)\n", name.c_str(), per_step.max);
+    }
   }
   if (find_max && device.is_cuda()) {
     subject.reset();

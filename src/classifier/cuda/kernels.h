@@ -14,21 +14,25 @@ namespace myriad::cuda {
 
 enum class ElementType { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
-// Columns of the logits one block of chunk_stats reduces.
-constexpr int64_t kStatsTile = 4096;
+// Logits are class-major: dot[j, b] = x_b . w_j for the chunk's classes j and the batch's
+// samples b, so every GEMM operand has a short leading dimension and the kernels below read
+// along the batch, coalesced.
 
-// Per (row, tile of kStatsTile columns): max of z and sum of exp(z - max), into
-// tile_max/tile_sum [rows, tiles]; target_logit[row] = z at the row's target when its target
-// column (target_col[row] - begin) lies in this chunk.
-cudaError_t chunk_stats(const float* dot, int64_t rows, int64_t cols, const int64_t* target_col,
-                 int64_t begin, MarginParams params, float* tile_max, float* tile_sum,
-                 float* target_logit, cudaStream_t stream);
+// Classes one block of chunk_stats reduces.
+constexpr int64_t kStatsTileRows = 1024;
 
-// out[i, j] = coef * (exp(z_ij - row_max_i) * row_inv_sum_i - [j is i's target]) * dz/dcos,
+// Per (tile of kStatsTileRows classes, sample b): max of z and sum of exp(z - max), into
+// tile_max/tile_sum [tiles, batch]; target_logit[b] = z at b's target when its class
+// (target_col[b] - begin) lies in this chunk.
+cudaError_t chunk_stats(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
+                        int64_t begin, MarginParams params, float* tile_max, float* tile_sum,
+                        float* target_logit, cudaStream_t stream);
+
+// out[j, b] = coef * (exp(z_jb - row_max_b) * row_inv_sum_b - [j is b's target]) * dz/dcos,
 // with coef read from device memory (no host synchronisation for the loss gradient).
-cudaError_t chunk_grad(const float* dot, int64_t rows, int64_t cols, const int64_t* target_col,
-                int64_t begin, const float* row_max, const float* row_inv_sum, const float* coef,
-                MarginParams params, void* out, ElementType out_type, cudaStream_t stream);
+cudaError_t chunk_grad(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
+                       int64_t begin, const float* row_max, const float* row_inv_sum, const float* coef,
+                       MarginParams params, void* out, ElementType out_type, cudaStream_t stream);
 
 // out[r] = weight[row(r)] (normalised when `normalize`) in out_type, for the `count` rows
 // row(r) = index ? index[begin + r] : begin + r.

@@ -1,5 +1,6 @@
-// Fused per-chunk kernels of the sharded margin softmax: one pass over a chunk's logits for the
-// forward statistics, one for the gradient.
+// Fused per-chunk kernels of the sharded margin softmax over class-major logits [classes, batch]:
+// one pass for the forward statistics, one for the gradient. Each thread owns one sample
+// (column) and walks a tile of classes, so a warp reads 32 consecutive floats per row.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -13,134 +14,141 @@ namespace myriad::cuda {
 
 namespace {
 
-constexpr int kStatsThreads = 256;
-constexpr int kGradThreads = 256;
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+constexpr int64_t kGradTileRows = 256;
 
-__device__ inline void combine(float& m, float& s, float m2, float s2) {
-  if (m2 == -INFINITY) return;
-  if (m == -INFINITY) {
-    m = m2;
-    s = s2;
-    return;
+__device__ inline float logit(float cosine, int64_t j, int64_t target, const MarginParams& params,
+                              float* dz_dcos) {
+  if (j == target) {
+    float z;
+    margin_target(cosine, params, &z, dz_dcos);
+    return z;
   }
-  const float mx = fmaxf(m, m2);
-  s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
-  m = mx;
+  *dz_dcos = params.normalized ? params.scale : 1.0f;
+  return margin_other(cosine, params);
 }
 
-__global__ void chunk_stats_kernel(const float* __restrict__ dot, int64_t cols,
+__global__ void chunk_stats_kernel(const float* __restrict__ dot, int64_t classes, int64_t batch,
                                    const int64_t* __restrict__ target_col, int64_t begin,
                                    MarginParams params, float* __restrict__ tile_max,
-                                   float* __restrict__ tile_sum, float* __restrict__ target_logit,
-                                   int64_t tiles) {
-  const int64_t row = blockIdx.x;
-  const int64_t tile = blockIdx.y;
-  const int64_t start = tile * kStatsTile;
-  const int64_t end = min(cols, start + kStatsTile);
-  const float* in = dot + row * cols;
-  const int64_t target = target_col[row] - begin;
-  // Online max and sum of exponentials: one read of each logit.
-  float m = -INFINITY;
-  float s = 0.0f;
-  for (int64_t j = start + threadIdx.x; j < end; j += kStatsThreads) {
-    float z;
-    if (j == target) {
-      float unused;
-      margin_target(in[j], params, &z, &unused);
-      target_logit[row] = z;
-    } else {
-      z = margin_other(in[j], params);
+                                   float* __restrict__ tile_sum, float* __restrict__ target_logit) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (b >= batch) return;
+  const int64_t target = target_col[b] - begin;
+  const int64_t tiles = (classes + kStatsTileRows - 1) / kStatsTileRows;
+  for (int64_t tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
+    const int64_t first = tile * kStatsTileRows;
+    const int64_t last = min(classes, first + kStatsTileRows);
+    // Online max and sum of exponentials over the tile's classes; loads are issued kUnroll at a
+    // time so several are in flight per thread.
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t j = first; j < last; j += kUnroll) {
+      float values[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        values[u] = j + u < last ? dot[(j + u) * batch + b] : -INFINITY;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j + u >= last) continue;
+        float unused;
+        const float z = logit(values[u], j + u, target, params, &unused);
+        if (j + u == target) target_logit[b] = z;
+        if (z > m) {
+          s = s * __expf(m - z) + 1.0f;
+          m = z;
+        } else {
+          s += __expf(z - m);
+        }
+      }
     }
-    if (z > m) {
-      s = s * __expf(m - z) + 1.0f;
-      m = z;
-    } else {
-      s += __expf(z - m);
-    }
-  }
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    combine(m, s, __shfl_down_sync(0xffffffff, m, offset), __shfl_down_sync(0xffffffff, s, offset));
-  }
-  __shared__ float warp_m[kStatsThreads / 32];
-  __shared__ float warp_s[kStatsThreads / 32];
-  const int warp = threadIdx.x / 32;
-  if (threadIdx.x % 32 == 0) {
-    warp_m[warp] = m;
-    warp_s[warp] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kStatsThreads / 32; ++w) combine(m, s, warp_m[w], warp_s[w]);
-    tile_max[row * tiles + tile] = m;
-    tile_sum[row * tiles + tile] = s;
+    tile_max[tile * batch + b] = m;
+    tile_sum[tile * batch + b] = s;
   }
 }
 
-__device__ inline void store(float* out, float v) { *out = v; }
-__device__ inline void store(__nv_bfloat16* out, float v) { *out = __float2bfloat16(v); }
-__device__ inline void store(__half* out, float v) { *out = __float2half(v); }
+__device__ inline void store(float* out, float v) {
+  *out = v;
+}
+__device__ inline void store(__nv_bfloat16* out, float v) {
+  *out = __float2bfloat16(v);
+}
+__device__ inline void store(__half* out, float v) {
+  *out = __float2half(v);
+}
 
 template <typename Out>
-__global__ void chunk_grad_kernel(const float* __restrict__ dot, int64_t cols,
+__global__ void chunk_grad_kernel(const float* __restrict__ dot, int64_t classes, int64_t batch,
                                   const int64_t* __restrict__ target_col, int64_t begin,
                                   const float* __restrict__ row_max,
                                   const float* __restrict__ row_inv_sum,
                                   const float* __restrict__ coef_ptr, MarginParams params,
                                   Out* __restrict__ out) {
-  const int64_t row = blockIdx.y;
-  const float mx = row_max[row];
-  const float inv_sum = row_inv_sum[row];
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (b >= batch) return;
+  const float mx = row_max[b];
+  const float inv_sum = row_inv_sum[b];
   const float coef = *coef_ptr;
-  const float other_scale = params.normalized ? params.scale : 1.0f;
-  const int64_t target = target_col[row] - begin;
-  const float* in = dot + row * cols;
-  Out* o = out + row * cols;
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(kGradThreads) + threadIdx.x; j < cols;
-       j += static_cast<int64_t>(gridDim.x) * kGradThreads) {
-    if (j == target) {
-      float z, dz_dcos;
-      margin_target(in[j], params, &z, &dz_dcos);
-      store(o + j, coef * (__expf(z - mx) * inv_sum - 1.0f) * dz_dcos);
-    } else {
-      const float z = margin_other(in[j], params);
-      store(o + j, coef * __expf(z - mx) * inv_sum * other_scale);
+  const int64_t target = target_col[b] - begin;
+  const int64_t tiles = (classes + kGradTileRows - 1) / kGradTileRows;
+  for (int64_t tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
+    const int64_t first = tile * kGradTileRows;
+    const int64_t last = min(classes, first + kGradTileRows);
+    for (int64_t j = first; j < last; j += kUnroll) {
+      float values[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) values[u] = j + u < last ? dot[(j + u) * batch + b] : 0.0f;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j + u >= last) continue;
+        float dz_dcos;
+        const float z = logit(values[u], j + u, target, params, &dz_dcos);
+        const float p = __expf(z - mx) * inv_sum - (j + u == target ? 1.0f : 0.0f);
+        store(out + (j + u) * batch + b, coef * p * dz_dcos);
+      }
     }
   }
 }
 
+// Samples across x; tiles of classes across y, grid-strided beyond the grid's y limit.
+dim3 grid_for(int64_t classes, int64_t batch, int64_t tile_rows) {
+  const int64_t tiles = (classes + tile_rows - 1) / tile_rows;
+  return dim3(static_cast<unsigned>((batch + kThreads - 1) / kThreads),
+              static_cast<unsigned>(std::min<int64_t>(tiles, 65535)));
+}
+
 }  // namespace
 
-cudaError_t chunk_stats(const float* dot, int64_t rows, int64_t cols, const int64_t* target_col,
+cudaError_t chunk_stats(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
                         int64_t begin, MarginParams params, float* tile_max, float* tile_sum,
                         float* target_logit, cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return cudaSuccess;
-  const int64_t tiles = (cols + kStatsTile - 1) / kStatsTile;
-  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(tiles));
-  chunk_stats_kernel<<<grid, kStatsThreads, 0, stream>>>(dot, cols, target_col, begin, params,
-                                                         tile_max, tile_sum, target_logit, tiles);
+  if (classes == 0 || batch == 0) return cudaSuccess;
+  chunk_stats_kernel<<<grid_for(classes, batch, kStatsTileRows), kThreads, 0, stream>>>(
+      dot, classes, batch, target_col, begin, params, tile_max, tile_sum, target_logit);
   return cudaGetLastError();
 }
 
-cudaError_t chunk_grad(const float* dot, int64_t rows, int64_t cols, const int64_t* target_col,
+cudaError_t chunk_grad(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
                        int64_t begin, const float* row_max, const float* row_inv_sum,
                        const float* coef, MarginParams params, void* out, ElementType out_type,
                        cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return cudaSuccess;
-  // At least 8 elements per thread; rows go to the grid's y dimension.
-  const int64_t x_blocks = std::min<int64_t>((cols + kGradThreads * 8 - 1) / (kGradThreads * 8), 65535);
-  const dim3 grid(static_cast<unsigned>(x_blocks), static_cast<unsigned>(rows));
+  if (classes == 0 || batch == 0) return cudaSuccess;
+  const dim3 grid = grid_for(classes, batch, kGradTileRows);
   switch (out_type) {
     case ElementType::kFloat32:
-      chunk_grad_kernel<<<grid, kGradThreads, 0, stream>>>(dot, cols, target_col, begin, row_max, row_inv_sum,
-                                                           coef, params, static_cast<float*>(out));
+      chunk_grad_kernel<<<grid, kThreads, 0, stream>>>(dot, classes, batch, target_col, begin,
+                                                       row_max, row_inv_sum, coef, params,
+                                                       static_cast<float*>(out));
       break;
     case ElementType::kBFloat16:
-      chunk_grad_kernel<<<grid, kGradThreads, 0, stream>>>(dot, cols, target_col, begin, row_max, row_inv_sum,
-                                                           coef, params, static_cast<__nv_bfloat16*>(out));
+      chunk_grad_kernel<<<grid, kThreads, 0, stream>>>(dot, classes, batch, target_col, begin,
+                                                       row_max, row_inv_sum, coef, params,
+                                                       static_cast<__nv_bfloat16*>(out));
       break;
     case ElementType::kFloat16:
-      chunk_grad_kernel<<<grid, kGradThreads, 0, stream>>>(dot, cols, target_col, begin, row_max, row_inv_sum,
-                                                           coef, params, static_cast<__half*>(out));
+      chunk_grad_kernel<<<grid, kThreads, 0, stream>>>(dot, classes, batch, target_col, begin,
+                                                       row_max, row_inv_sum, coef, params,
+                                                       static_cast<__half*>(out));
       break;
   }
   return cudaGetLastError();
