@@ -12,7 +12,8 @@ int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes)
   return gemm_bytes * batch + 4 * dim;
 }
 
-ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes, int64_t budget_bytes) {
+ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,
+                      int64_t budget_bytes) {
   ChunkPlan plan;
   const int64_t per_row = chunk_cached_bytes_per_row(batch, dim, gemm_bytes) +
                           chunk_work_bytes_per_row(batch, dim, gemm_bytes);

@@ -14,7 +14,8 @@ std::vector<int64_t> balanced_counts(int64_t total, int parts) {
 }
 
 ClassPartition::ClassPartition(int64_t num_classes, int world_size) : num_classes_(num_classes) {
-  MYRIAD_CHECK_COLLECTIVE(num_classes > 0, "the number of classes must be positive, got {}", num_classes);
+  MYRIAD_CHECK_COLLECTIVE(num_classes > 0, "the number of classes must be positive, got {}",
+                          num_classes);
   MYRIAD_CHECK_COLLECTIVE(num_classes >= world_size,
                           "{} classes cannot be split over {} ranks: every rank must own at least "
                           "one class",

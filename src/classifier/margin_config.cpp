@@ -14,11 +14,16 @@ constexpr double kPi = 3.14159265358979323846;
 
 const char* type_name(MarginType type) {
   switch (type) {
-    case MarginType::kSoftmax: return "softmax";
-    case MarginType::kArcFace: return "arcface";
-    case MarginType::kCosFace: return "cosface";
-    case MarginType::kSphereFace: return "sphereface";
-    case MarginType::kCombined: return "combined";
+    case MarginType::kSoftmax:
+      return "softmax";
+    case MarginType::kArcFace:
+      return "arcface";
+    case MarginType::kCosFace:
+      return "cosface";
+    case MarginType::kSphereFace:
+      return "sphereface";
+    case MarginType::kCombined:
+      return "combined";
   }
   return "?";
 }
@@ -39,10 +44,14 @@ MarginParams MarginConfig::params() const {
 std::string MarginConfig::describe() const {
   const char* gradient = straight_through ? "straight-through gradient" : "exact gradient";
   switch (type) {
-    case MarginType::kSoftmax: return "softmax (no normalisation, no margin)";
-    case MarginType::kArcFace: return str_format("arcface(s={}, m2={}, {})", scale, m2, gradient);
-    case MarginType::kCosFace: return str_format("cosface(s={}, m3={})", scale, m3);
-    case MarginType::kSphereFace: return str_format("sphereface(s={}, m1={}, {})", scale, m1, gradient);
+    case MarginType::kSoftmax:
+      return "softmax (no normalisation, no margin)";
+    case MarginType::kArcFace:
+      return str_format("arcface(s={}, m2={}, {})", scale, m2, gradient);
+    case MarginType::kCosFace:
+      return str_format("cosface(s={}, m3={})", scale, m3);
+    case MarginType::kSphereFace:
+      return str_format("sphereface(s={}, m1={}, {})", scale, m1, gradient);
     case MarginType::kCombined:
       return str_format("combined(s={}, m1={}, m2={}, m3={}, {})", scale, m1, m2, m3, gradient);
   }
@@ -50,15 +59,15 @@ std::string MarginConfig::describe() const {
 }
 
 void add_margin_options(po::options_description& options) {
+  // clang-format off
   options.add_options()
-      ("margin", po::value<std::string>()->default_value("arcface"),
-       "margin loss: softmax, arcface, cosface (AM-softmax), sphereface or combined")
+      ("margin", po::value<std::string>()->default_value("arcface"), "margin loss: softmax, arcface, cosface (AM-softmax), sphereface or combined")
       ("scale", po::value<double>(), "logit scale s (default 64; not used by softmax)")
       ("m1", po::value<double>(), "multiplicative angular margin (sphereface default 1.7; combined default 1)")
       ("m2", po::value<double>(), "additive angular margin (arcface default 0.5; combined default 0)")
       ("m3", po::value<double>(), "additive cosine margin (cosface default 0.4; combined default 0)")
-      ("margin-gradient", po::value<std::string>()->default_value("exact"),
-       "exact, or straight-through (no gradient through the margin, as arcface_torch)");
+      ("margin-gradient", po::value<std::string>()->default_value("exact"), "exact, or straight-through (no gradient through the margin, as arcface_torch)");
+  // clang-format on
 }
 
 MarginConfig margin_from_options(const po::variables_map& values) {
@@ -70,9 +79,10 @@ MarginConfig margin_from_options(const po::variables_map& values) {
   };
   auto reject = [&](const char* key) {
     if (given(key)) {
-      throw UsageError(str_format("--{} does not apply to --margin {}; use --margin combined to mix "
-                                  "margins",
-                                  key, name));
+      throw UsageError(
+          str_format("--{} does not apply to --margin {}; use --margin combined to mix "
+                     "margins",
+                     key, name));
     }
   };
   if (name == "softmax") {
@@ -109,18 +119,22 @@ MarginConfig margin_from_options(const po::variables_map& values) {
     c.m2 = value_or("m2", 0.0);
     c.m3 = value_or("m3", 0.0);
   } else {
-    throw UsageError(str_format("unknown --margin '{}' (softmax, arcface, cosface, sphereface, combined)", name));
+    throw UsageError(str_format(
+        "unknown --margin '{}' (softmax, arcface, cosface, sphereface, combined)", name));
   }
   if (c.type != MarginType::kSoftmax) c.scale = value_or("scale", 64.0);
   const std::string gradient = values["margin-gradient"].as<std::string>();
   if (gradient != "exact" && gradient != "straight-through") {
-    throw UsageError(str_format("--margin-gradient must be exact or straight-through, got '{}'", gradient));
+    throw UsageError(
+        str_format("--margin-gradient must be exact or straight-through, got '{}'", gradient));
   }
   c.straight_through = gradient == "straight-through";
   if (!(c.scale > 0)) throw UsageError(str_format("--scale must be positive, got {}", c.scale));
   if (!(c.m1 >= 1.0)) throw UsageError(str_format("--m1 must be at least 1, got {}", c.m1));
-  if (!(c.m2 >= 0.0 && c.m2 < kPi)) throw UsageError(str_format("--m2 must be in [0, pi), got {}", c.m2));
-  if (!(c.m3 >= 0.0 && c.m3 < 2.0)) throw UsageError(str_format("--m3 must be in [0, 2), got {}", c.m3));
+  if (!(c.m2 >= 0.0 && c.m2 < kPi))
+    throw UsageError(str_format("--m2 must be in [0, pi), got {}", c.m2));
+  if (!(c.m3 >= 0.0 && c.m3 < 2.0))
+    throw UsageError(str_format("--m3 must be in [0, 2), got {}", c.m3));
   return c;
 }
 

@@ -38,10 +38,14 @@ void gemm_cpu(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const to
 #ifdef MYRIAD_WITH_CUDA
 cudaDataType_t cuda_type(torch::ScalarType dtype) {
   switch (dtype) {
-    case torch::kFloat32: return CUDA_R_32F;
-    case torch::kBFloat16: return CUDA_R_16BF;
-    case torch::kFloat16: return CUDA_R_16F;
-    default: MYRIAD_THROW("no mixed-precision GEMM for {}", c10::toString(dtype));
+    case torch::kFloat32:
+      return CUDA_R_32F;
+    case torch::kBFloat16:
+      return CUDA_R_16BF;
+    case torch::kFloat16:
+      return CUDA_R_16F;
+    default:
+      MYRIAD_THROW("no mixed-precision GEMM for {}", c10::toString(dtype));
   }
 }
 
@@ -65,17 +69,18 @@ void gemm_cuda(void* c, int64_t m, int64_t n, int64_t k, Operand a, Operand b, c
   MYRIAD_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, "GEMM dimensions exceed cuBLAS");
   if (batch == 1) {
     check_cublas(cublasGemmEx(handle, b.op, a.op, static_cast<int>(n), static_cast<int>(m),
-                              static_cast<int>(k), &alpha, b.data, type, static_cast<int>(b.ld), a.data,
-                              type, static_cast<int>(a.ld), &beta, c, CUDA_R_32F, static_cast<int>(n),
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                              static_cast<int>(k), &alpha, b.data, type, static_cast<int>(b.ld),
+                              a.data, type, static_cast<int>(a.ld), &beta, c, CUDA_R_32F,
+                              static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   } else {
-    check_cublas(cublasGemmStridedBatchedEx(
-                     handle, b.op, a.op, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                     &alpha, b.data, type, static_cast<int>(b.ld), stride_b, a.data, type,
-                     static_cast<int>(a.ld), stride_a, &beta, c, CUDA_R_32F, static_cast<int>(n),
-                     stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "cublasGemmStridedBatchedEx");
+    check_cublas(
+        cublasGemmStridedBatchedEx(
+            handle, b.op, a.op, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+            &alpha, b.data, type, static_cast<int>(b.ld), stride_b, a.data, type,
+            static_cast<int>(a.ld), stride_a, &beta, c, CUDA_R_32F, static_cast<int>(n), stride_c,
+            static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmStridedBatchedEx");
   }
 }
 
@@ -103,12 +108,13 @@ void gemm_f32(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const to
   }
   if (!out.is_cuda()) return gemm_cpu(out, a, trans_a, b, trans_b, accumulate);
 #ifdef MYRIAD_WITH_CUDA
-  gemm_cuda(out.data_ptr(), m, n, k, operand(a, trans_a), operand(b, trans_b), cuda_type(a.scalar_type()),
-            accumulate ? 1.0f : 0.0f, 1, 0, 0, 0);
+  gemm_cuda(out.data_ptr(), m, n, k, operand(a, trans_a), operand(b, trans_b),
+            cuda_type(a.scalar_type()), accumulate ? 1.0f : 0.0f, 1, 0, 0, 0);
 #endif
 }
 
-void gemm_f32_long_k(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, bool accumulate) {
+void gemm_f32_long_k(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
+                     bool accumulate) {
   check_operands(out, a, b);
   const int64_t k = a.size(0), m = a.size(1), n = b.size(1);
   MYRIAD_CHECK(b.size(0) == k && out.size(0) == m && out.size(1) == n, "GEMM shapes do not match");
@@ -131,8 +137,8 @@ void gemm_f32_long_k(torch::Tensor& out, const torch::Tensor& a, const torch::Te
   if (done < k) {
     const auto* a_rest = static_cast<const char*>(a.data_ptr()) + done * m * a.element_size();
     const auto* b_rest = static_cast<const char*>(b.data_ptr()) + done * n * b.element_size();
-    gemm_cuda(out.data_ptr(), m, n, k - done, Operand{a_rest, CUBLAS_OP_T, m}, Operand{b_rest, CUBLAS_OP_N, n},
-              type, 1.0f, 1, 0, 0, 0);
+    gemm_cuda(out.data_ptr(), m, n, k - done, Operand{a_rest, CUBLAS_OP_T, m},
+              Operand{b_rest, CUBLAS_OP_N, n}, type, 1.0f, 1, 0, 0, 0);
   }
 #endif
 }

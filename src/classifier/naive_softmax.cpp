@@ -10,14 +10,19 @@ namespace myriad {
 
 NaiveShardedSoftmax::NaiveShardedSoftmax(Communicator& comm, const ShardedSoftmaxOptions& options,
                                          const torch::Device& device)
-    : comm_(comm), options_(options), device_(device), partition_(options.num_classes, comm.size()) {
+    : comm_(comm),
+      options_(options),
+      device_(device),
+      partition_(options.num_classes, comm.size()) {
   const int64_t rows = partition_.size(comm.rank());
-  weight_ = hashed_normal_rows(partition_.offset(comm.rank()), rows, options.embedding_size, options.init_std,
-                               options.seed, device);
-  optimizer_ = std::make_unique<ShardOptimizer>(options.optimizer, rows, options.embedding_size, device);
+  weight_ = hashed_normal_rows(partition_.offset(comm.rank()), rows, options.embedding_size,
+                               options.init_std, options.seed, device);
+  optimizer_ =
+      std::make_unique<ShardOptimizer>(options.optimizer, rows, options.embedding_size, device);
 }
 
-torch::Tensor NaiveShardedSoftmax::step(const torch::Tensor& features, const torch::Tensor& labels) {
+torch::Tensor NaiveShardedSoftmax::step(const torch::Tensor& features,
+                                        const torch::Tensor& labels) {
   torch::NoGradGuard no_grad;
   const MarginParams params = options_.margin.params();
   const int rank = comm_.rank();
@@ -28,8 +33,8 @@ torch::Tensor NaiveShardedSoftmax::step(const torch::Tensor& features, const tor
   const torch::Tensor inv_norm = x.norm(2, 1, true).clamp_min(1e-12).reciprocal();
   const torch::Tensor xn = params.normalized ? x * inv_norm : x;
   const torch::Tensor xg = xn.to(options_.gemm_dtype).contiguous();
-  const torch::Tensor rows =
-      prepare_chunk_rows(weight_, torch::Tensor(), 0, weight_.size(0), options_.gemm_dtype, params.normalized);
+  const torch::Tensor rows = prepare_chunk_rows(weight_, torch::Tensor(), 0, weight_.size(0),
+                                                options_.gemm_dtype, params.normalized);
   torch::Tensor cosine = torch::empty({weight_.size(0), batch}, xn.options());
   gemm_f32(cosine, rows, false, xg, true, false);
 
@@ -38,13 +43,15 @@ torch::Tensor NaiveShardedSoftmax::step(const torch::Tensor& features, const tor
   torch::Tensor loss = torch::zeros({1}, xn.options());
   torch::Tensor logit_grad_all = torch::empty({0, batch}, xn.options().dtype(options_.gemm_dtype));
   if (rank == 0) {
-    torch::Tensor row_max = torch::full({batch}, -std::numeric_limits<float>::infinity(), xn.options());
+    torch::Tensor row_max =
+        torch::full({batch}, -std::numeric_limits<float>::infinity(), xn.options());
     torch::Tensor row_sum = torch::zeros({batch}, xn.options());
     torch::Tensor target = torch::zeros({batch}, xn.options());
     accumulate_chunk_stats(logits, y, 0, params, row_max, row_sum, target);
     loss = (row_sum.log() + row_max - target).mean().reshape({1});
     const torch::Tensor coef = torch::full({1}, 1.0 / batch, xn.options());
-    logit_grad_all = chunk_logit_grad(logits, y, 0, row_max, row_sum.reciprocal(), coef, params, options_.gemm_dtype);
+    logit_grad_all = chunk_logit_grad(logits, y, 0, row_max, row_sum.reciprocal(), coef, params,
+                                      options_.gemm_dtype);
   }
   comm_.broadcast(loss, 0);
   const torch::Tensor logit_grad = comm_.scatter(logit_grad_all, partition_.sizes(), 0);
@@ -54,7 +61,8 @@ torch::Tensor NaiveShardedSoftmax::step(const torch::Tensor& features, const tor
   torch::Tensor weight_grad = torch::empty_like(weight_);
   gemm_f32(weight_grad, logit_grad, false, xg, false, false);
   optimizer_->begin_step();
-  optimizer_->update_rows(weight_, torch::Tensor(), 0, weight_.size(0), weight_grad, params.normalized, 1.0);
+  optimizer_->update_rows(weight_, torch::Tensor(), 0, weight_.size(0), weight_grad,
+                          params.normalized, 1.0);
   comm_.reduce_scatter(dxn, counts);
   return loss;
 }

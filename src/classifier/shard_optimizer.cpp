@@ -15,7 +15,8 @@ namespace myriad {
 
 namespace {
 
-torch::Tensor rows_of(const torch::Tensor& t, const torch::Tensor& index, int64_t begin, int64_t end) {
+torch::Tensor rows_of(const torch::Tensor& t, const torch::Tensor& index, int64_t begin,
+                      int64_t end) {
   return index.defined() ? t.index_select(0, index.slice(0, begin, end)) : t.slice(0, begin, end);
 }
 
@@ -64,7 +65,9 @@ ShardOptimizer::ShardOptimizer(const OptimizerOptions& options, int64_t rows, in
   }
 }
 
-void ShardOptimizer::begin_step() { ++step_; }
+void ShardOptimizer::begin_step() {
+  ++step_;
+}
 
 std::vector<std::pair<std::string, torch::Tensor*>> ShardOptimizer::state() {
   if (options_.kind == OptimizerKind::kSgd) {
@@ -90,18 +93,23 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
       const cuda::SgdArgs args{static_cast<float>(o.lr), static_cast<float>(o.momentum),
                                static_cast<float>(o.weight_decay), o.nesterov,
                                static_cast<float>(grad_multiplier)};
-      MYRIAD_CHECK_CUDA(cuda::sgd_rows(weight.data_ptr<float>(),
-                                       momentum_.defined() ? momentum_.data_ptr() : nullptr,
-                                       state_type(o.state_dtype), grad.data_ptr<float>(), weight.size(1),
-                                       rows, begin, count, normalized, args, stream));
+      MYRIAD_CHECK_CUDA(cuda::sgd_rows(
+          weight.data_ptr<float>(), momentum_.defined() ? momentum_.data_ptr() : nullptr,
+          state_type(o.state_dtype), grad.data_ptr<float>(), weight.size(1), rows, begin, count,
+          normalized, args, stream));
     } else {
-      const cuda::AdamWArgs args{static_cast<float>(o.lr), static_cast<float>(o.beta1),
-                                 static_cast<float>(o.beta2), static_cast<float>(o.eps),
-                                 static_cast<float>(o.weight_decay), static_cast<float>(bc1),
-                                 static_cast<float>(bc2), static_cast<float>(grad_multiplier)};
-      MYRIAD_CHECK_CUDA(cuda::adamw_rows(weight.data_ptr<float>(), exp_avg_.data_ptr(), exp_avg_sq_.data_ptr(),
-                                         state_type(o.state_dtype), grad.data_ptr<float>(), weight.size(1),
-                                         rows, begin, count, normalized, args, stream));
+      const cuda::AdamWArgs args{static_cast<float>(o.lr),
+                                 static_cast<float>(o.beta1),
+                                 static_cast<float>(o.beta2),
+                                 static_cast<float>(o.eps),
+                                 static_cast<float>(o.weight_decay),
+                                 static_cast<float>(bc1),
+                                 static_cast<float>(bc2),
+                                 static_cast<float>(grad_multiplier)};
+      MYRIAD_CHECK_CUDA(cuda::adamw_rows(weight.data_ptr<float>(), exp_avg_.data_ptr(),
+                                         exp_avg_sq_.data_ptr(), state_type(o.state_dtype),
+                                         grad.data_ptr<float>(), weight.size(1), rows, begin, count,
+                                         normalized, args, stream));
     }
     return;
   }
@@ -112,19 +120,25 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
   if (o.kind == OptimizerKind::kSgd) {
     torch::Tensor d = g.add_(w, o.weight_decay);
     if (momentum_.defined()) {
-      const torch::Tensor buf = rows_of(momentum_, index, begin, end).to(torch::kFloat32).mul_(o.momentum).add_(d);
+      const torch::Tensor buf =
+          rows_of(momentum_, index, begin, end).to(torch::kFloat32).mul_(o.momentum).add_(d);
       write_rows(momentum_, index, begin, end, buf);
       d = o.nesterov ? d.add(buf, o.momentum) : buf;
     }
     w.sub_(d, o.lr);
   } else {
-    const torch::Tensor m =
-        rows_of(exp_avg_, index, begin, end).to(torch::kFloat32).mul_(o.beta1).add_(g, 1.0 - o.beta1);
-    const torch::Tensor v =
-        rows_of(exp_avg_sq_, index, begin, end).to(torch::kFloat32).mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+    const torch::Tensor m = rows_of(exp_avg_, index, begin, end)
+                                .to(torch::kFloat32)
+                                .mul_(o.beta1)
+                                .add_(g, 1.0 - o.beta1);
+    const torch::Tensor v = rows_of(exp_avg_sq_, index, begin, end)
+                                .to(torch::kFloat32)
+                                .mul_(o.beta2)
+                                .addcmul_(g, g, 1.0 - o.beta2);
     write_rows(exp_avg_, index, begin, end, m);
     write_rows(exp_avg_sq_, index, begin, end, v);
-    w.mul_(1.0 - o.lr * o.weight_decay).addcdiv_(m, v.sqrt().div_(std::sqrt(bc2)).add_(o.eps), -o.lr / bc1);
+    w.mul_(1.0 - o.lr * o.weight_decay)
+        .addcdiv_(m, v.sqrt().div_(std::sqrt(bc2)).add_(o.eps), -o.lr / bc1);
   }
   write_rows(weight, index, begin, end, w);
 }

@@ -33,7 +33,9 @@ std::string sample_origin(int64_t index, const std::vector<int64_t>& counts) {
   return "an unknown sample";
 }
 
-int64_t first_true(const torch::Tensor& mask) { return mask.nonzero().select(1, 0)[0].item<int64_t>(); }
+int64_t first_true(const torch::Tensor& mask) {
+  return mask.nonzero().select(1, 0)[0].item<int64_t>();
+}
 
 }  // namespace
 
@@ -81,10 +83,11 @@ class ShardedSoftmaxFunction : public torch::autograd::Function<ShardedSoftmaxFu
 
 }  // namespace
 
-torch::Tensor hashed_normal_rows(int64_t begin, int64_t rows, int64_t dim, double std, uint64_t seed,
-                                 const torch::Device& device) {
+torch::Tensor hashed_normal_rows(int64_t begin, int64_t rows, int64_t dim, double std,
+                                 uint64_t seed, const torch::Device& device) {
   torch::Tensor out = torch::empty({rows, dim}, torch::dtype(torch::kFloat32).device(device));
-  const int64_t rows_per_block = std::max<int64_t>(1, (int64_t{16} << 20) / std::max<int64_t>(dim, 1));
+  const int64_t rows_per_block =
+      std::max<int64_t>(1, (int64_t{16} << 20) / std::max<int64_t>(dim, 1));
   for (int64_t r = 0; r < rows; r += rows_per_block) {
     const int64_t n = std::min(rows_per_block, rows - r);
     const torch::Tensor keys = torch::arange((begin + r) * dim, (begin + r + n) * dim,
@@ -96,20 +99,25 @@ torch::Tensor hashed_normal_rows(int64_t begin, int64_t rows, int64_t dim, doubl
 
 ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoftmaxOptions& options,
                                            const torch::Device& device)
-    : comm_(comm), options_(options), device_(device), partition_(options.num_classes, comm.size()) {
+    : comm_(comm),
+      options_(options),
+      device_(device),
+      partition_(options.num_classes, comm.size()) {
   MYRIAD_CHECK_COLLECTIVE(options.embedding_size > 0, "the embedding size must be positive, got {}",
                           options.embedding_size);
   MYRIAD_CHECK_COLLECTIVE(options.sample_rate > 0.0 && options.sample_rate <= 1.0,
                           "the sample rate must be in (0, 1], got {}", options.sample_rate);
-  MYRIAD_CHECK_COLLECTIVE(options.gemm_dtype == torch::kFloat32 || options.gemm_dtype == torch::kBFloat16 ||
+  MYRIAD_CHECK_COLLECTIVE(options.gemm_dtype == torch::kFloat32 ||
+                              options.gemm_dtype == torch::kBFloat16 ||
                               options.gemm_dtype == torch::kFloat16,
                           "classifier GEMMs run in float32, bfloat16 or float16");
   MYRIAD_CHECK_COLLECTIVE(options.workspace_bytes > 0, "the classifier workspace must be positive");
   const int64_t rows = partition_.size(comm.rank());
-  weight_ = hashed_normal_rows(partition_.offset(comm.rank()), rows, options.embedding_size, options.init_std,
-                               options.seed, device);
+  weight_ = hashed_normal_rows(partition_.offset(comm.rank()), rows, options.embedding_size,
+                               options.init_std, options.seed, device);
   if (options.update == WeightUpdate::kAccumulateGrad) weight_grad_ = torch::zeros_like(weight_);
-  optimizer_ = std::make_unique<ShardOptimizer>(options.optimizer, rows, options.embedding_size, device);
+  optimizer_ =
+      std::make_unique<ShardOptimizer>(options.optimizer, rows, options.embedding_size, device);
 }
 
 ShardedMarginSoftmax::~ShardedMarginSoftmax() = default;
@@ -122,7 +130,8 @@ void ShardedMarginSoftmax::zero_grad() {
   if (weight_grad_.defined()) weight_grad_.zero_();
 }
 
-torch::Tensor ShardedMarginSoftmax::forward(const torch::Tensor& features, const torch::Tensor& labels) {
+torch::Tensor ShardedMarginSoftmax::forward(const torch::Tensor& features,
+                                            const torch::Tensor& labels) {
   if (torch::GradMode::is_enabled() && features.requires_grad()) {
     return ShardedSoftmaxFunction::apply(features, labels, this);
   }
@@ -134,8 +143,8 @@ torch::Tensor ShardedMarginSoftmax::forward(const torch::Tensor& features, const
   return loss;
 }
 
-torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features, const torch::Tensor& labels,
-                                                int64_t* step_id) {
+torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
+                                                const torch::Tensor& labels, int64_t* step_id) {
   NoAutocast no_autocast;
   const MarginParams params = options_.margin.params();
   const int64_t dim = options_.embedding_size;
@@ -151,9 +160,10 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features, c
   step->counts = comm_.all_gather_counts(features.dim() > 0 ? features.size(0) : 0);
   const torch::Tensor x = comm_.all_gather(features.detach(), step->counts);
   torch::Tensor y = comm_.all_gather(labels.detach(), step->counts);
-  MYRIAD_CHECK_COLLECTIVE(x.dim() == 2 && x.size(1) == dim,
-                          "features have {} dimensions of width {}, but the classifier expects [batch, {}]",
-                          x.dim(), x.dim() > 1 ? x.size(1) : 0, dim);
+  MYRIAD_CHECK_COLLECTIVE(
+      x.dim() == 2 && x.size(1) == dim,
+      "features have {} dimensions of width {}, but the classifier expects [batch, {}]", x.dim(),
+      x.dim() > 1 ? x.size(1) : 0, dim);
   MYRIAD_CHECK_COLLECTIVE(x.is_floating_point(), "features must be floating point, got {}",
                           c10::toString(x.scalar_type()));
   MYRIAD_CHECK_COLLECTIVE(y.dim() == 1 && !y.is_floating_point() && y.scalar_type() != torch::kBool,
@@ -179,8 +189,8 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features, c
   const torch::Tensor owned = local.ge(0).logical_and_(local.lt(shard_rows));
   const torch::Tensor local_target = torch::where(owned, local, torch::full_like(local, kNoTarget));
   if (options_.sample_rate < 1.0) {
-    step->active = sample_class_rows(local_target, shard_rows, offset, options_.sample_rate, options_.seed,
-                                     step->id);
+    step->active = sample_class_rows(local_target, shard_rows, offset, options_.sample_rate,
+                                     options_.seed, step->id);
     step->active_rows = step->active.size(0);
     const torch::Tensor position = torch::searchsorted(step->active, local_target.clamp_min(0));
     step->target_col = torch::where(owned, position, local_target);
@@ -190,7 +200,8 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features, c
   }
 
   const int64_t gemm_bytes = static_cast<int64_t>(torch::elementSize(options_.gemm_dtype));
-  step->plan = plan_chunks(step->active_rows, step->batch, dim, gemm_bytes, options_.workspace_bytes);
+  step->plan =
+      plan_chunks(step->active_rows, step->batch, dim, gemm_bytes, options_.workspace_bytes);
   last_plan_ = step->plan;
   const auto f32 = x.options().dtype(torch::kFloat32);
   torch::Tensor row_max = torch::full({step->batch}, -std::numeric_limits<float>::infinity(), f32);
@@ -199,8 +210,8 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features, c
   for (int64_t begin = 0; begin < step->active_rows; begin += step->plan.chunk_rows) {
     const int64_t end = std::min(begin + step->plan.chunk_rows, step->active_rows);
     phase("prepare_rows");
-    torch::Tensor rows =
-        prepare_chunk_rows(weight_, step->active, begin, end, options_.gemm_dtype, params.normalized);
+    torch::Tensor rows = prepare_chunk_rows(weight_, step->active, begin, end, options_.gemm_dtype,
+                                            params.normalized);
     torch::Tensor dot = torch::empty({end - begin, step->batch}, f32);
     phase("gemm_logits");
     gemm_f32(dot, rows, false, step->xg, true, false);
@@ -231,7 +242,8 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features, c
                     x.isfinite().all().to(torch::kFloat64)})
           .cpu();
   const int64_t num_classes = options_.num_classes;
-  if (summary[0].item<double>() < 0 || summary[1].item<double>() >= static_cast<double>(num_classes)) {
+  if (summary[0].item<double>() < 0 ||
+      summary[1].item<double>() >= static_cast<double>(num_classes)) {
     const int64_t bad = first_true(y.lt(0).logical_or_(y.ge(num_classes)));
     MYRIAD_THROW_COLLECTIVE("label {} of {} is outside [0, {})", y[bad].item<int64_t>(),
                             sample_origin(bad, step->counts), num_classes);
@@ -265,7 +277,8 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
 
   const bool fused = options_.update == WeightUpdate::kFused;
   if (fused) optimizer_->begin_step();
-  const torch::Tensor coef = grad.to(torch::kFloat32).reshape({1}) / static_cast<double>(step->batch);
+  const torch::Tensor coef =
+      grad.to(torch::kFloat32).reshape({1}) / static_cast<double>(step->batch);
   torch::Tensor dxn = torch::zeros({step->batch, options_.embedding_size}, step->xn.options());
   for (int64_t c = 0; c < step->plan.chunks; ++c) {
     const int64_t begin = c * step->plan.chunk_rows;
@@ -276,30 +289,36 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
       dot = std::move(step->cached_dot[c]);
     } else {
       phase("prepare_rows");
-      rows = prepare_chunk_rows(weight_, step->active, begin, end, options_.gemm_dtype, params.normalized);
+      rows = prepare_chunk_rows(weight_, step->active, begin, end, options_.gemm_dtype,
+                                params.normalized);
       dot = torch::empty({end - begin, step->batch}, step->xn.options());
       phase("gemm_logits");
       gemm_f32(dot, rows, false, step->xg, true, false);
     }
     phase("logit_grad");
-    const torch::Tensor logit_grad = chunk_logit_grad(dot, step->target_col, begin, step->row_max,
-                                                      step->row_inv_sum, coef, params, options_.gemm_dtype);
+    const torch::Tensor logit_grad =
+        chunk_logit_grad(dot, step->target_col, begin, step->row_max, step->row_inv_sum, coef,
+                         params, options_.gemm_dtype);
     dot = torch::Tensor();
     phase("gemm_feature_grad");
     gemm_f32_long_k(dxn, logit_grad, rows, true);
     rows = torch::Tensor();
     phase("gemm_weight_grad");
-    torch::Tensor row_grad = torch::empty({end - begin, options_.embedding_size}, step->xn.options());
+    torch::Tensor row_grad =
+        torch::empty({end - begin, options_.embedding_size}, step->xn.options());
     gemm_f32(row_grad, logit_grad, false, step->xg, false, false);
     phase("update");
     if (fused) {
-      optimizer_->update_rows(weight_, step->active, begin, end, row_grad, params.normalized, 1.0 / loss_scale_);
+      optimizer_->update_rows(weight_, step->active, begin, end, row_grad, params.normalized,
+                              1.0 / loss_scale_);
     } else {
-      const torch::Tensor index = step->active.defined()
-                                      ? step->active.slice(0, begin, end)
-                                      : torch::arange(begin, end, step->xn.options().dtype(torch::kInt64));
+      const torch::Tensor index =
+          step->active.defined()
+              ? step->active.slice(0, begin, end)
+              : torch::arange(begin, end, step->xn.options().dtype(torch::kInt64));
       const torch::Tensor w = weight_.index_select(0, index);
-      weight_grad_.index_add_(0, index, params.normalized ? unnormalize_row_grad(w, row_grad) : row_grad);
+      weight_grad_.index_add_(0, index,
+                              params.normalized ? unnormalize_row_grad(w, row_grad) : row_grad);
     }
   }
 
@@ -307,8 +326,8 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
   torch::Tensor local = comm_.reduce_scatter(dxn, step->counts);
   if (params.normalized) {
     const torch::Tensor xn = step->xn.slice(0, step->local_begin, step->local_begin + local_rows);
-    local = (local - xn * (xn * local).sum(1, true)) * step->inv_xnorm.slice(0, step->local_begin,
-                                                                             step->local_begin + local_rows);
+    local = (local - xn * (xn * local).sum(1, true)) *
+            step->inv_xnorm.slice(0, step->local_begin, step->local_begin + local_rows);
   }
   return local.to(step->feature_dtype);
 }
@@ -318,7 +337,8 @@ torch::Tensor ShardedMarginSoftmax::predict(const torch::Tensor& features) {
   NoAutocast no_autocast;
   const MarginParams params = options_.margin.params();
   const int rank = comm_.rank();
-  const std::vector<int64_t> counts = comm_.all_gather_counts(features.dim() > 0 ? features.size(0) : 0);
+  const std::vector<int64_t> counts =
+      comm_.all_gather_counts(features.dim() > 0 ? features.size(0) : 0);
   const torch::Tensor x = comm_.all_gather(features.detach(), counts);
   MYRIAD_CHECK_COLLECTIVE(x.dim() == 2 && x.size(1) == options_.embedding_size,
                           "features have the wrong shape for the classifier (expected [batch, {}])",
@@ -329,15 +349,15 @@ torch::Tensor ShardedMarginSoftmax::predict(const torch::Tensor& features) {
   const torch::Tensor xg = xn.to(options_.gemm_dtype).contiguous();
   const int64_t shard_rows = partition_.size(rank);
   const int64_t offset = partition_.offset(rank);
-  const ChunkPlan plan =
-      plan_chunks(shard_rows, batch, options_.embedding_size,
-                  static_cast<int64_t>(torch::elementSize(options_.gemm_dtype)), options_.workspace_bytes);
+  const ChunkPlan plan = plan_chunks(shard_rows, batch, options_.embedding_size,
+                                     static_cast<int64_t>(torch::elementSize(options_.gemm_dtype)),
+                                     options_.workspace_bytes);
   torch::Tensor best = torch::full({batch}, -std::numeric_limits<float>::infinity(), xn.options());
   torch::Tensor best_class = torch::zeros({batch}, xn.options().dtype(torch::kInt64));
   for (int64_t begin = 0; begin < shard_rows; begin += plan.chunk_rows) {
     const int64_t end = std::min(begin + plan.chunk_rows, shard_rows);
-    const torch::Tensor rows =
-        prepare_chunk_rows(weight_, torch::Tensor(), begin, end, options_.gemm_dtype, params.normalized);
+    const torch::Tensor rows = prepare_chunk_rows(weight_, torch::Tensor(), begin, end,
+                                                  options_.gemm_dtype, params.normalized);
     torch::Tensor dot = torch::empty({end - begin, batch}, xn.options());
     gemm_f32(dot, rows, false, xg, true, false);
     const auto [value, column] = dot.max(0);
@@ -348,8 +368,9 @@ torch::Tensor ShardedMarginSoftmax::predict(const torch::Tensor& features) {
   // The best score over all shards; among shards that reach it, the smallest class id.
   torch::Tensor global_best = best.clone();
   comm_.all_reduce(global_best, ReduceOp::kMax);
-  torch::Tensor winner = torch::where(best.eq(global_best), best_class,
-                                      torch::full_like(best_class, std::numeric_limits<int64_t>::max()));
+  torch::Tensor winner =
+      torch::where(best.eq(global_best), best_class,
+                   torch::full_like(best_class, std::numeric_limits<int64_t>::max()));
   comm_.all_reduce(winner, ReduceOp::kMin);
   int64_t local_begin = 0;
   for (int r = 0; r < rank; ++r) local_begin += counts[r];

@@ -17,8 +17,8 @@ namespace myriad {
 namespace {
 
 // Samples whose target lies in the chunk (`cols`), their target's row in the chunk (`rows`), and
-// the target's logit and dz/dcos through the margin. The margin applies to at most B entries, so the CPU evaluates it
-// with the same scalar function the CUDA kernels use.
+// the target's logit and dz/dcos through the margin. The margin applies to at most B entries, so
+// the CPU evaluates it with the same scalar function the CUDA kernels use.
 struct ChunkTargets {
   torch::Tensor rows;
   torch::Tensor cols;
@@ -51,10 +51,14 @@ torch::Tensor other_logits(const torch::Tensor& dot, const MarginParams& params)
 #ifdef MYRIAD_WITH_CUDA
 cuda::ElementType element_type(torch::ScalarType dtype) {
   switch (dtype) {
-    case torch::kFloat32: return cuda::ElementType::kFloat32;
-    case torch::kBFloat16: return cuda::ElementType::kBFloat16;
-    case torch::kFloat16: return cuda::ElementType::kFloat16;
-    default: MYRIAD_THROW("no CUDA kernel for {}", c10::toString(dtype));
+    case torch::kFloat32:
+      return cuda::ElementType::kFloat32;
+    case torch::kBFloat16:
+      return cuda::ElementType::kBFloat16;
+    case torch::kFloat16:
+      return cuda::ElementType::kFloat16;
+    default:
+      MYRIAD_THROW("no CUDA kernel for {}", c10::toString(dtype));
   }
 }
 
@@ -67,15 +71,16 @@ cudaStream_t stream_of(const torch::Tensor& t) {
 }  // namespace
 
 torch::Tensor prepare_chunk_rows(const torch::Tensor& weight, const torch::Tensor& index,
-                                 int64_t begin, int64_t end, torch::ScalarType dtype, bool normalize) {
+                                 int64_t begin, int64_t end, torch::ScalarType dtype,
+                                 bool normalize) {
   const int64_t count = end - begin;
 #ifdef MYRIAD_WITH_CUDA
   if (weight.is_cuda()) {
     torch::Tensor out = torch::empty({count, weight.size(1)}, weight.options().dtype(dtype));
     MYRIAD_CHECK_CUDA(cuda::prepare_rows(weight.data_ptr<float>(), weight.size(1),
-                                         index.defined() ? index.data_ptr<int64_t>() : nullptr, begin,
-                                         count, normalize, out.data_ptr(), element_type(dtype),
-                                         stream_of(weight)));
+                                         index.defined() ? index.data_ptr<int64_t>() : nullptr,
+                                         begin, count, normalize, out.data_ptr(),
+                                         element_type(dtype), stream_of(weight)));
     return out;
   }
 #endif
@@ -85,9 +90,9 @@ torch::Tensor prepare_chunk_rows(const torch::Tensor& weight, const torch::Tenso
   return rows.to(dtype).contiguous();
 }
 
-void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& target_col, int64_t begin,
-                            const MarginParams& params, torch::Tensor& row_max, torch::Tensor& row_sum,
-                            torch::Tensor& target_logit) {
+void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& target_col,
+                            int64_t begin, const MarginParams& params, torch::Tensor& row_max,
+                            torch::Tensor& row_sum, torch::Tensor& target_logit) {
   torch::Tensor chunk_max, chunk_sum;
 #ifdef MYRIAD_WITH_CUDA
   if (dot.is_cuda()) {
@@ -112,21 +117,22 @@ void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& targe
   }
   // Merge with what earlier chunks saw: rescale both sums to the new maximum.
   const torch::Tensor merged_max = torch::maximum(row_max, chunk_max);
-  row_sum.mul_(row_max.sub_(merged_max).exp_()).add_(chunk_sum.mul_(chunk_max.sub_(merged_max).exp_()));
+  row_sum.mul_(row_max.sub_(merged_max).exp_())
+      .add_(chunk_sum.mul_(chunk_max.sub_(merged_max).exp_()));
   row_max.copy_(merged_max);
 }
 
-torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& target_col, int64_t begin,
-                               const torch::Tensor& row_max, const torch::Tensor& row_inv_sum,
-                               const torch::Tensor& coef, const MarginParams& params,
-                               torch::ScalarType dtype) {
+torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& target_col,
+                               int64_t begin, const torch::Tensor& row_max,
+                               const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
+                               const MarginParams& params, torch::ScalarType dtype) {
 #ifdef MYRIAD_WITH_CUDA
   if (dot.is_cuda()) {
     torch::Tensor out = torch::empty(dot.sizes(), dot.options().dtype(dtype));
-    MYRIAD_CHECK_CUDA(cuda::chunk_grad(dot.data_ptr<float>(), dot.size(0), dot.size(1),
-                                       target_col.data_ptr<int64_t>(), begin, row_max.data_ptr<float>(),
-                                       row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params,
-                                       out.data_ptr(), element_type(dtype), stream_of(dot)));
+    MYRIAD_CHECK_CUDA(cuda::chunk_grad(
+        dot.data_ptr<float>(), dot.size(0), dot.size(1), target_col.data_ptr<int64_t>(), begin,
+        row_max.data_ptr<float>(), row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params,
+        out.data_ptr(), element_type(dtype), stream_of(dot)));
     return out;
   }
 #endif
@@ -134,7 +140,8 @@ torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& ta
   const ChunkTargets t = chunk_targets(dot, target_col, begin, params);
   z.index_put_({t.rows, t.cols}, t.z);
   // softmax probabilities, times coef; the target entry also loses coef (the one-hot).
-  torch::Tensor grad = z.sub_(row_max.unsqueeze(0)).exp_().mul_(row_inv_sum.unsqueeze(0)).mul_(coef);
+  torch::Tensor grad =
+      z.sub_(row_max.unsqueeze(0)).exp_().mul_(row_inv_sum.unsqueeze(0)).mul_(coef);
   const torch::Tensor target_grad = (grad.index({t.rows, t.cols}) - coef).mul_(t.dz_dcos);
   if (params.normalized) grad.mul_(params.scale);
   grad.index_put_({t.rows, t.cols}, target_grad);

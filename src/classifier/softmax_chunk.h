@@ -16,20 +16,21 @@ namespace myriad {
 // The chunk's weight rows as GEMM operand: normalised when `normalize`, in `dtype`.
 // `index` is undefined for contiguous rows of `weight`.
 torch::Tensor prepare_chunk_rows(const torch::Tensor& weight, const torch::Tensor& index,
-                                 int64_t begin, int64_t end, torch::ScalarType dtype, bool normalize);
+                                 int64_t begin, int64_t end, torch::ScalarType dtype,
+                                 bool normalize);
 
 // Folds one chunk of logits `dot` [c, B] into running per-sample statistics: `row_max` and
 // `row_sum` (sum of exp(z - row_max)), and writes the target logit of samples whose target
 // class (`target_col` - begin) lies in the chunk into `target_logit`.
-void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& target_col, int64_t begin,
-                            const MarginParams& params, torch::Tensor& row_max, torch::Tensor& row_sum,
-                            torch::Tensor& target_logit);
+void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& target_col,
+                            int64_t begin, const MarginParams& params, torch::Tensor& row_max,
+                            torch::Tensor& row_sum, torch::Tensor& target_logit);
 
 // d loss / d cos for one chunk, [c, B]: coef * (softmax - one_hot) * dz/dcos, in `dtype`. `coef`
 // is a one-element float32 tensor on the logits' device (incoming gradient over batch size).
-torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& target_col, int64_t begin,
-                               const torch::Tensor& row_max, const torch::Tensor& row_inv_sum,
-                               const torch::Tensor& coef, const MarginParams& params,
-                               torch::ScalarType dtype);
+torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& target_col,
+                               int64_t begin, const torch::Tensor& row_max,
+                               const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
+                               const MarginParams& params, torch::ScalarType dtype);
 
 }  // namespace myriad

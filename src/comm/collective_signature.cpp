@@ -61,23 +61,30 @@ std::string describe_problem(const char* name, int rank, const CollectiveSignatu
                              const torch::Device& expected_device) {
   const std::string who = str_format("{}: rank {} passed {}", name, rank, tensor_text(s));
   switch (static_cast<CallProblem>(s.problem)) {
-    case CallProblem::kNone: return {};
+    case CallProblem::kNone:
+      return {};
     case CallProblem::kDtype:
-      return who + ", a dtype no backend moves (use float64, float32, bfloat16, float16, int64, "
-                   "int32, uint8 or int8)";
+      return who +
+             ", a dtype no backend moves (use float64, float32, bfloat16, float16, int64, "
+             "int32, uint8 or int8)";
     case CallProblem::kDevice:
       return who + str_format(", but this communicator moves tensors on {}", expected_device.str());
-    case CallProblem::kNotContiguous: return who + ", which is not contiguous (in-place collective)";
+    case CallProblem::kNotContiguous:
+      return who + ", which is not contiguous (in-place collective)";
     case CallProblem::kTooManyDims:
       return who + str_format(", which has more than {} dimensions", kMaxSignatureDims);
-    case CallProblem::kNoRowDim: return who + ", a 0-dimensional tensor, which has no rows";
-    case CallProblem::kCountsSize: return who + ", with a counts list whose length is not the world size";
-    case CallProblem::kNegativeCount: return who + ", with a negative count";
+    case CallProblem::kNoRowDim:
+      return who + ", a 0-dimensional tensor, which has no rows";
+    case CallProblem::kCountsSize:
+      return who + ", with a counts list whose length is not the world size";
+    case CallProblem::kNegativeCount:
+      return who + ", with a negative count";
     case CallProblem::kRowsMismatch:
       return who + str_format(", but its counts entry says {} rows", s.expected_rows);
     case CallProblem::kIndivisible:
       return who + str_format(", whose {} rows do not split evenly over the ranks", s.dims[0]);
-    case CallProblem::kRoot: return who + str_format(", with root {} outside the world", s.root);
+    case CallProblem::kRoot:
+      return who + str_format(", with root {} outside the world", s.root);
   }
   return who;
 }
@@ -85,22 +92,25 @@ std::string describe_problem(const char* name, int rank, const CollectiveSignatu
 std::string find_disagreement(const char* name, const std::vector<CollectiveSignature>& all,
                               const torch::Device& expected_device) {
   for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r].problem != 0) return describe_problem(name, static_cast<int>(r), all[r], expected_device);
+    if (all[r].problem != 0)
+      return describe_problem(name, static_cast<int>(r), all[r], expected_device);
   }
   const CollectiveSignature& ref = all.front();
   for (size_t r = 1; r < all.size(); ++r) {
     const CollectiveSignature& s = all[r];
-    const std::string pair = str_format("rank {} passed {}, rank 0 passed {}", r, tensor_text(s),
-                                        tensor_text(ref));
+    const std::string pair =
+        str_format("rank {} passed {}, rank 0 passed {}", r, tensor_text(s), tensor_text(ref));
     if (s.name_hash != ref.name_hash) {
       return str_format("{}: rank {} is in a different collective than rank 0 (calls out of order)",
                         name, r);
     }
     if (s.dtype != ref.dtype) return str_format("{}: dtypes differ: {}", name, pair);
     if (s.device_type != ref.device_type) return str_format("{}: devices differ: {}", name, pair);
-    if (s.op != ref.op) return str_format("{}: rank {} asked for a different reduction than rank 0", name, r);
+    if (s.op != ref.op)
+      return str_format("{}: rank {} asked for a different reduction than rank 0", name, r);
     if (s.root != ref.root) {
-      return str_format("{}: rank {} named root {}, rank 0 named root {}", name, r, s.root, ref.root);
+      return str_format("{}: rank {} named root {}, rank 0 named root {}", name, r, s.root,
+                        ref.root);
     }
     if (s.counts_hash != ref.counts_hash) {
       return str_format("{}: rank {} passed different per-rank counts than rank 0", name, r);

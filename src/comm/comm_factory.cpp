@@ -20,9 +20,8 @@ Communicator& CommFactory::for_device(const torch::Device& device) {
   if (device.is_cpu()) return *mpi_;
   MYRIAD_CHECK(device.is_cuda(), "no communicator moves tensors on {}", device.str());
 #ifdef MYRIAD_WITH_NCCL
-  const torch::Device indexed = device.has_index()
-                                    ? device
-                                    : torch::Device(torch::kCUDA, c10::cuda::current_device());
+  const torch::Device indexed =
+      device.has_index() ? device : torch::Device(torch::kCUDA, c10::cuda::current_device());
   if (!nccl_) {
     nccl_ = std::make_unique<NcclCommunicator>(context_.world(), indexed);
   }

@@ -6,17 +6,20 @@
 #include <string>
 
 #include "collective_signature.h"
-#include "tensor_rows.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/error.h"
+#include "tensor_rows.h"
 
 namespace myriad {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -30,8 +33,10 @@ bool is_communicable_dtype(torch::ScalarType dtype) {
     case torch::kInt64:
     case torch::kInt32:
     case torch::kUInt8:
-    case torch::kInt8: return true;
-    default: return false;
+    case torch::kInt8:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -85,8 +90,8 @@ void Communicator::agree(const Call& call) const {
     problem = CallProblem::kRoot;
   } else if (call.counts != nullptr && static_cast<int>(call.counts->size()) != size_) {
     problem = CallProblem::kCountsSize;
-  } else if (call.counts != nullptr &&
-             std::any_of(call.counts->begin(), call.counts->end(), [](int64_t c) { return c < 0; })) {
+  } else if (call.counts != nullptr && std::any_of(call.counts->begin(), call.counts->end(),
+                                                   [](int64_t c) { return c < 0; })) {
     problem = CallProblem::kNegativeCount;
   } else if (call.expected_rows >= 0 && t.size(0) != call.expected_rows) {
     problem = CallProblem::kRowsMismatch;
@@ -105,7 +110,8 @@ void Communicator::agree(const Call& call) const {
   static_assert(sizeof(CollectiveSignature) % sizeof(int64_t) == 0, "signature is int64 words");
   const int words = sizeof(CollectiveSignature) / sizeof(int64_t);
   std::vector<CollectiveSignature> all(size_);
-  MYRIAD_CHECK_MPI(MPI_Allgather(&sig, words, MPI_INT64_T, all.data(), words, MPI_INT64_T, control_));
+  MYRIAD_CHECK_MPI(
+      MPI_Allgather(&sig, words, MPI_INT64_T, all.data(), words, MPI_INT64_T, control_));
   const std::string disagreement = find_disagreement(call.name, all, expected);
   MYRIAD_CHECK_COLLECTIVE(disagreement.empty(), "{}", disagreement);
 }
@@ -154,8 +160,7 @@ torch::Tensor Communicator::reduce_rows(const char* name, const torch::Tensor& i
     call.expected_rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   }
   agree(call);
-  std::vector<int64_t> rows =
-      equal ? std::vector<int64_t>(size_, input.size(0) / size_) : counts;
+  std::vector<int64_t> rows = equal ? std::vector<int64_t>(size_, input.size(0) / size_) : counts;
   std::vector<int64_t> shape = input.sizes().vec();
   shape[0] = rows[rank_];
   torch::Tensor output = torch::empty(shape, input.options());
@@ -214,7 +219,9 @@ torch::Tensor Communicator::scatter(const torch::Tensor& input, const std::vecto
   return output;
 }
 
-void Communicator::barrier() { barrier_impl(); }
+void Communicator::barrier() {
+  barrier_impl();
+}
 
 std::vector<int64_t> Communicator::all_gather_counts(int64_t local) const {
   std::vector<int64_t> counts(size_);

@@ -3,9 +3,9 @@
 #include <climits>
 
 #include "mpi_types.h"
-#include "tensor_rows.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/error.h"
+#include "tensor_rows.h"
 
 namespace myriad {
 
@@ -26,7 +26,8 @@ class RowUnits {
       return;
     }
     MYRIAD_CHECK(total <= INT_MAX && row <= INT_MAX,
-                 "{}: {} rows of {} elements exceed what one MPI call can address", what, total, row);
+                 "{}: {} rows of {} elements exceed what one MPI call can address", what, total,
+                 row);
     MYRIAD_CHECK_MPI(MPI_Type_contiguous(static_cast<int>(row), base_, &owned_));
     MYRIAD_CHECK_MPI(MPI_Type_commit(&owned_));
     type_ = owned_;
@@ -82,7 +83,8 @@ void MpiCommunicator::all_reduce_impl(torch::Tensor& tensor, ReduceOp op) {
   const int64_t element = tensor.element_size();
   for (int64_t start = 0; start < tensor.numel(); start += kMaxElementsPerCall) {
     const int count = static_cast<int>(std::min(kMaxElementsPerCall, tensor.numel() - start));
-    MYRIAD_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, base + start * element, count, type, mpi_op, comm_));
+    MYRIAD_CHECK_MPI(
+        MPI_Allreduce(MPI_IN_PLACE, base + start * element, count, type, mpi_op, comm_));
   }
 }
 
@@ -117,8 +119,8 @@ void MpiCommunicator::reduce_scatter_impl(const torch::Tensor& input, torch::Ten
     MYRIAD_CHECK_MPI(MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(), sizes[0], type,
                                               mpi_op, comm_));
   } else {
-    MYRIAD_CHECK_MPI(MPI_Reduce_scatter(input.data_ptr(), output.data_ptr(), sizes.data(), type,
-                                        mpi_op, comm_));
+    MYRIAD_CHECK_MPI(
+        MPI_Reduce_scatter(input.data_ptr(), output.data_ptr(), sizes.data(), type, mpi_op, comm_));
   }
 }
 
@@ -149,6 +151,8 @@ void MpiCommunicator::scatter_impl(const torch::Tensor& input, torch::Tensor& ou
                                 output.data_ptr(), sizes[rank()], units.type(), root, comm_));
 }
 
-void MpiCommunicator::barrier_impl() { MYRIAD_CHECK_MPI(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier_impl() {
+  MYRIAD_CHECK_MPI(MPI_Barrier(comm_));
+}
 
 }  // namespace myriad

@@ -87,24 +87,36 @@ HalfTypesLease::~HalfTypesLease() {
 
 MPI_Datatype mpi_datatype(torch::ScalarType dtype) {
   switch (dtype) {
-    case torch::kFloat64: return MPI_DOUBLE;
-    case torch::kFloat32: return MPI_FLOAT;
-    case torch::kBFloat16: return registry().bf16;
-    case torch::kFloat16: return registry().fp16;
-    case torch::kInt64: return MPI_INT64_T;
-    case torch::kInt32: return MPI_INT32_T;
-    case torch::kUInt8: return MPI_UINT8_T;
-    case torch::kInt8: return MPI_INT8_T;
-    default: MYRIAD_THROW("no MPI datatype for {}", c10::toString(dtype));
+    case torch::kFloat64:
+      return MPI_DOUBLE;
+    case torch::kFloat32:
+      return MPI_FLOAT;
+    case torch::kBFloat16:
+      return registry().bf16;
+    case torch::kFloat16:
+      return registry().fp16;
+    case torch::kInt64:
+      return MPI_INT64_T;
+    case torch::kInt32:
+      return MPI_INT32_T;
+    case torch::kUInt8:
+      return MPI_UINT8_T;
+    case torch::kInt8:
+      return MPI_INT8_T;
+    default:
+      MYRIAD_THROW("no MPI datatype for {}", c10::toString(dtype));
   }
 }
 
 MPI_Op mpi_reduce_op(ReduceOp op, torch::ScalarType dtype) {
   const bool half = dtype == torch::kBFloat16 || dtype == torch::kFloat16;
   switch (op) {
-    case ReduceOp::kSum: return half ? registry().sum : MPI_SUM;
-    case ReduceOp::kMax: return half ? registry().max : MPI_MAX;
-    case ReduceOp::kMin: return half ? registry().min : MPI_MIN;
+    case ReduceOp::kSum:
+      return half ? registry().sum : MPI_SUM;
+    case ReduceOp::kMax:
+      return half ? registry().max : MPI_MAX;
+    case ReduceOp::kMin:
+      return half ? registry().min : MPI_MIN;
   }
   MYRIAD_THROW("unknown reduction");
 }

@@ -6,11 +6,11 @@
 #include <exception>
 
 #include "myriad/util/check_cuda.h"
-#include "tensor_rows.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/check_nccl.h"
 #include "myriad/util/error.h"
 #include "myriad/util/log.h"
+#include "tensor_rows.h"
 
 #define NCCL_CALL(call) check((call), #call, __FILE__, __LINE__)
 
@@ -20,35 +20,49 @@ namespace {
 
 ncclDataType_t nccl_type(torch::ScalarType dtype) {
   switch (dtype) {
-    case torch::kFloat64: return ncclFloat64;
-    case torch::kFloat32: return ncclFloat32;
-    case torch::kBFloat16: return ncclBfloat16;
-    case torch::kFloat16: return ncclFloat16;
-    case torch::kInt64: return ncclInt64;
-    case torch::kInt32: return ncclInt32;
-    case torch::kUInt8: return ncclUint8;
-    case torch::kInt8: return ncclInt8;
-    default: MYRIAD_THROW("no NCCL datatype for {}", c10::toString(dtype));
+    case torch::kFloat64:
+      return ncclFloat64;
+    case torch::kFloat32:
+      return ncclFloat32;
+    case torch::kBFloat16:
+      return ncclBfloat16;
+    case torch::kFloat16:
+      return ncclFloat16;
+    case torch::kInt64:
+      return ncclInt64;
+    case torch::kInt32:
+      return ncclInt32;
+    case torch::kUInt8:
+      return ncclUint8;
+    case torch::kInt8:
+      return ncclInt8;
+    default:
+      MYRIAD_THROW("no NCCL datatype for {}", c10::toString(dtype));
   }
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
   }
   MYRIAD_THROW("unknown reduction");
 }
 
-char* byte_ptr(const torch::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
+char* byte_ptr(const torch::Tensor& t) {
+  return static_cast<char*>(t.data_ptr());
+}
 
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(MPI_Comm comm, torch::Device device)
     : Communicator(comm), device_(device) {
-  MYRIAD_CHECK(device.is_cuda() && device.has_index(), "NCCL needs a CUDA device with an index, got {}",
-               device.str());
+  MYRIAD_CHECK(device.is_cuda() && device.has_index(),
+               "NCCL needs a CUDA device with an index, got {}", device.str());
   ncclUniqueId id;
   if (rank() == 0) MYRIAD_CHECK_NCCL(ncclGetUniqueId(&id), nullptr);
   MYRIAD_CHECK_MPI(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, control()));
@@ -76,7 +90,8 @@ void NcclCommunicator::check(ncclResult_t rc, const char* expr, const char* file
     ncclCommAbort(comm_);
     aborted_ = true;
   }
-  throw_error(file, line, str_format("NCCL call failed: {}: {} (communicator aborted)", expr, detail));
+  throw_error(file, line,
+              str_format("NCCL call failed: {}: {} (communicator aborted)", expr, detail));
 }
 
 cudaStream_t NcclCommunicator::begin() const {
@@ -88,8 +103,7 @@ void NcclCommunicator::all_reduce_impl(torch::Tensor& tensor, ReduceOp op) {
   c10::cuda::CUDAGuard guard(device_);
   const cudaStream_t stream = begin();
   NCCL_CALL(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
-                          nccl_type(tensor.scalar_type()), nccl_op(op), comm_,
-                          stream));
+                          nccl_type(tensor.scalar_type()), nccl_op(op), comm_, stream));
 }
 
 void NcclCommunicator::all_gather_impl(const torch::Tensor& input, torch::Tensor& output,
@@ -98,7 +112,8 @@ void NcclCommunicator::all_gather_impl(const torch::Tensor& input, torch::Tensor
   const cudaStream_t stream = begin();
   const ncclDataType_t type = nccl_type(input.scalar_type());
   if (equal) {
-    NCCL_CALL(ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), type, comm_, stream));
+    NCCL_CALL(
+        ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), type, comm_, stream));
     return;
   }
   // NCCL has no all-gather-v: one broadcast per root, fused into one group.
@@ -109,8 +124,8 @@ void NcclCommunicator::all_gather_impl(const torch::Tensor& input, torch::Tensor
   for (int r = 0; r < size(); ++r) {
     if (counts[r] > 0) {
       // The send buffer is read on root r only.
-      NCCL_CALL(ncclBroadcast(input.data_ptr(), byte_ptr(output) + offset * row_bytes, counts[r] * row, type, r,
-                              comm_, stream));
+      NCCL_CALL(ncclBroadcast(input.data_ptr(), byte_ptr(output) + offset * row_bytes,
+                              counts[r] * row, type, r, comm_, stream));
     }
     offset += counts[r];
   }
@@ -136,8 +151,8 @@ void NcclCommunicator::reduce_scatter_impl(const torch::Tensor& input, torch::Te
   for (int r = 0; r < size(); ++r) {
     if (counts[r] > 0) {
       // The receive buffer is written on root r only.
-      NCCL_CALL(ncclReduce(byte_ptr(input) + offset * row_bytes, output.data_ptr(), counts[r] * row, type,
-                           nccl_op(op), r, comm_, stream));
+      NCCL_CALL(ncclReduce(byte_ptr(input) + offset * row_bytes, output.data_ptr(), counts[r] * row,
+                           type, nccl_op(op), r, comm_, stream));
     }
     offset += counts[r];
   }

@@ -14,11 +14,16 @@ namespace {
 
 const char* thread_level_name(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
-    default: return "unknown";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+    default:
+      return "unknown";
   }
 }
 
@@ -48,7 +53,8 @@ ProcessContext::ProcessContext(int* argc, char*** argv) {
                thread_level_name(thread_level_), thread_level_name(required));
 
   MPI_Comm node = MPI_COMM_NULL;
-  MYRIAD_CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  MYRIAD_CHECK_MPI(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
   MYRIAD_CHECK_MPI(MPI_Comm_rank(node, &local_rank_));
   MYRIAD_CHECK_MPI(MPI_Comm_size(node, &local_size_));
   MYRIAD_CHECK_MPI(MPI_Comm_free(&node));
@@ -82,12 +88,13 @@ torch::Device ProcessContext::select_device(DevicePreference preference) {
     return torch::kCPU;
   }
 #ifdef MYRIAD_WITH_CUDA
-  const int index = choose_local_gpu(local_rank_, local_size_,
-                                     static_cast<int>(torch::cuda::device_count()));
+  const int index =
+      choose_local_gpu(local_rank_, local_size_, static_cast<int>(torch::cuda::device_count()));
   MYRIAD_CHECK_CUDA(cudaSetDevice(index));
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 #else
-  MYRIAD_THROW_COLLECTIVE("this build of myriad has no CUDA support; rebuild against a CUDA LibTorch");
+  MYRIAD_THROW_COLLECTIVE(
+      "this build of myriad has no CUDA support; rebuild against a CUDA LibTorch");
 #endif
 }
 

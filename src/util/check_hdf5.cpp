@@ -30,7 +30,8 @@ std::string hdf5_error_stack() {
 void check_hdf5(long long rc, const char* expr, const std::string& context, const char* file,
                 int line) {
   if (rc >= 0) return;
-  throw_error(file, line, str_format("{}: HDF5 error: {} (in {})", context, hdf5_error_stack(), expr));
+  throw_error(file, line,
+              str_format("{}: HDF5 error: {} (in {})", context, hdf5_error_stack(), expr));
 }
 
 }  // namespace myriad::detail

@@ -69,15 +69,17 @@ bool parse_command_line_and_config(int argc, char** argv, const po::options_desc
 int64_t parse_byte_size(const std::string& text) {
   size_t pos = 0;
   while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
-  if (pos == 0) throw UsageError(str_format("'{}' is not a byte size (e.g. 4096, 64K, 256M, 2G)", text));
+  if (pos == 0)
+    throw UsageError(str_format("'{}' is not a byte size (e.g. 4096, 64K, 256M, 2G)", text));
   int64_t value = std::stoll(text.substr(0, pos));
   std::string unit = text.substr(pos);
   if (unit.size() > 1 && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
   if (unit.size() > 1 && unit.back() == 'i') unit.pop_back();
   if (unit.empty() || unit == "B" || unit == "b") return value;
   static const std::string kUnits = "KMGT";
-  const size_t power = unit.size() == 1 ? kUnits.find(std::toupper(static_cast<unsigned char>(unit[0])))
-                                        : std::string::npos;
+  const size_t power = unit.size() == 1
+                           ? kUnits.find(std::toupper(static_cast<unsigned char>(unit[0])))
+                           : std::string::npos;
   if (power != std::string::npos) return value << (10 * (power + 1));
   throw UsageError(str_format("'{}' is not a byte size (e.g. 4096, 64K, 256M, 2G)", text));
 }

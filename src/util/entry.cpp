@@ -45,8 +45,8 @@ int run_entry(int argc, char** argv, const EntryBody& body) {
     return body(*context, argc, argv);
   } catch (const UsageError& e) {
     if (context->rank() == 0) {
-      log_write_this_rank(LogLevel::kError,
-                          str_format("{}: error: {} (see {} --help)", program, e.message(), program));
+      log_write_this_rank(LogLevel::kError, str_format("{}: error: {} (see {} --help)", program,
+                                                       e.message(), program));
     }
     return kExitUsage;
   } catch (const Error& e) {

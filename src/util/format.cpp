@@ -19,7 +19,8 @@ void apply_spec(std::ostream& os, std::string_view spec) {
     ++i;
   }
   int width = 0;
-  while (i < spec.size() && spec[i] >= '0' && spec[i] <= '9') width = width * 10 + (spec[i++] - '0');
+  while (i < spec.size() && spec[i] >= '0' && spec[i] <= '9')
+    width = width * 10 + (spec[i++] - '0');
   if (width > 0) os << std::setw(width);
   if (i < spec.size() && spec[i] == '.') {
     ++i;
@@ -31,9 +32,14 @@ void apply_spec(std::ostream& os, std::string_view spec) {
   }
   if (i < spec.size()) {
     switch (spec[i]) {
-      case 'f': os << std::fixed; break;
-      case 'e': os << std::scientific; break;
-      default: break;
+      case 'f':
+        os << std::fixed;
+        break;
+      case 'e':
+        os << std::scientific;
+        break;
+      default:
+        break;
     }
   }
 }
@@ -70,7 +76,10 @@ std::string format_bytes(double bytes) {
   if (unit == 0) {
     std::snprintf(buf, sizeof(buf), "%.0f B", bytes);
   } else {
-    std::snprintf(buf, sizeof(buf), bytes < 10 ? "%.2f %s" : bytes < 100 ? "%.1f %s" : "%.0f %s",
+    std::snprintf(buf, sizeof(buf),
+                  bytes < 10    ? "%.2f %s"
+                  : bytes < 100 ? "%.1f %s"
+                                : "%.0f %s",
                   bytes, kUnits[unit]);
   }
   return buf;

@@ -26,7 +26,8 @@ std::unique_lock<std::recursive_mutex> hdf5_lock() {
     hbool_t safe = 0;
     return H5is_library_threadsafe(&safe) >= 0 && safe;
   }();
-  return threadsafe ? std::unique_lock<std::recursive_mutex>() : std::unique_lock<std::recursive_mutex>(mutex);
+  return threadsafe ? std::unique_lock<std::recursive_mutex>()
+                    : std::unique_lock<std::recursive_mutex>(mutex);
 }
 
 // Closes an HDF5 id when leaving scope.
@@ -47,26 +48,37 @@ class Handle {
 
 hid_t native_type(torch::ScalarType dtype) {
   switch (dtype) {
-    case torch::kUInt8: return H5T_NATIVE_UINT8;
-    case torch::kInt8: return H5T_NATIVE_INT8;
-    case torch::kInt16: return H5T_NATIVE_INT16;
-    case torch::kInt32: return H5T_NATIVE_INT32;
-    case torch::kInt64: return H5T_NATIVE_INT64;
-    case torch::kFloat32: return H5T_NATIVE_FLOAT;
-    case torch::kFloat64: return H5T_NATIVE_DOUBLE;
-    default: MYRIAD_THROW("HDF5 has no native type for {}", c10::toString(dtype));
+    case torch::kUInt8:
+      return H5T_NATIVE_UINT8;
+    case torch::kInt8:
+      return H5T_NATIVE_INT8;
+    case torch::kInt16:
+      return H5T_NATIVE_INT16;
+    case torch::kInt32:
+      return H5T_NATIVE_INT32;
+    case torch::kInt64:
+      return H5T_NATIVE_INT64;
+    case torch::kFloat32:
+      return H5T_NATIVE_FLOAT;
+    case torch::kFloat64:
+      return H5T_NATIVE_DOUBLE;
+    default:
+      MYRIAD_THROW("HDF5 has no native type for {}", c10::toString(dtype));
   }
 }
 
 // bfloat16/float16 are stored as float32 and bool as uint8, which every reader understands.
 torch::Tensor storable(const torch::Tensor& t) {
   torch::Tensor out = t.to(torch::kCPU);
-  if (out.scalar_type() == torch::kBFloat16 || out.scalar_type() == torch::kFloat16) out = out.to(torch::kFloat32);
+  if (out.scalar_type() == torch::kBFloat16 || out.scalar_type() == torch::kFloat16)
+    out = out.to(torch::kFloat32);
   if (out.scalar_type() == torch::kBool) out = out.to(torch::kUInt8);
   return out.contiguous();
 }
 
-std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) { return {shape.begin(), shape.end()}; }
+std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) {
+  return {shape.begin(), shape.end()};
+}
 
 }  // namespace
 
@@ -78,9 +90,10 @@ Hdf5File::Hdf5File(const std::string& path, Mode mode) : path_(path) {
     return;
   }
   MYRIAD_CHECK(access(path.c_str(), F_OK) == 0, "'{}' does not exist", path);
-  MYRIAD_CHECK(access(path.c_str(), mode == Mode::kRead ? R_OK : R_OK | W_OK) == 0, "'{}' is not {}", path,
-               mode == Mode::kRead ? "readable" : "writable");
-  MYRIAD_CHECK(H5Fis_hdf5(path.c_str()) > 0, "'{}' is not an HDF5 file (or is truncated or corrupt)", path);
+  MYRIAD_CHECK(access(path.c_str(), mode == Mode::kRead ? R_OK : R_OK | W_OK) == 0,
+               "'{}' is not {}", path, mode == Mode::kRead ? "readable" : "writable");
+  MYRIAD_CHECK(H5Fis_hdf5(path.c_str()) > 0,
+               "'{}' is not an HDF5 file (or is truncated or corrupt)", path);
   file_ = H5Fopen(path.c_str(), mode == Mode::kRead ? H5F_ACC_RDONLY : H5F_ACC_RDWR, H5P_DEFAULT);
   MYRIAD_CHECK(file_ >= 0, "cannot open HDF5 file '{}': {}", path, detail::hdf5_error_stack());
 }
@@ -102,7 +115,9 @@ Hdf5File& Hdf5File::operator=(Hdf5File&& other) noexcept {
   return *this;
 }
 
-std::string Hdf5File::where(const std::string& name) const { return str_format("'{}' in '{}'", name, path_); }
+std::string Hdf5File::where(const std::string& name) const {
+  return str_format("'{}' in '{}'", name, path_);
+}
 
 bool Hdf5File::has(const std::string& name) const {
   auto lock = hdf5_lock();
@@ -160,12 +175,14 @@ torch::Tensor Hdf5File::read_rows(const std::string& name, int64_t begin, int64_
   if (dims.empty()) {
     torch::Tensor scalar = torch::empty({}, type);
     Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
-    MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), native_type(type), H5S_ALL, H5S_ALL, H5P_DEFAULT, scalar.data_ptr()),
-                      "reading " + where(name));
+    MYRIAD_CHECK_HDF5(
+        H5Dread(dataset.get(), native_type(type), H5S_ALL, H5S_ALL, H5P_DEFAULT, scalar.data_ptr()),
+        "reading " + where(name));
     return scalar;
   }
-  MYRIAD_CHECK(begin >= 0 && count >= 0 && begin + count <= dims[0], "rows [{}, {}) are outside {} of {} rows",
-               begin, begin + count, where(name), dims[0]);
+  MYRIAD_CHECK(begin >= 0 && count >= 0 && begin + count <= dims[0],
+               "rows [{}, {}) are outside {} of {} rows", begin, begin + count, where(name),
+               dims[0]);
   std::vector<int64_t> out_shape = dims;
   out_shape[0] = count;
   torch::Tensor out = torch::empty(out_shape, type);
@@ -175,16 +192,19 @@ torch::Tensor Hdf5File::read_rows(const std::string& name, int64_t begin, int64_
   Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
   std::vector<hsize_t> start(dims.size(), 0), extent = dims_of(out_shape);
   start[0] = static_cast<hsize_t>(begin);
-  MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr),
+  MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
+                                        extent.data(), nullptr),
                     "selecting rows of " + where(name));
-  Handle memory_space(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr), H5Sclose);
-  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), native_type(type), memory_space.get(), file_space.get(), H5P_DEFAULT,
-                            out.data_ptr()),
+  Handle memory_space(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr),
+                      H5Sclose);
+  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), native_type(type), memory_space.get(), file_space.get(),
+                            H5P_DEFAULT, out.data_ptr()),
                     "reading " + where(name));
   return out;
 }
 
-torch::Tensor Hdf5File::read_row_list(const std::string& name, const std::vector<int64_t>& rows) const {
+torch::Tensor Hdf5File::read_row_list(const std::string& name,
+                                      const std::vector<int64_t>& rows) const {
   auto lock = hdf5_lock();
   const std::vector<int64_t> dims = shape(name);
   MYRIAD_CHECK(!dims.empty(), "{} is a scalar", where(name));
@@ -206,23 +226,27 @@ torch::Tensor Hdf5File::read_row_list(const std::string& name, const std::vector
                  "row list for {} must be ascending and inside [0, {})", where(name), dims[0]);
     start[0] = static_cast<hsize_t>(rows[i]);
     extent[0] = static_cast<hsize_t>(j - i);
-    MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_OR, start.data(), nullptr, extent.data(), nullptr),
+    MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_OR, start.data(), nullptr,
+                                          extent.data(), nullptr),
                       "selecting rows of " + where(name));
     i = j;
   }
   const std::vector<hsize_t> memory_dims = dims_of(out_shape);
-  Handle memory_space(H5Screate_simple(static_cast<int>(memory_dims.size()), memory_dims.data(), nullptr), H5Sclose);
-  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), native_type(type), memory_space.get(), file_space.get(), H5P_DEFAULT,
-                            out.data_ptr()),
+  Handle memory_space(
+      H5Screate_simple(static_cast<int>(memory_dims.size()), memory_dims.data(), nullptr),
+      H5Sclose);
+  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), native_type(type), memory_space.get(), file_space.get(),
+                            H5P_DEFAULT, out.data_ptr()),
                     "reading " + where(name));
   return out;
 }
 
-void Hdf5File::create(const std::string& name, torch::ScalarType dtype, const std::vector<int64_t>& shape,
-                      int64_t chunk_rows) {
+void Hdf5File::create(const std::string& name, torch::ScalarType dtype,
+                      const std::vector<int64_t>& shape, int64_t chunk_rows) {
   auto lock = hdf5_lock();
   const std::vector<hsize_t> dims = dims_of(shape);
-  Handle space(dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+  Handle space(dims.empty() ? H5Screate(H5S_SCALAR)
+                            : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                H5Sclose);
   MYRIAD_CHECK_HDF5(space.get(), "describing " + where(name));
   Handle properties(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
@@ -236,8 +260,8 @@ void Hdf5File::create(const std::string& name, torch::ScalarType dtype, const st
   // Intermediate groups ("shards/0/weight") are created as needed.
   Handle links(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(links.get(), 1);
-  Handle dataset(H5Dcreate2(file_, name.c_str(), native_type(dtype), space.get(), links.get(), properties.get(),
-                            H5P_DEFAULT),
+  Handle dataset(H5Dcreate2(file_, name.c_str(), native_type(dtype), space.get(), links.get(),
+                            properties.get(), H5P_DEFAULT),
                  H5Dclose);
   MYRIAD_CHECK_HDF5(dataset.get(), "creating " + where(name));
 }
@@ -248,8 +272,8 @@ void Hdf5File::write(const std::string& name, const torch::Tensor& tensor, int64
   if (data.dim() == 0) {
     auto lock = hdf5_lock();
     Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
-    MYRIAD_CHECK_HDF5(H5Dwrite(dataset.get(), native_type(data.scalar_type()), H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                               data.data_ptr()),
+    MYRIAD_CHECK_HDF5(H5Dwrite(dataset.get(), native_type(data.scalar_type()), H5S_ALL, H5S_ALL,
+                               H5P_DEFAULT, data.data_ptr()),
                       "writing " + where(name));
     return;
   }
@@ -266,11 +290,13 @@ void Hdf5File::write_rows(const std::string& name, int64_t begin, const torch::T
   std::vector<hsize_t> extent = dims_of(data.sizes().vec());
   std::vector<hsize_t> start(extent.size(), 0);
   start[0] = static_cast<hsize_t>(begin);
-  MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr),
+  MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
+                                        extent.data(), nullptr),
                     "selecting rows of " + where(name));
-  Handle memory_space(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr), H5Sclose);
-  MYRIAD_CHECK_HDF5(H5Dwrite(dataset.get(), native_type(data.scalar_type()), memory_space.get(), file_space.get(),
-                             H5P_DEFAULT, data.data_ptr()),
+  Handle memory_space(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr),
+                      H5Sclose);
+  MYRIAD_CHECK_HDF5(H5Dwrite(dataset.get(), native_type(data.scalar_type()), memory_space.get(),
+                             file_space.get(), H5P_DEFAULT, data.data_ptr()),
                     "writing " + where(name));
 }
 
@@ -281,17 +307,20 @@ void Hdf5File::create_bytes(const std::string& name, int64_t count, int64_t chun
   Handle type(H5Tvlen_create(H5T_NATIVE_UINT8), H5Tclose);
   Handle properties(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   if (count > 0) {
-    const hsize_t chunk[1] = {static_cast<hsize_t>(std::max<int64_t>(1, std::min(count, chunk_rows)))};
+    const hsize_t chunk[1] = {
+        static_cast<hsize_t>(std::max<int64_t>(1, std::min(count, chunk_rows)))};
     MYRIAD_CHECK_HDF5(H5Pset_chunk(properties.get(), 1, chunk), "chunking " + where(name));
   }
   Handle links(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(links.get(), 1);
-  Handle dataset(H5Dcreate2(file_, name.c_str(), type.get(), space.get(), links.get(), properties.get(), H5P_DEFAULT),
+  Handle dataset(H5Dcreate2(file_, name.c_str(), type.get(), space.get(), links.get(),
+                            properties.get(), H5P_DEFAULT),
                  H5Dclose);
   MYRIAD_CHECK_HDF5(dataset.get(), "creating " + where(name));
 }
 
-void Hdf5File::write_bytes(const std::string& name, int64_t begin, const std::vector<std::string>& items) {
+void Hdf5File::write_bytes(const std::string& name, int64_t begin,
+                           const std::vector<std::string>& items) {
   auto lock = hdf5_lock();
   if (items.empty()) return;
   std::vector<hvl_t> buffers(items.size());
@@ -304,15 +333,17 @@ void Hdf5File::write_bytes(const std::string& name, int64_t begin, const std::ve
   Handle type(H5Tvlen_create(H5T_NATIVE_UINT8), H5Tclose);
   Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
   const hsize_t start[1] = {static_cast<hsize_t>(begin)}, extent[1] = {items.size()};
-  MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr),
-                    "selecting rows of " + where(name));
+  MYRIAD_CHECK_HDF5(
+      H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr),
+      "selecting rows of " + where(name));
   Handle memory_space(H5Screate_simple(1, extent, nullptr), H5Sclose);
-  MYRIAD_CHECK_HDF5(H5Dwrite(dataset.get(), type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
-                             buffers.data()),
+  MYRIAD_CHECK_HDF5(H5Dwrite(dataset.get(), type.get(), memory_space.get(), file_space.get(),
+                             H5P_DEFAULT, buffers.data()),
                     "writing " + where(name));
 }
 
-std::vector<std::string> Hdf5File::read_bytes(const std::string& name, int64_t begin, int64_t count) const {
+std::vector<std::string> Hdf5File::read_bytes(const std::string& name, int64_t begin,
+                                              int64_t count) const {
   auto lock = hdf5_lock();
   const std::vector<int64_t> dims = shape(name);
   MYRIAD_CHECK(dims.size() == 1 && begin >= 0 && count >= 0 && begin + count <= dims[0],
@@ -324,14 +355,16 @@ std::vector<std::string> Hdf5File::read_bytes(const std::string& name, int64_t b
   Handle type(H5Tvlen_create(H5T_NATIVE_UINT8), H5Tclose);
   Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
   const hsize_t start[1] = {static_cast<hsize_t>(begin)}, extent[1] = {static_cast<hsize_t>(count)};
-  MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr),
-                    "selecting rows of " + where(name));
+  MYRIAD_CHECK_HDF5(
+      H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr),
+      "selecting rows of " + where(name));
   Handle memory_space(H5Screate_simple(1, extent, nullptr), H5Sclose);
   std::vector<hvl_t> buffers(count);
-  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
-                            buffers.data()),
+  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), type.get(), memory_space.get(), file_space.get(),
+                            H5P_DEFAULT, buffers.data()),
                     "reading " + where(name));
-  for (int64_t i = 0; i < count; ++i) items[i].assign(static_cast<const char*>(buffers[i].p), buffers[i].len);
+  for (int64_t i = 0; i < count; ++i)
+    items[i].assign(static_cast<const char*>(buffers[i].p), buffers[i].len);
   H5Dvlen_reclaim(type.get(), memory_space.get(), H5P_DEFAULT, buffers.data());
   return items;
 }
@@ -347,17 +380,20 @@ bool Hdf5File::is_bytes(const std::string& name) const {
 namespace {
 
 // Replaces attribute `key` of `object` with a scalar of `type` holding `value`.
-void put_attribute(hid_t file, const std::string& object, const std::string& key, hid_t type, const void* value,
-                   const std::string& where) {
+void put_attribute(hid_t file, const std::string& object, const std::string& key, hid_t type,
+                   const void* value, const std::string& where) {
   Handle target(H5Oopen(file, object.c_str(), H5P_DEFAULT), H5Oclose);
   MYRIAD_CHECK_HDF5(target.get(), "opening " + where);
   if (H5Aexists(target.get(), key.c_str()) > 0) {
-    MYRIAD_CHECK_HDF5(H5Adelete(target.get(), key.c_str()), "replacing attribute " + key + " of " + where);
+    MYRIAD_CHECK_HDF5(H5Adelete(target.get(), key.c_str()),
+                      "replacing attribute " + key + " of " + where);
   }
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  Handle attribute(H5Acreate2(target.get(), key.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  Handle attribute(
+      H5Acreate2(target.get(), key.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   MYRIAD_CHECK_HDF5(attribute.get(), "creating attribute " + key + " of " + where);
-  MYRIAD_CHECK_HDF5(H5Awrite(attribute.get(), type, value), "writing attribute " + key + " of " + where);
+  MYRIAD_CHECK_HDF5(H5Awrite(attribute.get(), type, value),
+                    "writing attribute " + key + " of " + where);
 }
 
 }  // namespace
@@ -372,7 +408,8 @@ void Hdf5File::set_attribute(const std::string& object, const std::string& key, 
   put_attribute(file_, object, key, H5T_NATIVE_DOUBLE, &value, where(object));
 }
 
-void Hdf5File::set_attribute(const std::string& object, const std::string& key, const std::string& value) {
+void Hdf5File::set_attribute(const std::string& object, const std::string& key,
+                             const std::string& value) {
   auto lock = hdf5_lock();
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(type.get(), std::max<size_t>(1, value.size()));
@@ -394,41 +431,54 @@ hid_t open_attribute(hid_t file, const std::string& object, const std::string& k
 
 }  // namespace
 
-std::optional<int64_t> Hdf5File::int_attribute(const std::string& object, const std::string& key) const {
-  auto lock = hdf5_lock();
-  Handle attribute(open_attribute(file_, object, key), H5Aclose);
+namespace {
+
+template <class T>
+std::optional<T> numeric_attribute(hid_t file, const std::string& object, const std::string& key,
+                                   hid_t type, const std::string& where) {
+  Handle attribute(open_attribute(file, object, key), H5Aclose);
   if (attribute.get() < 0) return std::nullopt;
-  int64_t value = 0;
-  MYRIAD_CHECK_HDF5(H5Aread(attribute.get(), H5T_NATIVE_INT64, &value), "reading attribute " + key + " of " + where(object));
+  T value{};
+  MYRIAD_CHECK_HDF5(H5Aread(attribute.get(), type, &value),
+                    "reading attribute " + key + " of " + where);
   return value;
 }
 
-std::optional<double> Hdf5File::float_attribute(const std::string& object, const std::string& key) const {
+}  // namespace
+
+std::optional<int64_t> Hdf5File::int_attribute(const std::string& object,
+                                               const std::string& key) const {
   auto lock = hdf5_lock();
-  Handle attribute(open_attribute(file_, object, key), H5Aclose);
-  if (attribute.get() < 0) return std::nullopt;
-  double value = 0;
-  MYRIAD_CHECK_HDF5(H5Aread(attribute.get(), H5T_NATIVE_DOUBLE, &value), "reading attribute " + key + " of " + where(object));
-  return value;
+  return numeric_attribute<int64_t>(file_, object, key, H5T_NATIVE_INT64, where(object));
 }
 
-std::optional<std::string> Hdf5File::string_attribute(const std::string& object, const std::string& key) const {
+std::optional<double> Hdf5File::float_attribute(const std::string& object,
+                                                const std::string& key) const {
+  auto lock = hdf5_lock();
+  return numeric_attribute<double>(file_, object, key, H5T_NATIVE_DOUBLE, where(object));
+}
+
+std::optional<std::string> Hdf5File::string_attribute(const std::string& object,
+                                                      const std::string& key) const {
   auto lock = hdf5_lock();
   Handle attribute(open_attribute(file_, object, key), H5Aclose);
   if (attribute.get() < 0) return std::nullopt;
   Handle type(H5Aget_type(attribute.get()), H5Tclose);
-  MYRIAD_CHECK(H5Tget_class(type.get()) == H5T_STRING, "attribute {} of {} is not a string", key, where(object));
+  MYRIAD_CHECK(H5Tget_class(type.get()) == H5T_STRING, "attribute {} of {} is not a string", key,
+               where(object));
   if (H5Tis_variable_str(type.get()) > 0) {
     char* text = nullptr;
     Handle memory(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(memory.get(), H5T_VARIABLE);
-    MYRIAD_CHECK_HDF5(H5Aread(attribute.get(), memory.get(), &text), "reading attribute " + key + " of " + where(object));
+    MYRIAD_CHECK_HDF5(H5Aread(attribute.get(), memory.get(), &text),
+                      "reading attribute " + key + " of " + where(object));
     std::string value = text != nullptr ? text : "";
     H5free_memory(text);
     return value;
   }
   std::string value(H5Tget_size(type.get()), '\0');
-  MYRIAD_CHECK_HDF5(H5Aread(attribute.get(), type.get(), value.data()), "reading attribute " + key + " of " + where(object));
+  MYRIAD_CHECK_HDF5(H5Aread(attribute.get(), type.get(), value.data()),
+                    "reading attribute " + key + " of " + where(object));
   value.resize(std::strlen(value.c_str()));
   return value;
 }
@@ -452,8 +502,8 @@ void AtomicOutput::commit() {
   const int synced = fsync(fd);
   close(fd);
   MYRIAD_CHECK(synced == 0, "cannot sync '{}': {}", temporary_, std::strerror(errno));
-  MYRIAD_CHECK(std::rename(temporary_.c_str(), path_.c_str()) == 0, "cannot rename '{}' to '{}': {}", temporary_,
-               path_, std::strerror(errno));
+  MYRIAD_CHECK(std::rename(temporary_.c_str(), path_.c_str()) == 0,
+               "cannot rename '{}' to '{}': {}", temporary_, path_, std::strerror(errno));
   committed_ = true;
 }
 

@@ -24,11 +24,16 @@ std::mutex& write_mutex() {
 
 const char* level_name(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return "DEBUG";
-    case LogLevel::kInfo: return "INFO";
-    case LogLevel::kWarn: return "WARN";
-    case LogLevel::kError: return "ERROR";
-    default: return "";
+    case LogLevel::kDebug:
+      return "DEBUG";
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kWarn:
+      return "WARN";
+    case LogLevel::kError:
+      return "ERROR";
+    default:
+      return "";
   }
 }
 
@@ -40,7 +45,8 @@ LogLevel parse_log_level(const std::string& name) {
   if (name == "warn" || name == "warning") return LogLevel::kWarn;
   if (name == "error") return LogLevel::kError;
   if (name == "off") return LogLevel::kOff;
-  throw UsageError(str_format("unknown log level '{}' (expected debug, info, warn, error or off)", name));
+  throw UsageError(
+      str_format("unknown log level '{}' (expected debug, info, warn, error or off)", name));
 }
 
 LogConfig log_config_from_env(int rank, int world_size) {
@@ -56,9 +62,13 @@ LogConfig log_config_from_env(int rank, int world_size) {
   return c;
 }
 
-void configure_logging(const LogConfig& c) { config() = c; }
+void configure_logging(const LogConfig& c) {
+  config() = c;
+}
 
-const LogConfig& logging_config() { return config(); }
+const LogConfig& logging_config() {
+  return config();
+}
 
 bool log_enabled(LogLevel level) {
   const LogConfig& c = config();

@@ -17,7 +17,8 @@ struct PhaseTimer::Boundary {
 #endif
 };
 
-PhaseTimer::PhaseTimer(const torch::Device& device, bool enabled) : device_(device), enabled_(enabled) {}
+PhaseTimer::PhaseTimer(const torch::Device& device, bool enabled)
+    : device_(device), enabled_(enabled) {}
 
 PhaseTimer::~PhaseTimer() = default;
 
@@ -36,7 +37,9 @@ void PhaseTimer::mark(const std::string& phase) {
   running_ = phase;
 }
 
-void PhaseTimer::stop() { mark(""); }
+void PhaseTimer::stop() {
+  mark("");
+}
 
 void PhaseTimer::collect() {
   for (size_t i = 1; i < boundaries_.size(); ++i) {

@@ -17,7 +17,8 @@ namespace {
 
 constexpr double kTolerance = 1e-5;
 
-MarginConfig margin_of(MarginType type, double m1, double m2, double m3, bool straight_through = false) {
+MarginConfig margin_of(MarginType type, double m1, double m2, double m3,
+                       bool straight_through = false) {
   MarginConfig m;
   m.type = type;
   m.scale = type == MarginType::kSoftmax ? 1.0 : 64.0;
@@ -52,7 +53,8 @@ struct Problem {
   std::vector<int64_t> counts;
 };
 
-Problem make_problem(const std::vector<int64_t>& counts, int64_t classes, int64_t dim, uint64_t seed) {
+Problem make_problem(const std::vector<int64_t>& counts, int64_t classes, int64_t dim,
+                     uint64_t seed) {
   torch::manual_seed(seed);
   Problem p;
   p.counts = counts;
@@ -66,7 +68,8 @@ Problem make_problem(const std::vector<int64_t>& counts, int64_t classes, int64_
 class ClassifierTest : public BackendTest {
  protected:
   // Per-class budget that makes chunks of about `rows` classes for this problem.
-  static int64_t budget_for_chunk(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes = 4) {
+  static int64_t budget_for_chunk(int64_t rows, int64_t batch, int64_t dim,
+                                  int64_t gemm_bytes = 4) {
     return rows * (chunk_cached_bytes_per_row(batch, dim, gemm_bytes) +
                    chunk_work_bytes_per_row(batch, dim, gemm_bytes));
   }
@@ -89,10 +92,12 @@ class ClassifierTest : public BackendTest {
     return t.slice(0, local_begin(p), local_begin(p) + p.counts[rank()]);
   }
 
-  std::unique_ptr<ShardedMarginSoftmax> make_module(const Problem& p, const ShardedSoftmaxOptions& o) {
+  std::unique_ptr<ShardedMarginSoftmax> make_module(const Problem& p,
+                                                    const ShardedSoftmaxOptions& o) {
     auto module = std::make_unique<ShardedMarginSoftmax>(comm(), o, device());
     const ClassPartition& part = module->partition();
-    module->weight().copy_(p.weight.slice(0, part.offset(rank()), part.offset(rank()) + part.size(rank())));
+    module->weight().copy_(
+        p.weight.slice(0, part.offset(rank()), part.offset(rank()) + part.size(rank())));
     return module;
   }
 
@@ -110,7 +115,8 @@ class ClassifierTest : public BackendTest {
 
   // The loss must be the same number on every rank.
   void expect_same_loss_everywhere(const torch::Tensor& loss) {
-    torch::Tensor all = MpiTest::comm(torch::kCPU).all_gather(loss.reshape({1}).to(torch::kFloat32));
+    torch::Tensor all =
+        MpiTest::comm(torch::kCPU).all_gather(loss.reshape({1}).to(torch::kFloat32));
     EXPECT_EQ(all.max().item<float>(), all.min().item<float>()) << all;
   }
 
@@ -120,12 +126,13 @@ class ClassifierTest : public BackendTest {
     const Outcome out = run_step(*module, p);
     const ReferenceResult ref = reference_softmax(p.features, p.labels, p.weight, o.margin);
     const ClassPartition& part = module->partition();
-    EXPECT_LE(relative_error(out.loss, ref.loss), tolerance) << label << ": loss " << out.loss.item<float>()
-                                                             << " vs " << ref.loss.item<double>();
+    EXPECT_LE(relative_error(out.loss, ref.loss), tolerance)
+        << label << ": loss " << out.loss.item<float>() << " vs " << ref.loss.item<double>();
     EXPECT_LE(relative_error(out.grad_features, local_rows(p, ref.grad_features)), tolerance)
         << label << ": grad_features";
     EXPECT_LE(relative_error(module->weight_grad(),
-                             ref.grad_weight.slice(0, part.offset(rank()), part.offset(rank()) + part.size(rank()))),
+                             ref.grad_weight.slice(0, part.offset(rank()),
+                                                   part.offset(rank()) + part.size(rank()))),
               tolerance)
         << label << ": grad_weight";
     expect_same_loss_everywhere(out.loss);
@@ -158,15 +165,16 @@ TEST_P(ClassifierTest, RankWithoutSamples) {
   counts[world() - 1] = 0;
   if (world() == 1) counts[0] = 4;
   const Problem p = make_problem(counts, 23, 8, 13);
-  expect_matches_reference(p, options_for(p, margin_of(MarginType::kCombined, 1.1, 0.2, 0.1)), kTolerance,
-                           "a rank without samples");
+  expect_matches_reference(p, options_for(p, margin_of(MarginType::kCombined, 1.1, 0.2, 0.1)),
+                           kTolerance, "a rank without samples");
 }
 
 // bfloat16 and float16 GEMM operands round the normalised features and weights to 8 and 11
 // significant bits; docs/classifier.md records these tolerances.
 TEST_P(ClassifierTest, HalfPrecisionGemmsWithinDocumentedTolerance) {
   const Problem p = make_problem(uneven_batches(world()), 41, 32, 14);
-  for (auto [dtype, tolerance] : {std::pair{torch::kBFloat16, 3e-2}, std::pair{torch::kFloat16, 5e-3}}) {
+  for (auto [dtype, tolerance] :
+       {std::pair{torch::kBFloat16, 3e-2}, std::pair{torch::kFloat16, 5e-3}}) {
     ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
     o.gemm_dtype = dtype;
     expect_matches_reference(p, o, tolerance, c10::toString(dtype));
@@ -191,7 +199,8 @@ TEST_P(ClassifierTest, PartialFcUsesTheSameClassesAtEveryWorldSize) {
   EXPECT_LE(relative_error(out.loss, ref.loss), kTolerance);
   EXPECT_LE(relative_error(out.grad_features, local_rows(p, ref.grad_features)), kTolerance);
   EXPECT_LE(relative_error(module->weight_grad(),
-                           ref.grad_weight.slice(0, part.offset(rank()), part.offset(rank()) + part.size(rank()))),
+                           ref.grad_weight.slice(0, part.offset(rank()),
+                                                 part.offset(rank()) + part.size(rank()))),
             kTolerance);
 }
 
@@ -220,9 +229,11 @@ TEST_P(ClassifierTest, FusedSgdMatchesReferenceAndTouchesOnlySampledRows) {
         run_step(*module, p);
         torch::Tensor active;
         if (rate < 1.0) active = sample_class_rows(p.labels, 53, 0, rate, 5, step);
-        const ReferenceResult ref = reference_softmax(p.features, p.labels, w.to(torch::kFloat32), o.margin, active);
+        const ReferenceResult ref =
+            reference_softmax(p.features, p.labels, w.to(torch::kFloat32), o.margin, active);
         torch::Tensor rows_now = active.defined() ? active : torch::arange(53);
-        torch::Tensor g = ref.grad_weight.index_select(0, rows_now) + 0.01 * w.index_select(0, rows_now);
+        torch::Tensor g =
+            ref.grad_weight.index_select(0, rows_now) + 0.01 * w.index_select(0, rows_now);
         torch::Tensor b = buf.index_select(0, rows_now) * 0.9 + g;
         buf.index_copy_(0, rows_now, b);
         w.index_copy_(0, rows_now, w.index_select(0, rows_now) - 0.5 * b);
@@ -230,14 +241,17 @@ TEST_P(ClassifierTest, FusedSgdMatchesReferenceAndTouchesOnlySampledRows) {
       }
       const double tolerance = state == torch::kBFloat16 ? 1e-2 : kTolerance;
       const std::string label = str_format("rate {}, state {}", rate, c10::toString(state));
-      EXPECT_LE(relative_error(module->weight(), w.slice(0, offset, offset + rows)), tolerance) << label;
+      EXPECT_LE(relative_error(module->weight(), w.slice(0, offset, offset + rows)), tolerance)
+          << label;
       const torch::Tensor momentum = *module->optimizer().state()[0].second;
       EXPECT_LE(relative_error(momentum, buf.slice(0, offset, offset + rows)), tolerance) << label;
       // Rows never sampled keep their initial weights and a zero momentum, bit for bit.
-      const torch::Tensor untouched = touched.slice(0, offset, offset + rows).logical_not().nonzero().squeeze(1);
+      const torch::Tensor untouched =
+          touched.slice(0, offset, offset + rows).logical_not().nonzero().squeeze(1);
       if (rate < 1.0 && world() == 1) EXPECT_GT(untouched.numel(), 0) << label;
       const torch::Tensor initial = p.weight.slice(0, offset, offset + rows);
-      EXPECT_TRUE(torch::equal(module->weight().cpu().index_select(0, untouched), initial.index_select(0, untouched)))
+      EXPECT_TRUE(torch::equal(module->weight().cpu().index_select(0, untouched),
+                               initial.index_select(0, untouched)))
           << label;
       EXPECT_EQ(momentum.cpu().index_select(0, untouched).abs().sum().item<double>(), 0.0) << label;
     }
@@ -257,13 +271,15 @@ TEST_P(ClassifierTest, FusedAdamWMatchesReference) {
   torch::Tensor m = torch::zeros_like(w), v = torch::zeros_like(w);
   for (int step = 1; step <= 3; ++step) {
     run_step(*module, p);
-    const torch::Tensor g = reference_softmax(p.features, p.labels, w.to(torch::kFloat32), o.margin).grad_weight;
+    const torch::Tensor g =
+        reference_softmax(p.features, p.labels, w.to(torch::kFloat32), o.margin).grad_weight;
     m = 0.9 * m + 0.1 * g;
     v = 0.999 * v + 0.001 * g * g;
     const double bc1 = 1 - std::pow(0.9, step), bc2 = 1 - std::pow(0.999, step);
     w = w * (1 - 0.01 * 0.05) - (0.01 / bc1) * m / ((v / bc2).sqrt() + 1e-8);
   }
-  EXPECT_LE(relative_error(module->weight(), w.slice(0, part.offset(rank()), part.offset(rank()) + part.size(rank()))),
+  EXPECT_LE(relative_error(module->weight(), w.slice(0, part.offset(rank()),
+                                                     part.offset(rank()) + part.size(rank()))),
             1e-4);
 }
 
@@ -289,8 +305,9 @@ TEST_P(ClassifierTest, BackboneGradientSummedOverRanksEqualsSingleProcess) {
   comm().all_reduce(grad, ReduceOp::kSum);
 
   torch::Tensor ref_backbone = backbone_weight.to(torch::kFloat64).detach().requires_grad_(true);
-  const ReferenceResult ref = reference_softmax(torch::mm(inputs.to(torch::kFloat64), ref_backbone.t()).detach(),
-                                                labels, class_weight, margin);
+  const ReferenceResult ref =
+      reference_softmax(torch::mm(inputs.to(torch::kFloat64), ref_backbone.t()).detach(), labels,
+                        class_weight, margin);
   torch::mm(inputs.to(torch::kFloat64), ref_backbone.t()).backward(ref.grad_features);
   EXPECT_LE(relative_error(grad, ref_backbone.grad()), kTolerance);
   if (world() > 1) {
@@ -310,9 +327,9 @@ TEST_P(ClassifierTest, ExtremeCosinesAndLogitsStayFinite) {
     const torch::Tensor w = p.weight[p.labels[i].item<int64_t>()];
     p.features[i].copy_(i % 2 == 0 ? w * 3.0 : w * -2.0);
   }
-  for (const MarginConfig& margin : {margin_of(MarginType::kArcFace, 1, 0.5, 0),
-                                     margin_of(MarginType::kSphereFace, 4.0, 0, 0),
-                                     margin_of(MarginType::kCombined, 1.35, 0.5, 0.2)}) {
+  for (const MarginConfig& margin :
+       {margin_of(MarginType::kArcFace, 1, 0.5, 0), margin_of(MarginType::kSphereFace, 4.0, 0, 0),
+        margin_of(MarginType::kCombined, 1.35, 0.5, 0.2)}) {
     auto module = make_module(p, options_for(p, margin));
     const Outcome out = run_step(*module, p);
     EXPECT_TRUE(std::isfinite(out.loss.item<float>())) << margin.describe();
@@ -333,12 +350,13 @@ TEST_P(ClassifierTest, PredictIsTheGlobalArgmax) {
   o.workspace_bytes = budget_for_chunk(4, p.features.size(0), 16);
   auto module = make_module(p, o);
   const torch::Tensor predicted = module->predict(local_rows(p, p.features).to(device())).cpu();
-  const torch::Tensor cosine = torch::nn::functional::normalize(p.features.to(torch::kFloat64),
-                                                                torch::nn::functional::NormalizeFuncOptions().dim(1))
-                                   .matmul(torch::nn::functional::normalize(
-                                               p.weight.to(torch::kFloat64),
+  const torch::Tensor cosine =
+      torch::nn::functional::normalize(p.features.to(torch::kFloat64),
+                                       torch::nn::functional::NormalizeFuncOptions().dim(1))
+          .matmul(
+              torch::nn::functional::normalize(p.weight.to(torch::kFloat64),
                                                torch::nn::functional::NormalizeFuncOptions().dim(1))
-                                               .t());
+                  .t());
   EXPECT_TRUE(torch::equal(predicted, local_rows(p, cosine.argmax(1))));
 }
 
@@ -347,7 +365,8 @@ TEST_P(ClassifierTest, BadInputsFailOnEveryRank) {
   const Problem p = make_problem(uneven_batches(world()), 19, 8, 20);
   auto module = make_module(p, options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0)));
   const int culprit = world() - 1;
-  auto expect_error = [&](const torch::Tensor& features, const torch::Tensor& labels, const std::string& expected) {
+  auto expect_error = [&](const torch::Tensor& features, const torch::Tensor& labels,
+                          const std::string& expected) {
     try {
       module->forward(features.to(device()).requires_grad_(true), labels.to(device()));
       ADD_FAILURE() << "no error; expected one mentioning: " << expected;
@@ -376,7 +395,8 @@ TEST_P(ClassifierTest, BadInputsFailOnEveryRank) {
   expect_error(torch::randn({labels.size(0), 9}), labels, "expects [batch, 8]");
   if (world() > 1) {
     // One rank's features of the wrong width: caught by the gather's agreement.
-    expect_error(torch::randn({labels.size(0), rank() == culprit ? 9 : 8}), labels, "shapes differ");
+    expect_error(torch::randn({labels.size(0), rank() == culprit ? 9 : 8}), labels,
+                 "shapes differ");
   }
   try {
     ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));

@@ -23,7 +23,8 @@ torch::Tensor pattern(std::vector<int64_t> shape, int64_t scale, torch::ScalarTy
   for (int64_t d : shape) numel *= d;
   int64_t row = numel / std::max<int64_t>(1, shape.empty() ? 1 : shape[0]);
   if (shape.empty()) row = 1;
-  torch::Tensor v = (torch::arange(first_row * row, first_row * row + numel, torch::kInt64) % 5 + 1) * scale;
+  torch::Tensor v =
+      (torch::arange(first_row * row, first_row * row + numel, torch::kInt64) % 5 + 1) * scale;
   return v.reshape(shape).to(device, dtype);
 }
 
@@ -90,7 +91,8 @@ TEST_P(CollectiveTest, AllGatherEqual) {
   const torch::Tensor mine = pattern({4, 2}, rank() + 1, dtype(), device(), 4 * rank());
   const torch::Tensor all = comm().all_gather(mine);
   std::vector<torch::Tensor> blocks;
-  for (int r = 0; r < world(); ++r) blocks.push_back(pattern({4, 2}, r + 1, dtype(), torch::kCPU, 4 * r));
+  for (int r = 0; r < world(); ++r)
+    blocks.push_back(pattern({4, 2}, r + 1, dtype(), torch::kCPU, 4 * r));
   expect_equal(all, torch::cat(blocks));
 }
 
@@ -149,9 +151,11 @@ TEST_P(CollectiveTest, GatherAndScatterAtMiddleRoot) {
     EXPECT_EQ(gathered.size(0), 0);
   }
 
-  const torch::Tensor source = rank() == root ? pattern({total, 2}, 3, dtype(), device())
-                                              : torch::empty({0, 2}, torch::device(device()).dtype(dtype()));
-  expect_equal(comm().scatter(source, counts, root), pattern({counts[rank()], 2}, 3, dtype(), torch::kCPU, before));
+  const torch::Tensor source = rank() == root
+                                   ? pattern({total, 2}, 3, dtype(), device())
+                                   : torch::empty({0, 2}, torch::device(device()).dtype(dtype()));
+  expect_equal(comm().scatter(source, counts, root),
+               pattern({counts[rank()], 2}, 3, dtype(), torch::kCPU, before));
 }
 
 TEST_P(CollectiveTest, EmptyTensors) {
@@ -165,14 +169,15 @@ TEST_P(CollectiveTest, EmptyTensors) {
   comm().broadcast(empty, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, CollectiveTest,
-    ::testing::Combine(::testing::Values("mpi", "nccl"),
-                       ::testing::Values(torch::kFloat64, torch::kFloat32, torch::kBFloat16,
-                                         torch::kFloat16, torch::kInt64, torch::kInt32)),
-    [](const ::testing::TestParamInfo<DtypeCase>& info) {
-      return std::get<0>(info.param) + "_" + c10::toString(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Backends, CollectiveTest,
+                         ::testing::Combine(::testing::Values("mpi", "nccl"),
+                                            ::testing::Values(torch::kFloat64, torch::kFloat32,
+                                                              torch::kBFloat16, torch::kFloat16,
+                                                              torch::kInt64, torch::kInt32)),
+                         [](const ::testing::TestParamInfo<DtypeCase>& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  c10::toString(std::get<1>(info.param));
+                         });
 
 class CommunicatorTest : public BackendTest {};
 
@@ -197,20 +202,22 @@ TEST_P(CommunicatorTest, HalfPrecisionSumMatchesFloat32) {
     // Each of the W-1 pairwise roundings costs at most eps/2 of a partial sum, which is bounded
     // by the sum of magnitudes.
     const torch::Tensor bound = magnitude * (eps * world() / 2) + 1e-6;
-    EXPECT_TRUE(error.le(bound).all().item<bool>()) << c10::toString(dtype) << " max error "
-                                                    << error.max().item<double>();
+    EXPECT_TRUE(error.le(bound).all().item<bool>())
+        << c10::toString(dtype) << " max error " << error.max().item<double>();
   }
 }
 
 TEST_P(CommunicatorTest, SixtyFourMegabyteTensors) {
   const int64_t w = world();
   const int64_t elements = (int64_t{64} << 20) / 4;
-  torch::Tensor big = torch::full({elements}, static_cast<float>(rank() + 1), torch::device(device()));
+  torch::Tensor big =
+      torch::full({elements}, static_cast<float>(rank() + 1), torch::device(device()));
   comm().all_reduce(big);
   EXPECT_TRUE(big.eq(static_cast<float>(w * (w + 1) / 2)).all().item<bool>());
 
   const int64_t rows = elements / w;
-  const torch::Tensor mine = torch::full({rows}, static_cast<float>(rank()), torch::device(device()));
+  const torch::Tensor mine =
+      torch::full({rows}, static_cast<float>(rank()), torch::device(device()));
   const torch::Tensor all = comm().all_gather(mine);
   ASSERT_EQ(all.numel(), rows * w);
   const torch::Tensor expected = torch::arange(w, torch::kFloat32).repeat_interleave(rows);
@@ -235,7 +242,8 @@ TEST_P(CommunicatorTest, MismatchedShapesFailOnEveryRank) {
 
 TEST_P(CommunicatorTest, MismatchedDtypesFailOnEveryRank) {
   if (world() == 1) GTEST_SKIP() << "needs two ranks";
-  torch::Tensor t = torch::ones({4}, torch::device(device()).dtype(rank() == 0 ? torch::kFloat32 : torch::kFloat64));
+  torch::Tensor t = torch::ones(
+      {4}, torch::device(device()).dtype(rank() == 0 ? torch::kFloat32 : torch::kFloat64));
   const std::string message = expect_collective_error([&] { comm().all_gather(t); });
   EXPECT_NE(message.find("dtypes differ"), std::string::npos) << message;
 }
@@ -250,9 +258,11 @@ TEST_P(CommunicatorTest, OneRanksWrongCountFailsOnEveryRank) {
 
 TEST_P(CommunicatorTest, UnsupportedDtypeAndBadRootAreRejected) {
   torch::Tensor flags = torch::ones({3}, torch::device(device()).dtype(torch::kBool));
-  EXPECT_NE(expect_collective_error([&] { comm().all_reduce(flags); }).find("dtype"), std::string::npos);
+  EXPECT_NE(expect_collective_error([&] { comm().all_reduce(flags); }).find("dtype"),
+            std::string::npos);
   torch::Tensor t = torch::ones({3}, torch::device(device()));
-  EXPECT_NE(expect_collective_error([&] { comm().broadcast(t, world()); }).find("root"), std::string::npos);
+  EXPECT_NE(expect_collective_error([&] { comm().broadcast(t, world()); }).find("root"),
+            std::string::npos);
   torch::Tensor odd = torch::ones({world() * 2 + 1}, torch::device(device()));
   if (world() > 1) {
     EXPECT_NE(expect_collective_error([&] { comm().reduce_scatter(odd); }).find("split evenly"),
@@ -270,7 +280,8 @@ TEST_P(CommunicatorTest, NonContiguousInPlaceIsRejectedAndOutOfPlaceAccepted) {
 }
 
 TEST_P(CommunicatorTest, TensorOnTheWrongDeviceIsRejected) {
-  const torch::Device wrong = device().is_cpu() ? torch::Device(torch::kMeta) : torch::Device(torch::kCPU);
+  const torch::Device wrong =
+      device().is_cpu() ? torch::Device(torch::kMeta) : torch::Device(torch::kCPU);
   torch::Tensor t = torch::empty({3}, torch::device(wrong));
   const std::string message = expect_collective_error([&] { comm().all_reduce(t); });
   EXPECT_NE(message.find("this communicator moves tensors on"), std::string::npos) << message;
@@ -294,7 +305,8 @@ TEST_P(CommunicatorTest, BarrierReturnsOnEveryRank) {
   SUCCEED();
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, CommunicatorTest, ::testing::Values("mpi", "nccl"), backend_name);
+INSTANTIATE_TEST_SUITE_P(Backends, CommunicatorTest, ::testing::Values("mpi", "nccl"),
+                         backend_name);
 
 #ifdef MYRIAD_WITH_CUDA
 // The NCCL backend must follow LibTorch's current stream: work queued on a side stream before

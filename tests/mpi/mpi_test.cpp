@@ -26,11 +26,14 @@ void MpiTest::TearDown() {
 
 void BackendTest::SetUp() {
   if (GetParam() == "nccl") {
-    if (!environment().gpus) GTEST_SKIP() << "NCCL tests need a CUDA device on every rank and an NCCL build";
+    if (!environment().gpus)
+      GTEST_SKIP() << "NCCL tests need a CUDA device on every rank and an NCCL build";
     device_ = environment().gpu;
   }
 }
 
-std::string backend_name(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
+std::string backend_name(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param;
+}
 
 }  // namespace myriad::testing

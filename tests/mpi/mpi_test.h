@@ -30,7 +30,9 @@ class MpiTest : public ::testing::Test {
   ProcessContext& context() { return *environment().context; }
   int rank() { return context().rank(); }
   int world() { return context().size(); }
-  Communicator& comm(const torch::Device& device) { return environment().comms->for_device(device); }
+  Communicator& comm(const torch::Device& device) {
+    return environment().comms->for_device(device);
+  }
 };
 
 // For tests parameterised over the backends: "mpi" (CPU) and "nccl" (CUDA, skipped without GPUs).

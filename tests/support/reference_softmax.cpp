@@ -21,7 +21,8 @@ ReferenceResult reference_softmax(const torch::Tensor& features, const torch::Te
   if (margin.type == MarginType::kSoftmax) {
     logits = x.matmul(used.t());
   } else {
-    const torch::Tensor cosine = (x / x.norm(2, 1, true)).matmul((used / used.norm(2, 1, true)).t());
+    const torch::Tensor cosine =
+        (x / x.norm(2, 1, true)).matmul((used / used.norm(2, 1, true)).t());
     const torch::Tensor target = cosine.gather(1, y.unsqueeze(1));
     const torch::Tensor theta = torch::acos(target);
     const torch::Tensor phi = theta * margin.m1 + margin.m2;

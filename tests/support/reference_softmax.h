@@ -9,10 +9,10 @@ namespace myriad::testing {
 // Single-process, unsharded, float64 margin softmax written directly from design §1 with
 // LibTorch autograd: the independent reference the sharded classifier is checked against.
 struct ReferenceResult {
-  torch::Tensor loss;             // scalar
-  torch::Tensor grad_features;    // [N, D]
-  torch::Tensor grad_weight;      // [C, D]
-  torch::Tensor logits;           // [N, C] with the margin applied
+  torch::Tensor loss;           // scalar
+  torch::Tensor grad_features;  // [N, D]
+  torch::Tensor grad_weight;    // [C, D]
+  torch::Tensor logits;         // [N, C] with the margin applied
 };
 
 // `active` (optional) restricts the softmax to those classes (Partial FC); the other rows of

@@ -6,7 +6,8 @@ namespace myriad {
 namespace {
 
 TEST(ChunkPlan, CachesWhenEverythingFits) {
-  const int64_t per_row = chunk_cached_bytes_per_row(256, 512, 2) + chunk_work_bytes_per_row(256, 512, 2);
+  const int64_t per_row =
+      chunk_cached_bytes_per_row(256, 512, 2) + chunk_work_bytes_per_row(256, 512, 2);
   const ChunkPlan plan = plan_chunks(1000, 256, 512, 2, 1000 * per_row);
   EXPECT_TRUE(plan.cache);
   EXPECT_EQ(plan.chunks, 1);
@@ -14,7 +15,8 @@ TEST(ChunkPlan, CachesWhenEverythingFits) {
 }
 
 TEST(ChunkPlan, ChunksWithinTheBudgetOtherwise) {
-  const int64_t per_row = chunk_cached_bytes_per_row(256, 512, 2) + chunk_work_bytes_per_row(256, 512, 2);
+  const int64_t per_row =
+      chunk_cached_bytes_per_row(256, 512, 2) + chunk_work_bytes_per_row(256, 512, 2);
   const ChunkPlan plan = plan_chunks(1000, 256, 512, 2, 300 * per_row + 5);
   EXPECT_FALSE(plan.cache);
   EXPECT_EQ(plan.chunk_rows, 300);

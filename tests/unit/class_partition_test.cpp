@@ -23,7 +23,8 @@ TEST(ClassPartition, OffsetsOwnersAndLocalIndices) {
         EXPECT_EQ(part.size(r), classes / world + (r < classes % world ? 1 : 0));
         // First, last and a middle class of each shard map back to it.
         for (int64_t label : {offset, offset + part.size(r) / 2, offset + part.size(r) - 1}) {
-          EXPECT_EQ(part.owner(label), r) << classes << " classes, " << world << " ranks, label " << label;
+          EXPECT_EQ(part.owner(label), r)
+              << classes << " classes, " << world << " ranks, label " << label;
           EXPECT_EQ(part.local_index(label), label - offset);
         }
         offset += part.size(r);

@@ -22,94 +22,73 @@ struct Argv {
   std::vector<char*> pointers;
 };
 
-po::options_description sample_options(int* steps, double* lr, std::string* config) {
-  po::options_description options("sample");
-  options.add_options()
-      ("config", po::value(config), "INI file")
-      ("steps", po::value(steps)->default_value(10), "steps")
-      ("lr", po::value(lr)->default_value(0.1), "learning rate");
-  return options;
+// Three options and the variables they fill.
+struct SampleOptions {
+  int steps = 0;
+  double lr = 0;
+  std::string config;
+  po::options_description options{"sample"};
+  po::variables_map values;
+
+  SampleOptions() {
+    // clang-format off
+    options.add_options()
+        ("config", po::value(&config), "INI file")
+        ("steps", po::value(&steps)->default_value(10), "steps")
+        ("lr", po::value(&lr)->default_value(0.1), "learning rate");
+    // clang-format on
+  }
+  bool parse(std::vector<std::string> args) {
+    Argv argv(std::move(args));
+    return parse_command_line(argv.argc(), argv.argv(), options, values, "usage", 1);
+  }
+  bool parse_with_config(std::vector<std::string> args) {
+    Argv argv(std::move(args));
+    return parse_command_line_and_config(argv.argc(), argv.argv(), options, values, "usage", 1,
+                                         "config");
+  }
+};
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
 }
 
 TEST(CommandLine, ParsesValuesAndDefaults) {
-  int steps = 0;
-  double lr = 0;
-  std::string config;
-  auto options = sample_options(&steps, &lr, &config);
-  po::variables_map values;
-  Argv args({"prog", "--steps", "25"});
-  ASSERT_TRUE(parse_command_line(args.argc(), args.argv(), options, values, "usage", 1));
-  EXPECT_EQ(steps, 25);
-  EXPECT_DOUBLE_EQ(lr, 0.1);
+  SampleOptions o;
+  ASSERT_TRUE(o.parse({"prog", "--steps", "25"}));
+  EXPECT_EQ(o.steps, 25);
+  EXPECT_DOUBLE_EQ(o.lr, 0.1);
 }
 
 TEST(CommandLine, UnknownOptionAndMalformedValueAreUsageErrors) {
-  int steps = 0;
-  double lr = 0;
-  std::string config;
-  auto options = sample_options(&steps, &lr, &config);
-  {
-    po::variables_map values;
-    Argv args({"prog", "--stpes", "3"});
-    try {
-      parse_command_line(args.argc(), args.argv(), options, values, "usage", 1);
-      FAIL() << "no error";
-    } catch (const UsageError& e) {
-      EXPECT_NE(e.message().find("stpes"), std::string::npos) << e.message();
-    }
+  try {
+    SampleOptions().parse({"prog", "--stpes", "3"});
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(e.message().find("stpes"), std::string::npos) << e.message();
   }
-  {
-    po::variables_map values;
-    Argv args({"prog", "--steps", "many"});
-    EXPECT_THROW(parse_command_line(args.argc(), args.argv(), options, values, "usage", 1), UsageError);
-  }
+  EXPECT_THROW(SampleOptions().parse({"prog", "--steps", "many"}), UsageError);
 }
 
 TEST(CommandLine, HelpReturnsFalse) {
-  int steps = 0;
-  double lr = 0;
-  std::string config;
-  auto options = sample_options(&steps, &lr, &config);
-  po::variables_map values;
-  Argv args({"prog", "--help"});
-  EXPECT_FALSE(parse_command_line(args.argc(), args.argv(), options, values, "usage", 1));
+  EXPECT_FALSE(SampleOptions().parse({"prog", "--help"}));
 }
 
 TEST(CommandLine, ConfigFileIsOverriddenByCommandLine) {
-  const std::string path = ::testing::TempDir() + "/myriad_cli_test.ini";
-  {
-    std::ofstream file(path);
-    file << "steps = 7\nlr = 0.5\n";
-  }
-  int steps = 0;
-  double lr = 0;
-  std::string config;
-  auto options = sample_options(&steps, &lr, &config);
-  po::variables_map values;
-  Argv args({"prog", "--config", path, "--lr", "0.25"});
-  ASSERT_TRUE(parse_command_line_and_config(args.argc(), args.argv(), options, values, "usage", 1, "config"));
-  EXPECT_EQ(steps, 7);
-  EXPECT_DOUBLE_EQ(lr, 0.25);
+  const std::string path = write_file("myriad_cli_test.ini", "steps = 7\nlr = 0.5\n");
+  SampleOptions o;
+  ASSERT_TRUE(o.parse_with_config({"prog", "--config", path, "--lr", "0.25"}));
+  EXPECT_EQ(o.steps, 7);
+  EXPECT_DOUBLE_EQ(o.lr, 0.25);
   std::remove(path.c_str());
 }
 
 TEST(CommandLine, BadConfigFileIsAUsageError) {
-  const std::string path = ::testing::TempDir() + "/myriad_cli_bad.ini";
-  {
-    std::ofstream file(path);
-    file << "stepz = 7\n";
-  }
-  int steps = 0;
-  double lr = 0;
-  std::string config;
-  auto options = sample_options(&steps, &lr, &config);
-  po::variables_map values;
-  Argv args({"prog", "--config", path});
-  EXPECT_THROW(parse_command_line_and_config(args.argc(), args.argv(), options, values, "usage", 1, "config"),
-               UsageError);
-  Argv missing({"prog", "--config", "/nonexistent/x.ini"});
-  po::variables_map values2;
-  EXPECT_THROW(parse_command_line_and_config(missing.argc(), missing.argv(), options, values2, "usage", 1, "config"),
+  const std::string path = write_file("myriad_cli_bad.ini", "stepz = 7\n");
+  EXPECT_THROW(SampleOptions().parse_with_config({"prog", "--config", path}), UsageError);
+  EXPECT_THROW(SampleOptions().parse_with_config({"prog", "--config", "/nonexistent/x.ini"}),
                UsageError);
   std::remove(path.c_str());
 }
@@ -123,6 +102,16 @@ TEST(ByteSize, ParsesSuffixes) {
   EXPECT_THROW(parse_byte_size("lots"), UsageError);
   EXPECT_THROW(parse_byte_size("5X"), UsageError);
   EXPECT_THROW(parse_byte_size("5KX"), UsageError);
+}
+
+TEST(Count, ParsesDecimalSuffixes) {
+  EXPECT_EQ(parse_count("1000"), 1000);
+  EXPECT_EQ(parse_count("500K"), 500000);
+  EXPECT_EQ(parse_count("8M"), 8000000);
+  EXPECT_EQ(parse_count("1G"), 1000000000);
+  EXPECT_THROW(parse_count("M"), UsageError);
+  EXPECT_THROW(parse_count("8X"), UsageError);
+  EXPECT_THROW(parse_count("8MB"), UsageError);
 }
 
 TEST(LogLevel, ParsesNamesAndRejectsOthers) {

@@ -36,7 +36,8 @@ TEST(PartialFc, SamplingDoesNotDependOnTheSharding) {
   for (int64_t offset : {0, 333, 666}) {
     const int64_t rows = offset == 666 ? 334 : 333;
     const torch::Tensor local = labels - offset;
-    const torch::Tensor mine = torch::where(local.ge(0).logical_and(local.lt(rows)), local, torch::full_like(local, -1));
+    const torch::Tensor mine =
+        torch::where(local.ge(0).logical_and(local.lt(rows)), local, torch::full_like(local, -1));
     pieces.push_back(sample_class_rows(mine, rows, offset, 0.2, 9, 4) + offset);
   }
   EXPECT_TRUE(torch::equal(torch::cat(pieces), whole));

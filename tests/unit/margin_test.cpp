@@ -29,8 +29,8 @@ double target_logit(double cosine, const MarginParams& p) {
 // The target logit must fall as the angle grows, over the whole of [0, pi], including where
 // m1*theta + m2 passes pi (where plain cos(theta + m) would rise again).
 TEST(Margin, TargetLogitIsMonotoneInTheAngle) {
-  for (const MarginParams& p : {params(1, 0.5, 0), params(1.7, 0, 0), params(4, 0, 0), params(1.35, 0.5, 0.2),
-                                params(1, 0, 0.4)}) {
+  for (const MarginParams& p : {params(1, 0.5, 0), params(1.7, 0, 0), params(4, 0, 0),
+                                params(1.35, 0.5, 0.2), params(1, 0, 0.4)}) {
     double previous = std::numeric_limits<double>::infinity();
     for (int i = 0; i <= 2000; ++i) {
       const double theta = M_PI * i / 2000.0;
@@ -43,12 +43,13 @@ TEST(Margin, TargetLogitIsMonotoneInTheAngle) {
 
 TEST(Margin, MatchesTheNamedFormulasWhereTheyApply) {
   const double c = std::cos(1.0);
-  EXPECT_NEAR(target_logit(c, params(1, 0.5, 0)), 64 * std::cos(1.5), 1e-4);    // arcface
-  EXPECT_NEAR(target_logit(c, params(1, 0, 0.4)), 64 * (c - 0.4), 1e-4);        // cosface
-  EXPECT_NEAR(target_logit(c, params(1.5, 0, 0)), 64 * std::cos(1.5), 1e-4);    // sphereface, k = 0
+  EXPECT_NEAR(target_logit(c, params(1, 0.5, 0)), 64 * std::cos(1.5), 1e-4);  // arcface
+  EXPECT_NEAR(target_logit(c, params(1, 0, 0.4)), 64 * (c - 0.4), 1e-4);      // cosface
+  EXPECT_NEAR(target_logit(c, params(1.5, 0, 0)), 64 * std::cos(1.5), 1e-4);  // sphereface, k = 0
   // theta + m2 > pi: the extension (-1)^k cos(theta + m2) - 2k with k = 1.
   const double theta = 3.0;
-  EXPECT_NEAR(target_logit(std::cos(theta), params(1, 0.5, 0)), 64 * (-std::cos(theta + 0.5) - 2), 1e-3);
+  EXPECT_NEAR(target_logit(std::cos(theta), params(1, 0.5, 0)), 64 * (-std::cos(theta + 0.5) - 2),
+              1e-3);
 }
 
 TEST(Margin, ExactDerivativeMatchesFiniteDifferences) {
@@ -95,7 +96,8 @@ TEST(MarginConfig, NamedMarginsTakeTheirOwnParameter) {
   EXPECT_DOUBLE_EQ(arc.scale, 64.0);
   EXPECT_DOUBLE_EQ(parse({"--margin", "cosface"}).m3, 0.4);
   EXPECT_DOUBLE_EQ(parse({"--margin", "sphereface", "--m1", "2"}).m1, 2.0);
-  const MarginConfig combined = parse({"--margin", "combined", "--m1", "1.1", "--m2", "0.2", "--m3", "0.3", "--scale", "32"});
+  const MarginConfig combined =
+      parse({"--margin", "combined", "--m1", "1.1", "--m2", "0.2", "--m3", "0.3", "--scale", "32"});
   EXPECT_DOUBLE_EQ(combined.m1, 1.1);
   EXPECT_DOUBLE_EQ(combined.scale, 32.0);
   EXPECT_TRUE(parse({"--margin-gradient", "straight-through"}).straight_through);

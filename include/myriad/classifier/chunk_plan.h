@@ -21,6 +21,7 @@ int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes)
 // The plan for `rows` active class rows, a global batch `batch`, embedding `dim`, GEMM operands
 // of `gemm_bytes` per element, within `budget_bytes`. Caches when everything fits; otherwise the
 // largest chunk that fits, and at least one row.
-ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes, int64_t budget_bytes);
+ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,
+                      int64_t budget_bytes);
 
 }  // namespace myriad

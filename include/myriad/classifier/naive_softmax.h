@@ -17,7 +17,8 @@ class Communicator;
 // the optimizer step. Rank 0 therefore holds far more memory than the others.
 class NaiveShardedSoftmax {
  public:
-  NaiveShardedSoftmax(Communicator& comm, const ShardedSoftmaxOptions& options, const torch::Device& device);
+  NaiveShardedSoftmax(Communicator& comm, const ShardedSoftmaxOptions& options,
+                      const torch::Device& device);
 
   // One training step (forward, backward, shard update) on local features; returns the loss on
   // every rank.

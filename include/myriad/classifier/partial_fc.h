@@ -13,7 +13,7 @@ namespace myriad {
 //
 // `local_targets` [B] holds each sample's row in this shard, or -1 when another shard owns it.
 // Returns the sorted shard rows to use (int64, on the targets' device).
-torch::Tensor sample_class_rows(const torch::Tensor& local_targets, int64_t shard_rows, int64_t class_offset,
-                                double rate, uint64_t seed, int64_t step);
+torch::Tensor sample_class_rows(const torch::Tensor& local_targets, int64_t shard_rows,
+                                int64_t class_offset, double rate, uint64_t seed, int64_t step);
 
 }  // namespace myriad

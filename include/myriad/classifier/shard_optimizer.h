@@ -32,7 +32,8 @@ struct OptimizerOptions {
 // dampening 0) and torch.optim.AdamW. Rows Partial FC did not sample keep their state untouched.
 class ShardOptimizer {
  public:
-  ShardOptimizer(const OptimizerOptions& options, int64_t rows, int64_t dim, const torch::Device& device);
+  ShardOptimizer(const OptimizerOptions& options, int64_t rows, int64_t dim,
+                 const torch::Device& device);
 
   // Starts an optimisation step (AdamW's bias correction counts these).
   void begin_step();

@@ -68,7 +68,8 @@ struct ShardedSoftmaxOptions {
 // Every forward must be followed by its backward before the next forward that is backpropagated.
 class ShardedMarginSoftmax {
  public:
-  ShardedMarginSoftmax(Communicator& comm, const ShardedSoftmaxOptions& options, const torch::Device& device);
+  ShardedMarginSoftmax(Communicator& comm, const ShardedSoftmaxOptions& options,
+                       const torch::Device& device);
   ~ShardedMarginSoftmax();
   ShardedMarginSoftmax(const ShardedMarginSoftmax&) = delete;
   ShardedMarginSoftmax& operator=(const ShardedMarginSoftmax&) = delete;
@@ -100,7 +101,8 @@ class ShardedMarginSoftmax {
 
   struct Step;
   // Autograd entry points (ShardedSoftmaxFunction); not for direct use.
-  torch::Tensor run_forward(const torch::Tensor& features, const torch::Tensor& labels, int64_t* step_id);
+  torch::Tensor run_forward(const torch::Tensor& features, const torch::Tensor& labels,
+                            int64_t* step_id);
   torch::Tensor run_backward(int64_t step_id, const torch::Tensor& grad);
 
  private:
@@ -122,7 +124,7 @@ class ShardedMarginSoftmax {
 
 // Normal(0, std) rows [begin, begin + rows) of a [*, dim] matrix, element (i, j) drawn from
 // (seed, i * dim + j), in chunks that bound the temporary memory.
-torch::Tensor hashed_normal_rows(int64_t begin, int64_t rows, int64_t dim, double std, uint64_t seed,
-                                 const torch::Device& device);
+torch::Tensor hashed_normal_rows(int64_t begin, int64_t rows, int64_t dim, double std,
+                                 uint64_t seed, const torch::Device& device);
 
 }  // namespace myriad

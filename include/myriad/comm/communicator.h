@@ -76,8 +76,7 @@ class Communicator {
   virtual void all_gather_impl(const torch::Tensor& input, torch::Tensor& output,
                                const std::vector<int64_t>& counts, bool equal) = 0;
   virtual void reduce_scatter_impl(const torch::Tensor& input, torch::Tensor& output,
-                                   const std::vector<int64_t>& counts, bool equal,
-                                   ReduceOp op) = 0;
+                                   const std::vector<int64_t>& counts, bool equal, ReduceOp op) = 0;
   virtual void broadcast_impl(torch::Tensor& tensor, int root) = 0;
   virtual void gather_impl(const torch::Tensor& input, torch::Tensor& output,
                            const std::vector<int64_t>& counts, int root) = 0;

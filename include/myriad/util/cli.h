@@ -21,7 +21,8 @@ bool parse_command_line_and_config(int argc, char** argv, const po::options_desc
                                    po::variables_map& values, const std::string& usage, int rank,
                                    const std::string& config_option);
 
-// "4096", "64K", "256M", "2G" (powers of 1024; a trailing B or iB is allowed). UsageError otherwise.
+// "4096", "64K", "256M", "2G" (powers of 1024; a trailing B or iB is allowed). UsageError
+// otherwise.
 int64_t parse_byte_size(const std::string& text);
 
 // "1000000", "1M", "8M", "500K", "1G" (powers of 1000). UsageError otherwise.

@@ -41,18 +41,19 @@ class UsageError : public Error {
 
 }  // namespace myriad
 
-#define MYRIAD_THROW(...) ::myriad::throw_error(__FILE__, __LINE__, ::myriad::str_format(__VA_ARGS__))
+#define MYRIAD_THROW(...) \
+  ::myriad::throw_error(__FILE__, __LINE__, ::myriad::str_format(__VA_ARGS__))
 
-#define MYRIAD_CHECK(cond, ...)                 \
-  do {                                          \
-    if (!(cond)) MYRIAD_THROW(__VA_ARGS__);     \
+#define MYRIAD_CHECK(cond, ...)             \
+  do {                                      \
+    if (!(cond)) MYRIAD_THROW(__VA_ARGS__); \
   } while (0)
 
 // For errors detected identically on every rank (see Error::collective).
 #define MYRIAD_THROW_COLLECTIVE(...) \
   ::myriad::throw_error(__FILE__, __LINE__, ::myriad::str_format(__VA_ARGS__), true)
 
-#define MYRIAD_CHECK_COLLECTIVE(cond, ...)            \
-  do {                                                \
+#define MYRIAD_CHECK_COLLECTIVE(cond, ...)             \
+  do {                                                 \
     if (!(cond)) MYRIAD_THROW_COLLECTIVE(__VA_ARGS__); \
   } while (0)

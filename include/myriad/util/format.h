@@ -9,10 +9,13 @@ namespace myriad {
 namespace detail {
 
 // Writes `fmt` up to its next placeholder, applies the placeholder's spec to `os`, and returns
-// the rest of the format after the placeholder. A spec is `{}` or `{:[<][0][width][.precision][f|e]}`.
+// the rest of the format after the placeholder. A spec is `{}` or
+// `{:[<][0][width][.precision][f|e]}`.
 std::string_view format_step(std::ostream& os, std::string_view fmt);
 
-inline void format_rest(std::ostream& os, std::string_view fmt) { os << fmt; }
+inline void format_rest(std::ostream& os, std::string_view fmt) {
+  os << fmt;
+}
 
 template <class Arg, class... Rest>
 void format_rest(std::ostream& os, std::string_view fmt, const Arg& arg, const Rest&... rest) {

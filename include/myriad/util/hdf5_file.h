@@ -57,7 +57,8 @@ class Hdf5File {
   void set_attribute(const std::string& object, const std::string& key, const std::string& value);
   std::optional<int64_t> int_attribute(const std::string& object, const std::string& key) const;
   std::optional<double> float_attribute(const std::string& object, const std::string& key) const;
-  std::optional<std::string> string_attribute(const std::string& object, const std::string& key) const;
+  std::optional<std::string> string_attribute(const std::string& object,
+                                              const std::string& key) const;
 
   // Writes buffered data to disk (H5Fflush).
   void flush();

@@ -74,28 +74,27 @@ struct BenchConfig {
 // One classifier (myriad's or the naive baseline) and its step.
 class Subject {
  public:
-  Subject(Communicator& comm, const BenchConfig& config, const torch::Device& device) : device_(device) {
+  Subject(Communicator& comm, const BenchConfig& config, const torch::Device& device)
+      : device_(device) {
     if (config.naive) {
       naive_ = std::make_unique<NaiveShardedSoftmax>(comm, config.options, device);
     } else {
       sharded_ = std::make_unique<ShardedMarginSoftmax>(comm, config.options, device);
     }
     const int64_t classes = config.options.num_classes;
-    features_ = torch::randn({config.local_batch, config.options.embedding_size}, torch::device(device));
-    labels_ = torch::randint(0, classes, {config.local_batch}, torch::dtype(torch::kInt64).device(device));
+    features_ =
+        torch::randn({config.local_batch, config.options.embedding_size}, torch::device(device));
+    labels_ = torch::randint(0, classes, {config.local_batch},
+                             torch::dtype(torch::kInt64).device(device));
   }
 
-  double step() {
-    synchronize_device(device_);
-    const auto start = std::chrono::steady_clock::now();
+  void step() {
     if (naive_) {
       naive_->step(features_, labels_);
     } else {
       torch::Tensor x = features_.detach().requires_grad_(true);
       sharded_->forward(x, labels_).backward();
     }
-    synchronize_device(device_);
-    return seconds_since(start);
   }
 
   const ChunkPlan* plan() const { return sharded_ ? &sharded_->last_plan() : nullptr; }
@@ -120,7 +119,8 @@ bool is_out_of_memory(const std::exception& e) {
 int64_t find_max_classes(ProcessContext& context, Communicator& comm, BenchConfig config,
                          const torch::Device& device) {
   const ShardedSoftmaxOptions& o = config.options;
-  const int64_t state_bytes = o.optimizer.momentum == 0.0 ? 0 : torch::elementSize(o.optimizer.state_dtype);
+  const int64_t state_bytes =
+      o.optimizer.momentum == 0.0 ? 0 : torch::elementSize(o.optimizer.state_dtype);
   const int64_t persistent = o.embedding_size * (4 + state_bytes);
   const DeviceMemory memory = device_memory(device);
   // Leave the workspace, CUDA's context and the allocator's fragmentation outside the estimate.
@@ -132,7 +132,8 @@ int64_t find_max_classes(ProcessContext& context, Communicator& comm, BenchConfi
     bool fits = true;
     try {
       subject = std::make_unique<Subject>(comm, config, device);
-      torch::Tensor probe = torch::empty({o.workspace_bytes}, torch::dtype(torch::kUInt8).device(device));
+      torch::Tensor probe =
+          torch::empty({o.workspace_bytes}, torch::dtype(torch::kUInt8).device(device));
     } catch (const std::exception& e) {
       if (!is_out_of_memory(e)) throw;
       fits = false;
@@ -140,6 +141,7 @@ int64_t find_max_classes(ProcessContext& context, Communicator& comm, BenchConfi
     if (context.all_true(fits)) {
       subject->step();
       subject->step();
+      synchronize_device(device);
       return classes;
     }
     subject.reset();
@@ -159,6 +161,7 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
   double sample_rate = 1.0;
   bool find_max = false;
   bool profile = false;
+  // clang-format off
   options.add_options()
       ("num-classes", po::value(&classes_text)->default_value("1M"), "classes C over all ranks (e.g. 100K, 1M, 8M)")
       ("embedding-size", po::value(&dim)->default_value(512), "embedding size D")
@@ -173,14 +176,17 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
       ("find-max-classes", po::bool_switch(&find_max), "also find the largest C that trains on these ranks")
       ("profile", po::bool_switch(&profile), "also print the time of each phase of the step")
       ("device", po::value(&device_name)->default_value("auto"), "auto, cpu or cuda");
+  // clang-format on
   add_margin_options(options);
   po::variables_map values;
-  if (!parse_command_line(argc, argv, options, values, "usage: mpirun -np W myriad-bench classifier [options]",
+  if (!parse_command_line(argc, argv, options, values,
+                          "usage: mpirun -np W myriad-bench classifier [options]",
                           context.rank())) {
     return kExitOk;
   }
   if (config.steps < 1 || config.warmup < 0 || config.local_batch < 1 || dim < 1) {
-    throw UsageError("--steps, --batch-size and --embedding-size must be positive, --warmup non-negative");
+    throw UsageError(
+        "--steps, --batch-size and --embedding-size must be positive, --warmup non-negative");
   }
   ShardedSoftmaxOptions& o = config.options;
   o.num_classes = parse_count(classes_text);
@@ -193,7 +199,8 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
   o.optimizer.momentum = 0.9;
   o.optimizer.weight_decay = 5e-4;
   o.optimizer.state_dtype = parse_gemm_dtype(state_name);
-  if (o.optimizer.state_dtype == torch::kFloat16) throw UsageError("--momentum-dtype must be fp32 or bf16");
+  if (o.optimizer.state_dtype == torch::kFloat16)
+    throw UsageError("--momentum-dtype must be fp32 or bf16");
 
   const torch::Device device = context.select_device(parse_device_preference(device_name));
   CommFactory comms(context);
@@ -205,51 +212,62 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
   auto subject = std::make_unique<Subject>(comm, config, device);
   const int64_t shard_rows = ClassPartition(o.num_classes, comm.size()).size(comm.rank());
   for (int i = 0; i < config.warmup; ++i) subject->step();
+  // Steady state, as in training: steps run back to back and the clock stops once the device has
+  // finished them all.
   PhaseTimer timer(device, profile);
   subject->set_phase_timer(&timer);
-  std::vector<double> times;
-  for (int i = 0; i < config.steps; ++i) {
-    times.push_back(subject->step());
-    timer.stop();
-  }
+  synchronize_device(device);
+  MYRIAD_CHECK_MPI(MPI_Barrier(context.world()));
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < config.steps; ++i) subject->step();
+  timer.stop();
+  synchronize_device(device);
+  const double per_step = seconds_since(start) / config.steps;
   subject->set_phase_timer(nullptr);
-  std::sort(times.begin(), times.end());
-  const double median = times[times.size() / 2];
   const ChunkPlan* plan = subject->plan();
-  const Spread step_ms = over_ranks(median * 1e3, context);
+  const Spread step_ms = over_ranks(per_step * 1e3, context);
   const int64_t global_batch = config.local_batch * comm.size();
-  const double tflops = 6.0 * global_batch * dim * shard_rows / (median * 1e12);
+  const double tflops = 6.0 * global_batch * dim * shard_rows / (per_step * 1e12);
   const Spread rate = over_ranks(tflops, context);
   const Spread peak = over_ranks(static_cast<double>(peak_device_memory(device)), context);
   const std::string label = config.naive ? "naive baseline" : "myriad";
   if (context.rank() == 0) {
-    std::printf("# classifier %s: C=%lld over %d rank(s) (%lld per rank), D=%lld, batch %lld per rank (%lld global), "
-                "%s GEMMs, %s, sample rate %.3g, momentum %s, workspace %s, device %s\n",
-                label.c_str(), static_cast<long long>(o.num_classes), comm.size(), static_cast<long long>(shard_rows),
-                static_cast<long long>(dim), static_cast<long long>(config.local_batch),
-                static_cast<long long>(global_batch), c10::toString(o.gemm_dtype), o.margin.describe().c_str(),
-                sample_rate, c10::toString(o.optimizer.state_dtype), format_bytes(o.workspace_bytes).c_str(),
-                device.str().c_str());
+    std::printf(
+        "# classifier %s: C=%lld over %d rank(s) (%lld per rank), D=%lld, batch %lld per rank "
+        "(%lld global), "
+        "%s GEMMs, %s, sample rate %.3g, momentum %s, workspace %s, device %s\n",
+        label.c_str(), static_cast<long long>(o.num_classes), comm.size(),
+        static_cast<long long>(shard_rows), static_cast<long long>(dim),
+        static_cast<long long>(config.local_batch), static_cast<long long>(global_batch),
+        c10::toString(o.gemm_dtype), o.margin.describe().c_str(), sample_rate,
+        c10::toString(o.optimizer.state_dtype), format_bytes(o.workspace_bytes).c_str(),
+        device.str().c_str());
     if (plan != nullptr) {
-      std::printf("# plan: %s, %lld chunk(s) of %lld classes\n", plan->cache ? "cached logits" : "recompute in backward",
+      std::printf("# plan: %s, %lld chunk(s) of %lld classes\n",
+                  plan->cache ? "cached logits" : "recompute in backward",
                   static_cast<long long>(plan->chunks), static_cast<long long>(plan->chunk_rows));
     }
-    std::printf("step time (median of %d): %.3f ms (min/avg/max over ranks %.3f / %.3f / %.3f)\n", config.steps,
-                step_ms.max, step_ms.min, step_ms.avg, step_ms.max);
-    std::printf("effective rate 6*B*D*n_r/t: %.3g TFLOP/s per rank (min %.3g); %s GEMM peak measured: %.3g TFLOP/s "
-                "(%.0f%%)\n",
-                rate.avg, rate.min, c10::toString(o.gemm_dtype), gemm_peak, 100.0 * rate.avg / gemm_peak);
+    std::printf(
+        "step time (mean of %d back-to-back steps): %.3f ms (min/avg/max over ranks %.3f / %.3f / "
+        "%.3f)\n",
+        config.steps, step_ms.max, step_ms.min, step_ms.avg, step_ms.max);
+    std::printf(
+        "effective rate 6*B*D*n_r/t: %.3g TFLOP/s per rank (min %.3g); %s GEMM peak measured: %.3g "
+        "TFLOP/s "
+        "(%.0f%%)\n",
+        rate.avg, rate.min, c10::toString(o.gemm_dtype), gemm_peak, 100.0 * rate.avg / gemm_peak);
     if (device.is_cuda()) {
       std::printf("peak memory per rank: min %s, max %s, max/min %.3f; %.0f bytes per class\n",
-                  format_bytes(peak.min).c_str(), format_bytes(peak.max).c_str(), peak.max / std::max(1.0, peak.min),
-                  peak.max / static_cast<double>(shard_rows));
+                  format_bytes(peak.min).c_str(), format_bytes(peak.max).c_str(),
+                  peak.max / std::max(1.0, peak.min), peak.max / static_cast<double>(shard_rows));
     }
     std::fflush(stdout);
   }
   if (profile) {
     for (const auto& [name, ms] : timer.totals()) {
       const Spread per_step = over_ranks(ms / config.steps, context);
-      if (context.rank() == 0) std::printf("phase %-32s %9.3f ms per step (max over ranks)\n", name.c_str(), per_step.max);
+      if (context.rank() == 0)
+        std::printf("phase %-32s %9.3f ms per step (max over ranks)\n", name.c_str(), per_step.max);
     }
   }
   if (find_max && device.is_cuda()) {
@@ -257,9 +275,10 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
     release_cached_memory(device);
     const int64_t largest = find_max_classes(context, comm, config, device);
     if (context.rank() == 0) {
-      std::printf("largest C that trains on %d rank(s) (workspace %s, momentum %s): %lld classes (%.1fM)\n",
-                  comm.size(), format_bytes(o.workspace_bytes).c_str(), c10::toString(o.optimizer.state_dtype),
-                  static_cast<long long>(largest), largest / 1e6);
+      std::printf(
+          "largest C that trains on %d rank(s) (workspace %s, momentum %s): %lld classes (%.1fM)\n",
+          comm.size(), format_bytes(o.workspace_bytes).c_str(),
+          c10::toString(o.optimizer.state_dtype), static_cast<long long>(largest), largest / 1e6);
     }
   }
   return kExitOk;

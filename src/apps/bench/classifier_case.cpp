@@ -15,18 +15,22 @@ int run_classifier_case(ProcessContext& context, int argc, char** argv) {
   std::string output;
   int64_t samples = 0, classes = 0, dim = 0;
   uint64_t seed = 0;
+  // clang-format off
   options.add_options()
       ("output", po::value(&output)->required(), "HDF5 file to write")
       ("samples", po::value(&samples)->default_value(64), "rows N")
       ("classes", po::value(&classes)->default_value(1000), "classes C")
       ("embedding-size", po::value(&dim)->default_value(64), "embedding size D")
       ("seed", po::value(&seed)->default_value(0), "random seed");
+  // clang-format on
   po::variables_map values;
-  if (!parse_command_line(argc, argv, options, values, "usage: myriad-bench classifier-case --output case.h5 [options]",
+  if (!parse_command_line(argc, argv, options, values,
+                          "usage: myriad-bench classifier-case --output case.h5 [options]",
                           context.rank())) {
     return kExitOk;
   }
-  if (samples < 1 || classes < 1 || dim < 1) throw UsageError("--samples, --classes and --embedding-size must be positive");
+  if (samples < 1 || classes < 1 || dim < 1)
+    throw UsageError("--samples, --classes and --embedding-size must be positive");
   if (context.rank() != 0) return kExitOk;
   torch::manual_seed(seed);
   AtomicOutput out(output);
@@ -37,7 +41,8 @@ int run_classifier_case(ProcessContext& context, int argc, char** argv) {
     file.write("weight", torch::randn({classes, dim}) * 0.05);
   }
   out.commit();
-  log_info("wrote {}: features [{}, {}], labels [{}], weight [{}, {}]", output, samples, dim, samples, classes, dim);
+  log_info("wrote {}: features [{}, {}], labels [{}], weight [{}, {}]", output, samples, dim,
+           samples, classes, dim);
   return kExitOk;
 }
 

@@ -21,14 +21,17 @@ namespace myriad {
 int run_classifier_check(ProcessContext& context, int argc, char** argv) {
   po::options_description options("classifier-check options");
   std::string input, output, device_name;
+  // clang-format off
   options.add_options()
       ("input", po::value(&input)->required(), "HDF5 case: features [N, D] float32, labels [N] int64, weight [C, D] float32")
       ("output", po::value(&output)->required(), "HDF5 written by rank 0: loss, grad_features [N, D], grad_weight [C, D]")
       ("device", po::value(&device_name)->default_value("auto"), "auto, cpu or cuda");
+  // clang-format on
   add_margin_options(options);
   po::variables_map values;
   if (!parse_command_line(argc, argv, options, values,
-                          "usage: mpirun -np W myriad-bench classifier-check --input case.h5 --output out.h5 [margin options]",
+                          "usage: mpirun -np W myriad-bench classifier-check --input case.h5 "
+                          "--output out.h5 [margin options]",
                           context.rank())) {
     return kExitOk;
   }
@@ -46,7 +49,8 @@ int run_classifier_check(ProcessContext& context, int argc, char** argv) {
     for (const char* name : {"features", "labels", "weight"}) {
       MYRIAD_CHECK(file.has(name), "'{}' has no dataset '{}'", input, name);
     }
-    const std::vector<int64_t> f = file.shape("features"), l = file.shape("labels"), w = file.shape("weight");
+    const std::vector<int64_t> f = file.shape("features"), l = file.shape("labels"),
+                               w = file.shape("weight");
     MYRIAD_CHECK(f.size() == 2 && l.size() == 1 && w.size() == 2 && f[0] == l[0] && f[1] == w[1],
                  "'{}': expected features [N, D], labels [N] and weight [C, D]", input);
     n = f[0];
@@ -57,7 +61,8 @@ int run_classifier_check(ProcessContext& context, int argc, char** argv) {
     features = file.read_rows("features", begin, rows[comm.rank()]).to(torch::kFloat32);
     labels = file.read_rows("labels", begin, rows[comm.rank()]).to(torch::kInt64);
     const ClassPartition part(classes, comm.size());
-    weight = file.read_rows("weight", part.offset(comm.rank()), part.size(comm.rank())).to(torch::kFloat32);
+    weight = file.read_rows("weight", part.offset(comm.rank()), part.size(comm.rank()))
+                 .to(torch::kFloat32);
   } catch (const Error& e) {
     throw Error(e.message(), e.location(), true);
   }
@@ -74,7 +79,8 @@ int run_classifier_check(ProcessContext& context, int argc, char** argv) {
   loss.backward();
 
   const torch::Tensor grad_features = comm.gather(x.grad().contiguous(), rows, 0);
-  const torch::Tensor grad_weight = comm.gather(classifier.weight_grad(), classifier.partition().sizes(), 0);
+  const torch::Tensor grad_weight =
+      comm.gather(classifier.weight_grad(), classifier.partition().sizes(), 0);
   if (context.rank() == 0) {
     AtomicOutput out(output);
     {
@@ -86,8 +92,9 @@ int run_classifier_check(ProcessContext& context, int argc, char** argv) {
       file.set_attribute("/", "world_size", static_cast<int64_t>(comm.size()));
     }
     out.commit();
-    log_info("classifier-check: {} samples, {} classes, D={}, {} on {} rank(s): loss {:.9f}; wrote {}", n, classes,
-             dim, margin.describe(), comm.size(), loss.item<double>(), output);
+    log_info(
+        "classifier-check: {} samples, {} classes, D={}, {} on {} rank(s): loss {:.9f}; wrote {}",
+        n, classes, dim, margin.describe(), comm.size(), loss.item<double>(), output);
   }
   comm.barrier();
   return kExitOk;

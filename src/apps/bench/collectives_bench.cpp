@@ -44,7 +44,8 @@ torch::ScalarType parse_dtype(const std::string& name) {
   if (name == "float64" || name == "fp64") return torch::kFloat64;
   if (name == "int64") return torch::kInt64;
   if (name == "int32") return torch::kInt32;
-  throw UsageError(str_format("unknown dtype '{}' (float32, bfloat16, float16, float64, int64, int32)", name));
+  throw UsageError(
+      str_format("unknown dtype '{}' (float32, bfloat16, float16, float64, int64, int32)", name));
 }
 
 ReduceOp parse_op(const std::string& name) {
@@ -68,7 +69,8 @@ std::vector<CollectiveInfo> parse_collectives(const std::string& list) {
     }
     if (!found) {
       throw UsageError(str_format(
-          "unknown collective '{}' (all, all_reduce, all_gather, reduce_scatter, broadcast)", item));
+          "unknown collective '{}' (all, all_reduce, all_gather, reduce_scatter, broadcast)",
+          item));
     }
   }
   return chosen;
@@ -78,7 +80,8 @@ std::vector<CollectiveInfo> parse_collectives(const std::string& list) {
 // gigabyte messages would take longer to build and check on the host than to move.
 torch::Tensor pattern(int64_t count, int64_t offset, int64_t scale, torch::ScalarType dtype,
                       const torch::Device& device) {
-  torch::Tensor v = torch::arange(offset, offset + count, torch::dtype(torch::kInt64).device(device));
+  torch::Tensor v =
+      torch::arange(offset, offset + count, torch::dtype(torch::kInt64).device(device));
   return v.remainder_(7).add_(1).mul_(scale).to(dtype);
 }
 
@@ -96,7 +99,9 @@ Case make_case(Collective kind, int64_t bytes, torch::ScalarType dtype, ReduceOp
   const int64_t rank = comm.rank();
   const int64_t element = torch::elementSize(dtype);
   const int64_t sum_of_scales = world * (world + 1) / 2;
-  const int64_t reduced_scale = op == ReduceOp::kSum ? sum_of_scales : op == ReduceOp::kMax ? world : 1;
+  const int64_t reduced_scale = op == ReduceOp::kSum   ? sum_of_scales
+                                : op == ReduceOp::kMax ? world
+                                                       : 1;
   Case c;
   switch (kind) {
     case Collective::kAllReduce:
@@ -110,7 +115,8 @@ Case make_case(Collective kind, int64_t bytes, torch::ScalarType dtype, ReduceOp
       c.count = per_rank * world;
       c.input = pattern(per_rank, rank * per_rank, rank + 1, dtype, device);
       std::vector<torch::Tensor> blocks;
-      for (int64_t r = 0; r < world; ++r) blocks.push_back(pattern(per_rank, r * per_rank, r + 1, dtype, device));
+      for (int64_t r = 0; r < world; ++r)
+        blocks.push_back(pattern(per_rank, r * per_rank, r + 1, dtype, device));
       c.expected = torch::cat(blocks);
       c.bus_factor = static_cast<double>(world - 1) / world;
       break;
@@ -137,10 +143,16 @@ Case make_case(Collective kind, int64_t bytes, torch::ScalarType dtype, ReduceOp
 
 torch::Tensor run_once(Collective kind, Communicator& comm, torch::Tensor& tensor, ReduceOp op) {
   switch (kind) {
-    case Collective::kAllReduce: comm.all_reduce(tensor, op); return tensor;
-    case Collective::kAllGather: return comm.all_gather(tensor);
-    case Collective::kReduceScatter: return comm.reduce_scatter(tensor, op);
-    case Collective::kBroadcast: comm.broadcast(tensor, 0); return tensor;
+    case Collective::kAllReduce:
+      comm.all_reduce(tensor, op);
+      return tensor;
+    case Collective::kAllGather:
+      return comm.all_gather(tensor);
+    case Collective::kReduceScatter:
+      return comm.reduce_scatter(tensor, op);
+    case Collective::kBroadcast:
+      comm.broadcast(tensor, 0);
+      return tensor;
   }
   return tensor;
 }
@@ -164,6 +176,7 @@ int run_collectives_bench(ProcessContext& context, int argc, char** argv) {
   po::options_description options("collectives options");
   std::string backend, min_size, max_size, dtype_name, op_name, which, checks;
   int factor = 2, iters = 20, warmup = 5;
+  // clang-format off
   options.add_options()
       ("backend", po::value(&backend)->default_value("mpi"), "mpi (CPU tensors) or nccl (CUDA tensors)")
       ("min-bytes", po::value(&min_size)->default_value("8"), "smallest message (e.g. 8, 64K, 1M)")
@@ -173,21 +186,23 @@ int run_collectives_bench(ProcessContext& context, int argc, char** argv) {
       ("warmup", po::value(&warmup)->default_value(5), "untimed iterations per row")
       ("dtype", po::value(&dtype_name)->default_value("float32"), "float32, bfloat16, float16, float64, int64, int32")
       ("op", po::value(&op_name)->default_value("sum"), "reduction: sum, max or min")
-      ("collectives", po::value(&which)->default_value("all"),
-       "comma list: all, all_reduce, all_gather, reduce_scatter, broadcast")
-      ("checks", po::value(&checks)->default_value("on"),
-       "on: myriad's cross-rank argument agreement runs before each call, as in training; off: raw backend");
+      ("collectives", po::value(&which)->default_value("all"), "comma list: all, all_reduce, all_gather, reduce_scatter, broadcast")
+      ("checks", po::value(&checks)->default_value("on"), "on: myriad's cross-rank argument agreement runs before each call, as in training; off: raw " "backend");
+  // clang-format on
   po::variables_map values;
   if (!parse_command_line(argc, argv, options, values,
-                          "usage: mpirun -np N myriad-bench collectives [options]", context.rank())) {
+                          "usage: mpirun -np N myriad-bench collectives [options]",
+                          context.rank())) {
     return kExitOk;
   }
   if (backend != "mpi" && backend != "nccl") throw UsageError("--backend must be mpi or nccl");
   if (checks != "on" && checks != "off") throw UsageError("--checks must be on or off");
-  if (factor < 2 || iters < 1 || warmup < 0) throw UsageError("--factor must be >= 2, --iters >= 1, --warmup >= 0");
+  if (factor < 2 || iters < 1 || warmup < 0)
+    throw UsageError("--factor must be >= 2, --iters >= 1, --warmup >= 0");
   const int64_t min_bytes = parse_byte_size(min_size);
   const int64_t max_bytes = parse_byte_size(max_size);
-  if (min_bytes <= 0 || max_bytes < min_bytes) throw UsageError("need 0 < --min-bytes <= --max-bytes");
+  if (min_bytes <= 0 || max_bytes < min_bytes)
+    throw UsageError("need 0 < --min-bytes <= --max-bytes");
   const torch::ScalarType dtype = parse_dtype(dtype_name);
   const ReduceOp op = parse_op(op_name);
   const std::vector<CollectiveInfo> collectives = parse_collectives(which);
@@ -200,11 +215,14 @@ int run_collectives_bench(ProcessContext& context, int argc, char** argv) {
   const int world = comm.size();
 
   if (context.rank() == 0) {
-    std::printf("# myriad-bench collectives: backend %s, %d ranks, dtype %s, op %s, checks %s, %d iters\n",
-                comm.backend(), world, c10::toString(dtype), reduce_op_name(op), checks.c_str(), iters);
-    std::printf("# time: per call, min/avg/max over ranks; algbw and busbw from the slowest rank\n");
+    std::printf(
+        "# myriad-bench collectives: backend %s, %d ranks, dtype %s, op %s, checks %s, %d iters\n",
+        comm.backend(), world, c10::toString(dtype), reduce_op_name(op), checks.c_str(), iters);
+    std::printf(
+        "# time: per call, min/avg/max over ranks; algbw and busbw from the slowest rank\n");
     std::printf("%-15s %12s %12s %9s %10s %10s %10s %11s %11s %7s\n", "# collective", "size(B)",
-                "count", "type", "min(us)", "avg(us)", "max(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+                "count", "type", "min(us)", "avg(us)", "max(us)", "algbw(GB/s)", "busbw(GB/s)",
+                "#wrong");
   }
   int64_t total_wrong = 0;
   for (const CollectiveInfo& collective : collectives) {
@@ -214,7 +232,8 @@ int run_collectives_bench(ProcessContext& context, int argc, char** argv) {
       torch::Tensor work = c.input.clone();
       const torch::Tensor result = run_once(collective.kind, comm, work, op);
       int64_t wrong = result.ne(c.expected).sum().item<int64_t>();
-      MYRIAD_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, context.world()));
+      MYRIAD_CHECK_MPI(
+          MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, context.world()));
       total_wrong += wrong;
 
       for (int i = 0; i < warmup; ++i) run_once(collective.kind, comm, work, op);
@@ -224,13 +243,16 @@ int run_collectives_bench(ProcessContext& context, int argc, char** argv) {
       for (int i = 0; i < iters; ++i) run_once(collective.kind, comm, work, op);
       synchronize_device(device);
       const double us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / iters;
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+              .count() /
+          iters;
       const RankSpread t = spread_over_ranks(us, context.world(), world);
       if (context.rank() == 0) {
         const double algbw = static_cast<double>(c.bytes) / (t.max * 1e-6) / 1e9;
-        std::printf("%-15s %12lld %12lld %9s %10.1f %10.1f %10.1f %11.2f %11.2f %7lld\n", collective.name,
-                    static_cast<long long>(c.bytes), static_cast<long long>(c.count), c10::toString(dtype),
-                    t.min, t.avg, t.max, algbw, algbw * c.bus_factor, static_cast<long long>(wrong));
+        std::printf("%-15s %12lld %12lld %9s %10.1f %10.1f %10.1f %11.2f %11.2f %7lld\n",
+                    collective.name, static_cast<long long>(c.bytes),
+                    static_cast<long long>(c.count), c10::toString(dtype), t.min, t.avg, t.max,
+                    algbw, algbw * c.bus_factor, static_cast<long long>(wrong));
         std::fflush(stdout);
       }
     }

@@ -16,14 +16,19 @@ struct Command {
 };
 
 const Command kCommands[] = {
-    {"collectives", "bandwidth of every collective, nccl-tests style", myriad::run_collectives_bench},
-    {"classifier", "time and memory of a sharded classifier step (or --naive baseline)", myriad::run_classifier_bench},
-    {"classifier-check", "loss and gradients of an HDF5 case, for parity checks", myriad::run_classifier_check},
-    {"classifier-case", "write a random HDF5 case for classifier-check", myriad::run_classifier_case},
+    {"collectives", "bandwidth of every collective, nccl-tests style",
+     myriad::run_collectives_bench},
+    {"classifier", "time and memory of a sharded classifier step (or --naive baseline)",
+     myriad::run_classifier_bench},
+    {"classifier-check", "loss and gradients of an HDF5 case, for parity checks",
+     myriad::run_classifier_check},
+    {"classifier-case", "write a random HDF5 case for classifier-check",
+     myriad::run_classifier_case},
 };
 
 std::string usage() {
-  std::string text = "usage: myriad-bench <command> [options]   (run under mpirun or srun)\n\ncommands:\n";
+  std::string text =
+      "usage: myriad-bench <command> [options]   (run under mpirun or srun)\n\ncommands:\n";
   for (const Command& c : kCommands) text += std::string("  ") + c.name + "  " + c.summary + "\n";
   return text + "\n`myriad-bench <command> --help` lists a command's options.";
 }

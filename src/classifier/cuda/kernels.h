@@ -31,13 +31,15 @@ cudaError_t chunk_stats(const float* dot, int64_t classes, int64_t batch, const 
 // out[j, b] = coef * (exp(z_jb - row_max_b) * row_inv_sum_b - [j is b's target]) * dz/dcos,
 // with coef read from device memory (no host synchronisation for the loss gradient).
 cudaError_t chunk_grad(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
-                       int64_t begin, const float* row_max, const float* row_inv_sum, const float* coef,
-                       MarginParams params, void* out, ElementType out_type, cudaStream_t stream);
+                       int64_t begin, const float* row_max, const float* row_inv_sum,
+                       const float* coef, MarginParams params, void* out, ElementType out_type,
+                       cudaStream_t stream);
 
 // out[r] = weight[row(r)] (normalised when `normalize`) in out_type, for the `count` rows
 // row(r) = index ? index[begin + r] : begin + r.
 cudaError_t prepare_rows(const float* weight, int64_t dim, const int64_t* index, int64_t begin,
-                  int64_t count, bool normalize, void* out, ElementType out_type, cudaStream_t stream);
+                         int64_t count, bool normalize, void* out, ElementType out_type,
+                         cudaStream_t stream);
 
 struct SgdArgs {
   float lr;
@@ -51,8 +53,8 @@ struct SgdArgs {
 // `normalized`, else the row's own gradient), then SGD with momentum and weight decay on the row
 // and its momentum buffer (momentum_type; null when momentum is 0). One pass over each row.
 cudaError_t sgd_rows(float* weight, void* momentum, ElementType momentum_type, const float* grad,
-              int64_t dim, const int64_t* index, int64_t begin, int64_t count, bool normalized,
-              SgdArgs args, cudaStream_t stream);
+                     int64_t dim, const int64_t* index, int64_t begin, int64_t count,
+                     bool normalized, SgdArgs args, cudaStream_t stream);
 
 struct AdamWArgs {
   float lr;
@@ -67,7 +69,7 @@ struct AdamWArgs {
 
 // AdamW on each of `count` rows, with first and second moments in state_type.
 cudaError_t adamw_rows(float* weight, void* exp_avg, void* exp_avg_sq, ElementType state_type,
-                const float* grad, int64_t dim, const int64_t* index, int64_t begin, int64_t count,
-                bool normalized, AdamWArgs args, cudaStream_t stream);
+                       const float* grad, int64_t dim, const int64_t* index, int64_t begin,
+                       int64_t count, bool normalized, AdamWArgs args, cudaStream_t stream);
 
 }  // namespace myriad::cuda

@@ -14,11 +14,21 @@ constexpr int kRowsPerBlock = 8;
 constexpr int kThreads = kRowsPerBlock * 32;
 constexpr float kMinSquaredNorm = 1e-24f;
 
-__device__ inline float load(const float* p) { return *p; }
-__device__ inline float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
-__device__ inline void store(float* p, float v) { *p = v; }
-__device__ inline void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
-__device__ inline void store(__half* p, float v) { *p = __float2half(v); }
+__device__ inline float load(const float* p) {
+  return *p;
+}
+__device__ inline float load(const __nv_bfloat16* p) {
+  return __bfloat162float(*p);
+}
+__device__ inline void store(float* p, float v) {
+  *p = v;
+}
+__device__ inline void store(__nv_bfloat16* p, float v) {
+  *p = __float2bfloat16(v);
+}
+__device__ inline void store(__half* p, float v) {
+  *p = __float2half(v);
+}
 
 __device__ inline float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
@@ -26,8 +36,8 @@ __device__ inline float warp_sum(float v) {
 }
 
 struct RowSlot {
-  int64_t row;   // which of the `count` rows, or -1 past the end
-  int64_t src;   // its row in the shard
+  int64_t row;  // which of the `count` rows, or -1 past the end
+  int64_t src;  // its row in the shard
   int lane;
 };
 
@@ -136,7 +146,8 @@ __global__ void adamw_rows_kernel(float* __restrict__ weight, State* __restrict_
     const float vk = args.beta2 * load(v + k) + (1.0f - args.beta2) * gk * gk;
     store(m + k, mk);
     store(v + k, vk);
-    w[k] = wk * (1.0f - args.lr * args.weight_decay) - step * mk / (sqrtf(vk) * inv_sqrt_bc2 + args.eps);
+    w[k] = wk * (1.0f - args.lr * args.weight_decay) -
+           step * mk / (sqrtf(vk) * inv_sqrt_bc2 + args.eps);
   }
 }
 
@@ -152,28 +163,29 @@ cudaError_t prepare_rows(const float* weight, int64_t dim, const int64_t* index,
   if (count == 0) return cudaSuccess;
   switch (out_type) {
     case ElementType::kFloat32:
-      prepare_rows_kernel<<<blocks_for(count), kThreads, 0, stream>>>(weight, dim, index, begin, count,
-                                                                      normalize, static_cast<float*>(out));
+      prepare_rows_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
+          weight, dim, index, begin, count, normalize, static_cast<float*>(out));
       break;
     case ElementType::kBFloat16:
       prepare_rows_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
           weight, dim, index, begin, count, normalize, static_cast<__nv_bfloat16*>(out));
       break;
     case ElementType::kFloat16:
-      prepare_rows_kernel<<<blocks_for(count), kThreads, 0, stream>>>(weight, dim, index, begin, count,
-                                                                      normalize, static_cast<__half*>(out));
+      prepare_rows_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
+          weight, dim, index, begin, count, normalize, static_cast<__half*>(out));
       break;
   }
   return cudaGetLastError();
 }
 
 cudaError_t sgd_rows(float* weight, void* momentum, ElementType momentum_type, const float* grad,
-                     int64_t dim, const int64_t* index, int64_t begin, int64_t count, bool normalized,
-                     SgdArgs args, cudaStream_t stream) {
+                     int64_t dim, const int64_t* index, int64_t begin, int64_t count,
+                     bool normalized, SgdArgs args, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   if (momentum_type == ElementType::kBFloat16) {
     sgd_rows_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
-        weight, static_cast<__nv_bfloat16*>(momentum), grad, dim, index, begin, count, normalized, args);
+        weight, static_cast<__nv_bfloat16*>(momentum), grad, dim, index, begin, count, normalized,
+        args);
   } else {
     sgd_rows_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
         weight, static_cast<float*>(momentum), grad, dim, index, begin, count, normalized, args);
@@ -187,12 +199,12 @@ cudaError_t adamw_rows(float* weight, void* exp_avg, void* exp_avg_sq, ElementTy
   if (count == 0) return cudaSuccess;
   if (state_type == ElementType::kBFloat16) {
     adamw_rows_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
-        weight, static_cast<__nv_bfloat16*>(exp_avg), static_cast<__nv_bfloat16*>(exp_avg_sq), grad, dim,
-        index, begin, count, normalized, args);
+        weight, static_cast<__nv_bfloat16*>(exp_avg), static_cast<__nv_bfloat16*>(exp_avg_sq), grad,
+        dim, index, begin, count, normalized, args);
   } else {
     adamw_rows_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
-        weight, static_cast<float*>(exp_avg), static_cast<float*>(exp_avg_sq), grad, dim, index, begin,
-        count, normalized, args);
+        weight, static_cast<float*>(exp_avg), static_cast<float*>(exp_avg_sq), grad, dim, index,
+        begin, count, normalized, args);
   }
   return cudaGetLastError();
 }
