@@ -4,7 +4,7 @@
 #
 #   scripts/gpu-check.sh [--deps-dir DIR] [--out DIR] [--only LIST]
 #
-# LIST is a comma list of: tests, collectives, classifier (default: all of them).
+# LIST is a comma list of: tests, collectives, classifier, max-classes (default: all of them).
 #
 # --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
 # stays off (NCCL_NVLS_ENABLE=0 and friends) unless the caller set those variables.
@@ -13,7 +13,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps_args=()
 out=${OUT:-$repo/build/gpu-check}
-only=tests,collectives,classifier
+only=tests,collectives,classifier,max-classes
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
@@ -102,11 +102,15 @@ if wants classifier; then
     done
     classifier "$n" 8M-b128 --num-classes 8M --batch-size 128 --workspace 48G --steps 10 --warmup 3
     classifier "$n" 8M-b128-naive --num-classes 8M --batch-size 128 --naive --steps 10 --warmup 3
-    classifier "$n" max-classes --num-classes 8M --batch-size 128 --momentum-dtype bf16 --workspace 4G \
-      --steps 5 --warmup 2 --find-max-classes
+    if wants max-classes; then
+      classifier "$n" max-classes --num-classes 8M --batch-size 128 --momentum-dtype bf16 --workspace 4G \
+        --steps 5 --warmup 2 --find-max-classes
+    fi
   done
-  classifier 1 max-classes --num-classes 8M --batch-size 256 --momentum-dtype bf16 --workspace 4G \
-    --steps 5 --warmup 2 --find-max-classes
+  if wants max-classes; then
+    classifier 1 max-classes --num-classes 8M --batch-size 256 --momentum-dtype bf16 --workspace 4G \
+      --steps 5 --warmup 2 --find-max-classes
+  fi
 fi
 note "gpu-check status: $status"
 exit $status
