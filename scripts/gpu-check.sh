@@ -4,7 +4,8 @@
 #
 #   scripts/gpu-check.sh [--deps-dir DIR] [--out DIR] [--only LIST]
 #
-# LIST is a comma list of: tests, collectives, classifier, max-classes (default: all of them).
+# LIST is a comma list of: tests, collectives, classifier (the peer's shapes), momentum-bf16,
+# naive, max-classes (default: all of them).
 #
 # --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
 # stays off (NCCL_NVLS_ENABLE=0 and friends) unless the caller set those variables.
@@ -13,7 +14,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps_args=()
 out=${OUT:-$repo/build/gpu-check}
-only=tests,collectives,classifier,max-classes
+only=tests,collectives,classifier,momentum-bf16,naive,max-classes
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
@@ -94,14 +95,16 @@ if wants classifier; then
   for n in "${rank_counts[@]}"; do
     [ "$n" -eq 2 ] || [ "$n" -eq 4 ] || continue
     for state in fp32 bf16; do
-      [ "$state" = fp32 ] || [ "$n" -eq 2 ] || continue
+      [ "$state" = fp32 ] || wants momentum-bf16 || continue
       classifier "$n" "1M-b128-$state" --num-classes 1M --batch-size 128 --workspace 48G --momentum-dtype "$state" --profile
       classifier "$n" "1M-b512-$state" --num-classes 1M --batch-size 512 --workspace 48G --momentum-dtype "$state" --profile
       classifier "$n" "8M-b512-$state" --num-classes 8M --batch-size 512 --workspace 48G --momentum-dtype "$state" \
         --steps 10 --warmup 3 --profile
     done
-    classifier "$n" 8M-b128 --num-classes 8M --batch-size 128 --workspace 48G --steps 10 --warmup 3
-    classifier "$n" 8M-b128-naive --num-classes 8M --batch-size 128 --naive --steps 10 --warmup 3
+    if wants naive; then
+      classifier "$n" 8M-b128 --num-classes 8M --batch-size 128 --workspace 48G --steps 10 --warmup 3
+      classifier "$n" 8M-b128-naive --num-classes 8M --batch-size 128 --naive --steps 10 --warmup 3
+    fi
     if wants max-classes; then
       classifier "$n" max-classes --num-classes 8M --batch-size 128 --momentum-dtype bf16 --workspace 4G \
         --steps 5 --warmup 2 --find-max-classes

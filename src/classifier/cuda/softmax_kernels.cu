@@ -1,6 +1,7 @@
 // Fused per-chunk kernels of the sharded margin softmax over class-major logits [classes, batch]:
-// one pass for the forward statistics, one for the gradient. Each thread owns one sample
-// (column) and walks a tile of classes, so a warp reads 32 consecutive floats per row.
+// one pass for the forward statistics, one for the gradient. Each thread owns kVector adjacent
+// samples (columns) and walks a tile of classes; a warp reads 32 * kVector consecutive floats of
+// each class row with 16-byte loads when the batch allows it.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -29,102 +30,195 @@ __device__ inline float logit(float cosine, int64_t j, int64_t target, const Mar
   return margin_other(cosine, params);
 }
 
+// kVector consecutive floats of one class row.
+template <int kVector>
+struct Columns {
+  float v[kVector];
+};
+
+template <int kVector>
+__device__ inline Columns<kVector> load_columns(const float* p) {
+  Columns<kVector> c;
+  if constexpr (kVector == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    c.v[0] = q.x, c.v[1] = q.y, c.v[2] = q.z, c.v[3] = q.w;
+  } else {
+    c.v[0] = *p;
+  }
+  return c;
+}
+
+__device__ inline void store(__nv_bfloat16* out, float v) { *out = __float2bfloat16(v); }
+__device__ inline void store(__half* out, float v) { *out = __float2half(v); }
+
+template <int kVector>
+__device__ inline void store_columns(float* out, const float* v) {
+  if constexpr (kVector == 4) {
+    *reinterpret_cast<float4*>(out) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+    *out = v[0];
+  }
+}
+template <int kVector>
+__device__ inline void store_columns(__nv_bfloat16* out, const float* v) {
+  if constexpr (kVector == 4) {
+    reinterpret_cast<__nv_bfloat162*>(out)[0] = __floats2bfloat162_rn(v[0], v[1]);
+    reinterpret_cast<__nv_bfloat162*>(out)[1] = __floats2bfloat162_rn(v[2], v[3]);
+  } else {
+    store(out, v[0]);
+  }
+}
+template <int kVector>
+__device__ inline void store_columns(__half* out, const float* v) {
+  if constexpr (kVector == 4) {
+    reinterpret_cast<__half2*>(out)[0] = __floats2half2_rn(v[0], v[1]);
+    reinterpret_cast<__half2*>(out)[1] = __floats2half2_rn(v[2], v[3]);
+  } else {
+    store(out, v[0]);
+  }
+}
+
+template <int kVector>
 __global__ void chunk_stats_kernel(const float* __restrict__ dot, int64_t classes, int64_t batch,
                                    const int64_t* __restrict__ target_col, int64_t begin,
                                    MarginParams params, float* __restrict__ tile_max,
                                    float* __restrict__ tile_sum, float* __restrict__ target_logit) {
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (b >= batch) return;
-  const int64_t target = target_col[b] - begin;
+  const int64_t b0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kVector;
+  if (b0 >= batch) return;
+  int64_t target[kVector];
+#pragma unroll
+  for (int v = 0; v < kVector; ++v) target[v] = target_col[b0 + v] - begin;
   const int64_t tiles = (classes + kStatsTileRows - 1) / kStatsTileRows;
   for (int64_t tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
     const int64_t first = tile * kStatsTileRows;
     const int64_t last = min(classes, first + kStatsTileRows);
-    // Online max and sum of exponentials over the tile's classes; loads are issued kUnroll at a
-    // time so several are in flight per thread.
-    float m = -INFINITY, s = 0.0f;
-    for (int64_t j = first; j < last; j += kUnroll) {
-      float values[kUnroll];
+    // Online max and sum of exponentials over the tile's classes; kUnroll rows of loads are in
+    // flight per thread.
+    float m[kVector], s[kVector];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        values[u] = j + u < last ? dot[(j + u) * batch + b] : -INFINITY;
+    for (int v = 0; v < kVector; ++v) m[v] = -INFINITY, s[v] = 0.0f;
+    for (int64_t j = first; j < last; j += kUnroll) {
+      Columns<kVector> rows[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j + u < last) rows[u] = load_columns<kVector>(dot + (j + u) * batch + b0);
+      }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (j + u >= last) continue;
-        float unused;
-        const float z = logit(values[u], j + u, target, params, &unused);
-        if (j + u == target) target_logit[b] = z;
-        if (z > m) {
-          s = s * __expf(m - z) + 1.0f;
-          m = z;
-        } else {
-          s += __expf(z - m);
+#pragma unroll
+        for (int v = 0; v < kVector; ++v) {
+          float unused;
+          const float z = logit(rows[u].v[v], j + u, target[v], params, &unused);
+          if (j + u == target[v]) target_logit[b0 + v] = z;
+          if (z > m[v]) {
+            s[v] = s[v] * __expf(m[v] - z) + 1.0f;
+            m[v] = z;
+          } else {
+            s[v] += __expf(z - m[v]);
+          }
         }
       }
     }
-    tile_max[tile * batch + b] = m;
-    tile_sum[tile * batch + b] = s;
+    float* out_max = tile_max + tile * batch + b0;
+    float* out_sum = tile_sum + tile * batch + b0;
+    store_columns<kVector>(out_max, m);
+    store_columns<kVector>(out_sum, s);
   }
 }
 
-__device__ inline void store(float* out, float v) {
-  *out = v;
-}
-__device__ inline void store(__nv_bfloat16* out, float v) {
-  *out = __float2bfloat16(v);
-}
-__device__ inline void store(__half* out, float v) {
-  *out = __float2half(v);
-}
-
-template <typename Out>
+template <int kVector, typename Out>
 __global__ void chunk_grad_kernel(const float* __restrict__ dot, int64_t classes, int64_t batch,
                                   const int64_t* __restrict__ target_col, int64_t begin,
                                   const float* __restrict__ row_max,
                                   const float* __restrict__ row_inv_sum,
                                   const float* __restrict__ coef_ptr, MarginParams params,
                                   Out* __restrict__ out) {
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (b >= batch) return;
-  const float mx = row_max[b];
-  const float inv_sum = row_inv_sum[b];
+  const int64_t b0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kVector;
+  if (b0 >= batch) return;
   const float coef = *coef_ptr;
-  const int64_t target = target_col[b] - begin;
+  float mx[kVector], inv_sum[kVector];
+  int64_t target[kVector];
+#pragma unroll
+  for (int v = 0; v < kVector; ++v) {
+    mx[v] = row_max[b0 + v];
+    inv_sum[v] = row_inv_sum[b0 + v];
+    target[v] = target_col[b0 + v] - begin;
+  }
   const int64_t tiles = (classes + kGradTileRows - 1) / kGradTileRows;
   for (int64_t tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
     const int64_t first = tile * kGradTileRows;
     const int64_t last = min(classes, first + kGradTileRows);
     for (int64_t j = first; j < last; j += kUnroll) {
-      float values[kUnroll];
+      Columns<kVector> rows[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) values[u] = j + u < last ? dot[(j + u) * batch + b] : 0.0f;
+      for (int u = 0; u < kUnroll; ++u) {
+        if (j + u < last) rows[u] = load_columns<kVector>(dot + (j + u) * batch + b0);
+      }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (j + u >= last) continue;
-        float dz_dcos;
-        const float z = logit(values[u], j + u, target, params, &dz_dcos);
-        const float p = __expf(z - mx) * inv_sum - (j + u == target ? 1.0f : 0.0f);
-        store(out + (j + u) * batch + b, coef * p * dz_dcos);
+        float grad[kVector];
+#pragma unroll
+        for (int v = 0; v < kVector; ++v) {
+          float dz_dcos;
+          const float z = logit(rows[u].v[v], j + u, target[v], params, &dz_dcos);
+          const float p = __expf(z - mx[v]) * inv_sum[v] - (j + u == target[v] ? 1.0f : 0.0f);
+          grad[v] = coef * p * dz_dcos;
+        }
+        store_columns<kVector>(out + (j + u) * batch + b0, grad);
       }
     }
   }
 }
 
-// Samples across x; tiles of classes across y, grid-strided beyond the grid's y limit.
-dim3 grid_for(int64_t classes, int64_t batch, int64_t tile_rows) {
+// Samples across x (kVector per thread); tiles of classes across y, grid-strided beyond the
+// grid's y limit.
+dim3 grid_for(int64_t classes, int64_t batch, int64_t tile_rows, int vector) {
   const int64_t tiles = (classes + tile_rows - 1) / tile_rows;
-  return dim3(static_cast<unsigned>((batch + kThreads - 1) / kThreads),
+  const int64_t per_block = static_cast<int64_t>(kThreads) * vector;
+  return dim3(static_cast<unsigned>((batch + per_block - 1) / per_block),
               static_cast<unsigned>(std::min<int64_t>(tiles, 65535)));
+}
+
+// 16-byte accesses need every row, hence the batch, to be a multiple of 4 floats.
+bool vectorizable(int64_t batch, const void* dot) {
+  return batch % 4 == 0 && reinterpret_cast<uintptr_t>(dot) % 16 == 0;
+}
+
+template <int kVector, typename Out>
+void launch_grad(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
+                 int64_t begin, const float* row_max, const float* row_inv_sum, const float* coef,
+                 MarginParams params, Out* out, cudaStream_t stream) {
+  chunk_grad_kernel<kVector><<<grid_for(classes, batch, kGradTileRows, kVector), kThreads, 0, stream>>>(
+      dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params, out);
+}
+
+template <typename Out>
+void launch_grad(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
+                 int64_t begin, const float* row_max, const float* row_inv_sum, const float* coef,
+                 MarginParams params, Out* out, cudaStream_t stream) {
+  if (vectorizable(batch, dot) && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
+    launch_grad<4>(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params, out, stream);
+  } else {
+    launch_grad<1>(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params, out, stream);
+  }
 }
 
 }  // namespace
 
-cudaError_t chunk_stats(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
-                        int64_t begin, MarginParams params, float* tile_max, float* tile_sum,
-                        float* target_logit, cudaStream_t stream) {
+cudaError_t chunk_stats(const float* dot, int64_t classes, int64_t batch,
+                        const int64_t* target_col, int64_t begin, MarginParams params,
+                        float* tile_max, float* tile_sum, float* target_logit,
+                        cudaStream_t stream) {
   if (classes == 0 || batch == 0) return cudaSuccess;
-  chunk_stats_kernel<<<grid_for(classes, batch, kStatsTileRows), kThreads, 0, stream>>>(
-      dot, classes, batch, target_col, begin, params, tile_max, tile_sum, target_logit);
+  if (vectorizable(batch, dot)) {
+    chunk_stats_kernel<4><<<grid_for(classes, batch, kStatsTileRows, 4), kThreads, 0, stream>>>(
+        dot, classes, batch, target_col, begin, params, tile_max, tile_sum, target_logit);
+  } else {
+    chunk_stats_kernel<1><<<grid_for(classes, batch, kStatsTileRows, 1), kThreads, 0, stream>>>(
+        dot, classes, batch, target_col, begin, params, tile_max, tile_sum, target_logit);
+  }
   return cudaGetLastError();
 }
 
@@ -133,22 +227,18 @@ cudaError_t chunk_grad(const float* dot, int64_t classes, int64_t batch, const i
                        const float* coef, MarginParams params, void* out, ElementType out_type,
                        cudaStream_t stream) {
   if (classes == 0 || batch == 0) return cudaSuccess;
-  const dim3 grid = grid_for(classes, batch, kGradTileRows);
   switch (out_type) {
     case ElementType::kFloat32:
-      chunk_grad_kernel<<<grid, kThreads, 0, stream>>>(dot, classes, batch, target_col, begin,
-                                                       row_max, row_inv_sum, coef, params,
-                                                       static_cast<float*>(out));
+      launch_grad(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params,
+                  static_cast<float*>(out), stream);
       break;
     case ElementType::kBFloat16:
-      chunk_grad_kernel<<<grid, kThreads, 0, stream>>>(dot, classes, batch, target_col, begin,
-                                                       row_max, row_inv_sum, coef, params,
-                                                       static_cast<__nv_bfloat16*>(out));
+      launch_grad(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params,
+                  static_cast<__nv_bfloat16*>(out), stream);
       break;
     case ElementType::kFloat16:
-      chunk_grad_kernel<<<grid, kThreads, 0, stream>>>(dot, classes, batch, target_col, begin,
-                                                       row_max, row_inv_sum, coef, params,
-                                                       static_cast<__half*>(out));
+      launch_grad(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params,
+                  static_cast<__half*>(out), stream);
       break;
   }
   return cudaGetLastError();
