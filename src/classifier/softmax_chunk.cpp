@@ -96,7 +96,8 @@ void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& targe
   torch::Tensor chunk_max, chunk_sum;
 #ifdef MYRIAD_WITH_CUDA
   if (dot.is_cuda()) {
-    const int64_t tiles = (dot.size(0) + cuda::kStatsTileRows - 1) / cuda::kStatsTileRows;
+    const int64_t tile_rows = cuda::softmax_tile_rows(dot.size(0), dot.size(1));
+    const int64_t tiles = (dot.size(0) + tile_rows - 1) / tile_rows;
     torch::Tensor tile_max = torch::empty({tiles, dot.size(1)}, dot.options());
     torch::Tensor tile_sum = torch::empty({tiles, dot.size(1)}, dot.options());
     MYRIAD_CHECK_CUDA(cuda::chunk_stats(dot.data_ptr<float>(), dot.size(0), dot.size(1),

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "myriad/classifier/margin.h"
@@ -18,10 +19,16 @@ enum class ElementType { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 // samples b, so every GEMM operand has a short leading dimension and the kernels below read
 // along the batch, coalesced.
 
-// Classes one block of chunk_stats reduces.
-constexpr int64_t kStatsTileRows = 1024;
+// Classes one thread walks in chunk_stats and chunk_grad: long enough to amortise its per-sample
+// setup, short enough that about half a million threads share the chunk (samples x tiles), so
+// small batches still fill the GPU.
+inline int64_t softmax_tile_rows(int64_t classes, int64_t batch) {
+  const int64_t columns = batch % 4 == 0 ? batch / 4 : batch;
+  const int64_t rows = classes * columns / (int64_t{1} << 19);
+  return std::max<int64_t>(32, std::min<int64_t>(2048, rows)) / 4 * 4;
+}
 
-// Per (tile of kStatsTileRows classes, sample b): max of z and sum of exp(z - max), into
+// Per (tile of softmax_tile_rows classes, sample b): max of z and sum of exp(z - max), into
 // tile_max/tile_sum [tiles, batch]; target_logit[b] = z at b's target when its class
 // (target_col[b] - begin) lies in this chunk.
 cudaError_t chunk_stats(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,

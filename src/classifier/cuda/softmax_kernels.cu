@@ -15,9 +15,8 @@ namespace myriad::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kMaxThreads = 256;
 constexpr int kUnroll = 4;
-constexpr int64_t kGradTileRows = 256;
 
 __device__ inline float logit(float cosine, int64_t j, int64_t target, const MarginParams& params,
                               float* dz_dcos) {
@@ -81,17 +80,18 @@ __device__ inline void store_columns(__half* out, const float* v) {
 template <int kVector>
 __global__ void chunk_stats_kernel(const float* __restrict__ dot, int64_t classes, int64_t batch,
                                    const int64_t* __restrict__ target_col, int64_t begin,
-                                   MarginParams params, float* __restrict__ tile_max,
-                                   float* __restrict__ tile_sum, float* __restrict__ target_logit) {
-  const int64_t b0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kVector;
+                                   MarginParams params, int64_t tile_rows,
+                                   float* __restrict__ tile_max, float* __restrict__ tile_sum,
+                                   float* __restrict__ target_logit) {
+  const int64_t b0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVector;
   if (b0 >= batch) return;
   int64_t target[kVector];
 #pragma unroll
   for (int v = 0; v < kVector; ++v) target[v] = target_col[b0 + v] - begin;
-  const int64_t tiles = (classes + kStatsTileRows - 1) / kStatsTileRows;
+  const int64_t tiles = (classes + tile_rows - 1) / tile_rows;
   for (int64_t tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
-    const int64_t first = tile * kStatsTileRows;
-    const int64_t last = min(classes, first + kStatsTileRows);
+    const int64_t first = tile * tile_rows;
+    const int64_t last = min(classes, first + tile_rows);
     // Online max and sum of exponentials over the tile's classes; kUnroll rows of loads are in
     // flight per thread.
     float m[kVector], s[kVector];
@@ -133,8 +133,8 @@ __global__ void chunk_grad_kernel(const float* __restrict__ dot, int64_t classes
                                   const float* __restrict__ row_max,
                                   const float* __restrict__ row_inv_sum,
                                   const float* __restrict__ coef_ptr, MarginParams params,
-                                  Out* __restrict__ out) {
-  const int64_t b0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kVector;
+                                  int64_t tile_rows, Out* __restrict__ out) {
+  const int64_t b0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVector;
   if (b0 >= batch) return;
   const float coef = *coef_ptr;
   float mx[kVector], inv_sum[kVector];
@@ -145,10 +145,10 @@ __global__ void chunk_grad_kernel(const float* __restrict__ dot, int64_t classes
     inv_sum[v] = row_inv_sum[b0 + v];
     target[v] = target_col[b0 + v] - begin;
   }
-  const int64_t tiles = (classes + kGradTileRows - 1) / kGradTileRows;
+  const int64_t tiles = (classes + tile_rows - 1) / tile_rows;
   for (int64_t tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
-    const int64_t first = tile * kGradTileRows;
-    const int64_t last = min(classes, first + kGradTileRows);
+    const int64_t first = tile * tile_rows;
+    const int64_t last = min(classes, first + tile_rows);
     for (int64_t j = first; j < last; j += kUnroll) {
       Columns<kVector> rows[kUnroll];
 #pragma unroll
@@ -172,13 +172,24 @@ __global__ void chunk_grad_kernel(const float* __restrict__ dot, int64_t classes
   }
 }
 
-// Samples across x (kVector per thread); tiles of classes across y, grid-strided beyond the
-// grid's y limit.
-dim3 grid_for(int64_t classes, int64_t batch, int64_t tile_rows, int vector) {
-  const int64_t tiles = (classes + tile_rows - 1) / tile_rows;
-  const int64_t per_block = static_cast<int64_t>(kThreads) * vector;
-  return dim3(static_cast<unsigned>((batch + per_block - 1) / per_block),
-              static_cast<unsigned>(std::min<int64_t>(tiles, 65535)));
+// How a kernel covers [classes, batch]: kVector samples per thread across x, in blocks no wider
+// than the batch; tiles of classes across y, grid-strided beyond the grid's y limit.
+struct Launch {
+  dim3 grid;
+  dim3 block;
+  int64_t tile_rows;
+};
+
+Launch launch_for(int64_t classes, int64_t batch, int vector) {
+  const int64_t columns = (batch + vector - 1) / vector;
+  const int64_t threads = std::min<int64_t>(kMaxThreads, (columns + 31) / 32 * 32);
+  Launch l;
+  l.tile_rows = softmax_tile_rows(classes, batch);
+  const int64_t tiles = (classes + l.tile_rows - 1) / l.tile_rows;
+  l.block = dim3(static_cast<unsigned>(threads));
+  l.grid = dim3(static_cast<unsigned>((columns + threads - 1) / threads),
+                static_cast<unsigned>(std::min<int64_t>(tiles, 65535)));
+  return l;
 }
 
 // 16-byte accesses need every row, hence the batch, to be a multiple of 4 floats.
@@ -190,8 +201,9 @@ template <int kVector, typename Out>
 void launch_grad(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
                  int64_t begin, const float* row_max, const float* row_inv_sum, const float* coef,
                  MarginParams params, Out* out, cudaStream_t stream) {
-  chunk_grad_kernel<kVector><<<grid_for(classes, batch, kGradTileRows, kVector), kThreads, 0, stream>>>(
-      dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params, out);
+  const Launch l = launch_for(classes, batch, kVector);
+  chunk_grad_kernel<kVector><<<l.grid, l.block, 0, stream>>>(
+      dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params, l.tile_rows, out);
 }
 
 template <typename Out>
@@ -213,11 +225,13 @@ cudaError_t chunk_stats(const float* dot, int64_t classes, int64_t batch,
                         cudaStream_t stream) {
   if (classes == 0 || batch == 0) return cudaSuccess;
   if (vectorizable(batch, dot)) {
-    chunk_stats_kernel<4><<<grid_for(classes, batch, kStatsTileRows, 4), kThreads, 0, stream>>>(
-        dot, classes, batch, target_col, begin, params, tile_max, tile_sum, target_logit);
+    const Launch l = launch_for(classes, batch, 4);
+    chunk_stats_kernel<4><<<l.grid, l.block, 0, stream>>>(dot, classes, batch, target_col, begin, params,
+                                                          l.tile_rows, tile_max, tile_sum, target_logit);
   } else {
-    chunk_stats_kernel<1><<<grid_for(classes, batch, kStatsTileRows, 1), kThreads, 0, stream>>>(
-        dot, classes, batch, target_col, begin, params, tile_max, tile_sum, target_logit);
+    const Launch l = launch_for(classes, batch, 1);
+    chunk_stats_kernel<1><<<l.grid, l.block, 0, stream>>>(dot, classes, batch, target_col, begin, params,
+                                                          l.tile_rows, tile_max, tile_sum, target_logit);
   }
   return cudaGetLastError();
 }
