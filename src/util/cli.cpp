@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "myriad/util/error.h"
+#include "myriad/util/log.h"
 
 namespace myriad {
 
@@ -18,6 +19,26 @@ bool wants_help(int argc, char** argv) {
   return false;
 }
 
+// Options every command takes: logging, which overrides MYRIAD_LOG_LEVEL / MYRIAD_LOG_ALL_RANKS.
+po::options_description with_logging_options(const po::options_description& options) {
+  po::options_description logging("logging");
+  // clang-format off
+  logging.add_options()
+      ("log-level", po::value<std::string>(), "debug, info, warn, error or off (default: MYRIAD_LOG_LEVEL, else info)")
+      ("log-all-ranks", po::bool_switch(), "every rank logs, not only rank 0 (default: MYRIAD_LOG_ALL_RANKS)");
+  // clang-format on
+  po::options_description all;
+  all.add(options).add(logging);
+  return all;
+}
+
+void apply_logging_options(const po::variables_map& values) {
+  LogConfig config = logging_config();
+  if (values.count("log-level") > 0) config.level = parse_log_level(values["log-level"].as<std::string>());
+  if (values.count("log-all-ranks") > 0 && values["log-all-ranks"].as<bool>()) config.all_ranks = true;
+  configure_logging(config);
+}
+
 void print_help(const po::options_description& options, const std::string& usage, int rank) {
   if (rank != 0) return;
   std::cout << usage << "\n\n" << options << std::endl;
@@ -27,34 +48,37 @@ void print_help(const po::options_description& options, const std::string& usage
 
 bool parse_command_line(int argc, char** argv, const po::options_description& options,
                         po::variables_map& values, const std::string& usage, int rank) {
+  const po::options_description all = with_logging_options(options);
   if (wants_help(argc, argv)) {
-    print_help(options, usage, rank);
+    print_help(all, usage, rank);
     return false;
   }
   try {
-    po::store(po::command_line_parser(argc, argv).options(options).run(), values);
+    po::store(po::command_line_parser(argc, argv).options(all).run(), values);
     po::notify(values);
   } catch (const po::error& e) {
     throw UsageError(e.what());
   }
+  apply_logging_options(values);
   return true;
 }
 
 bool parse_command_line_and_config(int argc, char** argv, const po::options_description& options,
                                    po::variables_map& values, const std::string& usage, int rank,
                                    const std::string& config_option) {
+  const po::options_description all = with_logging_options(options);
   if (wants_help(argc, argv)) {
-    print_help(options, usage, rank);
+    print_help(all, usage, rank);
     return false;
   }
   try {
-    po::store(po::command_line_parser(argc, argv).options(options).run(), values);
+    po::store(po::command_line_parser(argc, argv).options(all).run(), values);
     if (values.count(config_option) > 0) {
       const std::string path = values[config_option].as<std::string>();
       std::ifstream file(path);
       if (!file) throw UsageError(str_format("cannot open config file '{}'", path));
       try {
-        po::store(po::parse_config_file(file, options, false), values);
+        po::store(po::parse_config_file(file, all, false), values);
       } catch (const po::error& e) {
         throw UsageError(str_format("config file '{}': {}", path, e.what()));
       }
@@ -63,6 +87,7 @@ bool parse_command_line_and_config(int argc, char** argv, const po::options_desc
   } catch (const po::error& e) {
     throw UsageError(e.what());
   }
+  apply_logging_options(values);
   return true;
 }
 

@@ -9,9 +9,9 @@ namespace myriad {
 
 namespace po = boost::program_options;
 
-// Parses `argv` (argv[0] excluded when `skip_program` is set) against `options`. An unknown
-// option or a malformed value becomes a UsageError naming it. Returns false when --help was given;
-// rank 0 has then printed `usage` and the options.
+// Parses `argv` against `options` plus the logging options every command takes (--log-level,
+// --log-all-ranks, applied at once). An unknown option or a malformed value becomes a UsageError
+// naming it. Returns false when --help was given; rank 0 has then printed `usage` and the options.
 bool parse_command_line(int argc, char** argv, const po::options_description& options,
                         po::variables_map& values, const std::string& usage, int rank);
 

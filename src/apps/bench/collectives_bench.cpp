@@ -28,13 +28,14 @@ enum class Collective { kAllReduce, kAllGather, kReduceScatter, kBroadcast };
 struct CollectiveInfo {
   Collective kind;
   const char* name;
+  bool reduces;
 };
 
 const CollectiveInfo kCollectives[] = {
-    {Collective::kAllReduce, "all_reduce"},
-    {Collective::kAllGather, "all_gather"},
-    {Collective::kReduceScatter, "reduce_scatter"},
-    {Collective::kBroadcast, "broadcast"},
+    {Collective::kAllReduce, "all_reduce", true},
+    {Collective::kAllGather, "all_gather", false},
+    {Collective::kReduceScatter, "reduce_scatter", true},
+    {Collective::kBroadcast, "broadcast", false},
 };
 
 torch::ScalarType parse_dtype(const std::string& name) {
@@ -220,9 +221,9 @@ int run_collectives_bench(ProcessContext& context, int argc, char** argv) {
         comm.backend(), world, c10::toString(dtype), reduce_op_name(op), checks.c_str(), iters);
     std::printf(
         "# time: per call, min/avg/max over ranks; algbw and busbw from the slowest rank\n");
-    std::printf("%-15s %12s %12s %9s %10s %10s %10s %11s %11s %7s\n", "# collective", "size(B)",
-                "count", "type", "min(us)", "avg(us)", "max(us)", "algbw(GB/s)", "busbw(GB/s)",
-                "#wrong");
+    std::printf("%-15s %12s %12s %9s %6s %10s %10s %10s %11s %11s %7s\n", "# collective", "size(B)",
+                "count", "type", "redop", "min(us)", "avg(us)", "max(us)", "algbw(GB/s)",
+                "busbw(GB/s)", "#wrong");
   }
   int64_t total_wrong = 0;
   for (const CollectiveInfo& collective : collectives) {
@@ -249,10 +250,11 @@ int run_collectives_bench(ProcessContext& context, int argc, char** argv) {
       const RankSpread t = spread_over_ranks(us, context.world(), world);
       if (context.rank() == 0) {
         const double algbw = static_cast<double>(c.bytes) / (t.max * 1e-6) / 1e9;
-        std::printf("%-15s %12lld %12lld %9s %10.1f %10.1f %10.1f %11.2f %11.2f %7lld\n",
+        std::printf("%-15s %12lld %12lld %9s %6s %10.1f %10.1f %10.1f %11.2f %11.2f %7lld\n",
                     collective.name, static_cast<long long>(c.bytes),
-                    static_cast<long long>(c.count), c10::toString(dtype), t.min, t.avg, t.max,
-                    algbw, algbw * c.bus_factor, static_cast<long long>(wrong));
+                    static_cast<long long>(c.count), c10::toString(dtype),
+                    collective.reduces ? reduce_op_name(op) : "-", t.min, t.avg, t.max, algbw,
+                    algbw * c.bus_factor, static_cast<long long>(wrong));
         std::fflush(stdout);
       }
     }
