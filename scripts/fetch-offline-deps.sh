@@ -4,8 +4,8 @@
 #
 #   scripts/fetch-offline-deps.sh DIR [extra package ...]
 #
-# Default set: Boost.Program_options (runtime and headers), nlohmann-json and libjpeg-turbo's
-# TurboJPEG. The packages are Debian 12's; their libraries need glibc 2.36 or newer (Ubuntu
+# Default set: Boost.Program_options (runtime and headers), nlohmann-json, libjpeg-turbo's
+# TurboJPEG and libpng. The packages are Debian 12's; their libraries need glibc 2.36 or newer (Ubuntu
 # 22.10+, Debian 12+). Nothing is installed on this machine.
 set -euo pipefail
 
@@ -17,7 +17,7 @@ dir=$(cd "$dir" && pwd)
 
 packages=(
   libboost-program-options1.74.0 libboost-program-options1.74-dev libboost1.74-dev
-  nlohmann-json3-dev libturbojpeg0 libturbojpeg0-dev
+  nlohmann-json3-dev libturbojpeg0 libturbojpeg0-dev libpng16-16 libpng-dev
   "$@"
 )
 # apt-get download writes into the current directory; as root it warns that the _apt user

@@ -42,7 +42,7 @@ log() { echo "[setup] $*"; }
 debian_packages=(
   g++ cmake ninja-build pkg-config ccache
   libtorch-dev libopenmpi-dev openmpi-bin libhdf5-dev libboost-program-options-dev
-  libgtest-dev nlohmann-json3-dev libturbojpeg0-dev zlib1g-dev hdf5-tools
+  libgtest-dev nlohmann-json3-dev libturbojpeg0-dev libpng-dev zlib1g-dev hdf5-tools
 )
 
 torch_prefix_from_python() {

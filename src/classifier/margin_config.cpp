@@ -12,22 +12,6 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
-const char* type_name(MarginType type) {
-  switch (type) {
-    case MarginType::kSoftmax:
-      return "softmax";
-    case MarginType::kArcFace:
-      return "arcface";
-    case MarginType::kCosFace:
-      return "cosface";
-    case MarginType::kSphereFace:
-      return "sphereface";
-    case MarginType::kCombined:
-      return "combined";
-  }
-  return "?";
-}
-
 }  // namespace
 
 MarginParams MarginConfig::params() const {

@@ -73,9 +73,9 @@ cudaStream_t stream_of(const torch::Tensor& t) {
 torch::Tensor prepare_chunk_rows(const torch::Tensor& weight, const torch::Tensor& index,
                                  int64_t begin, int64_t end, torch::ScalarType dtype,
                                  bool normalize) {
-  const int64_t count = end - begin;
 #ifdef MYRIAD_WITH_CUDA
   if (weight.is_cuda()) {
+    const int64_t count = end - begin;
     torch::Tensor out = torch::empty({count, weight.size(1)}, weight.options().dtype(dtype));
     MYRIAD_CHECK_CUDA(cuda::prepare_rows(weight.data_ptr<float>(), weight.size(1),
                                          index.defined() ? index.data_ptr<int64_t>() : nullptr,

@@ -16,15 +16,24 @@ CommFactory::CommFactory(const ProcessContext& context)
 
 CommFactory::~CommFactory() = default;
 
+std::unique_ptr<Communicator> CommFactory::create(const torch::Device& device) const {
+  if (device.is_cpu()) return std::make_unique<MpiCommunicator>(context_.world());
+  MYRIAD_CHECK(device.is_cuda(), "no communicator moves tensors on {}", device.str());
+#ifdef MYRIAD_WITH_NCCL
+  return std::make_unique<NcclCommunicator>(
+      context_.world(), device.has_index() ? device : torch::Device(torch::kCUDA, c10::cuda::current_device()));
+#else
+  MYRIAD_THROW("CUDA tensors need the NCCL backend, which this build of myriad does not have");
+#endif
+}
+
 Communicator& CommFactory::for_device(const torch::Device& device) {
   if (device.is_cpu()) return *mpi_;
   MYRIAD_CHECK(device.is_cuda(), "no communicator moves tensors on {}", device.str());
 #ifdef MYRIAD_WITH_NCCL
   const torch::Device indexed =
       device.has_index() ? device : torch::Device(torch::kCUDA, c10::cuda::current_device());
-  if (!nccl_) {
-    nccl_ = std::make_unique<NcclCommunicator>(context_.world(), indexed);
-  }
+  if (!nccl_) nccl_ = create(indexed);
   MYRIAD_CHECK(nccl_->device() == indexed,
                "this rank's NCCL communicator drives {}, not {}; use one GPU per rank",
                nccl_->device().str(), indexed.str());

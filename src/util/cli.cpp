@@ -47,14 +47,18 @@ void print_help(const po::options_description& options, const std::string& usage
 }  // namespace
 
 bool parse_command_line(int argc, char** argv, const po::options_description& options,
-                        po::variables_map& values, const std::string& usage, int rank) {
+                        po::variables_map& values, const std::string& usage, int rank,
+                        const po::positional_options_description* positional) {
   const po::options_description all = with_logging_options(options);
   if (wants_help(argc, argv)) {
     print_help(all, usage, rank);
     return false;
   }
   try {
-    po::store(po::command_line_parser(argc, argv).options(all).run(), values);
+    po::command_line_parser parser(argc, argv);
+    parser.options(all);
+    if (positional != nullptr) parser.positional(*positional);
+    po::store(parser.run(), values);
     po::notify(values);
   } catch (const po::error& e) {
     throw UsageError(e.what());

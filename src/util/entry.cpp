@@ -22,12 +22,17 @@ std::string program_name(const char* argv0) {
   return slash != nullptr ? slash + 1 : argv0;
 }
 
-[[noreturn]] void abort_job(const std::string& program, const std::string& what) {
+// Reports an error only this rank may have seen. With other ranks, MPI_Abort brings them down
+// too, whatever collective they wait in; alone, the process just exits.
+int fail_rank(const std::string& program, const std::string& what, int world_size) {
   log_write_this_rank(LogLevel::kError, str_format("{}: error: {}", program, what));
   std::fflush(stdout);
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, kExitFailure);
-  std::_Exit(kExitFailure);
+  if (world_size > 1) {
+    MPI_Abort(MPI_COMM_WORLD, kExitFailure);
+    std::_Exit(kExitFailure);
+  }
+  return kExitFailure;
 }
 
 }  // namespace
@@ -50,15 +55,15 @@ int run_entry(int argc, char** argv, const EntryBody& body) {
     }
     return kExitUsage;
   } catch (const Error& e) {
-    if (!e.collective()) abort_job(program, e.what());
+    if (!e.collective()) return fail_rank(program, e.what(), context->size());
     if (context->rank() == 0) {
       log_write_this_rank(LogLevel::kError, str_format("{}: error: {}", program, e.what()));
     }
     return kExitFailure;
   } catch (const c10::Error& e) {
-    abort_job(program, e.what_without_backtrace());
+    return fail_rank(program, e.what_without_backtrace(), context->size());
   } catch (const std::exception& e) {
-    abort_job(program, e.what());
+    return fail_rank(program, e.what(), context->size());
   }
 }
 

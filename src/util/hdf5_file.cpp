@@ -203,6 +203,29 @@ torch::Tensor Hdf5File::read_rows(const std::string& name, int64_t begin, int64_
   return out;
 }
 
+namespace {
+
+// Selects the listed rows (ascending) of a dataset's file space; consecutive rows become one
+// hyperslab each.
+void select_rows(hid_t file_space, const std::vector<int64_t>& dims, const std::vector<int64_t>& rows,
+                 const std::string& where) {
+  MYRIAD_CHECK_HDF5(H5Sselect_none(file_space), "selecting rows of " + where);
+  std::vector<hsize_t> start(dims.size(), 0), extent(dims.begin(), dims.end());
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i + 1;
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    MYRIAD_CHECK(rows[i] >= 0 && rows[j - 1] < dims[0] && (i == 0 || rows[i] > rows[i - 1]),
+                 "row list for {} must be ascending and inside [0, {})", where, dims[0]);
+    start[0] = static_cast<hsize_t>(rows[i]);
+    extent[0] = static_cast<hsize_t>(j - i);
+    MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space, H5S_SELECT_OR, start.data(), nullptr, extent.data(), nullptr),
+                      "selecting rows of " + where);
+    i = j;
+  }
+}
+
+}  // namespace
+
 torch::Tensor Hdf5File::read_row_list(const std::string& name,
                                       const std::vector<int64_t>& rows) const {
   auto lock = hdf5_lock();
@@ -216,21 +239,7 @@ torch::Tensor Hdf5File::read_row_list(const std::string& name,
   Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
   MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
   Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
-  MYRIAD_CHECK_HDF5(H5Sselect_none(file_space.get()), "selecting rows of " + where(name));
-  std::vector<hsize_t> start(dims.size(), 0), extent = dims_of(dims);
-  // Consecutive rows become one hyperslab each.
-  for (size_t i = 0; i < rows.size();) {
-    size_t j = i + 1;
-    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
-    MYRIAD_CHECK(rows[i] >= 0 && rows[j - 1] < dims[0] && (i == 0 || rows[i] > rows[i - 1]),
-                 "row list for {} must be ascending and inside [0, {})", where(name), dims[0]);
-    start[0] = static_cast<hsize_t>(rows[i]);
-    extent[0] = static_cast<hsize_t>(j - i);
-    MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_OR, start.data(), nullptr,
-                                          extent.data(), nullptr),
-                      "selecting rows of " + where(name));
-    i = j;
-  }
+  select_rows(file_space.get(), dims, rows, where(name));
   const std::vector<hsize_t> memory_dims = dims_of(out_shape);
   Handle memory_space(
       H5Screate_simple(static_cast<int>(memory_dims.size()), memory_dims.data(), nullptr),
@@ -365,6 +374,28 @@ std::vector<std::string> Hdf5File::read_bytes(const std::string& name, int64_t b
                     "reading " + where(name));
   for (int64_t i = 0; i < count; ++i)
     items[i].assign(static_cast<const char*>(buffers[i].p), buffers[i].len);
+  H5Dvlen_reclaim(type.get(), memory_space.get(), H5P_DEFAULT, buffers.data());
+  return items;
+}
+
+std::vector<std::string> Hdf5File::read_bytes_list(const std::string& name, const std::vector<int64_t>& rows) const {
+  auto lock = hdf5_lock();
+  const std::vector<int64_t> dims = shape(name);
+  MYRIAD_CHECK(dims.size() == 1, "{} is not a list of byte strings", where(name));
+  std::vector<std::string> items(rows.size());
+  if (rows.empty()) return items;
+  Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  Handle type(H5Tvlen_create(H5T_NATIVE_UINT8), H5Tclose);
+  Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
+  select_rows(file_space.get(), dims, rows, where(name));
+  const hsize_t extent[1] = {rows.size()};
+  Handle memory_space(H5Screate_simple(1, extent, nullptr), H5Sclose);
+  std::vector<hvl_t> buffers(rows.size());
+  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
+                            buffers.data()),
+                    "reading " + where(name));
+  for (size_t i = 0; i < rows.size(); ++i) items[i].assign(static_cast<const char*>(buffers[i].p), buffers[i].len);
   H5Dvlen_reclaim(type.get(), memory_space.get(), H5P_DEFAULT, buffers.data());
   return items;
 }

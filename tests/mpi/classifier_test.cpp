@@ -248,7 +248,9 @@ TEST_P(ClassifierTest, FusedSgdMatchesReferenceAndTouchesOnlySampledRows) {
       // Rows never sampled keep their initial weights and a zero momentum, bit for bit.
       const torch::Tensor untouched =
           touched.slice(0, offset, offset + rows).logical_not().nonzero().squeeze(1);
-      if (rate < 1.0 && world() == 1) EXPECT_GT(untouched.numel(), 0) << label;
+      if (rate < 1.0 && world() == 1) {
+        EXPECT_GT(untouched.numel(), 0) << label;
+      }
       const torch::Tensor initial = p.weight.slice(0, offset, offset + rows);
       EXPECT_TRUE(torch::equal(module->weight().cpu().index_select(0, untouched),
                                initial.index_select(0, untouched)))

@@ -16,6 +16,7 @@ TEST(Format, AppliesWidthPrecisionFillAndAlignment) {
   EXPECT_EQ(str_format("[{:03}]", 7), "[007]");
   EXPECT_EQ(str_format("[{:<5}]", "ab"), "[ab   ]");
   EXPECT_EQ(str_format("[{:6.2f}]", 1.5), "[  1.50]");
+  EXPECT_EQ(str_format("{:02x}{:02x} {}", 8, 255, 10), "08ff 10");
   // A spec does not leak into the next argument.
   EXPECT_EQ(str_format("{:.1f} {}", 1.25, 1.25), "1.2 1.25");
 }

@@ -21,6 +21,9 @@ class CommFactory {
   Communicator& for_device(const torch::Device& device);
   Communicator& for_tensor(const torch::Tensor& tensor) { return for_device(tensor.device()); }
   Communicator& mpi() { return *mpi_; }
+  // A new communicator of its own for `device` (a collective call), for traffic that runs
+  // concurrently with the shared one, such as gradient buckets on their own CUDA stream.
+  std::unique_ptr<Communicator> create(const torch::Device& device) const;
 
  private:
   const ProcessContext& context_;

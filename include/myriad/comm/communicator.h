@@ -65,6 +65,10 @@ class Communicator {
   // One integer per rank, exchanged over MPI with no device synchronisation.
   std::vector<int64_t> all_gather_counts(int64_t local) const;
 
+  // Turns the cross-rank argument agreement off for this communicator, for internal traffic
+  // whose shapes are fixed and were agreed on once (gradient buckets).
+  void set_checks(bool enabled) { checks_ = enabled; }
+
  protected:
   // Duplicates `control` for this communicator's own agreement traffic.
   explicit Communicator(MPI_Comm control);

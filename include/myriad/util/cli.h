@@ -13,7 +13,8 @@ namespace po = boost::program_options;
 // --log-all-ranks, applied at once). An unknown option or a malformed value becomes a UsageError
 // naming it. Returns false when --help was given; rank 0 has then printed `usage` and the options.
 bool parse_command_line(int argc, char** argv, const po::options_description& options,
-                        po::variables_map& values, const std::string& usage, int rank);
+                        po::variables_map& values, const std::string& usage, int rank,
+                        const po::positional_options_description* positional = nullptr);
 
 // Like parse_command_line, then reads the INI file named by option `config_option` when set;
 // the command line wins over the file.

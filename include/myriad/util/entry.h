@@ -16,7 +16,7 @@ using EntryBody = std::function<int(ProcessContext& context, int argc, char** ar
 // Runs `body` as the whole program of one rank. An error raised identically on every rank
 // (Error::collective(), UsageError) is reported once by rank 0 and every rank exits cleanly with
 // kExitUsage or kExitFailure. Any other error is logged by the rank that hit it, which then calls
-// MPI_Abort so that no other rank is left waiting in a collective.
+// MPI_Abort so that no other rank is left waiting in a collective (a single process just exits).
 int run_entry(int argc, char** argv, const EntryBody& body);
 
 }  // namespace myriad

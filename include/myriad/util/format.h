@@ -10,7 +10,7 @@ namespace detail {
 
 // Writes `fmt` up to its next placeholder, applies the placeholder's spec to `os`, and returns
 // the rest of the format after the placeholder. A spec is `{}` or
-// `{:[<][0][width][.precision][f|e]}`.
+// `{:[<][0][width][.precision][f|e|x]}`.
 std::string_view format_step(std::ostream& os, std::string_view fmt);
 
 inline void format_rest(std::ostream& os, std::string_view fmt) {

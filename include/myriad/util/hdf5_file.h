@@ -49,6 +49,8 @@ class Hdf5File {
   void create_bytes(const std::string& name, int64_t count, int64_t chunk_rows);
   void write_bytes(const std::string& name, int64_t begin, const std::vector<std::string>& items);
   std::vector<std::string> read_bytes(const std::string& name, int64_t begin, int64_t count) const;
+  // Rows listed by `rows` (ascending), in one read.
+  std::vector<std::string> read_bytes_list(const std::string& name, const std::vector<int64_t>& rows) const;
   bool is_bytes(const std::string& name) const;
 
   // Scalar attributes on an object ("/" is the file). Getters return nullopt when absent.

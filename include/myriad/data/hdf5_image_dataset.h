@@ -1,0 +1,53 @@
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "myriad/data/image_source.h"
+#include "myriad/util/hdf5_file.h"
+
+namespace myriad {
+
+// The HDF5 image format of docs/data-format.md: /images raw uint8 [N, H, W, C] or encoded bytes
+// (one JPEG/PNG per row), /labels int64 [N], attributes num_classes, height, width, channels.
+// Opening validates the layout and every label; a bad file is an Error naming it. Files of
+// verification pairs have no /labels (`labelled` false); their images all read as label 0.
+class Hdf5ImageDataset final : public ImageSource {
+ public:
+  explicit Hdf5ImageDataset(const std::string& path, bool labelled = true);
+
+  const Hdf5File& file() const { return file_; }
+
+  const DatasetInfo& info() const override { return info_; }
+  int64_t label(int64_t index) const override { return labels_.empty() ? 0 : labels_.at(index); }
+  void read(const std::vector<int64_t>& indices, uint8_t* out) const override;
+
+ private:
+  Hdf5File file_;
+  DatasetInfo info_;
+  std::vector<int64_t> labels_;
+};
+
+// Writes a dataset in that format, image by image or in blocks, under a temporary name that
+// becomes `path` on finish(); an unfinished writer (an error unwound it) leaves nothing behind.
+class Hdf5ImageWriter {
+ public:
+  Hdf5ImageWriter(const std::string& path, int64_t size, int height, int width, int channels, bool encoded,
+                  int64_t num_classes);
+  ~Hdf5ImageWriter();
+
+  // Raw pixels uint8 [n, H, W, C] for rows [begin, begin + n).
+  void write_raw(int64_t begin, const uint8_t* pixels, int64_t n);
+  void write_encoded(int64_t begin, const std::vector<std::string>& images);
+  void write_labels(int64_t begin, const std::vector<int64_t>& labels);
+  void set_attribute(const std::string& key, const std::string& value);
+  void finish();
+
+ private:
+  std::unique_ptr<AtomicOutput> output_;
+  std::unique_ptr<Hdf5File> file_;
+  int64_t size_;
+  int height_, width_, channels_;
+};
+
+}  // namespace myriad

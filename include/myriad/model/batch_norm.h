@@ -1,0 +1,32 @@
+#pragma once
+
+#include <torch/torch.h>
+
+namespace myriad {
+
+class Communicator;
+
+// Batch normalisation over dim 1 of [N, C] or [N, C, *] inputs, with the parameters and buffers
+// of LibTorch's BatchNorm (weight, bias, running_mean, running_var, num_batches_tracked), so
+// exported weights load into any framework. In training mode it normalises with the statistics of
+// this rank's batch, or, once synchronised (set_batch_norm_sync), of the global batch over all
+// ranks: one all-reduce of per-channel sums in forward and one in backward (SyncBN). Then the
+// forward pass, and so the loss, does not depend on how the global batch is split.
+class BatchNormImpl : public torch::nn::Module {
+ public:
+  explicit BatchNormImpl(int64_t features, double eps = 1e-5, double momentum = 0.1);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+  Communicator* sync = nullptr;
+
+ private:
+  double eps_;
+  double momentum_;
+};
+TORCH_MODULE(BatchNorm);
+
+// Points every BatchNorm inside `module` at `comm` (null: per-rank statistics again).
+void set_batch_norm_sync(torch::nn::Module& module, Communicator* comm);
+
+}  // namespace myriad

@@ -1,0 +1,21 @@
+#pragma once
+
+#include "myriad/model/backbone.h"
+
+namespace myriad {
+
+// MobileFaceNet (Chen et al., 2018): a 3x3 stride-2 stem, a depthwise 3x3, inverted-residual
+// bottlenecks (expansion, channels, repeats, stride) = (2,64,5,2) (4,128,1,2) (2,128,6,1)
+// (4,128,1,2) (2,128,2,1), a 1x1 to 512 channels, a global depthwise convolution over the final
+// H/16 x W/16 map and a linear 1x1 to the embedding, each followed by batch norm (PReLU after
+// the non-linear ones). Input height and width must be divisible by 16.
+class MobileFaceNet final : public Backbone {
+ public:
+  explicit MobileFaceNet(const BackboneOptions& options);
+  torch::Tensor forward(const torch::Tensor& images) override;
+
+ private:
+  torch::nn::Sequential body_{nullptr};
+};
+
+}  // namespace myriad

@@ -1,0 +1,59 @@
+#pragma once
+
+#include <torch/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "myriad/data/image_source.h"
+#include "myriad/model/backbone.h"
+
+namespace myriad {
+
+class Communicator;
+class ShardedMarginSoftmax;
+
+struct ClassificationEval {
+  int64_t samples = 0;
+  double top1 = 0.0;      // the sharded classifier's argmax over all C classes
+  int64_t knn_samples = 0;
+  double knn_top1 = 0.0;  // the label of each embedding's nearest other embedding (cosine)
+};
+
+struct VerificationEval {
+  int64_t pairs = 0;
+  double accuracy = 0.0;   // mean over the 10 folds
+  double std = 0.0;        // over the folds
+  double threshold = 0.0;  // mean best cosine threshold
+};
+
+// Everything evaluation needs besides the model.
+struct EvalSetup {
+  Communicator* comm = nullptr;  // the data plane of `device`
+  torch::Device device{torch::kCPU};
+  int64_t batch_size = 256;  // per rank
+  // Autocast dtype for the backbone, as in training (float32 when unset).
+  std::optional<torch::ScalarType> autocast;
+  // kNN uses the first `knn_limit` samples of the set (the gallery is gathered on every rank).
+  int64_t knn_limit = 20000;
+};
+
+// Top-1 of the classifier and kNN top-1 of the embeddings on a labelled set. Each rank
+// evaluates a balanced slice; collective. The backbone must be in eval mode.
+ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoftmax& classifier,
+                                           const ImageSource& data, const EvalSetup& setup);
+
+// 10-fold verification accuracy on pairs (images 2i and 2i+1, `issame[i]`), the LFW protocol:
+// embeddings of each image and of its mirror image are summed and normalised; for each fold
+// the cosine threshold that is best on the other nine folds is applied to it. Collective.
+VerificationEval evaluate_verification(Backbone& backbone, const ImageSource& images, const std::vector<bool>& issame,
+                                       const EvalSetup& setup);
+
+// The 10-fold protocol on given similarities.
+VerificationEval ten_fold_accuracy(const torch::Tensor& similarity, const std::vector<bool>& issame);
+
+// `issame` of a pairs file (docs/data-format.md); an Error when the file does not match its images.
+std::vector<bool> read_pair_labels(const std::string& path, int64_t images);
+
+}  // namespace myriad

@@ -1,0 +1,67 @@
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "myriad/comm/communicator.h"
+
+namespace myriad {
+
+struct GradientSyncStats {
+  double all_reduce_ms = 0.0;  // time the bucket all-reduces took, last step
+  double exposed_ms = 0.0;     // of which the step waited for after backward
+};
+
+// Data-parallel gradient synchronisation of the replicated backbone. Gradients are SUMMED over
+// ranks: the classifier's loss is already the mean over the global batch (docs/classifier.md).
+//
+// Parameters are grouped into buckets of about `bucket_bytes`, in reverse order of registration,
+// roughly the order backward produces their gradients. A hook on each parameter copies its
+// gradient into its bucket; when a bucket is complete its all-reduce starts at once, on a CUDA
+// stream of its own (waiting only for the bucket's gradients), so communication overlaps the rest
+// of backward. finish() reduces buckets still incomplete (parameters without a gradient count as
+// zero), waits, and writes the sums into the parameters' .grad. On the CPU the all-reduces run
+// inline. Construction checks that every rank registers the same parameters.
+class GradientSynchronizer {
+ public:
+  GradientSynchronizer(std::vector<torch::Tensor> params, std::unique_ptr<Communicator> comm, int64_t bucket_bytes);
+  ~GradientSynchronizer();
+  GradientSynchronizer(const GradientSynchronizer&) = delete;
+  GradientSynchronizer& operator=(const GradientSynchronizer&) = delete;
+
+  // After loss.backward(): every parameter's .grad then holds the sum over ranks.
+  void finish();
+  int64_t bucket_count() const { return static_cast<int64_t>(buckets_.size()); }
+  // Timing of the last finished step (waits for the device).
+  GradientSyncStats last_stats();
+
+ private:
+  struct Bucket;
+  struct Slot {
+    size_t bucket;
+    int64_t offset;
+    bool received = false;
+  };
+  void on_gradient(size_t param, const torch::Tensor& grad);
+  void launch(Bucket& bucket);
+
+  std::vector<torch::Tensor> params_;
+  std::vector<Slot> slots_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<unsigned> hooks_;
+  std::unique_ptr<Communicator> comm_;
+  torch::Device device_;
+  struct CudaState;
+  std::unique_ptr<CudaState> cuda_;
+};
+
+// Copies rank 0's parameters and buffers into every rank's `module` (collective).
+void broadcast_module_state(torch::nn::Module& module, Communicator& comm);
+
+// Copies rank 0's buffers (batch-norm statistics) into every rank's `module`, coalesced into one
+// broadcast per dtype; run before each step so that replicas stay identical.
+void broadcast_buffers(torch::nn::Module& module, Communicator& comm);
+
+}  // namespace myriad

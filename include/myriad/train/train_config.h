@@ -1,0 +1,70 @@
+#pragma once
+
+#include <boost/program_options.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "myriad/classifier/margin_config.h"
+#include "myriad/model/backbone.h"
+
+namespace myriad {
+
+// Everything myriad-train is told, after validation.
+struct TrainConfig {
+  std::string run_dir = "runs/default";
+  std::string data = "synthetic";
+  std::string val_data;
+  std::vector<std::string> eval_pairs;
+  InputShape input;
+  std::string backbone = "iresnet50";
+  int64_t embedding_size = 512;
+  double dropout = 0.0;
+  bool sync_bn = false;
+  int64_t num_classes = 0;  // 0: from the training data's num_classes attribute
+  int64_t synthetic_size = 0;
+  int64_t batch_size = 128;  // per rank
+  int64_t epochs = 1;
+  int64_t max_steps = 0;  // 0: epochs decide
+  std::string optimizer = "sgd";
+  double lr = 0.1;
+  double weight_decay = 5e-4;
+  double momentum = 0.9;
+  bool nesterov = false;
+  double classifier_lr = 0.0;              // 0: --lr
+  double classifier_weight_decay = -1.0;   // negative: --weight-decay
+  std::string classifier_state_dtype = "fp32";
+  int64_t classifier_workspace = 0;  // bytes
+  std::string lr_schedule = "poly";
+  double poly_power = 2.0;
+  std::vector<int64_t> lr_steps;
+  double lr_gamma = 0.1;
+  int64_t warmup_steps = 0;
+  std::string precision = "fp32";
+  MarginConfig margin;
+  double sample_rate = 1.0;
+  double grad_clip = 0.0;
+  int64_t bucket_bytes = int64_t{25} << 20;
+  int64_t log_every = 50;
+  int64_t eval_every = 0;  // 0: evaluate at the end only
+  int64_t eval_batch_size = 256;
+  uint64_t seed = 0;
+  int threads = 0;  // 0: the node's cores over its ranks
+  int workers = 4;
+  int prefetch = 4;
+  bool random_flip = true;
+  std::string device = "auto";
+};
+
+// The options of myriad-train, bound to fields of `config` (margin options included).
+boost::program_options::options_description train_options(TrainConfig& config);
+
+// Finishes `config` from parsed `values` (margin, byte sizes, lists) and checks every value; a bad
+// one is a UsageError naming the option.
+void finish_train_config(const boost::program_options::variables_map& values, TrainConfig& config);
+
+// The effective configuration as an INI file that --config reads back.
+std::string config_as_ini(const boost::program_options::variables_map& values);
+
+}  // namespace myriad

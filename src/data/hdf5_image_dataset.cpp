@@ -1,0 +1,158 @@
+#include "myriad/data/hdf5_image_dataset.h"
+
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "myriad/data/image_codec.h"
+#include "myriad/util/error.h"
+
+namespace myriad {
+
+namespace {
+
+constexpr int64_t kFormatVersion = 1;
+// Rows per HDF5 chunk: small enough that reading one image reads little else.
+constexpr int64_t kChunkRows = 64;
+
+int64_t required_attribute(const Hdf5File& file, const std::string& key) {
+  const std::optional<int64_t> value = file.int_attribute("/", key);
+  MYRIAD_CHECK(value.has_value(), "'{}' has no attribute '{}' (see docs/data-format.md)", file.path(), key);
+  return *value;
+}
+
+}  // namespace
+
+Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled) : file_(path, Hdf5File::Mode::kRead) {
+  MYRIAD_CHECK(file_.has("images") && (!labelled || file_.has("labels")),
+               "'{}' is not a myriad image dataset: it needs /images{} (see docs/data-format.md)", path,
+               labelled ? " and /labels" : "");
+  info_.name = path;
+  info_.encoded = file_.is_bytes("images");
+  const std::vector<int64_t> shape = file_.shape("images");
+  info_.size = shape.empty() ? 0 : shape[0];
+  if (info_.encoded) {
+    info_.height = static_cast<int>(required_attribute(file_, "height"));
+    info_.width = static_cast<int>(required_attribute(file_, "width"));
+    info_.channels = static_cast<int>(required_attribute(file_, "channels"));
+  } else {
+    MYRIAD_CHECK(shape.size() == 4 && file_.dtype("images") == torch::kUInt8,
+                 "'{}': raw /images must be uint8 [N, H, W, C]", path);
+    info_.height = static_cast<int>(shape[1]);
+    info_.width = static_cast<int>(shape[2]);
+    info_.channels = static_cast<int>(shape[3]);
+  }
+  MYRIAD_CHECK(info_.channels == 1 || info_.channels == 3, "'{}': images have {} channels; 1 or 3 are supported",
+               path, info_.channels);
+  MYRIAD_CHECK(info_.height > 0 && info_.width > 0, "'{}': image size {}x{}", path, info_.height, info_.width);
+  if (!labelled) return;
+  const std::vector<int64_t> label_shape = file_.shape("labels");
+  MYRIAD_CHECK(label_shape.size() == 1 && label_shape[0] == info_.size, "'{}': {} images but {} labels", path,
+               info_.size, label_shape.empty() ? 0 : label_shape[0]);
+  const torch::Tensor labels = file_.read("labels").to(torch::kInt64).contiguous();
+  labels_.assign(labels.data_ptr<int64_t>(), labels.data_ptr<int64_t>() + labels.numel());
+  const std::optional<int64_t> classes = file_.int_attribute("/", "num_classes");
+  const int64_t max_label = labels_.empty() ? -1 : *std::max_element(labels_.begin(), labels_.end());
+  info_.num_classes = classes.value_or(max_label + 1);
+  for (size_t i = 0; i < labels_.size(); ++i) {
+    MYRIAD_CHECK(labels_[i] >= 0 && labels_[i] < info_.num_classes, "'{}': label {} of image {} is outside [0, {})",
+                 path, labels_[i], i, info_.num_classes);
+  }
+}
+
+void Hdf5ImageDataset::read(const std::vector<int64_t>& indices, uint8_t* out) const {
+  const int64_t image_bytes = static_cast<int64_t>(info_.height) * info_.width * info_.channels;
+  // One HDF5 read for the whole batch, in file order; then each image goes to its slot.
+  std::vector<size_t> order(indices.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return indices[a] < indices[b]; });
+  std::vector<int64_t> rows;
+  std::vector<std::vector<size_t>> slots;
+  for (size_t k : order) {
+    const int64_t index = indices[k];
+    MYRIAD_CHECK(index >= 0 && index < info_.size, "image {} is outside '{}' ({} images)", index, info_.name,
+                 info_.size);
+    if (rows.empty() || rows.back() != index) {
+      rows.push_back(index);
+      slots.emplace_back();
+    }
+    slots.back().push_back(k);
+  }
+  if (info_.encoded) {
+    const std::vector<std::string> images = file_.read_bytes_list("images", rows);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      uint8_t* first = out + static_cast<int64_t>(slots[r][0]) * image_bytes;
+      decode_image(images[r], info_.height, info_.width, info_.channels, first,
+                   str_format("image {} of '{}'", rows[r], info_.name));
+      for (size_t s = 1; s < slots[r].size(); ++s) {
+        std::memcpy(out + static_cast<int64_t>(slots[r][s]) * image_bytes, first, image_bytes);
+      }
+    }
+    return;
+  }
+  const torch::Tensor pixels = file_.read_row_list("images", rows);
+  const uint8_t* source = pixels.data_ptr<uint8_t>();
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (size_t slot : slots[r]) {
+      std::memcpy(out + static_cast<int64_t>(slot) * image_bytes, source + r * image_bytes, image_bytes);
+    }
+  }
+}
+
+Hdf5ImageWriter::Hdf5ImageWriter(const std::string& path, int64_t size, int height, int width, int channels,
+                                 bool encoded, int64_t num_classes)
+    : output_(std::make_unique<AtomicOutput>(path)),
+      size_(size),
+      height_(height),
+      width_(width),
+      channels_(channels) {
+  file_ = std::make_unique<Hdf5File>(output_->temporary_path(), Hdf5File::Mode::kCreate);
+  if (encoded) {
+    file_->create_bytes("images", size, kChunkRows);
+  } else {
+    file_->create("images", torch::kUInt8, {size, height, width, channels}, kChunkRows);
+  }
+  file_->create("labels", torch::kInt64, {size}, 4096);
+  file_->set_attribute("/", "format", std::string("myriad-images"));
+  file_->set_attribute("/", "format_version", kFormatVersion);
+  file_->set_attribute("/", "encoding", std::string(encoded ? "encoded" : "raw"));
+  file_->set_attribute("/", "num_classes", num_classes);
+  file_->set_attribute("/", "height", static_cast<int64_t>(height));
+  file_->set_attribute("/", "width", static_cast<int64_t>(width));
+  file_->set_attribute("/", "channels", static_cast<int64_t>(channels));
+}
+
+Hdf5ImageWriter::~Hdf5ImageWriter() {
+  // Close the file before AtomicOutput removes an unfinished one.
+  file_.reset();
+}
+
+void Hdf5ImageWriter::write_raw(int64_t begin, const uint8_t* pixels, int64_t n) {
+  const torch::Tensor block = torch::from_blob(const_cast<uint8_t*>(pixels), {n, height_, width_, channels_},
+                                               torch::kUInt8);
+  file_->write_rows("images", begin, block);
+}
+
+void Hdf5ImageWriter::write_encoded(int64_t begin, const std::vector<std::string>& images) {
+  file_->write_bytes("images", begin, images);
+}
+
+void Hdf5ImageWriter::write_labels(int64_t begin, const std::vector<int64_t>& labels) {
+  const torch::Tensor block =
+      torch::from_blob(const_cast<int64_t*>(labels.data()), {static_cast<int64_t>(labels.size())}, torch::kInt64);
+  file_->write_rows("labels", begin, block);
+}
+
+void Hdf5ImageWriter::set_attribute(const std::string& key, const std::string& value) {
+  file_->set_attribute("/", key, value);
+}
+
+void Hdf5ImageWriter::finish() {
+  file_->flush();
+  file_.reset();
+  output_->commit();
+}
+
+}  // namespace myriad

@@ -1,0 +1,45 @@
+#include "myriad/model/small_cnn.h"
+
+#include "myriad/model/batch_norm.h"
+#include "myriad/util/error.h"
+
+namespace myriad {
+
+namespace {
+
+void add_conv_bn_relu(torch::nn::Sequential& layers, int64_t in, int64_t out) {
+  layers->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1).bias(false)));
+  layers->push_back(BatchNorm(out));
+  layers->push_back(torch::nn::ReLU(torch::nn::ReLUOptions(true)));
+}
+
+}  // namespace
+
+SmallCnn::SmallCnn(const BackboneOptions& options) {
+  const InputShape& in = options.input;
+  if (in.height % 4 != 0 || in.width % 4 != 0) {
+    throw UsageError(str_format("smallcnn needs an input height and width divisible by 4, got {}x{}", in.height,
+                                in.width));
+  }
+  features_ = register_module("features", torch::nn::Sequential());
+  add_conv_bn_relu(features_, in.channels, 32);
+  features_->push_back(torch::nn::MaxPool2d(2));
+  add_conv_bn_relu(features_, 32, 64);
+  features_->push_back(torch::nn::MaxPool2d(2));
+  add_conv_bn_relu(features_, 64, 128);
+  dropout_ = register_module("dropout", torch::nn::Dropout(options.dropout));
+  fc_ = register_module("fc", torch::nn::Linear(128 * (in.height / 4) * (in.width / 4), options.embedding_size));
+  embedding_ = register_module("embedding", BatchNorm(options.embedding_size));
+  torch::NoGradGuard no_grad;
+  for (auto& module : modules(false)) {
+    if (auto* c = module->as<torch::nn::Conv2d>()) {
+      torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
+    }
+  }
+}
+
+torch::Tensor SmallCnn::forward(const torch::Tensor& images) {
+  return embedding_(fc_(dropout_(features_->forward(images).flatten(1))));
+}
+
+}  // namespace myriad

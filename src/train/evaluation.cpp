@@ -1,0 +1,203 @@
+#include "myriad/train/evaluation.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <numeric>
+
+#include "myriad/classifier/class_partition.h"
+#include "myriad/classifier/sharded_softmax.h"
+#include "myriad/comm/communicator.h"
+#include "myriad/data/data_loader.h"
+#include "myriad/util/autocast.h"
+#include "myriad/util/error.h"
+#include "myriad/util/hdf5_file.h"
+
+namespace myriad {
+
+namespace {
+
+// Embeddings [n, D] float32 of images `indices`, optionally summed with those of the mirrored
+// images.
+torch::Tensor embed(Backbone& backbone, const ImageSource& source, const std::vector<int64_t>& indices,
+                    const EvalSetup& setup, bool add_mirrored) {
+  const DatasetInfo& info = source.info();
+  const int64_t n = static_cast<int64_t>(indices.size());
+  const int64_t image_size = static_cast<int64_t>(info.height) * info.width * info.channels;
+  std::vector<uint8_t> pixels(static_cast<size_t>(n * image_size));
+  source.read(indices, pixels.data());
+  torch::Tensor images = torch::empty({(add_mirrored ? 2 : 1) * n, info.channels, info.height, info.width});
+  float* out = images.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels, false, out + i * image_size);
+    if (add_mirrored) {
+      normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels, true,
+                      out + (n + i) * image_size);
+    }
+  }
+  torch::NoGradGuard no_grad;
+  std::unique_ptr<AutocastGuard> autocast;
+  if (setup.autocast) autocast = std::make_unique<AutocastGuard>(setup.device, *setup.autocast);
+  torch::Tensor features = backbone.forward(images.to(setup.device)).to(torch::kFloat32);
+  if (add_mirrored) features = features.narrow(0, 0, n) + features.narrow(0, n, n);
+  return features;
+}
+
+// This rank's balanced slice of [0, size), and the number of batches every rank runs (the same on
+// all ranks, since each batch contains a collective).
+struct Slice {
+  int64_t begin = 0;
+  int64_t count = 0;
+  int64_t batches = 0;
+};
+
+Slice slice_for(int64_t size, const EvalSetup& setup) {
+  const int world = setup.comm->size(), rank = setup.comm->rank();
+  const std::vector<int64_t> counts = balanced_counts(size, world);
+  Slice s;
+  s.begin = std::accumulate(counts.begin(), counts.begin() + rank, int64_t{0});
+  s.count = counts[rank];
+  s.batches = (counts[0] + setup.batch_size - 1) / setup.batch_size;
+  return s;
+}
+
+std::vector<int64_t> batch_indices(const Slice& s, int64_t batch, int64_t batch_size) {
+  std::vector<int64_t> indices;
+  for (int64_t i = batch * batch_size; i < std::min(s.count, (batch + 1) * batch_size); ++i) indices.push_back(s.begin + i);
+  return indices;
+}
+
+double sum_over_ranks(double value, Communicator& comm) {
+  torch::Tensor t = torch::full({1}, value, torch::dtype(torch::kFloat64).device(comm.device()));
+  comm.all_reduce(t, ReduceOp::kSum);
+  return t.item<double>();
+}
+
+}  // namespace
+
+ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoftmax& classifier,
+                                           const ImageSource& data, const EvalSetup& setup) {
+  const int64_t dim = classifier.options().embedding_size;
+  const Slice slice = slice_for(data.info().size, setup);
+  double correct = 0;
+  std::vector<torch::Tensor> knn_features;
+  std::vector<int64_t> knn_labels;
+  for (int64_t b = 0; b < slice.batches; ++b) {
+    const std::vector<int64_t> indices = batch_indices(slice, b, setup.batch_size);
+    torch::Tensor features = indices.empty() ? torch::empty({0, dim}, torch::device(setup.device))
+                                             : embed(backbone, data, indices, setup, false);
+    const torch::Tensor predicted = classifier.predict(features).cpu();
+    for (size_t i = 0; i < indices.size(); ++i) {
+      const int64_t label = data.label(indices[i]);
+      correct += predicted[static_cast<int64_t>(i)].item<int64_t>() == label ? 1 : 0;
+      if (indices[i] < setup.knn_limit) {
+        knn_features.push_back(features[static_cast<int64_t>(i)]);
+        knn_labels.push_back(label);
+      }
+    }
+  }
+  ClassificationEval result;
+  result.samples = data.info().size;
+  result.top1 = sum_over_ranks(correct, *setup.comm) / static_cast<double>(result.samples);
+
+  // kNN top-1 over the first knn_limit samples: every rank gathers them all as the gallery and
+  // scores its own ones as queries.
+  const auto f32 = torch::dtype(torch::kFloat32).device(setup.device);
+  torch::Tensor mine = knn_features.empty() ? torch::empty({0, dim}, f32) : torch::stack(knn_features);
+  mine = mine / mine.norm(2, 1, true).clamp_min(1e-12);
+  const torch::Tensor my_labels =
+      torch::tensor(knn_labels, torch::kInt64).reshape({-1}).to(setup.device);
+  const std::vector<int64_t> counts = setup.comm->all_gather_counts(mine.size(0));
+  const torch::Tensor gallery = setup.comm->all_gather(mine, counts);
+  const torch::Tensor gallery_labels = setup.comm->all_gather(my_labels, counts);
+  result.knn_samples = gallery.size(0);
+  double knn_correct = 0;
+  if (mine.size(0) > 0 && gallery.size(0) > 1) {
+    const int64_t first = std::accumulate(counts.begin(), counts.begin() + setup.comm->rank(), int64_t{0});
+    torch::Tensor similarity = mine.matmul(gallery.t());
+    similarity.diagonal(first).fill_(-std::numeric_limits<float>::infinity());
+    const torch::Tensor nearest = gallery_labels.index_select(0, similarity.argmax(1));
+    knn_correct = nearest.eq(my_labels).sum().item<double>();
+  }
+  if (result.knn_samples > 1) {
+    result.knn_top1 = sum_over_ranks(knn_correct, *setup.comm) / static_cast<double>(result.knn_samples);
+  } else {
+    sum_over_ranks(knn_correct, *setup.comm);
+  }
+  return result;
+}
+
+VerificationEval ten_fold_accuracy(const torch::Tensor& similarity, const std::vector<bool>& issame) {
+  const int64_t pairs = similarity.size(0);
+  MYRIAD_CHECK(pairs == static_cast<int64_t>(issame.size()) && pairs >= 10,
+               "verification needs at least 10 pairs with a label each, got {} similarities and {} labels", pairs,
+               issame.size());
+  const torch::Tensor sim = similarity.to(torch::kFloat64).cpu().contiguous();
+  const double* s = sim.data_ptr<double>();
+  auto accuracy = [&](int64_t begin, int64_t end, double threshold, bool skip_fold, int64_t fold_begin,
+                      int64_t fold_end) {
+    int64_t right = 0, total = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      const bool in_fold = i >= fold_begin && i < fold_end;
+      if (skip_fold == in_fold) continue;
+      right += ((s[i] > threshold) == issame[i]) ? 1 : 0;
+      ++total;
+    }
+    return total == 0 ? 0.0 : static_cast<double>(right) / static_cast<double>(total);
+  };
+  VerificationEval result;
+  result.pairs = pairs;
+  std::vector<double> fold_accuracy;
+  for (int fold = 0; fold < 10; ++fold) {
+    const int64_t fold_begin = pairs * fold / 10, fold_end = pairs * (fold + 1) / 10;
+    double best = -1.0, best_threshold = 0.0;
+    for (int t = 0; t <= 400; ++t) {
+      const double threshold = -1.0 + 0.005 * t;
+      const double acc = accuracy(0, pairs, threshold, true, fold_begin, fold_end);
+      if (acc > best) {
+        best = acc;
+        best_threshold = threshold;
+      }
+    }
+    fold_accuracy.push_back(accuracy(0, pairs, best_threshold, false, fold_begin, fold_end));
+    result.threshold += best_threshold / 10.0;
+  }
+  for (double a : fold_accuracy) result.accuracy += a / 10.0;
+  for (double a : fold_accuracy) result.std += (a - result.accuracy) * (a - result.accuracy) / 10.0;
+  result.std = std::sqrt(result.std);
+  return result;
+}
+
+VerificationEval evaluate_verification(Backbone& backbone, const ImageSource& images, const std::vector<bool>& issame,
+                                       const EvalSetup& setup) {
+  MYRIAD_CHECK(images.info().size == 2 * static_cast<int64_t>(issame.size()), "{} has {} images for {} pairs",
+               images.info().name, images.info().size, issame.size());
+  const Slice slice = slice_for(images.info().size, setup);
+  std::vector<torch::Tensor> parts;
+  for (int64_t b = 0; b < slice.batches; ++b) {
+    const std::vector<int64_t> indices = batch_indices(slice, b, setup.batch_size);
+    if (!indices.empty()) parts.push_back(embed(backbone, images, indices, setup, true));
+  }
+  const int64_t dim = parts.empty() ? 0 : parts[0].size(1);
+  const std::vector<int64_t> dims = setup.comm->all_gather_counts(dim);
+  const int64_t width = *std::max_element(dims.begin(), dims.end());
+  torch::Tensor mine = parts.empty() ? torch::empty({0, width}, torch::device(setup.device)) : torch::cat(parts);
+  const torch::Tensor all = setup.comm->all_gather(mine, setup.comm->all_gather_counts(mine.size(0)));
+  const torch::Tensor unit = all / all.norm(2, 1, true).clamp_min(1e-12);
+  const torch::Tensor pairs = unit.view({-1, 2, unit.size(1)});
+  const torch::Tensor similarity = (pairs.select(1, 0) * pairs.select(1, 1)).sum(1);
+  return ten_fold_accuracy(similarity, issame);
+}
+
+std::vector<bool> read_pair_labels(const std::string& path, int64_t images) {
+  const Hdf5File file(path, Hdf5File::Mode::kRead);
+  MYRIAD_CHECK(file.has("issame"), "'{}' is not a verification pairs file: it has no /issame", path);
+  const torch::Tensor issame = file.read("issame").to(torch::kInt64).reshape({-1});
+  MYRIAD_CHECK(issame.numel() * 2 == images, "'{}': {} pairs need {} images, the file has {}", path, issame.numel(),
+               issame.numel() * 2, images);
+  std::vector<bool> labels(static_cast<size_t>(issame.numel()));
+  for (int64_t i = 0; i < issame.numel(); ++i) labels[i] = issame[i].item<int64_t>() != 0;
+  return labels;
+}
+
+}  // namespace myriad

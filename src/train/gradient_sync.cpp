@@ -1,0 +1,205 @@
+#include "myriad/train/gradient_sync.h"
+
+#include <chrono>
+#include <map>
+
+#include "myriad/util/error.h"
+#include "myriad/util/hash_random.h"
+
+#ifdef MYRIAD_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace myriad {
+
+struct GradientSynchronizer::Bucket {
+  std::vector<size_t> params;
+  torch::Tensor flat;
+  int64_t pending = 0;
+  bool launched = false;
+  double host_ms = 0.0;  // CPU: the all-reduce's duration
+#ifdef MYRIAD_WITH_CUDA
+  at::cuda::CUDAEvent ready;  // gradients copied in, on the backward stream
+  at::cuda::CUDAEvent start{cudaEventDefault};
+  at::cuda::CUDAEvent done{cudaEventDefault};
+#endif
+};
+
+#ifdef MYRIAD_WITH_CUDA
+struct GradientSynchronizer::CudaState {
+  c10::cuda::CUDAStream stream;
+  at::cuda::CUDAEvent wait_start{cudaEventDefault};
+  at::cuda::CUDAEvent wait_end{cudaEventDefault};
+  explicit CudaState(const torch::Device& device)
+      : stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())) {}
+};
+#else
+struct GradientSynchronizer::CudaState {};
+#endif
+
+GradientSynchronizer::GradientSynchronizer(std::vector<torch::Tensor> params, std::unique_ptr<Communicator> comm,
+                                           int64_t bucket_bytes)
+    : params_(std::move(params)), comm_(std::move(comm)), device_(comm_->device()) {
+  MYRIAD_CHECK(bucket_bytes > 0, "the bucket size must be positive");
+  // Every rank must bucket the same parameters the same way; one check here lets the buckets'
+  // all-reduces skip the per-call agreement.
+  uint64_t layout = 0;
+  for (const torch::Tensor& p : params_) {
+    layout = mix64(layout ^ static_cast<uint64_t>(p.numel()) ^ (static_cast<uint64_t>(p.scalar_type()) << 48));
+  }
+  const std::vector<int64_t> layouts = comm_->all_gather_counts(static_cast<int64_t>(layout));
+  for (size_t r = 0; r < layouts.size(); ++r) {
+    MYRIAD_CHECK_COLLECTIVE(layouts[r] == layouts[0], "rank {} has different backbone parameters than rank 0", r);
+  }
+  comm_->set_checks(false);
+
+  slots_.resize(params_.size());
+  std::map<torch::ScalarType, size_t> open;  // dtype -> bucket being filled
+  for (size_t k = params_.size(); k-- > 0;) {
+    const torch::Tensor& p = params_[k];
+    MYRIAD_CHECK(p.device() == device_, "parameter on {} but gradients are synchronised on {}", p.device().str(),
+                 device_.str());
+    auto it = open.find(p.scalar_type());
+    if (it == open.end() || buckets_[it->second]->flat.numel() * p.element_size() >= bucket_bytes) {
+      buckets_.push_back(std::make_unique<Bucket>());
+      buckets_.back()->flat = torch::empty({0}, p.options());
+      it = open.insert_or_assign(p.scalar_type(), buckets_.size() - 1).first;
+    }
+    Bucket& b = *buckets_[it->second];
+    slots_[k] = {it->second, b.flat.numel()};
+    b.params.push_back(k);
+    b.flat = torch::empty({b.flat.numel() + p.numel()}, p.options());
+  }
+  for (auto& b : buckets_) {
+    b->flat.zero_();
+    b->pending = static_cast<int64_t>(b->params.size());
+  }
+#ifdef MYRIAD_WITH_CUDA
+  if (device_.is_cuda()) cuda_ = std::make_unique<CudaState>(device_);
+#endif
+  for (size_t k = 0; k < params_.size(); ++k) {
+    hooks_.push_back(params_[k].register_hook([this, k](const torch::Tensor& grad) { on_gradient(k, grad); }));
+  }
+}
+
+GradientSynchronizer::~GradientSynchronizer() {
+  for (size_t k = 0; k < hooks_.size(); ++k) params_[k].remove_hook(hooks_[k]);
+}
+
+void GradientSynchronizer::on_gradient(size_t param, const torch::Tensor& grad) {
+  Slot& slot = slots_[param];
+  Bucket& bucket = *buckets_[slot.bucket];
+  torch::Tensor view = bucket.flat.narrow(0, slot.offset, params_[param].numel());
+  // A parameter used twice in the graph receives its gradient in parts.
+  if (slot.received) {
+    view.add_(grad.reshape(-1));
+    return;
+  }
+  view.copy_(grad.reshape(-1));
+  slot.received = true;
+  if (--bucket.pending == 0) launch(bucket);
+}
+
+void GradientSynchronizer::launch(Bucket& bucket) {
+  bucket.launched = true;
+#ifdef MYRIAD_WITH_CUDA
+  if (cuda_) {
+    // The all-reduce waits for this bucket's copies only, then runs beside the rest of backward.
+    bucket.ready.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    bucket.ready.block(cuda_->stream);
+    c10::cuda::CUDAStreamGuard guard(cuda_->stream);
+    bucket.start.record(cuda_->stream);
+    comm_->all_reduce(bucket.flat, ReduceOp::kSum);
+    bucket.done.record(cuda_->stream);
+    return;
+  }
+#endif
+  const auto start = std::chrono::steady_clock::now();
+  comm_->all_reduce(bucket.flat, ReduceOp::kSum);
+  bucket.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+void GradientSynchronizer::finish() {
+  for (auto& b : buckets_) {
+    if (b->launched) continue;
+    for (size_t k : b->params) {
+      if (!slots_[k].received) b->flat.narrow(0, slots_[k].offset, params_[k].numel()).zero_();
+    }
+    launch(*b);
+  }
+#ifdef MYRIAD_WITH_CUDA
+  if (cuda_) {
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
+    cuda_->wait_start.record(current);
+    for (auto& b : buckets_) b->done.block(current);
+    cuda_->wait_end.record(current);
+  }
+#endif
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const Slot& slot = slots_[k];
+    const torch::Tensor sum = buckets_[slot.bucket]->flat.narrow(0, slot.offset, params_[k].numel()).view_as(params_[k]);
+    if (params_[k].grad().defined()) {
+      params_[k].mutable_grad().copy_(sum);
+    } else {
+      params_[k].mutable_grad() = sum.clone();
+    }
+  }
+  for (auto& b : buckets_) {
+    b->launched = false;
+    b->pending = static_cast<int64_t>(b->params.size());
+  }
+  for (Slot& slot : slots_) slot.received = false;
+}
+
+GradientSyncStats GradientSynchronizer::last_stats() {
+  GradientSyncStats stats;
+#ifdef MYRIAD_WITH_CUDA
+  if (cuda_) {
+    cuda_->wait_end.synchronize();
+    for (auto& b : buckets_) stats.all_reduce_ms += b->start.elapsed_time(b->done);
+    stats.exposed_ms = cuda_->wait_start.elapsed_time(cuda_->wait_end);
+    return stats;
+  }
+#endif
+  // On the CPU every all-reduce runs inline in backward: none of it is hidden.
+  for (auto& b : buckets_) stats.all_reduce_ms += b->host_ms;
+  stats.exposed_ms = stats.all_reduce_ms;
+  return stats;
+}
+
+namespace {
+
+// Broadcasts `tensors` from rank 0 in one collective per dtype.
+void broadcast_coalesced(const std::vector<torch::Tensor>& tensors, Communicator& comm) {
+  std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;
+  for (const torch::Tensor& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+  for (auto& [dtype, group] : by_dtype) {
+    std::vector<torch::Tensor> flat_parts;
+    for (const torch::Tensor& t : group) flat_parts.push_back(t.detach().reshape(-1));
+    torch::Tensor flat = torch::cat(flat_parts);
+    comm.broadcast(flat, 0);
+    int64_t offset = 0;
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor t : group) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+  }
+}
+
+}  // namespace
+
+void broadcast_module_state(torch::nn::Module& module, Communicator& comm) {
+  std::vector<torch::Tensor> state = module.parameters();
+  for (const torch::Tensor& b : module.buffers()) state.push_back(b);
+  broadcast_coalesced(state, comm);
+}
+
+void broadcast_buffers(torch::nn::Module& module, Communicator& comm) {
+  const std::vector<torch::Tensor> buffers = module.buffers();
+  if (!buffers.empty()) broadcast_coalesced(buffers, comm);
+}
+
+}  // namespace myriad

@@ -1,0 +1,169 @@
+#include "myriad/train/train_config.h"
+
+#include <sstream>
+
+#include "myriad/util/cli.h"
+#include "myriad/util/error.h"
+
+namespace myriad {
+
+namespace {
+
+std::vector<int64_t> parse_step_list(const std::string& text) {
+  std::vector<int64_t> steps;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t used = 0;
+      steps.push_back(std::stoll(item, &used));
+      if (used != item.size() || steps.back() <= 0) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw UsageError(str_format("--lr-steps must be a comma list of positive steps, got '{}'", text));
+    }
+    if (steps.size() > 1 && steps.back() <= steps[steps.size() - 2]) {
+      throw UsageError(str_format("--lr-steps must increase, got '{}'", text));
+    }
+  }
+  return steps;
+}
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw UsageError(message);
+}
+
+bool one_of(const std::string& value, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed) {
+    if (value == a) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+po::options_description train_options(TrainConfig& c) {
+  po::options_description options("myriad-train options");
+  // clang-format off
+  options.add_options()
+      ("config", po::value<std::string>(), "INI file of options (key = value); the command line overrides it")
+      ("run-dir", po::value(&c.run_dir)->default_value(c.run_dir), "directory for the configuration, metrics.jsonl and logs")
+      ("data", po::value(&c.data)->default_value(c.data), "training data: an HDF5 file (docs/data-format.md) or 'synthetic'")
+      ("val-data", po::value(&c.val_data), "labelled HDF5 file for top-1 and kNN evaluation")
+      ("eval-pairs", po::value(&c.eval_pairs)->multitoken(), "HDF5 verification pair files (10-fold accuracy, LFW protocol)")
+      ("input-shape", po::value<std::string>()->default_value("3x112x112"), "image shape CxHxW the backbone takes")
+      ("backbone", po::value(&c.backbone)->default_value(c.backbone), "iresnet18, iresnet34, iresnet50, iresnet100, mobilefacenet or smallcnn")
+      ("embedding-size", po::value(&c.embedding_size)->default_value(c.embedding_size), "embedding dimension D")
+      ("dropout", po::value(&c.dropout)->default_value(c.dropout), "dropout before the embedding layer")
+      ("sync-bn", po::bool_switch(&c.sync_bn), "batch norm over the global batch (SyncBN): training does not depend on how the batch is split")
+      ("num-classes", po::value(&c.num_classes)->default_value(0), "classes C (default: the data's num_classes attribute)")
+      ("synthetic-size", po::value(&c.synthetic_size)->default_value(0), "images of --data synthetic (default: 64 per class, at least one epoch of 100 steps)")
+      ("batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "samples per rank and step")
+      ("epochs", po::value(&c.epochs)->default_value(c.epochs), "passes over the training data")
+      ("max-steps", po::value(&c.max_steps)->default_value(0), "stop after this many steps (0: --epochs decides)")
+      ("optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "sgd or adamw, for the backbone and the classifier")
+      ("lr", po::value(&c.lr)->default_value(c.lr), "peak learning rate")
+      ("weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "weight decay")
+      ("momentum", po::value(&c.momentum)->default_value(c.momentum), "SGD momentum")
+      ("nesterov", po::bool_switch(&c.nesterov), "Nesterov momentum")
+      ("classifier-lr", po::value(&c.classifier_lr)->default_value(0.0), "peak learning rate of the classifier (default: --lr)")
+      ("classifier-weight-decay", po::value(&c.classifier_weight_decay)->default_value(-1.0), "classifier weight decay (default: --weight-decay)")
+      ("classifier-state-dtype", po::value(&c.classifier_state_dtype)->default_value(c.classifier_state_dtype), "classifier optimizer state: fp32 or bf16")
+      ("classifier-workspace", po::value<std::string>()->default_value("2G"), "memory budget of the classifier's chunks (e.g. 512M, 8G)")
+      ("lr-schedule", po::value(&c.lr_schedule)->default_value(c.lr_schedule), "poly, cosine or step, after the warmup")
+      ("poly-power", po::value(&c.poly_power)->default_value(c.poly_power), "exponent of the poly schedule")
+      ("lr-steps", po::value<std::string>(), "steps at which the step schedule multiplies the rate by --lr-gamma (e.g. 10000,20000)")
+      ("lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma), "factor of the step schedule")
+      ("warmup-steps", po::value(&c.warmup_steps)->default_value(c.warmup_steps), "linear warmup from 0 to --lr")
+      ("precision", po::value(&c.precision)->default_value(c.precision), "fp32, bf16 (autocast) or fp16 (autocast and dynamic loss scaling)")
+      ("sample-rate", po::value(&c.sample_rate)->default_value(c.sample_rate), "Partial FC: fraction of negative classes per step, in (0, 1]")
+      ("grad-clip", po::value(&c.grad_clip)->default_value(0.0), "clip the backbone gradient's global norm to this (0: off)")
+      ("bucket-size", po::value<std::string>()->default_value("25M"), "gradient all-reduce bucket size (bytes, e.g. 25M)")
+      ("log-every", po::value(&c.log_every)->default_value(c.log_every), "log and record metrics every this many steps")
+      ("eval-every", po::value(&c.eval_every)->default_value(0), "evaluate every this many steps (0: at the end only)")
+      ("eval-batch-size", po::value(&c.eval_batch_size)->default_value(c.eval_batch_size), "samples per rank and evaluation batch")
+      ("seed", po::value(&c.seed)->default_value(0), "seed of initialisation, sampling and augmentation")
+      ("threads", po::value(&c.threads)->default_value(0), "CPU threads per rank for LibTorch (0: cores over ranks on the node)")
+      ("workers", po::value(&c.workers)->default_value(c.workers), "data loader threads per rank")
+      ("prefetch", po::value(&c.prefetch)->default_value(c.prefetch), "batches the loader prepares ahead")
+      ("no-flip", po::bool_switch(), "no random horizontal flip")
+      ("device", po::value(&c.device)->default_value(c.device), "auto, cpu or cuda");
+  // clang-format on
+  add_margin_options(options);
+  return options;
+}
+
+void finish_train_config(const po::variables_map& values, TrainConfig& c) {
+  c.input = parse_input_shape(values["input-shape"].as<std::string>());
+  c.margin = margin_from_options(values);
+  c.classifier_workspace = parse_byte_size(values["classifier-workspace"].as<std::string>());
+  c.bucket_bytes = parse_byte_size(values["bucket-size"].as<std::string>());
+  if (values.count("lr-steps") > 0) c.lr_steps = parse_step_list(values["lr-steps"].as<std::string>());
+  c.random_flip = !values["no-flip"].as<bool>();
+  if (c.classifier_lr == 0.0) c.classifier_lr = c.lr;
+  if (c.classifier_weight_decay < 0.0) c.classifier_weight_decay = c.weight_decay;
+
+  require(!c.run_dir.empty(), "--run-dir must not be empty");
+  require(one_of(c.backbone, {"iresnet18", "iresnet34", "iresnet50", "iresnet100", "mobilefacenet", "smallcnn"}),
+          str_format("unknown --backbone '{}'", c.backbone));
+  require(c.embedding_size > 0, "--embedding-size must be positive");
+  require(c.dropout >= 0.0 && c.dropout < 1.0, "--dropout must be in [0, 1)");
+  require(c.num_classes >= 0, "--num-classes must be positive");
+  require(c.synthetic_size >= 0, "--synthetic-size must be positive");
+  require(c.batch_size > 0, "--batch-size must be positive");
+  require(c.epochs > 0, "--epochs must be positive");
+  require(c.max_steps >= 0, "--max-steps must not be negative");
+  require(one_of(c.optimizer, {"sgd", "adamw"}), str_format("--optimizer must be sgd or adamw, got '{}'", c.optimizer));
+  require(c.lr > 0.0 && c.classifier_lr > 0.0, "learning rates must be positive");
+  require(c.weight_decay >= 0.0, "--weight-decay must not be negative");
+  require(c.momentum >= 0.0 && c.momentum < 1.0, "--momentum must be in [0, 1)");
+  require(one_of(c.classifier_state_dtype, {"fp32", "bf16"}), "--classifier-state-dtype must be fp32 or bf16");
+  require(c.classifier_workspace > 0, "--classifier-workspace must be positive");
+  require(one_of(c.lr_schedule, {"poly", "cosine", "step"}),
+          str_format("--lr-schedule must be poly, cosine or step, got '{}'", c.lr_schedule));
+  require(c.poly_power > 0.0, "--poly-power must be positive");
+  require(c.lr_gamma > 0.0, "--lr-gamma must be positive");
+  require(c.lr_schedule != "step" || !c.lr_steps.empty(), "--lr-schedule step needs --lr-steps");
+  require(c.warmup_steps >= 0, "--warmup-steps must not be negative");
+  require(one_of(c.precision, {"fp32", "bf16", "fp16"}),
+          str_format("--precision must be fp32, bf16 or fp16, got '{}'", c.precision));
+  require(c.sample_rate > 0.0 && c.sample_rate <= 1.0, "--sample-rate must be in (0, 1]");
+  require(c.grad_clip >= 0.0, "--grad-clip must not be negative");
+  require(c.bucket_bytes > 0, "--bucket-size must be positive");
+  require(c.log_every > 0, "--log-every must be positive");
+  require(c.eval_every >= 0, "--eval-every must not be negative");
+  require(c.eval_batch_size > 0, "--eval-batch-size must be positive");
+  require(c.threads >= 0, "--threads must not be negative");
+  require(c.workers > 0 && c.prefetch > 0, "--workers and --prefetch must be positive");
+  require(one_of(c.device, {"auto", "cpu", "cuda"}), str_format("--device must be auto, cpu or cuda, got '{}'", c.device));
+}
+
+std::string config_as_ini(const po::variables_map& values) {
+  std::ostringstream out;
+  for (const auto& [key, value] : values) {
+    if (key == "config" || value.empty()) continue;
+    const boost::any& v = value.value();
+    if (const auto* list = boost::any_cast<std::vector<std::string>>(&v)) {
+      // A repeated key is how an INI file gives a list.
+      for (const std::string& item : *list) out << key << " = " << item << "\n";
+      continue;
+    }
+    out << key << " = ";
+    if (const auto* s = boost::any_cast<std::string>(&v)) {
+      out << *s;
+    } else if (const auto* i = boost::any_cast<int64_t>(&v)) {
+      out << *i;
+    } else if (const auto* u = boost::any_cast<uint64_t>(&v)) {
+      out << *u;
+    } else if (const auto* n = boost::any_cast<int>(&v)) {
+      out << *n;
+    } else if (const auto* d = boost::any_cast<double>(&v)) {
+      out << *d;
+    } else if (const auto* b = boost::any_cast<bool>(&v)) {
+      out << (*b ? "true" : "false");
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace myriad

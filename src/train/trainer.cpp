@@ -1,0 +1,377 @@
+#include "myriad/train/trainer.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "myriad/classifier/sharded_softmax.h"
+#include "myriad/comm/comm_factory.h"
+#include "myriad/comm/process_context.h"
+#include "myriad/data/data_loader.h"
+#include "myriad/data/hdf5_image_dataset.h"
+#include "myriad/data/synthetic_dataset.h"
+#include "myriad/model/batch_norm.h"
+#include "myriad/train/gradient_sync.h"
+#include "myriad/train/loss_scaler.h"
+#include "myriad/train/lr_schedule.h"
+#include "myriad/train/metrics_log.h"
+#include "myriad/util/autocast.h"
+#include "myriad/util/device.h"
+#include "myriad/util/error.h"
+#include "myriad/util/log.h"
+#include "myriad/util/phase_timer.h"
+
+namespace myriad {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::string duration_text(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return str_format("{}h{:02}m", s / 3600, (s / 60) % 60);
+  if (s >= 60) return str_format("{}m{:02}s", s / 60, s % 60);
+  return str_format("{}s", s);
+}
+
+// Opens a labelled HDF5 set on every rank; a bad file fails on all of them alike.
+std::shared_ptr<const ImageSource> open_dataset(const std::string& path, bool labelled = true) {
+  try {
+    return std::make_shared<Hdf5ImageDataset>(path, labelled);
+  } catch (const Error& e) {
+    throw Error(e.message(), e.location(), true);
+  }
+}
+
+void check_shape(const DatasetInfo& info, const InputShape& input, const std::string& what) {
+  MYRIAD_CHECK_COLLECTIVE(info.channels == input.channels && info.height == input.height && info.width == input.width,
+                          "{} '{}' holds {}x{}x{} images but --input-shape is {}x{}x{}", what, info.name, info.channels,
+                          info.height, info.width, input.channels, input.height, input.width);
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<torch::Tensor>& params) {
+  if (c.optimizer == "adamw") {
+    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+  }
+  return std::make_unique<torch::optim::SGD>(
+      params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay).nesterov(c.nesterov));
+}
+
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+ShardedSoftmaxOptions classifier_options(const TrainConfig& c, int64_t classes) {
+  ShardedSoftmaxOptions o;
+  o.num_classes = classes;
+  o.embedding_size = c.embedding_size;
+  o.margin = c.margin;
+  o.gemm_dtype = c.precision == "bf16" ? torch::kBFloat16 : c.precision == "fp16" ? torch::kFloat16 : torch::kFloat32;
+  o.workspace_bytes = c.classifier_workspace;
+  o.sample_rate = c.sample_rate;
+  o.seed = c.seed;
+  o.update = WeightUpdate::kFused;
+  o.non_finite = c.precision == "fp16" ? NonFinitePolicy::kSkip : NonFinitePolicy::kError;
+  o.optimizer.kind = parse_optimizer_kind(c.optimizer);
+  o.optimizer.lr = c.classifier_lr;
+  o.optimizer.weight_decay = c.classifier_weight_decay;
+  o.optimizer.momentum = c.momentum;
+  o.optimizer.nesterov = c.nesterov;
+  o.optimizer.state_dtype = c.classifier_state_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  return o;
+}
+
+// The pieces of a run, built once.
+class Run {
+ public:
+  Run(ProcessContext& context, const TrainConfig& config);
+  TrainResult execute();
+
+ private:
+  void evaluate(int64_t step, int64_t epoch, TrainResult& result);
+  void log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, double lr);
+
+  ProcessContext& context_;
+  const TrainConfig& c_;
+  torch::Device device_;
+  CommFactory comms_;
+  Communicator& comm_;
+  std::shared_ptr<const ImageSource> data_;
+  std::shared_ptr<const ImageSource> val_;
+  std::vector<std::pair<std::shared_ptr<const ImageSource>, std::vector<bool>>> pairs_;
+  int64_t classes_ = 0;
+  std::shared_ptr<Backbone> backbone_;
+  std::vector<torch::Tensor> params_;
+  std::unique_ptr<ShardedMarginSoftmax> classifier_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<GradientSynchronizer> sync_;
+  std::unique_ptr<Communicator> batch_norm_comm_;
+  std::shared_ptr<DistributedSampler> sampler_;
+  std::unique_ptr<DataLoader> loader_;
+  std::optional<torch::ScalarType> autocast_;
+  DynamicLossScaler scaler_;
+  LrSchedule schedule_;
+  MetricsLog metrics_;
+  PhaseTimer timer_;
+  int64_t total_steps_ = 0;
+  // Progress since the last log record.
+  Clock::time_point window_start_;
+  int64_t window_steps_ = 0;
+  double window_data_seconds_ = 0.0;
+  Clock::time_point run_start_;
+};
+
+Run::Run(ProcessContext& context, const TrainConfig& config)
+    : context_(context),
+      c_(config),
+      device_(context.select_device(parse_device_preference(config.device))),
+      comms_(context),
+      comm_(comms_.for_device(device_)),
+      metrics_((std::filesystem::path(config.run_dir) / "metrics.jsonl").string(), context.rank() == 0),
+      timer_(device_, true) {
+  MYRIAD_CHECK_COLLECTIVE(c_.precision != "fp16" || device_.is_cuda(), "--precision fp16 needs GPUs");
+  if (c_.precision != "fp32") autocast_ = c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat16;
+  const int64_t global_batch = c_.batch_size * context.size();
+
+  if (c_.data == "synthetic") {
+    classes_ = c_.num_classes > 0 ? c_.num_classes : 1000;
+    const int64_t size = c_.synthetic_size > 0
+                             ? c_.synthetic_size
+                             : std::max(100 * global_batch, std::min<int64_t>(64 * classes_, int64_t{1} << 22));
+    data_ = std::make_shared<SyntheticDataset>(size, classes_, static_cast<int>(c_.input.channels),
+                                               static_cast<int>(c_.input.height), static_cast<int>(c_.input.width),
+                                               c_.seed);
+  } else {
+    data_ = open_dataset(c_.data);
+    check_shape(data_->info(), c_.input, "--data");
+    classes_ = c_.num_classes > 0 ? c_.num_classes : data_->info().num_classes;
+    MYRIAD_CHECK_COLLECTIVE(classes_ >= data_->info().num_classes,
+                            "--num-classes {} is smaller than the {} classes of '{}'", classes_,
+                            data_->info().num_classes, c_.data);
+  }
+  if (!c_.val_data.empty()) {
+    val_ = open_dataset(c_.val_data);
+    check_shape(val_->info(), c_.input, "--val-data");
+    MYRIAD_CHECK_COLLECTIVE(val_->info().num_classes <= classes_, "'{}' has {} classes, the classifier {}",
+                            c_.val_data, val_->info().num_classes, classes_);
+  }
+  for (const std::string& path : c_.eval_pairs) {
+    auto images = open_dataset(path, false);
+    check_shape(images->info(), c_.input, "--eval-pairs");
+    std::vector<bool> issame;
+    try {
+      issame = read_pair_labels(path, images->info().size);
+    } catch (const Error& e) {
+      throw Error(e.message(), e.location(), true);
+    }
+    pairs_.emplace_back(std::move(images), std::move(issame));
+  }
+
+  torch::manual_seed(c_.seed);
+  BackboneOptions b;
+  b.name = c_.backbone;
+  b.input = c_.input;
+  b.embedding_size = c_.embedding_size;
+  b.dropout = c_.dropout;
+  backbone_ = make_backbone(b);
+  backbone_->to(device_);
+  broadcast_module_state(*backbone_, comm_);
+  if (c_.sync_bn) {
+    // Its own communicator: fixed shapes, so no per-call agreement; ordered with the classifier's
+    // collectives by the stream both use.
+    batch_norm_comm_ = comms_.create(device_);
+    batch_norm_comm_->set_checks(false);
+    set_batch_norm_sync(*backbone_, batch_norm_comm_.get());
+  }
+  // Dropout differs between ranks, as in any data-parallel run.
+  torch::manual_seed(c_.seed + 1000003 * static_cast<uint64_t>(context.rank() + 1));
+  for (const torch::Tensor& p : backbone_->parameters()) {
+    if (p.requires_grad()) params_.push_back(p);
+  }
+  classifier_ = std::make_unique<ShardedMarginSoftmax>(comm_, classifier_options(c_, classes_), device_);
+  optimizer_ = make_optimizer(c_, params_);
+  sync_ = std::make_unique<GradientSynchronizer>(params_, comms_.create(device_), c_.bucket_bytes);
+
+  sampler_ = std::make_shared<DistributedSampler>(data_->info().size, global_batch, context.size(), c_.seed);
+  total_steps_ = c_.max_steps > 0 ? c_.max_steps : c_.epochs * sampler_->steps_per_epoch();
+  schedule_.kind = c_.lr_schedule;
+  schedule_.warmup_steps = c_.warmup_steps;
+  schedule_.total_steps = total_steps_;
+  schedule_.power = c_.poly_power;
+  schedule_.milestones = c_.lr_steps;
+  schedule_.gamma = c_.lr_gamma;
+  LoaderOptions lo;
+  lo.workers = c_.workers;
+  lo.prefetch = c_.prefetch;
+  lo.random_flip = c_.random_flip;
+  lo.seed = c_.seed;
+  lo.rank = context.rank();
+  lo.pin_memory = device_.is_cuda();
+  loader_ = std::make_unique<DataLoader>(data_, sampler_, lo);
+
+  int64_t backbone_params = 0;
+  for (const torch::Tensor& p : backbone_->parameters()) backbone_params += p.numel();
+  log_info("myriad-train: {} rank(s) on {}, {} (backbone {}, {:.1f}M parameters, {} gradient buckets), {} classes "
+           "({} per rank), {}",
+           context.size(), device_.str(), c_.precision, c_.backbone, backbone_params / 1e6, sync_->bucket_count(),
+           classes_, classifier_->partition().size(context.rank()), c_.margin.describe());
+  log_info("data {} ({} images {}x{}x{}), global batch {} ({} per rank), {} steps per epoch, {} steps", data_->info().name,
+           data_->info().size, data_->info().channels, data_->info().height, data_->info().width, global_batch,
+           c_.batch_size, sampler_->steps_per_epoch(), total_steps_);
+}
+
+void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, double lr) {
+  const double loss_value = loss.item<double>();
+  const auto now = Clock::now();
+  const double elapsed = seconds_between(window_start_, now);
+  const double samples_per_sec = window_steps_ * c_.batch_size * context_.size() / elapsed;
+  std::map<std::string, double> phases = timer_.totals();
+  timer_.reset();
+  const GradientSyncStats sync = sync_->last_stats();
+  const double step_ms = 1e3 * elapsed / window_steps_;
+  const double data_ms = 1e3 * window_data_seconds_ / window_steps_;
+  for (auto& [name, ms] : phases) ms /= window_steps_;
+  const double hidden = sync.all_reduce_ms > 0 ? std::max(0.0, 1.0 - sync.exposed_ms / sync.all_reduce_ms) : 1.0;
+  const double eta = (total_steps_ - step - 1) * elapsed / window_steps_;
+  const int64_t memory = peak_device_memory(device_);
+  log_info("step {}/{} epoch {} loss {:.4f} lr {:.4g} | {:.1f} samples/s | {:.1f} ms/step: data {:.1f}, forward "
+           "{:.1f}, backward {:.1f}, communication {:.1f} ({:.0f}% of {:.1f} ms hidden), optimizer {:.1f}{} | ETA {}",
+           step + 1, total_steps_, epoch, loss_value, lr, samples_per_sec, step_ms, data_ms, phases["forward"],
+           phases["backward"], phases["communication"], 100.0 * hidden, sync.all_reduce_ms, phases["optimizer"],
+           memory > 0 ? " | peak memory " + format_bytes(static_cast<double>(memory)) : "", duration_text(eta));
+  metrics_.write({{"kind", "train"},
+                  {"step", step + 1},
+                  {"epoch", epoch},
+                  {"loss", loss_value},
+                  {"lr", lr},
+                  {"samples_per_sec", samples_per_sec},
+                  {"step_ms", step_ms},
+                  {"time_ms",
+                   {{"data", data_ms},
+                    {"forward", phases["forward"]},
+                    {"backward", phases["backward"]},
+                    {"communication", phases["communication"]},
+                    {"optimizer", phases["optimizer"]}}},
+                  {"all_reduce_ms", sync.all_reduce_ms},
+                  {"communication_hidden", hidden},
+                  {"eta_sec", eta},
+                  {"peak_memory_bytes", memory},
+                  {"elapsed_sec", seconds_between(run_start_, now)}});
+  window_start_ = Clock::now();
+  window_steps_ = 0;
+  window_data_seconds_ = 0.0;
+}
+
+void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {
+  if (!val_ && pairs_.empty()) return;
+  backbone_->eval();
+  EvalSetup setup;
+  setup.comm = &comm_;
+  setup.device = device_;
+  setup.batch_size = c_.eval_batch_size;
+  setup.autocast = autocast_;
+  nlohmann::json record = {{"kind", "eval"}, {"step", step}, {"epoch", epoch}};
+  if (val_) {
+    const ClassificationEval e = evaluate_classification(*backbone_, *classifier_, *val_, setup);
+    log_info("eval at step {}: top-1 {:.2f}% ({} samples), kNN top-1 {:.2f}% ({} samples)", step, 100.0 * e.top1,
+             e.samples, 100.0 * e.knn_top1, e.knn_samples);
+    record["top1"] = e.top1;
+    record["knn_top1"] = e.knn_top1;
+    record["samples"] = e.samples;
+    result.eval = e;
+  }
+  for (const auto& [images, issame] : pairs_) {
+    const VerificationEval v = evaluate_verification(*backbone_, *images, issame, setup);
+    const std::string name = std::filesystem::path(images->info().name).stem().string();
+    log_info("eval at step {}: {} verification accuracy {:.2f}% +- {:.2f}% ({} pairs)", step, name, 100.0 * v.accuracy,
+             100.0 * v.std, v.pairs);
+    record["verification"][name] = {{"accuracy", v.accuracy}, {"std", v.std}, {"threshold", v.threshold}};
+  }
+  metrics_.write(record);
+  backbone_->train();
+}
+
+TrainResult Run::execute() {
+  TrainResult result;
+  backbone_->train();
+  run_start_ = window_start_ = Clock::now();
+  for (int64_t step = 0; step < total_steps_; ++step) {
+    const auto wait_start = Clock::now();
+    Batch batch = loader_->next();
+    window_data_seconds_ += seconds_between(wait_start, Clock::now());
+    const double factor = schedule_.factor(step);
+    set_learning_rate(*optimizer_, c_.lr * factor);
+    classifier_->optimizer().set_lr(c_.classifier_lr * factor);
+
+    timer_.mark("forward");
+    const torch::Tensor images = batch.images.to(device_, /*non_blocking=*/true);
+    const torch::Tensor labels = batch.labels.to(device_, /*non_blocking=*/true);
+    broadcast_buffers(*backbone_, comm_);
+    torch::Tensor features;
+    {
+      std::unique_ptr<AutocastGuard> autocast;
+      if (autocast_) autocast = std::make_unique<AutocastGuard>(device_, *autocast_);
+      features = backbone_->forward(images);
+    }
+    const bool fp16 = c_.precision == "fp16";
+    classifier_->set_loss_scale(fp16 ? scaler_.scale() : 1.0);
+    const torch::Tensor loss = classifier_->forward(features, labels);
+
+    timer_.mark("backward");
+    (fp16 ? loss * scaler_.scale() : loss).backward();
+    timer_.mark("communication");
+    sync_->finish();
+    timer_.mark("optimizer");
+    const bool skip = fp16 && scaler_.unscale(params_, comm_);
+    if (skip) log_warn("step {}: non-finite gradients at loss scale {}; every rank skips the step", step + 1,
+                       scaler_.scale() * 2);
+    if (!skip && c_.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params_, c_.grad_clip);
+    if (!skip) optimizer_->step();
+    optimizer_->zero_grad();
+    timer_.stop();
+    ++window_steps_;
+
+    if ((step + 1) % c_.log_every == 0 || step + 1 == total_steps_) {
+      log_progress(step, batch.epoch, loss, c_.lr * factor);
+      result.last_loss = loss.item<double>();
+    }
+    if (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0 && step + 1 < total_steps_) {
+      evaluate(step + 1, batch.epoch, result);
+    }
+    result.steps = step + 1;
+  }
+  evaluate(total_steps_, total_steps_ / sampler_->steps_per_epoch(), result);
+  log_info("done: {} steps in {}", total_steps_, duration_text(seconds_between(run_start_, Clock::now())));
+  return result;
+}
+
+}  // namespace
+
+TrainResult train(ProcessContext& context, const TrainConfig& config, const std::string& config_ini) {
+  const int threads = config.threads > 0
+                          ? config.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / context.local_size());
+  torch::set_num_threads(threads);
+  if (context.rank() == 0) {
+    std::error_code error;
+    std::filesystem::create_directories(config.run_dir, error);
+    MYRIAD_CHECK(!error, "cannot create the run directory '{}': {}", config.run_dir, error.message());
+    const std::string path = (std::filesystem::path(config.run_dir) / "config.ini").string();
+    std::ofstream out(path);
+    out << config_ini;
+    MYRIAD_CHECK(out.good(), "cannot write '{}'", path);
+    log_info("effective configuration (saved to {}):\n{}", path, config_ini);
+  }
+  MYRIAD_CHECK(context.all_true(true), "ranks failed to agree at start-up");
+  Run run(context, config);
+  return run.execute();
+}
+
+}  // namespace myriad

@@ -1,0 +1,156 @@
+// Data-parallel training pieces at whatever rank count this binary runs with: gradients summed by
+// the bucketed synchroniser equal the single-process gradient of the whole batch, SyncBN makes
+// the forward independent of the split, every rank agrees to skip an overflowing step.
+
+#include <limits>
+#include <numeric>
+
+#include "mpi_test.h"
+#include "myriad/classifier/sharded_softmax.h"
+#include "myriad/model/backbone.h"
+#include "myriad/model/batch_norm.h"
+#include "myriad/train/gradient_sync.h"
+#include "myriad/train/loss_scaler.h"
+#include "support/reference_softmax.h"
+
+namespace myriad::testing {
+namespace {
+
+class TrainingTest : public BackendTest {
+ protected:
+  std::shared_ptr<Backbone> make_net(uint64_t seed) {
+    torch::manual_seed(seed);
+    BackboneOptions o;
+    o.name = "smallcnn";
+    o.input = {1, 8, 8};
+    o.embedding_size = 16;
+    auto net = make_backbone(o);
+    net->to(device());
+    return net;
+  }
+
+  std::vector<torch::Tensor> trainable(torch::nn::Module& m) {
+    std::vector<torch::Tensor> params;
+    for (const torch::Tensor& p : m.parameters()) {
+      if (p.requires_grad()) params.push_back(p);
+    }
+    return params;
+  }
+};
+
+// One step of backbone + sharded classifier on W ranks, gradients summed by the bucketed
+// synchroniser (tiny buckets, so there are many), against one process running the whole batch
+// through an identical backbone whose batch norm sees the whole batch too.
+TEST_P(TrainingTest, SummedGradientsEqualTheSingleProcessGradient) {
+  const std::vector<int64_t> counts = [&] {
+    std::vector<int64_t> c(world());
+    for (int r = 0; r < world(); ++r) c[r] = 3 + r;
+    return c;
+  }();
+  const int64_t n = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const int64_t begin = std::accumulate(counts.begin(), counts.begin() + rank(), int64_t{0});
+  torch::manual_seed(5);
+  const torch::Tensor images = torch::randn({n, 1, 8, 8});
+  const torch::Tensor labels = torch::randint(0, 13, {n}, torch::kInt64);
+
+  auto net = make_net(17);
+  auto comm_bn = environment().comms->create(device());
+  set_batch_norm_sync(*net, comm_bn.get());
+  GradientSynchronizer sync(trainable(*net), environment().comms->create(device()), 256);
+  EXPECT_GT(sync.bucket_count(), 2);
+  ShardedSoftmaxOptions o;
+  o.num_classes = 13;
+  o.embedding_size = 16;
+  o.update = WeightUpdate::kAccumulateGrad;
+  ShardedMarginSoftmax classifier(comm(), o, device());
+  const torch::Tensor features = net->forward(images.slice(0, begin, begin + counts[rank()]).to(device()));
+  const torch::Tensor loss =
+      classifier.forward(features, labels.slice(0, begin, begin + counts[rank()]).to(device()));
+  loss.backward();
+  sync.finish();
+
+  // The reference: the same network, one process, the whole batch.
+  auto reference = make_net(17);
+  reference->to(torch::kCPU);
+  const torch::Tensor all_features = reference->forward(images);
+  // The classifier's weight is identical on any world size: gather this rank's shard for the
+  // reference softmax.
+  const torch::Tensor weight = comm().all_gather(classifier.weight(), classifier.partition().sizes()).cpu();
+  const ReferenceResult ref = reference_softmax(all_features.detach(), labels, weight, o.margin);
+  all_features.backward(ref.grad_features.to(torch::kFloat32));
+  EXPECT_LE(relative_error(loss, ref.loss), 1e-5);
+  const auto mine = trainable(*net);
+  const auto theirs = trainable(*reference);
+  ASSERT_EQ(mine.size(), theirs.size());
+  // Errors are measured against the whole gradient: some entries are zero up to rounding (a bias
+  // followed by batch norm), so their own relative error means nothing.
+  std::vector<torch::Tensor> flat;
+  for (const torch::Tensor& p : theirs) flat.push_back(p.grad().reshape(-1));
+  const double scale = torch::cat(flat).norm().item<double>();
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const double error = (mine[k].grad().cpu() - theirs[k].grad()).norm().item<double>();
+    EXPECT_LE(error, 1e-5 * scale) << "parameter " << k << " of " << mine.size();
+  }
+  // Averaging instead of summing would be off by the world size.
+  if (world() > 1) {
+    EXPECT_GT((mine[0].grad().cpu() / world() - theirs[0].grad()).norm().item<double>(), 1e-2 * scale);
+  }
+}
+
+// With SyncBN the batch statistics, and so the loss, are those of the global batch.
+TEST_P(TrainingTest, SyncBatchNormUsesGlobalStatistics) {
+  const int64_t per_rank = 4;
+  torch::manual_seed(9);
+  const torch::Tensor x = torch::randn({per_rank * world(), 6, 3, 3}) * 2 + 1;
+  BatchNorm bn(6);
+  bn->to(device());
+  auto sync_comm = environment().comms->create(device());
+  bn->sync = sync_comm.get();
+  // A random projection of the output: sum(y^2) would have a zero gradient.
+  const torch::Tensor projection = torch::randn(x.sizes());
+  const torch::Tensor my_projection = projection.slice(0, rank() * per_rank, (rank() + 1) * per_rank).to(device());
+  torch::Tensor mine = x.slice(0, rank() * per_rank, (rank() + 1) * per_rank).to(device()).requires_grad_(true);
+  const torch::Tensor y = bn->forward(mine);
+  (y * my_projection).sum().backward();
+
+  BatchNorm local(6);
+  torch::Tensor all = x.clone().requires_grad_(true);
+  const torch::Tensor y_all = local->forward(all);
+  (y_all * projection).sum().backward();
+  EXPECT_LE(relative_error(y, y_all.slice(0, rank() * per_rank, (rank() + 1) * per_rank)), 1e-5);
+  EXPECT_LE(relative_error(mine.grad(), all.grad().slice(0, rank() * per_rank, (rank() + 1) * per_rank)), 1e-4);
+  EXPECT_LE(relative_error(bn->running_var, local->running_var), 1e-5);
+  torch::Tensor weight_grad = bn->weight.grad().clone();
+  comm().all_reduce(weight_grad);
+  EXPECT_LE(relative_error(weight_grad, local->weight.grad()), 1e-4);
+}
+
+TEST_P(TrainingTest, EveryRankSkipsWhenOneRankOverflows) {
+  torch::Tensor p = torch::ones({4}, torch::device(device())).requires_grad_(true);
+  p.mutable_grad() = torch::full({4}, 2.0, torch::device(device()));
+  if (rank() == world() - 1) p.mutable_grad()[1] = std::numeric_limits<float>::infinity();
+  DynamicLossScaler scaler(1024.0, 2);
+  EXPECT_TRUE(scaler.unscale({p}, comm()));
+  EXPECT_DOUBLE_EQ(scaler.scale(), 512.0);
+  // Clean steps grow the scale back after the interval.
+  p.mutable_grad() = torch::full({4}, 2.0, torch::device(device()));
+  EXPECT_FALSE(scaler.unscale({p}, comm()));
+  EXPECT_NEAR(p.grad()[0].item<double>(), 2.0 / 512.0, 1e-12);
+  p.mutable_grad() = torch::full({4}, 2.0, torch::device(device()));
+  EXPECT_FALSE(scaler.unscale({p}, comm()));
+  EXPECT_DOUBLE_EQ(scaler.scale(), 1024.0);
+}
+
+TEST_P(TrainingTest, BroadcastMakesReplicasIdentical) {
+  auto net = make_net(100 + rank());
+  broadcast_module_state(*net, comm());
+  auto rank0 = make_net(100);
+  const auto a = net->parameters();
+  const auto b = rank0->parameters();
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(torch::equal(a[k].cpu(), b[k].cpu())) << k;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TrainingTest, ::testing::Values("mpi", "nccl"), backend_name);
+
+}  // namespace
+}  // namespace myriad::testing
