@@ -42,28 +42,28 @@ std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// Runs fn(i) for i in [0, n) on `workers` threads; the first error is rethrown.
+// Runs fn(i) for i in [0, n) on `workers` threads; the first error is rethrown as it was.
 template <class Fn>
 void parallel_for(int64_t n, int workers, Fn fn) {
   std::atomic<int64_t> next{0};
   std::mutex mutex;
-  std::string error;
+  std::exception_ptr error;
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&] {
       for (int64_t i = next++; i < n; i = next++) {
         try {
           fn(i);
-        } catch (const std::exception& e) {
+        } catch (...) {
           std::lock_guard<std::mutex> lock(mutex);
-          if (error.empty()) error = e.what();
+          if (!error) error = std::current_exception();
           next = n;
         }
       }
     });
   }
   for (std::thread& t : threads) t.join();
-  MYRIAD_CHECK(error.empty(), "{}", error);
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace

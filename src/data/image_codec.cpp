@@ -97,7 +97,7 @@ std::string encode_jpeg(const uint8_t* pixels, int height, int width, int channe
   unsigned char* buffer = nullptr;
   unsigned long size = 0;
   const int format = channels == 1 ? TJPF_GRAY : TJPF_RGB;
-  const int subsampling = channels == 1 ? TJSAMP_GRAY : TJSAMP_420;
+  const int subsampling = channels == 1 ? TJSAMP_GRAY : TJSAMP_444;
   if (tjCompress2(compressor.get(), pixels, width, 0, height, format, &buffer, &size, subsampling, quality, 0) != 0) {
     MYRIAD_THROW("JPEG encoding failed: {}", tjGetErrorStr2(compressor.get()));
   }

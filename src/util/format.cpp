@@ -38,6 +38,9 @@ void apply_spec(std::ostream& os, std::string_view spec) {
       case 'e':
         os << std::scientific;
         break;
+      case 'x':
+        os << std::hex;
+        break;
       default:
         break;
     }

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# scripts/demo.sh end to end on a short run (60 steps): converts Fashion-MNIST, trains on 2 ranks,
+# evaluates and prints the test top-1.
+#   tests/e2e/demo_quick.sh BUILD_DIR
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+output=$(MYRIAD_SKIP_SETUP=1 MYRIAD_DEMO_QUICK=1 MYRIAD_BUILD_DIR="$1" MYRIAD_RUN_DIR="$work/demo" \
+         bash "$repo/scripts/demo.sh" 2>&1) || { echo "$output"; exit 1; }
+line=$(grep -E "^test top-1: [0-9]+\.[0-9]{2}% \(Fashion-MNIST test set\)$|^trained on synthetic data" <<<"$output" || true)
+[ -n "$line" ] || { echo "$output"; echo "no 'test top-1' line"; exit 1; }
+echo "$line"
+# 60 steps already learn something: far above the 10% of chance.
+if [[ "$line" == test* ]]; then
+  awk -v l="$line" 'BEGIN { split(l, p, " "); v = p[3] + 0; exit !(v > 40) }' || { echo "top-1 too low: $line"; exit 1; }
+fi
+for f in config.ini metrics.jsonl data/train.h5 data/test.h5; do
+  [ -s "$work/demo/$f" ] || { echo "missing $f"; exit 1; }
+done
+echo "demo e2e: OK"

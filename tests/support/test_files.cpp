@@ -1,0 +1,51 @@
+#include "test_files.h"
+
+#include <gtest/gtest.h>
+#include <png.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <fstream>
+#include <stdexcept>
+
+namespace myriad::testing {
+
+std::string encode_png(const uint8_t* pixels, int height, int width, int channels) {
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  image.width = static_cast<png_uint_32>(width);
+  image.height = static_cast<png_uint_32>(height);
+  image.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  if (png_image_write_to_memory(&image, nullptr, &size, 0, pixels, 0, nullptr) == 0) {
+    throw std::runtime_error(image.message);
+  }
+  std::string bytes(size, '\0');
+  if (png_image_write_to_memory(&image, bytes.data(), &size, 0, pixels, 0, nullptr) == 0) {
+    throw std::runtime_error(image.message);
+  }
+  bytes.resize(size);
+  return bytes;
+}
+
+void write_idx(const std::string& path, const std::vector<int64_t>& dims, const std::vector<uint8_t>& data, bool gzip) {
+  std::string bytes = {0, 0, 0x08, static_cast<char>(dims.size())};
+  for (int64_t d : dims) {
+    for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>((d >> shift) & 0xFF));
+  }
+  bytes.append(reinterpret_cast<const char*>(data.data()), data.size());
+  if (!gzip) return write_bytes(path, bytes);
+  gzFile file = gzopen(path.c_str(), "wb");
+  gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size()));
+  gzclose(file);
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::string temp_file(const std::string& name) {
+  return ::testing::TempDir() + "/myriad_" + std::to_string(getpid()) + "_" + name;
+}
+
+}  // namespace myriad::testing

@@ -1,0 +1,21 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace myriad::testing {
+
+// PNG bytes of a uint8 HWC image (libpng's simplified writer).
+std::string encode_png(const uint8_t* pixels, int height, int width, int channels);
+
+// An IDX file: `dims` and uint8 `data`, gzip-compressed when `gzip`.
+void write_idx(const std::string& path, const std::vector<int64_t>& dims, const std::vector<uint8_t>& data,
+               bool gzip);
+
+void write_bytes(const std::string& path, const std::string& bytes);
+
+// A unique path under the test temporary directory.
+std::string temp_file(const std::string& name);
+
+}  // namespace myriad::testing

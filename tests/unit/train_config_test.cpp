@@ -1,0 +1,95 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "myriad/train/lr_schedule.h"
+#include "myriad/train/train_config.h"
+#include "myriad/util/cli.h"
+#include "myriad/util/error.h"
+
+namespace myriad {
+namespace {
+
+// Parses a myriad-train command line the way the executable does.
+TrainConfig parse(std::vector<std::string> args, std::string* ini = nullptr) {
+  args.insert(args.begin(), "myriad-train");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  TrainConfig config;
+  const auto options = train_options(config);
+  po::variables_map values;
+  parse_command_line_and_config(static_cast<int>(argv.size()), argv.data(), options, values, "usage", 1, "config");
+  finish_train_config(values, config);
+  if (ini != nullptr) *ini = config_as_ini(values);
+  return config;
+}
+
+TEST(TrainConfig, DefaultsAndOverrides) {
+  const TrainConfig c = parse({"--backbone", "smallcnn", "--input-shape", "1x28x28", "--batch-size", "64",
+                               "--precision", "bf16", "--margin", "cosface", "--eval-pairs", "a.h5", "b.h5"});
+  EXPECT_EQ(c.backbone, "smallcnn");
+  EXPECT_EQ(c.input.channels, 1);
+  EXPECT_EQ(c.input.height, 28);
+  EXPECT_EQ(c.batch_size, 64);
+  EXPECT_EQ(c.precision, "bf16");
+  EXPECT_EQ(c.margin.type, MarginType::kCosFace);
+  EXPECT_EQ(c.eval_pairs, (std::vector<std::string>{"a.h5", "b.h5"}));
+  EXPECT_DOUBLE_EQ(c.classifier_lr, c.lr);
+  EXPECT_DOUBLE_EQ(c.classifier_weight_decay, c.weight_decay);
+  EXPECT_EQ(c.bucket_bytes, int64_t{25} << 20);
+  EXPECT_TRUE(c.random_flip);
+}
+
+TEST(TrainConfig, BadValuesAreUsageErrors) {
+  const std::vector<std::vector<std::string>> bad = {
+      {"--precision", "fp8"},        {"--backbone", "resnet9000"},     {"--input-shape", "3x112"},
+      {"--batch-size", "0"},         {"--lr-schedule", "step"},        {"--lr-schedule", "linear"},
+      {"--sample-rate", "1.5"},      {"--optimizer", "lamb"},          {"--bucket-size", "lots"},
+      {"--lr-steps", "100,50"},      {"--momentum", "1.0"},            {"--unknown-option", "1"},
+      {"--epochs", "many"},          {"--device", "tpu"},              {"--margin", "arcface", "--m3", "0.1"}};
+  for (const auto& args : bad) {
+    EXPECT_THROW(parse(args), UsageError) << args[0];
+  }
+}
+
+TEST(TrainConfig, EffectiveConfigurationReadsBack) {
+  std::string ini;
+  const TrainConfig first = parse({"--lr", "0.05", "--lr-schedule", "step", "--lr-steps", "10,20", "--nesterov",
+                                   "--eval-pairs", "x.h5", "y.h5", "--margin", "combined", "--m1", "1.1"},
+                                  &ini);
+  const std::string path = ::testing::TempDir() + "/myriad_train_config.ini";
+  std::ofstream(path) << ini;
+  const TrainConfig second = parse({"--config", path});
+  EXPECT_DOUBLE_EQ(second.lr, 0.05);
+  EXPECT_EQ(second.lr_steps, (std::vector<int64_t>{10, 20}));
+  EXPECT_TRUE(second.nesterov);
+  EXPECT_EQ(second.eval_pairs, first.eval_pairs);
+  EXPECT_EQ(second.margin.type, MarginType::kCombined);
+  EXPECT_DOUBLE_EQ(second.margin.m1, 1.1);
+  std::remove(path.c_str());
+}
+
+TEST(LrSchedule, WarmupThenPolyCosineOrStep) {
+  LrSchedule s;
+  s.warmup_steps = 4;
+  s.total_steps = 14;
+  s.kind = "poly";
+  EXPECT_DOUBLE_EQ(s.factor(0), 0.2);
+  EXPECT_DOUBLE_EQ(s.factor(3), 0.8);
+  EXPECT_DOUBLE_EQ(s.factor(4), 1.0);
+  EXPECT_DOUBLE_EQ(s.factor(9), 0.25);  // (1 - 5/10)^2
+  EXPECT_DOUBLE_EQ(s.factor(14), 0.0);
+  s.kind = "cosine";
+  EXPECT_NEAR(s.factor(9), 0.5, 1e-12);
+  EXPECT_NEAR(s.factor(14), 0.0, 1e-12);
+  s.kind = "step";
+  s.milestones = {6, 10};
+  s.gamma = 0.1;
+  EXPECT_DOUBLE_EQ(s.factor(5), 1.0);
+  EXPECT_NEAR(s.factor(6), 0.1, 1e-12);
+  EXPECT_NEAR(s.factor(12), 0.01, 1e-12);
+}
+
+}  // namespace
+}  // namespace myriad
