@@ -24,6 +24,7 @@ const Command kCommands[] = {
      myriad::run_classifier_check},
     {"classifier-case", "write a random HDF5 case for classifier-check",
      myriad::run_classifier_case},
+    {"loader", "images per second the data pipeline delivers", myriad::run_loader_bench},
 };
 
 std::string usage() {
