@@ -43,6 +43,7 @@ debian_packages=(
   g++ cmake ninja-build pkg-config ccache
   libtorch-dev libopenmpi-dev openmpi-bin libhdf5-dev libboost-program-options-dev
   libgtest-dev nlohmann-json3-dev libturbojpeg0-dev libpng-dev zlib1g-dev hdf5-tools
+  dataset-fashion-mnist
 )
 
 torch_prefix_from_python() {

@@ -33,4 +33,11 @@ set -e
 [ "$status" -eq 1 ] || { echo "$output"; echo "expected exit 1, got $status"; exit 1; }
 grep -q "class_1/img_2.jpg': corrupt or truncated JPEG" <<<"$output" || { echo "$output"; exit 1; }
 if ls "$work"/bad.h5* >/dev/null 2>&1; then echo "a partial output was left behind"; exit 1; fi
+# Generated JPEG data, as benchmarks use it.
+"$bin/myriad-data" synthetic --output "$work/synthetic.h5" --size 50 --num-classes 7 --input-shape 3x16x16 \
+  --jpeg-quality 90 2>/dev/null
+report=$("$bin/myriad-data" inspect "$work/synthetic.h5" 2>/dev/null)
+grep -q "encoded: 50 JPEG, 0 PNG" <<<"$report"
+grep -q "^classes    7 (num_classes)" <<<"$report"
+"$bin/myriad-bench" loader --data "$work/synthetic.h5" --workers 2 --batch-size 10 --steps 3 | grep -q "images/s"
 echo "data tools e2e: OK"
