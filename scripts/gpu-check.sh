@@ -5,7 +5,7 @@
 #   scripts/gpu-check.sh [--deps-dir DIR] [--out DIR] [--only LIST]
 #
 # LIST is a comma list of: tests, collectives, classifier (the peer's shapes), momentum-bf16,
-# naive, max-classes (default: all of them).
+# naive, max-classes, train (trainer throughput, scaling, loader) (default: all of them).
 #
 # --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
 # stays off (NCCL_NVLS_ENABLE=0 and friends) unless the caller set those variables.
@@ -14,7 +14,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps_args=()
 out=${OUT:-$repo/build/gpu-check}
-only=tests,collectives,classifier,momentum-bf16,naive,max-classes
+only=tests,collectives,classifier,momentum-bf16,naive,max-classes,train
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
@@ -114,6 +114,33 @@ if wants classifier; then
     classifier 1 max-classes --num-classes 8M --batch-size 256 --momentum-dtype bf16 --workspace 4G \
       --steps 5 --warmup 2 --find-max-classes
   fi
+fi
+if wants train; then
+  # The loader on JPEG bytes, one rank and one rank per GPU at once.
+  data="$out/../gpu-check-data"
+  mkdir -p "$data"
+  "$bin/myriad-data" synthetic --output "$data/jpeg.h5" --size 20000 --num-classes 1000 --jpeg-quality 90 \
+    >"$out/loader.txt" 2>&1 || status=1
+  cores_per_rank=$(( $(nproc) / gpus ))
+  for n in 1 "$gpus"; do
+    mpirun -np "$n" --bind-to none "$bin/myriad-bench" loader --data "$data/jpeg.h5" --workers "$cores_per_rank" \
+      --batch-size 256 --steps 40 >>"$out/loader.txt" 2>&1 || status=1
+  done
+  note "loader (112x112 JPEG, $cores_per_rank workers per rank):"
+  grep "images/s" "$out/loader.txt" | tee -a "$summary"
+  # Training throughput and weak scaling: synthetic 112x112, bf16, C = 1M, 256 per GPU.
+  for model in iresnet50 iresnet100; do
+    for n in "${rank_counts[@]}"; do
+      [ "$n" -eq 1 ] || [ "$n" -eq 2 ] || [ "$n" -eq 4 ] || continue
+      run="$out/../gpu-check-runs/$model-np$n"
+      rm -rf "$run"
+      mpirun -np "$n" --bind-to none "${forward[@]}" "$bin/myriad-train" --data synthetic --backbone "$model" \
+        --input-shape 3x112x112 --precision bf16 --num-classes 1M --batch-size 256 --max-steps 60 --log-every 20 \
+        --workers "$cores_per_rank" --classifier-workspace 16G --run-dir "$run" >"$out/train-$model-np$n.txt" 2>&1 \
+        || status=1
+      note "train $model, $n GPU(s): $(tail -n 1 "$run/metrics.jsonl" 2>/dev/null | cut -c1-400)"
+    done
+  done
 fi
 note "gpu-check status: $status"
 exit $status

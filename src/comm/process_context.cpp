@@ -75,6 +75,20 @@ bool ProcessContext::all_true(bool local) const {
   return result != 0;
 }
 
+std::vector<std::string> ProcessContext::all_gather_strings(const std::string& local) const {
+  const int length = static_cast<int>(local.size());
+  std::vector<int> lengths(size_);
+  MYRIAD_CHECK_MPI(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  std::vector<int> displacements(size_, 0);
+  for (int r = 1; r < size_; ++r) displacements[r] = displacements[r - 1] + lengths[r - 1];
+  std::string all(static_cast<size_t>(displacements.back() + lengths.back()), '\0');
+  MYRIAD_CHECK_MPI(MPI_Allgatherv(local.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                                  displacements.data(), MPI_CHAR, MPI_COMM_WORLD));
+  std::vector<std::string> strings(size_);
+  for (int r = 0; r < size_; ++r) strings[r] = all.substr(displacements[r], lengths[r]);
+  return strings;
+}
+
 bool ProcessContext::all_ranks_have_gpu() const {
   return all_true(torch::cuda::is_available() && torch::cuda::device_count() > 0);
 }

@@ -8,12 +8,15 @@
 
 namespace myriad {
 
-DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t global_batch, int world_size, uint64_t seed)
+DistributedSampler::DistributedSampler(int64_t dataset_size, int64_t global_batch, int world_size,
+                                       uint64_t seed)
     : size_(dataset_size), global_batch_(global_batch), world_(world_size), seed_(seed) {
   MYRIAD_CHECK_COLLECTIVE(global_batch >= world_size && global_batch > 0,
-                          "the global batch ({}) must give every one of {} ranks a sample", global_batch, world_size);
+                          "the global batch ({}) must give every one of {} ranks a sample",
+                          global_batch, world_size);
   MYRIAD_CHECK_COLLECTIVE(dataset_size >= global_batch,
-                          "the dataset has {} samples, fewer than one global batch of {}", dataset_size, global_batch);
+                          "the dataset has {} samples, fewer than one global batch of {}",
+                          dataset_size, global_batch);
   steps_per_epoch_ = dataset_size / global_batch;
   const std::vector<int64_t> counts = balanced_counts(global_batch, world_size);
   offsets_.assign(world_size + 1, 0);
@@ -35,14 +38,24 @@ const std::vector<int64_t>& DistributedSampler::permutation(int64_t epoch) const
   return cached_;
 }
 
-std::vector<int64_t> DistributedSampler::indices(int64_t epoch, int64_t step, int rank) const {
-  MYRIAD_CHECK(step >= 0 && step < steps_per_epoch_, "step {} outside the epoch's {} steps", step, steps_per_epoch_);
+std::vector<int64_t> DistributedSampler::indices(const DataPosition& position, int rank) const {
+  MYRIAD_CHECK(
+      position.epoch >= 0 && position.offset >= 0 && position.offset + global_batch_ <= size_,
+      "data position (epoch {}, offset {}) leaves no global batch of {} in {} samples",
+      position.epoch, position.offset, global_batch_, size_);
   MYRIAD_CHECK(rank >= 0 && rank < world_, "rank {} outside the world of {}", rank, world_);
   std::lock_guard<std::mutex> lock(mutex_);
-  const std::vector<int64_t>& perm = permutation(epoch);
-  const int64_t begin = step * global_batch_ + offsets_[rank];
-  const int64_t end = step * global_batch_ + offsets_[rank + 1];
-  return {perm.begin() + begin, perm.begin() + end};
+  const std::vector<int64_t>& perm = permutation(position.epoch);
+  return {perm.begin() + position.offset + offsets_[rank],
+          perm.begin() + position.offset + offsets_[rank + 1]};
+}
+
+DataPosition DistributedSampler::advance(const DataPosition& start, int64_t steps) const {
+  // What is left of the start epoch, then whole epochs.
+  const int64_t left = (size_ - start.offset) / global_batch_;
+  if (steps < left) return {start.epoch, start.offset + steps * global_batch_};
+  const int64_t rest = steps - left;
+  return {start.epoch + 1 + rest / steps_per_epoch_, (rest % steps_per_epoch_) * global_batch_};
 }
 
 }  // namespace myriad

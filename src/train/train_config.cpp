@@ -19,7 +19,8 @@ std::vector<int64_t> parse_step_list(const std::string& text) {
       steps.push_back(std::stoll(item, &used));
       if (used != item.size() || steps.back() <= 0) throw std::invalid_argument(item);
     } catch (const std::exception&) {
-      throw UsageError(str_format("--lr-steps must be a comma list of positive steps, got '{}'", text));
+      throw UsageError(
+          str_format("--lr-steps must be a comma list of positive steps, got '{}'", text));
     }
     if (steps.size() > 1 && steps.back() <= steps[steps.size() - 2]) {
       throw UsageError(str_format("--lr-steps must increase, got '{}'", text));
@@ -86,7 +87,12 @@ po::options_description train_options(TrainConfig& c) {
       ("workers", po::value(&c.workers)->default_value(c.workers), "data loader threads per rank")
       ("prefetch", po::value(&c.prefetch)->default_value(c.prefetch), "batches the loader prepares ahead")
       ("no-flip", po::bool_switch(), "no random horizontal flip")
-      ("device", po::value(&c.device)->default_value(c.device), "auto, cpu or cuda");
+      ("device", po::value(&c.device)->default_value(c.device), "auto, cpu or cuda")
+      ("checkpoint-dir", po::value(&c.checkpoint_dir), "where checkpoints go (default: RUN_DIR/checkpoints)")
+      ("checkpoint-every", po::value(&c.checkpoint_every)->default_value(0), "write a checkpoint every this many steps, and at the end (0: only when stopped by a signal)")
+      ("checkpoint-keep", po::value(&c.checkpoint_keep)->default_value(c.checkpoint_keep), "how many checkpoints to keep")
+      ("resume", po::value(&c.resume)->default_value(c.resume), "none, auto (the newest valid checkpoint of --checkpoint-dir; fresh when there is none) or a checkpoint directory")
+      ("stop-at-step", po::value(&c.stop_at_step)->default_value(0), "checkpoint and exit (code 75) after this step, as a signal would (0: off)");
   // clang-format on
   add_margin_options(options);
   return options;
@@ -97,13 +103,15 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   c.margin = margin_from_options(values);
   c.classifier_workspace = parse_byte_size(values["classifier-workspace"].as<std::string>());
   c.bucket_bytes = parse_byte_size(values["bucket-size"].as<std::string>());
-  if (values.count("lr-steps") > 0) c.lr_steps = parse_step_list(values["lr-steps"].as<std::string>());
+  if (values.count("lr-steps") > 0)
+    c.lr_steps = parse_step_list(values["lr-steps"].as<std::string>());
   c.random_flip = !values["no-flip"].as<bool>();
   if (c.classifier_lr == 0.0) c.classifier_lr = c.lr;
   if (c.classifier_weight_decay < 0.0) c.classifier_weight_decay = c.weight_decay;
 
   require(!c.run_dir.empty(), "--run-dir must not be empty");
-  require(one_of(c.backbone, {"iresnet18", "iresnet34", "iresnet50", "iresnet100", "mobilefacenet", "smallcnn"}),
+  require(one_of(c.backbone, {"iresnet18", "iresnet34", "iresnet50", "iresnet100", "mobilefacenet",
+                              "smallcnn"}),
           str_format("unknown --backbone '{}'", c.backbone));
   require(c.embedding_size > 0, "--embedding-size must be positive");
   require(c.dropout >= 0.0 && c.dropout < 1.0, "--dropout must be in [0, 1)");
@@ -112,11 +120,13 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(c.batch_size > 0, "--batch-size must be positive");
   require(c.epochs > 0, "--epochs must be positive");
   require(c.max_steps >= 0, "--max-steps must not be negative");
-  require(one_of(c.optimizer, {"sgd", "adamw"}), str_format("--optimizer must be sgd or adamw, got '{}'", c.optimizer));
+  require(one_of(c.optimizer, {"sgd", "adamw"}),
+          str_format("--optimizer must be sgd or adamw, got '{}'", c.optimizer));
   require(c.lr > 0.0 && c.classifier_lr > 0.0, "learning rates must be positive");
   require(c.weight_decay >= 0.0, "--weight-decay must not be negative");
   require(c.momentum >= 0.0 && c.momentum < 1.0, "--momentum must be in [0, 1)");
-  require(one_of(c.classifier_state_dtype, {"fp32", "bf16"}), "--classifier-state-dtype must be fp32 or bf16");
+  require(one_of(c.classifier_state_dtype, {"fp32", "bf16"}),
+          "--classifier-state-dtype must be fp32 or bf16");
   require(c.classifier_workspace > 0, "--classifier-workspace must be positive");
   require(one_of(c.lr_schedule, {"poly", "cosine", "step"}),
           str_format("--lr-schedule must be poly, cosine or step, got '{}'", c.lr_schedule));
@@ -134,7 +144,13 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(c.eval_batch_size > 0, "--eval-batch-size must be positive");
   require(c.threads >= 0, "--threads must not be negative");
   require(c.workers > 0 && c.prefetch > 0, "--workers and --prefetch must be positive");
-  require(one_of(c.device, {"auto", "cpu", "cuda"}), str_format("--device must be auto, cpu or cuda, got '{}'", c.device));
+  require(one_of(c.device, {"auto", "cpu", "cuda"}),
+          str_format("--device must be auto, cpu or cuda, got '{}'", c.device));
+  if (c.checkpoint_dir.empty()) c.checkpoint_dir = c.run_dir + "/checkpoints";
+  require(c.checkpoint_every >= 0, "--checkpoint-every must not be negative");
+  require(c.checkpoint_keep > 0, "--checkpoint-keep must be positive");
+  require(!c.resume.empty(), "--resume must be none, auto or a checkpoint directory");
+  require(c.stop_at_step >= 0, "--stop-at-step must not be negative");
 }
 
 std::string config_as_ini(const po::variables_map& values) {

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <thread>
 
+#include "myriad/ckpt/training_checkpoint.h"
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/comm_factory.h"
 #include "myriad/comm/process_context.h"
@@ -23,6 +24,7 @@
 #include "myriad/util/error.h"
 #include "myriad/util/log.h"
 #include "myriad/util/phase_timer.h"
+#include "myriad/util/stop_signal.h"
 
 namespace myriad {
 
@@ -51,17 +53,22 @@ std::shared_ptr<const ImageSource> open_dataset(const std::string& path, bool la
 }
 
 void check_shape(const DatasetInfo& info, const InputShape& input, const std::string& what) {
-  MYRIAD_CHECK_COLLECTIVE(info.channels == input.channels && info.height == input.height && info.width == input.width,
-                          "{} '{}' holds {}x{}x{} images but --input-shape is {}x{}x{}", what, info.name, info.channels,
-                          info.height, info.width, input.channels, input.height, input.width);
+  MYRIAD_CHECK_COLLECTIVE(
+      info.channels == input.channels && info.height == input.height && info.width == input.width,
+      "{} '{}' holds {}x{}x{} images but --input-shape is {}x{}x{}", what, info.name, info.channels,
+      info.height, info.width, input.channels, input.height, input.width);
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c, const std::vector<torch::Tensor>& params) {
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c,
+                                                        const std::vector<torch::Tensor>& params) {
   if (c.optimizer == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+    return std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
   }
-  return std::make_unique<torch::optim::SGD>(
-      params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay).nesterov(c.nesterov));
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(c.lr)
+                                                         .momentum(c.momentum)
+                                                         .weight_decay(c.weight_decay)
+                                                         .nesterov(c.nesterov));
 }
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
@@ -73,7 +80,9 @@ ShardedSoftmaxOptions classifier_options(const TrainConfig& c, int64_t classes) 
   o.num_classes = classes;
   o.embedding_size = c.embedding_size;
   o.margin = c.margin;
-  o.gemm_dtype = c.precision == "bf16" ? torch::kBFloat16 : c.precision == "fp16" ? torch::kFloat16 : torch::kFloat32;
+  o.gemm_dtype = c.precision == "bf16"   ? torch::kBFloat16
+                 : c.precision == "fp16" ? torch::kFloat16
+                                         : torch::kFloat32;
   o.workspace_bytes = c.classifier_workspace;
   o.sample_rate = c.sample_rate;
   o.seed = c.seed;
@@ -91,11 +100,13 @@ ShardedSoftmaxOptions classifier_options(const TrainConfig& c, int64_t classes) 
 // The pieces of a run, built once.
 class Run {
  public:
-  Run(ProcessContext& context, const TrainConfig& config);
+  Run(ProcessContext& context, const TrainConfig& config, std::string config_ini);
   TrainResult execute();
 
  private:
   void evaluate(int64_t step, int64_t epoch, TrainResult& result);
+  void resume();
+  void checkpoint(int64_t steps_done, const DataPosition& next);
   void log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, double lr);
 
   ProcessContext& context_;
@@ -119,8 +130,12 @@ class Run {
   DynamicLossScaler scaler_;
   LrSchedule schedule_;
   MetricsLog metrics_;
+  std::string config_ini_;
   PhaseTimer timer_;
   int64_t total_steps_ = 0;
+  CheckpointStore store_;
+  int64_t start_step_ = 0;
+  DataPosition start_position_;
   // Progress since the last log record.
   Clock::time_point window_start_;
   int64_t window_steps_ = 0;
@@ -128,26 +143,32 @@ class Run {
   Clock::time_point run_start_;
 };
 
-Run::Run(ProcessContext& context, const TrainConfig& config)
+Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_ini)
     : context_(context),
       c_(config),
       device_(context.select_device(parse_device_preference(config.device))),
       comms_(context),
       comm_(comms_.for_device(device_)),
-      metrics_((std::filesystem::path(config.run_dir) / "metrics.jsonl").string(), context.rank() == 0),
-      timer_(device_, true) {
-  MYRIAD_CHECK_COLLECTIVE(c_.precision != "fp16" || device_.is_cuda(), "--precision fp16 needs GPUs");
-  if (c_.precision != "fp32") autocast_ = c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat16;
+      metrics_((std::filesystem::path(config.run_dir) / "metrics.jsonl").string(),
+               context.rank() == 0),
+      config_ini_(std::move(config_ini)),
+      timer_(device_, true),
+      store_(config.checkpoint_dir) {
+  MYRIAD_CHECK_COLLECTIVE(c_.precision != "fp16" || device_.is_cuda(),
+                          "--precision fp16 needs GPUs");
+  if (c_.precision != "fp32")
+    autocast_ = c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat16;
   const int64_t global_batch = c_.batch_size * context.size();
 
   if (c_.data == "synthetic") {
     classes_ = c_.num_classes > 0 ? c_.num_classes : 1000;
-    const int64_t size = c_.synthetic_size > 0
-                             ? c_.synthetic_size
-                             : std::max(100 * global_batch, std::min<int64_t>(64 * classes_, int64_t{1} << 22));
+    const int64_t size =
+        c_.synthetic_size > 0
+            ? c_.synthetic_size
+            : std::max(100 * global_batch, std::min<int64_t>(64 * classes_, int64_t{1} << 22));
     data_ = std::make_shared<SyntheticDataset>(size, classes_, static_cast<int>(c_.input.channels),
-                                               static_cast<int>(c_.input.height), static_cast<int>(c_.input.width),
-                                               c_.seed);
+                                               static_cast<int>(c_.input.height),
+                                               static_cast<int>(c_.input.width), c_.seed);
   } else {
     data_ = open_dataset(c_.data);
     check_shape(data_->info(), c_.input, "--data");
@@ -159,8 +180,9 @@ Run::Run(ProcessContext& context, const TrainConfig& config)
   if (!c_.val_data.empty()) {
     val_ = open_dataset(c_.val_data);
     check_shape(val_->info(), c_.input, "--val-data");
-    MYRIAD_CHECK_COLLECTIVE(val_->info().num_classes <= classes_, "'{}' has {} classes, the classifier {}",
-                            c_.val_data, val_->info().num_classes, classes_);
+    MYRIAD_CHECK_COLLECTIVE(val_->info().num_classes <= classes_,
+                            "'{}' has {} classes, the classifier {}", c_.val_data,
+                            val_->info().num_classes, classes_);
   }
   for (const std::string& path : c_.eval_pairs) {
     auto images = open_dataset(path, false);
@@ -195,11 +217,13 @@ Run::Run(ProcessContext& context, const TrainConfig& config)
   for (const torch::Tensor& p : backbone_->parameters()) {
     if (p.requires_grad()) params_.push_back(p);
   }
-  classifier_ = std::make_unique<ShardedMarginSoftmax>(comm_, classifier_options(c_, classes_), device_);
+  classifier_ =
+      std::make_unique<ShardedMarginSoftmax>(comm_, classifier_options(c_, classes_), device_);
   optimizer_ = make_optimizer(c_, params_);
   sync_ = std::make_unique<GradientSynchronizer>(params_, comms_.create(device_), c_.bucket_bytes);
 
-  sampler_ = std::make_shared<DistributedSampler>(data_->info().size, global_batch, context.size(), c_.seed);
+  sampler_ = std::make_shared<DistributedSampler>(data_->info().size, global_batch, context.size(),
+                                                  c_.seed);
   total_steps_ = c_.max_steps > 0 ? c_.max_steps : c_.epochs * sampler_->steps_per_epoch();
   schedule_.kind = c_.lr_schedule;
   schedule_.warmup_steps = c_.warmup_steps;
@@ -207,7 +231,9 @@ Run::Run(ProcessContext& context, const TrainConfig& config)
   schedule_.power = c_.poly_power;
   schedule_.milestones = c_.lr_steps;
   schedule_.gamma = c_.lr_gamma;
+  resume();
   LoaderOptions lo;
+  lo.start = start_position_;
   lo.workers = c_.workers;
   lo.prefetch = c_.prefetch;
   lo.random_flip = c_.random_flip;
@@ -218,13 +244,48 @@ Run::Run(ProcessContext& context, const TrainConfig& config)
 
   int64_t backbone_params = 0;
   for (const torch::Tensor& p : backbone_->parameters()) backbone_params += p.numel();
-  log_info("myriad-train: {} rank(s) on {}, {} (backbone {}, {:.1f}M parameters, {} gradient buckets), {} classes "
-           "({} per rank), {}",
-           context.size(), device_.str(), c_.precision, c_.backbone, backbone_params / 1e6, sync_->bucket_count(),
-           classes_, classifier_->partition().size(context.rank()), c_.margin.describe());
-  log_info("data {} ({} images {}x{}x{}), global batch {} ({} per rank), {} steps per epoch, {} steps", data_->info().name,
-           data_->info().size, data_->info().channels, data_->info().height, data_->info().width, global_batch,
-           c_.batch_size, sampler_->steps_per_epoch(), total_steps_);
+  log_info(
+      "myriad-train: {} rank(s) on {}, {} (backbone {}, {:.1f}M parameters, {} gradient buckets), "
+      "{} classes "
+      "({} per rank), {}",
+      context.size(), device_.str(), c_.precision, c_.backbone, backbone_params / 1e6,
+      sync_->bucket_count(), classes_, classifier_->partition().size(context.rank()),
+      c_.margin.describe());
+  log_info(
+      "data {} ({} images {}x{}x{}), global batch {} ({} per rank), {} steps per epoch, {} steps",
+      data_->info().name, data_->info().size, data_->info().channels, data_->info().height,
+      data_->info().width, global_batch, c_.batch_size, sampler_->steps_per_epoch(), total_steps_);
+}
+
+void Run::resume() {
+  // Rank 0 finds and verifies the checkpoint; every rank then loads what it needs.
+  std::string chosen, error;
+  if (context_.rank() == 0) {
+    try {
+      store_.remove_stale_temporaries();
+      chosen = resolve_resume(c_.resume, store_).value_or("");
+    } catch (const Error& e) {
+      error = e.message();
+    }
+  }
+  const std::vector<std::string> errors = context_.all_gather_strings(error);
+  MYRIAD_CHECK_COLLECTIVE(errors[0].empty(), "--resume {}: {}", c_.resume, errors[0]);
+  chosen = context_.all_gather_strings(chosen)[0];
+  if (chosen.empty()) {
+    if (c_.resume == "auto") log_info("no checkpoint in {}: starting fresh", c_.checkpoint_dir);
+    return;
+  }
+  TrainingState state{backbone_.get(), optimizer_.get(), classifier_.get(), &scaler_, 0, {}, ""};
+  load_checkpoint(context_, chosen, state);
+  start_step_ = state.step;
+  start_position_ = state.position;
+}
+
+void Run::checkpoint(int64_t steps_done, const DataPosition& next) {
+  const TrainingState state{backbone_.get(), optimizer_.get(), classifier_.get(),
+                            &scaler_,        steps_done,       next,
+                            config_ini_};
+  save_checkpoint(context_, store_, state, c_.checkpoint_keep);
 }
 
 void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, double lr) {
@@ -238,14 +299,20 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
   const double step_ms = 1e3 * elapsed / window_steps_;
   const double data_ms = 1e3 * window_data_seconds_ / window_steps_;
   for (auto& [name, ms] : phases) ms /= window_steps_;
-  const double hidden = sync.all_reduce_ms > 0 ? std::max(0.0, 1.0 - sync.exposed_ms / sync.all_reduce_ms) : 1.0;
+  const double hidden =
+      sync.all_reduce_ms > 0 ? std::max(0.0, 1.0 - sync.exposed_ms / sync.all_reduce_ms) : 1.0;
   const double eta = (total_steps_ - step - 1) * elapsed / window_steps_;
   const int64_t memory = peak_device_memory(device_);
-  log_info("step {}/{} epoch {} loss {:.4f} lr {:.4g} | {:.1f} samples/s | {:.1f} ms/step: data {:.1f}, forward "
-           "{:.1f}, backward {:.1f}, communication {:.1f} ({:.0f}% of {:.1f} ms hidden), optimizer {:.1f}{} | ETA {}",
-           step + 1, total_steps_, epoch, loss_value, lr, samples_per_sec, step_ms, data_ms, phases["forward"],
-           phases["backward"], phases["communication"], 100.0 * hidden, sync.all_reduce_ms, phases["optimizer"],
-           memory > 0 ? " | peak memory " + format_bytes(static_cast<double>(memory)) : "", duration_text(eta));
+  log_info(
+      "step {}/{} epoch {} loss {:.4f} lr {:.4g} | {:.1f} samples/s | {:.1f} ms/step: data {:.1f}, "
+      "forward "
+      "{:.1f}, backward {:.1f}, communication {:.1f} ({:.0f}% of {:.1f} ms hidden), optimizer "
+      "{:.1f}{} | ETA {}",
+      step + 1, total_steps_, epoch, loss_value, lr, samples_per_sec, step_ms, data_ms,
+      phases["forward"], phases["backward"], phases["communication"], 100.0 * hidden,
+      sync.all_reduce_ms, phases["optimizer"],
+      memory > 0 ? " | peak memory " + format_bytes(static_cast<double>(memory)) : "",
+      duration_text(eta));
   metrics_.write({{"kind", "train"},
                   {"step", step + 1},
                   {"epoch", epoch},
@@ -280,8 +347,8 @@ void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {
   nlohmann::json record = {{"kind", "eval"}, {"step", step}, {"epoch", epoch}};
   if (val_) {
     const ClassificationEval e = evaluate_classification(*backbone_, *classifier_, *val_, setup);
-    log_info("eval at step {}: top-1 {:.2f}% ({} samples), kNN top-1 {:.2f}% ({} samples)", step, 100.0 * e.top1,
-             e.samples, 100.0 * e.knn_top1, e.knn_samples);
+    log_info("eval at step {}: top-1 {:.2f}% ({} samples), kNN top-1 {:.2f}% ({} samples)", step,
+             100.0 * e.top1, e.samples, 100.0 * e.knn_top1, e.knn_samples);
     record["top1"] = e.top1;
     record["knn_top1"] = e.knn_top1;
     record["samples"] = e.samples;
@@ -290,9 +357,10 @@ void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {
   for (const auto& [images, issame] : pairs_) {
     const VerificationEval v = evaluate_verification(*backbone_, *images, issame, setup);
     const std::string name = std::filesystem::path(images->info().name).stem().string();
-    log_info("eval at step {}: {} verification accuracy {:.2f}% +- {:.2f}% ({} pairs)", step, name, 100.0 * v.accuracy,
-             100.0 * v.std, v.pairs);
-    record["verification"][name] = {{"accuracy", v.accuracy}, {"std", v.std}, {"threshold", v.threshold}};
+    log_info("eval at step {}: {} verification accuracy {:.2f}% +- {:.2f}% ({} pairs)", step, name,
+             100.0 * v.accuracy, 100.0 * v.std, v.pairs);
+    record["verification"][name] = {
+        {"accuracy", v.accuracy}, {"std", v.std}, {"threshold", v.threshold}};
   }
   metrics_.write(record);
   backbone_->train();
@@ -302,7 +370,7 @@ TrainResult Run::execute() {
   TrainResult result;
   backbone_->train();
   run_start_ = window_start_ = Clock::now();
-  for (int64_t step = 0; step < total_steps_; ++step) {
+  for (int64_t step = start_step_; step < total_steps_; ++step) {
     const auto wait_start = Clock::now();
     Batch batch = loader_->next();
     window_data_seconds_ += seconds_between(wait_start, Clock::now());
@@ -330,8 +398,9 @@ TrainResult Run::execute() {
     sync_->finish();
     timer_.mark("optimizer");
     const bool skip = fp16 && scaler_.unscale(params_, comm_);
-    if (skip) log_warn("step {}: non-finite gradients at loss scale {}; every rank skips the step", step + 1,
-                       scaler_.scale() * 2);
+    if (skip)
+      log_warn("step {}: non-finite gradients at loss scale {}; every rank skips the step",
+               step + 1, scaler_.scale() * 2);
     if (!skip && c_.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params_, c_.grad_clip);
     if (!skip) optimizer_->step();
     optimizer_->zero_grad();
@@ -339,30 +408,46 @@ TrainResult Run::execute() {
     ++window_steps_;
 
     if ((step + 1) % c_.log_every == 0 || step + 1 == total_steps_) {
-      log_progress(step, batch.epoch, loss, c_.lr * factor);
+      log_progress(step, batch.position.epoch, loss, c_.lr * factor);
       result.last_loss = loss.item<double>();
     }
     if (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0 && step + 1 < total_steps_) {
-      evaluate(step + 1, batch.epoch, result);
+      evaluate(step + 1, batch.position.epoch, result);
     }
     result.steps = step + 1;
+    // Every rank agrees at the same step boundary, whichever got the signal first.
+    const bool stop = !context_.all_true(!stop_requested() && step + 1 != c_.stop_at_step);
+    const bool periodic = c_.checkpoint_every > 0 &&
+                          ((step + 1) % c_.checkpoint_every == 0 || step + 1 == total_steps_);
+    if (stop || periodic) checkpoint(step + 1, batch.next);
+    if (stop && step + 1 < total_steps_) {
+      log_info("stopping after step {} ({}); resume with --resume auto", step + 1,
+               stop_requested() ? str_format("signal {}", stop_signal())
+                                : std::string("--stop-at-step"));
+      result.stopped = true;
+      return result;
+    }
   }
   evaluate(total_steps_, total_steps_ / sampler_->steps_per_epoch(), result);
-  log_info("done: {} steps in {}", total_steps_, duration_text(seconds_between(run_start_, Clock::now())));
+  log_info("done: {} steps in {}", total_steps_,
+           duration_text(seconds_between(run_start_, Clock::now())));
   return result;
 }
 
 }  // namespace
 
-TrainResult train(ProcessContext& context, const TrainConfig& config, const std::string& config_ini) {
+TrainResult train(ProcessContext& context, const TrainConfig& config,
+                  const std::string& config_ini) {
   const int threads = config.threads > 0
                           ? config.threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / context.local_size());
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                            context.local_size());
   torch::set_num_threads(threads);
   if (context.rank() == 0) {
     std::error_code error;
     std::filesystem::create_directories(config.run_dir, error);
-    MYRIAD_CHECK(!error, "cannot create the run directory '{}': {}", config.run_dir, error.message());
+    MYRIAD_CHECK(!error, "cannot create the run directory '{}': {}", config.run_dir,
+                 error.message());
     const std::string path = (std::filesystem::path(config.run_dir) / "config.ini").string();
     std::ofstream out(path);
     out << config_ini;
@@ -370,7 +455,8 @@ TrainResult train(ProcessContext& context, const TrainConfig& config, const std:
     log_info("effective configuration (saved to {}):\n{}", path, config_ini);
   }
   MYRIAD_CHECK(context.all_true(true), "ranks failed to agree at start-up");
-  Run run(context, config);
+  install_stop_handlers();
+  Run run(context, config, config_ini);
   return run.execute();
 }
 

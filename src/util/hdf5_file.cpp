@@ -130,6 +130,28 @@ bool Hdf5File::has(const std::string& name) const {
   return H5Lexists(file_, name.c_str(), H5P_DEFAULT) > 0;
 }
 
+namespace {
+
+herr_t collect_dataset(hid_t, const char* name, const H5O_info_t* info, void* out) {
+  if (info->type == H5O_TYPE_DATASET && std::string(name) != ".") {
+    static_cast<std::vector<std::string>*>(out)->push_back(name);
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::vector<std::string> Hdf5File::list(const std::string& group) const {
+  auto lock = hdf5_lock();
+  std::vector<std::string> names;
+  MYRIAD_CHECK(has(group), "{} has no group {}", path_, group);
+  Handle object(H5Oopen(file_, group.c_str(), H5P_DEFAULT), H5Oclose);
+  MYRIAD_CHECK_HDF5(object.get(), "opening " + where(group));
+  MYRIAD_CHECK_HDF5(H5Ovisit(object.get(), H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names),
+                    "listing " + where(group));
+  return names;
+}
+
 std::vector<int64_t> Hdf5File::shape(const std::string& name) const {
   auto lock = hdf5_lock();
   MYRIAD_CHECK(has(name), "{} has no dataset {}", path_, name);
@@ -207,8 +229,8 @@ namespace {
 
 // Selects the listed rows (ascending) of a dataset's file space; consecutive rows become one
 // hyperslab each.
-void select_rows(hid_t file_space, const std::vector<int64_t>& dims, const std::vector<int64_t>& rows,
-                 const std::string& where) {
+void select_rows(hid_t file_space, const std::vector<int64_t>& dims,
+                 const std::vector<int64_t>& rows, const std::string& where) {
   MYRIAD_CHECK_HDF5(H5Sselect_none(file_space), "selecting rows of " + where);
   std::vector<hsize_t> start(dims.size(), 0), extent(dims.begin(), dims.end());
   for (size_t i = 0; i < rows.size();) {
@@ -218,7 +240,8 @@ void select_rows(hid_t file_space, const std::vector<int64_t>& dims, const std::
                  "row list for {} must be ascending and inside [0, {})", where, dims[0]);
     start[0] = static_cast<hsize_t>(rows[i]);
     extent[0] = static_cast<hsize_t>(j - i);
-    MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space, H5S_SELECT_OR, start.data(), nullptr, extent.data(), nullptr),
+    MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space, H5S_SELECT_OR, start.data(), nullptr,
+                                          extent.data(), nullptr),
                       "selecting rows of " + where);
     i = j;
   }
@@ -378,7 +401,8 @@ std::vector<std::string> Hdf5File::read_bytes(const std::string& name, int64_t b
   return items;
 }
 
-std::vector<std::string> Hdf5File::read_bytes_list(const std::string& name, const std::vector<int64_t>& rows) const {
+std::vector<std::string> Hdf5File::read_bytes_list(const std::string& name,
+                                                   const std::vector<int64_t>& rows) const {
   auto lock = hdf5_lock();
   const std::vector<int64_t> dims = shape(name);
   MYRIAD_CHECK(dims.size() == 1, "{} is not a list of byte strings", where(name));
@@ -392,10 +416,11 @@ std::vector<std::string> Hdf5File::read_bytes_list(const std::string& name, cons
   const hsize_t extent[1] = {rows.size()};
   Handle memory_space(H5Screate_simple(1, extent, nullptr), H5Sclose);
   std::vector<hvl_t> buffers(rows.size());
-  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), type.get(), memory_space.get(), file_space.get(), H5P_DEFAULT,
-                            buffers.data()),
+  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), type.get(), memory_space.get(), file_space.get(),
+                            H5P_DEFAULT, buffers.data()),
                     "reading " + where(name));
-  for (size_t i = 0; i < rows.size(); ++i) items[i].assign(static_cast<const char*>(buffers[i].p), buffers[i].len);
+  for (size_t i = 0; i < rows.size(); ++i)
+    items[i].assign(static_cast<const char*>(buffers[i].p), buffers[i].len);
   H5Dvlen_reclaim(type.get(), memory_space.get(), H5P_DEFAULT, buffers.data());
   return items;
 }

@@ -23,7 +23,8 @@ std::vector<uint8_t> gradient_image(int h, int w, int c, int seed) {
   std::vector<uint8_t> pixels(static_cast<size_t>(h * w * c));
   for (int y = 0; y < h; ++y) {
     for (int x = 0; x < w; ++x) {
-      for (int k = 0; k < c; ++k) pixels[(y * w + x) * c + k] = static_cast<uint8_t>((y * 7 + x * 3 + k * 50 + seed) % 256);
+      for (int k = 0; k < c; ++k)
+        pixels[(y * w + x) * c + k] = static_cast<uint8_t>((y * 7 + x * 3 + k * 50 + seed) % 256);
     }
   }
   return pixels;
@@ -43,7 +44,9 @@ TEST(ImageCodec, JpegRoundTripIsCloseAndTruncationIsAnError) {
     double error = 0;
     for (size_t i = 0; i < pixels.size(); ++i) error += std::abs(int(pixels[i]) - int(decoded[i]));
     EXPECT_LT(error / pixels.size(), 4.0) << channels << " channels";
-    EXPECT_THROW(decode_image(jpeg.substr(0, jpeg.size() / 2), 24, 40, channels, decoded.data(), "cut"), Error);
+    EXPECT_THROW(
+        decode_image(jpeg.substr(0, jpeg.size() / 2), 24, 40, channels, decoded.data(), "cut"),
+        Error);
     EXPECT_THROW(decode_image(jpeg, 24, 41, channels, decoded.data(), "wrong size"), Error);
   }
   // Grey JPEG decoded to RGB replicates the grey level.
@@ -64,7 +67,8 @@ TEST(ImageCodec, PngIsLosslessAndGarbageIsNamed) {
     decode_image_header("not an image at all", "image 7 of x.h5");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(e.message().find("image 7 of x.h5: not a JPEG or PNG"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("image 7 of x.h5: not a JPEG or PNG"), std::string::npos)
+        << e.message();
   }
   EXPECT_THROW(decode_image(png.substr(0, 40), 10, 12, 3, decoded.data(), "cut png"), Error);
 }
@@ -77,7 +81,8 @@ TEST(Hdf5ImageDataset, RawAndEncodedRoundTrip) {
   for (int i = 0; i < 7; ++i) {
     const std::vector<uint8_t> image = gradient_image(h, w, 3, i * 11);
     pixels.insert(pixels.end(), image.begin(), image.end());
-    encoded.push_back(i % 2 == 0 ? encode_png(image.data(), h, w, 3) : encode_jpeg(image.data(), h, w, 3, 100));
+    encoded.push_back(i % 2 == 0 ? encode_png(image.data(), h, w, 3)
+                                 : encode_jpeg(image.data(), h, w, 3, 100));
   }
   const std::vector<int64_t> labels = {0, 1, 2, 0, 1, 2, 3};
   {
@@ -99,7 +104,8 @@ TEST(Hdf5ImageDataset, RawAndEncodedRoundTrip) {
   // Unsorted and repeated indices come back in the order asked.
   raw.read({6, 2, 6}, out.data());
   EXPECT_TRUE(std::equal(out.begin(), out.begin() + h * w * 3, pixels.begin() + 6 * h * w * 3));
-  EXPECT_TRUE(std::equal(out.begin() + h * w * 3, out.begin() + 2 * h * w * 3, pixels.begin() + 2 * h * w * 3));
+  EXPECT_TRUE(std::equal(out.begin() + h * w * 3, out.begin() + 2 * h * w * 3,
+                         pixels.begin() + 2 * h * w * 3));
   enc.read({6, 2, 4}, out2.data());
   // Images 2 and 4 are PNG (exact); image 6 too.
   EXPECT_TRUE(std::equal(out2.begin(), out2.begin() + h * w * 3, pixels.begin() + 6 * h * w * 3));
@@ -175,19 +181,22 @@ TEST(DataLoader, BatchesComeInStepOrderDeterministicallyFlipped) {
     DataLoader loader(source, sampler, options);
     for (int64_t step = 0; step < 25; ++step) {
       const Batch b = loader.next();
-      EXPECT_EQ(b.step, step);
-      EXPECT_EQ(b.epoch, step / 10);
+      EXPECT_EQ(b.index, step);
+      EXPECT_EQ(b.position.epoch, step / 10);
+      EXPECT_EQ(b.position.offset, (step % 10) * 20);
       ASSERT_EQ(b.images.sizes(), (std::vector<int64_t>{10, 1, 4, 6}));
-      const std::vector<int64_t> indices = sampler->indices(b.epoch, step % 10, 1);
-      for (int64_t i = 0; i < 10; ++i) EXPECT_EQ(b.labels[i].item<int64_t>(), source->label(indices[i]));
+      const std::vector<int64_t> indices = sampler->indices(b.position, 1);
+      for (int64_t i = 0; i < 10; ++i)
+        EXPECT_EQ(b.labels[i].item<int64_t>(), source->label(indices[i]));
       EXPECT_LE(b.images.abs().max().item<float>(), 1.0f);
       first.push_back(b.images);
     }
   }
   options.workers = 1;
-  options.first_step = 12;
+  options.start = {1, 40};  // step 12
   DataLoader resumed(source, sampler, options);
-  for (int64_t step = 12; step < 25; ++step) EXPECT_TRUE(torch::equal(resumed.next().images, first[step]));
+  for (int64_t step = 12; step < 25; ++step)
+    EXPECT_TRUE(torch::equal(resumed.next().images, first[step]));
 }
 
 TEST(DataLoader, WorkerErrorsReachTheConsumer) {

@@ -4,6 +4,7 @@
 #include <torch/types.h>
 
 #include <string>
+#include <vector>
 
 #include "myriad/comm/device_selection.h"
 
@@ -35,6 +36,8 @@ class ProcessContext {
 
   // Logical AND of `local` over all ranks (a collective call).
   bool all_true(bool local) const;
+  // Every rank's string, in rank order (a collective call).
+  std::vector<std::string> all_gather_strings(const std::string& local) const;
 
  private:
   int rank_ = 0;

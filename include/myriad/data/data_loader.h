@@ -17,29 +17,30 @@
 namespace myriad {
 
 struct LoaderOptions {
-  int64_t first_step = 0;  // global step of the first batch (resuming starts later)
-  int workers = 4;         // threads reading and decoding
-  int prefetch = 4;        // batches prepared ahead of the consumer
+  DataPosition start;  // where the first batch is (resuming starts later)
+  int workers = 4;     // threads reading and decoding
+  int prefetch = 4;    // batches prepared ahead of the consumer
   bool random_flip = true;
-  uint64_t seed = 0;       // flips are drawn from (seed, epoch, sample)
+  uint64_t seed = 0;  // flips are drawn from (seed, epoch, sample)
   int rank = 0;
   bool pin_memory = false;  // page-locked batches, for asynchronous copies to a GPU
 };
 
 struct Batch {
-  int64_t step = 0;   // global step
-  int64_t epoch = 0;
-  torch::Tensor images;  // float32 [b, C, H, W], (pixel / 127.5) - 1
-  torch::Tensor labels;  // int64 [b]
+  int64_t index = 0;      // batches delivered before this one
+  DataPosition position;  // of this batch
+  DataPosition next;      // of the batch after it
+  torch::Tensor images;   // float32 [b, C, H, W], (pixel / 127.5) - 1
+  torch::Tensor labels;   // int64 [b]
 };
 
-// Reads this rank's batches in step order with a pool of worker threads that read, decode,
+// Reads this rank's batches in order with a pool of worker threads that read, decode,
 // augment (random horizontal flip) and normalise ahead of the consumer. Any worker's error is
 // raised by next() for the batch it concerned.
 class DataLoader {
  public:
-  DataLoader(std::shared_ptr<const ImageSource> source, std::shared_ptr<const DistributedSampler> sampler,
-             const LoaderOptions& options);
+  DataLoader(std::shared_ptr<const ImageSource> source,
+             std::shared_ptr<const DistributedSampler> sampler, const LoaderOptions& options);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -53,7 +54,7 @@ class DataLoader {
     std::string error;
   };
   void work();
-  Slot build(int64_t step) const;
+  Slot build(int64_t index) const;
 
   std::shared_ptr<const ImageSource> source_;
   std::shared_ptr<const DistributedSampler> sampler_;
@@ -70,6 +71,7 @@ class DataLoader {
 
 // One image's float CHW planes, normalised as the loader does, from uint8 HWC pixels; flipped
 // left-right when `flip`. Shared with evaluation, which reads without augmentation.
-void normalize_image(const uint8_t* hwc, int height, int width, int channels, bool flip, float* chw);
+void normalize_image(const uint8_t* hwc, int height, int width, int channels, bool flip,
+                     float* chw);
 
 }  // namespace myriad

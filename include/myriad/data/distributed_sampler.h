@@ -6,6 +6,14 @@
 
 namespace myriad {
 
+// Where training stands in the data: the epoch and how many samples of that epoch's permutation
+// are consumed. Independent of the number of ranks, so it carries over when a run resumes on a
+// different world size.
+struct DataPosition {
+  int64_t epoch = 0;
+  int64_t offset = 0;
+};
+
 // Which samples each rank reads at each step. Every epoch is a fresh permutation of the dataset
 // from (seed, epoch); global batch t of an epoch is permutation entries [t*G, (t+1)*G), and rank r
 // reads its balanced slice of it. Ranks therefore read disjoint samples, and the global batch of
@@ -19,8 +27,11 @@ class DistributedSampler {
 
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   int64_t global_batch() const { return global_batch_; }
-  // Dataset indices rank `rank` reads at step `step` (0-based) of epoch `epoch`.
-  std::vector<int64_t> indices(int64_t epoch, int64_t step, int rank) const;
+  int64_t dataset_size() const { return size_; }
+  // Dataset indices rank `rank` reads for the global batch at `position`.
+  std::vector<int64_t> indices(const DataPosition& position, int rank) const;
+  // The position `steps` global batches after `start` (a batch never spans two epochs).
+  DataPosition advance(const DataPosition& start, int64_t steps) const;
 
  private:
   const std::vector<int64_t>& permutation(int64_t epoch) const;

@@ -19,6 +19,8 @@ class DynamicLossScaler {
 
   double scale() const { return scale_; }
   void set_scale(double scale) { scale_ = scale; }
+  int64_t clean_steps() const { return clean_steps_; }
+  void set_clean_steps(int64_t steps) { clean_steps_ = steps; }
   // Returns true when the step must be skipped; collective over `comm`'s ranks.
   bool unscale(const std::vector<torch::Tensor>& params, Communicator& comm);
 

@@ -32,8 +32,8 @@ struct TrainConfig {
   double weight_decay = 5e-4;
   double momentum = 0.9;
   bool nesterov = false;
-  double classifier_lr = 0.0;              // 0: --lr
-  double classifier_weight_decay = -1.0;   // negative: --weight-decay
+  double classifier_lr = 0.0;             // 0: --lr
+  double classifier_weight_decay = -1.0;  // negative: --weight-decay
   std::string classifier_state_dtype = "fp32";
   int64_t classifier_workspace = 0;  // bytes
   std::string lr_schedule = "poly";
@@ -55,6 +55,11 @@ struct TrainConfig {
   int prefetch = 4;
   bool random_flip = true;
   std::string device = "auto";
+  std::string checkpoint_dir;  // default: RUN_DIR/checkpoints
+  int64_t checkpoint_every = 0;
+  int checkpoint_keep = 3;
+  std::string resume = "none";
+  int64_t stop_at_step = 0;
 };
 
 // The options of myriad-train, bound to fields of `config` (margin options included).

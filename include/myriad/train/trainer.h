@@ -11,6 +11,7 @@ namespace myriad {
 class ProcessContext;
 
 struct TrainResult {
+  bool stopped = false;  // by a signal or --stop-at-step, after a checkpoint
   int64_t steps = 0;
   double last_loss = 0.0;
   std::optional<ClassificationEval> eval;  // the final evaluation, when --val-data is given
@@ -20,6 +21,7 @@ struct TrainResult {
 // classifier and the gradient synchronisation, runs the steps, logs (rank 0) and records
 // metrics to RUN_DIR/metrics.jsonl, and evaluates every --eval-every steps and at the end.
 // `config_ini` is the effective configuration, saved as RUN_DIR/config.ini. Collective.
-TrainResult train(ProcessContext& context, const TrainConfig& config, const std::string& config_ini);
+TrainResult train(ProcessContext& context, const TrainConfig& config,
+                  const std::string& config_ini);
 
 }  // namespace myriad

@@ -10,6 +10,9 @@ class ProcessContext;
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
+// A signal (SIGTERM, SIGUSR1, SIGINT) or --stop-at-step stopped training after a checkpoint was
+// written: rerun with --resume auto to continue (EX_TEMPFAIL of sysexits.h).
+constexpr int kExitStopped = 75;
 
 using EntryBody = std::function<int(ProcessContext& context, int argc, char** argv)>;
 

@@ -27,6 +27,8 @@ class Hdf5File {
 
   const std::string& path() const { return path_; }
   bool has(const std::string& name) const;
+  // Names of the datasets under `group`, recursively, relative to it ("a/b" for group/a/b).
+  std::vector<std::string> list(const std::string& group) const;
   std::vector<int64_t> shape(const std::string& name) const;
   // The torch dtype a numeric dataset reads as (uint8, int32, int64, float32, float64, ...).
   torch::ScalarType dtype(const std::string& name) const;
@@ -50,7 +52,8 @@ class Hdf5File {
   void write_bytes(const std::string& name, int64_t begin, const std::vector<std::string>& items);
   std::vector<std::string> read_bytes(const std::string& name, int64_t begin, int64_t count) const;
   // Rows listed by `rows` (ascending), in one read.
-  std::vector<std::string> read_bytes_list(const std::string& name, const std::vector<int64_t>& rows) const;
+  std::vector<std::string> read_bytes_list(const std::string& name,
+                                           const std::vector<int64_t>& rows) const;
   bool is_bytes(const std::string& name) const;
 
   // Scalar attributes on an object ("/" is the file). Getters return nullopt when absent.

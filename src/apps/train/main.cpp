@@ -11,14 +11,15 @@ int main(int argc, char** argv) {
     myriad::TrainConfig config;
     const auto options = myriad::train_options(config);
     myriad::po::variables_map values;
-    if (!myriad::parse_command_line_and_config(
-            argc, argv, options, values,
-            "usage: mpirun -np N myriad-train [options]   (or srun --mpi=pmix myriad-train [options])",
-            context.rank(), "config")) {
+    if (!myriad::parse_command_line_and_config(argc, argv, options, values,
+                                               "usage: mpirun -np N myriad-train [options]   (or "
+                                               "srun --mpi=pmix myriad-train [options])",
+                                               context.rank(), "config")) {
       return myriad::kExitOk;
     }
     myriad::finish_train_config(values, config);
-    myriad::train(context, config, myriad::config_as_ini(values));
-    return myriad::kExitOk;
+    const myriad::TrainResult result =
+        myriad::train(context, config, myriad::config_as_ini(values));
+    return result.stopped ? myriad::kExitStopped : myriad::kExitOk;
   });
 }

@@ -1,0 +1,54 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "myriad/ckpt/manifest.h"
+
+namespace myriad {
+
+// A checkpoint directory (docs/checkpoint-format.md): complete checkpoints `step-<step>/`, the
+// pointer file `LATEST` naming the newest, and `.tmp-step-<step>/` while one is being written. A
+// checkpoint becomes visible only by the rename of its finished temporary directory, and LATEST
+// is replaced after that, so a crash at any point leaves the previous checkpoint in use.
+class CheckpointStore {
+ public:
+  explicit CheckpointStore(std::string root);
+
+  const std::string& root() const { return root_; }
+  std::string directory_for(int64_t step) const;
+  std::string temporary_for(int64_t step) const;
+  // Complete checkpoints (with a manifest), newest first.
+  std::vector<std::string> complete() const;
+  // What LATEST names, if it exists.
+  std::optional<std::string> latest() const;
+
+  // Renames the finished `temporary` into place, syncs the directory, points LATEST at it, and
+  // keeps only the newest `keep` checkpoints. Rank 0 only.
+  void publish(const std::string& temporary, int64_t step, int keep) const;
+  // Removes temporary directories that a crashed save left behind.
+  void remove_stale_temporaries() const;
+
+ private:
+  std::string root_;
+};
+
+// Checks that `files` (every file of the manifest when empty) exist with the manifest's size and
+// checksum. The Error names the first bad file.
+Manifest verify_checkpoint(const std::string& directory,
+                           const std::vector<std::string>& files = {});
+
+// What --resume names: "none" gives nothing; "auto" the newest checkpoint of `store` that
+// verifies (newer broken ones are skipped with a warning), or nothing when there is none;
+// anything else is a checkpoint directory that must verify.
+std::optional<std::string> resolve_resume(const std::string& resume, const CheckpointStore& store);
+
+// Writes `bytes` to `path` through a temporary file, fsync and rename.
+void write_file_atomically(const std::string& path, const std::string& bytes);
+
+// fsync of a file or directory.
+void sync_path(const std::string& path);
+
+}  // namespace myriad

@@ -1,0 +1,13 @@
+#pragma once
+
+namespace myriad {
+
+// SIGTERM, SIGUSR1 and SIGINT (Slurm signals a job before its time limit or preemption) only set
+// a flag; the training loop agrees on it across ranks at the next step boundary, checkpoints and
+// exits with kExitStopped.
+void install_stop_handlers();
+bool stop_requested();
+// The signal that asked to stop (0 when none did).
+int stop_signal();
+
+}  // namespace myriad

@@ -1,0 +1,166 @@
+#include "myriad/ckpt/checkpoint_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "myriad/ckpt/checksum.h"
+#include "myriad/util/error.h"
+#include "myriad/util/log.h"
+
+namespace myriad {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kLatestFile = "LATEST";
+
+std::string step_name(int64_t step) {
+  return str_format("step-{:09}", step);
+}
+
+int64_t step_of(const std::string& name) {
+  const std::string prefix = "step-";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  try {
+    size_t used = 0;
+    const int64_t step = std::stoll(name.substr(prefix.size()), &used);
+    return used == name.size() - prefix.size() ? step : -1;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+void sync_path(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY);
+  MYRIAD_CHECK(fd >= 0, "cannot open '{}' to sync it: {}", path, std::strerror(errno));
+  const int rc = fsync(fd);
+  close(fd);
+  MYRIAD_CHECK(rc == 0, "cannot sync '{}': {}", path, std::strerror(errno));
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << bytes;
+    out.flush();
+    MYRIAD_CHECK(out.good(), "cannot write '{}' (disk full or no permission?)", temporary);
+  }
+  sync_path(temporary);
+  std::error_code error;
+  fs::rename(temporary, path, error);
+  MYRIAD_CHECK(!error, "cannot rename '{}' to '{}': {}", temporary, path, error.message());
+}
+
+CheckpointStore::CheckpointStore(std::string root) : root_(std::move(root)) {}
+
+std::string CheckpointStore::directory_for(int64_t step) const {
+  return (fs::path(root_) / step_name(step)).string();
+}
+
+std::string CheckpointStore::temporary_for(int64_t step) const {
+  return (fs::path(root_) / (".tmp-" + step_name(step))).string();
+}
+
+std::vector<std::string> CheckpointStore::complete() const {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root_, error)) {
+    const int64_t step = step_of(entry.path().filename().string());
+    if (step >= 0 && fs::exists(entry.path() / kManifestFile))
+      found.emplace_back(step, entry.path().string());
+  }
+  std::sort(found.rbegin(), found.rend());
+  std::vector<std::string> paths;
+  for (auto& f : found) paths.push_back(std::move(f.second));
+  return paths;
+}
+
+std::optional<std::string> CheckpointStore::latest() const {
+  std::ifstream in(fs::path(root_) / kLatestFile);
+  std::string name;
+  if (!(in >> name)) return std::nullopt;
+  return (fs::path(root_) / name).string();
+}
+
+void CheckpointStore::publish(const std::string& temporary, int64_t step, int keep) const {
+  const std::string final_path = directory_for(step);
+  std::error_code error;
+  fs::remove_all(final_path, error);
+  fs::rename(temporary, final_path, error);
+  MYRIAD_CHECK(!error, "cannot rename '{}' to '{}': {}", temporary, final_path, error.message());
+  sync_path(root_);
+  write_file_atomically((fs::path(root_) / kLatestFile).string(), step_name(step) + "\n");
+  sync_path(root_);
+  const std::vector<std::string> all = complete();
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < all.size(); ++i) {
+    fs::remove_all(all[i], error);
+    if (error) log_warn("could not remove old checkpoint '{}': {}", all[i], error.message());
+  }
+}
+
+void CheckpointStore::remove_stale_temporaries() const {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root_, error)) {
+    if (entry.path().filename().string().rfind(".tmp-", 0) == 0) {
+      log_warn("removing '{}', left by a checkpoint that was never finished",
+               entry.path().string());
+      fs::remove_all(entry.path(), error);
+    }
+  }
+}
+
+Manifest verify_checkpoint(const std::string& directory, const std::vector<std::string>& files) {
+  const Manifest manifest = read_manifest(directory);
+  std::vector<std::string> names = files;
+  if (names.empty()) {
+    for (const auto& [name, entry] : manifest.files) names.push_back(name);
+  }
+  for (const std::string& name : names) {
+    const auto it = manifest.files.find(name);
+    MYRIAD_CHECK(it != manifest.files.end(), "'{}' has no entry for {} in its manifest", directory,
+                 name);
+    const std::string path = (fs::path(directory) / name).string();
+    std::error_code error;
+    const auto bytes = fs::file_size(path, error);
+    MYRIAD_CHECK(!error, "'{}' is missing: the checkpoint is incomplete", path);
+    MYRIAD_CHECK(static_cast<int64_t>(bytes) == it->second.bytes,
+                 "'{}' has {} bytes, its manifest says {} (truncated?)", path, bytes,
+                 it->second.bytes);
+    const uint32_t crc = file_crc32(path);
+    MYRIAD_CHECK(crc == it->second.crc32, "'{}' is corrupt: checksum {} but its manifest says {}",
+                 path, crc32_hex(crc), crc32_hex(it->second.crc32));
+  }
+  return manifest;
+}
+
+std::optional<std::string> resolve_resume(const std::string& resume, const CheckpointStore& store) {
+  if (resume == "none") return std::nullopt;
+  if (resume != "auto") {
+    verify_checkpoint(resume);
+    return resume;
+  }
+  // The newest complete checkpoint, which LATEST normally names too (it may lag by one when a
+  // save died between the rename and the pointer update; the renamed checkpoint is complete).
+  for (const std::string& candidate : store.complete()) {
+    try {
+      verify_checkpoint(candidate);
+      return candidate;
+    } catch (const Error& e) {
+      log_warn("skipping checkpoint '{}': {}; falling back to the previous one", candidate,
+               e.message());
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace myriad

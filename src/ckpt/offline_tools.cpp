@@ -1,0 +1,147 @@
+#include "myriad/ckpt/offline_tools.h"
+
+#include <torch/serialize.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "myriad/ckpt/checkpoint_store.h"
+#include "myriad/ckpt/checksum.h"
+#include "myriad/classifier/class_partition.h"
+#include "myriad/util/error.h"
+#include "myriad/util/hdf5_file.h"
+#include "myriad/util/log.h"
+#include "myriad/util/progress.h"
+
+namespace myriad {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kBlockRows = 65536;
+
+// Copies rows [begin, end) of the classes from the shards of `manifest` into `write(offset, rows)`
+// for `dataset` (weight or an optimizer state), in blocks.
+template <class Write>
+void copy_class_rows(const std::string& checkpoint, const Manifest& manifest,
+                     const std::string& dataset, int64_t begin, int64_t end, Write write) {
+  for (const ShardEntry& s : manifest.shards) {
+    const int64_t from = std::max(begin, s.class_offset),
+                  to = std::min(end, s.class_offset + s.rows);
+    if (from >= to) continue;
+    const Hdf5File shard((fs::path(checkpoint) / s.file).string(), Hdf5File::Mode::kRead);
+    MYRIAD_CHECK(shard.has(dataset), "'{}' has no {}", s.file, dataset);
+    for (int64_t b = from; b < to; b += kBlockRows) {
+      const int64_t count = std::min(kBlockRows, to - b);
+      write(b - begin, shard.read_rows(dataset, b - s.class_offset, count));
+    }
+  }
+}
+
+// The datasets of a classifier shard: weight and the optimizer state rows.
+std::vector<std::string> shard_datasets(const std::string& checkpoint, const Manifest& manifest) {
+  const Hdf5File first((fs::path(checkpoint) / manifest.shards.at(0).file).string(),
+                       Hdf5File::Mode::kRead);
+  std::vector<std::string> names = {"weight"};
+  for (const char* state : {"state/momentum", "state/exp_avg", "state/exp_avg_sq"}) {
+    if (first.has(state)) names.push_back(state);
+  }
+  return names;
+}
+
+}  // namespace
+
+void export_backbone(const std::string& checkpoint, const std::string& output) {
+  verify_checkpoint(checkpoint, {kReplicatedFile});
+  const Hdf5File file((fs::path(checkpoint) / kReplicatedFile).string(), Hdf5File::Mode::kRead);
+  // Dataset names follow the module's state-dict names; walk the manifest-independent listing.
+  c10::Dict<std::string, torch::Tensor> state;
+  for (const std::string& name : file.list("backbone"))
+    state.insert(name, file.read("backbone/" + name));
+  MYRIAD_CHECK(state.size() > 0, "'{}' holds no backbone tensors", checkpoint);
+  const std::vector<char> bytes = torch::pickle_save(state);
+  AtomicOutput out(output);
+  {
+    std::ofstream stream(out.temporary_path(), std::ios::binary);
+    stream.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    MYRIAD_CHECK(stream.good(), "cannot write '{}'", out.temporary_path());
+  }
+  out.commit();
+  log_info("wrote {}: {} backbone tensors (torch.load gives a dict of name -> tensor)", output,
+           state.size());
+}
+
+void merge_classifier(const std::string& checkpoint, const std::string& output) {
+  const Manifest manifest = verify_checkpoint(checkpoint);
+  AtomicOutput out(output);
+  {
+    Hdf5File file(out.temporary_path(), Hdf5File::Mode::kCreate);
+    file.create("weight", torch::kFloat32, {manifest.num_classes, manifest.embedding_size}, 4096);
+    ProgressBar progress("merging", manifest.num_classes);
+    copy_class_rows(checkpoint, manifest, "weight", 0, manifest.num_classes,
+                    [&](int64_t at, const torch::Tensor& rows) {
+                      file.write_rows("weight", at, rows);
+                      progress.advance(rows.size(0));
+                    });
+    progress.finish();
+    file.set_attribute("/", "num_classes", manifest.num_classes);
+    file.set_attribute("/", "embedding_size", manifest.embedding_size);
+    file.set_attribute("/", "step", manifest.step);
+  }
+  out.commit();
+  log_info("wrote {}: weight [{}, {}] of step {}", output, manifest.num_classes,
+           manifest.embedding_size, manifest.step);
+}
+
+void reshard_checkpoint(const std::string& checkpoint, const std::string& output, int world_size) {
+  const Manifest old = verify_checkpoint(checkpoint);
+  const ClassPartition partition(old.num_classes, world_size);
+  MYRIAD_CHECK(!fs::exists(output), "'{}' exists already", output);
+  const std::string temporary = output + ".tmp";
+  std::error_code error;
+  fs::remove_all(temporary, error);
+  fs::create_directories(temporary, error);
+  MYRIAD_CHECK(!error, "cannot create '{}': {}", temporary, error.message());
+  fs::copy_file(fs::path(checkpoint) / kReplicatedFile, fs::path(temporary) / kReplicatedFile,
+                error);
+  MYRIAD_CHECK(!error, "cannot copy {}: {}", kReplicatedFile, error.message());
+  Manifest manifest = old;
+  manifest.world_size = world_size;
+  manifest.shards.clear();
+  manifest.files.clear();
+  const std::vector<std::string> datasets = shard_datasets(checkpoint, old);
+  ProgressBar progress("resharding", old.num_classes);
+  for (int r = 0; r < world_size; ++r) {
+    const std::string name = shard_file_name(r);
+    {
+      Hdf5File file((fs::path(temporary) / name).string(), Hdf5File::Mode::kCreate);
+      for (const std::string& dataset : datasets) {
+        file.create(dataset, torch::kFloat32, {partition.size(r), old.embedding_size}, 4096);
+        copy_class_rows(
+            checkpoint, old, dataset, partition.offset(r), partition.offset(r) + partition.size(r),
+            [&](int64_t at, const torch::Tensor& rows) { file.write_rows(dataset, at, rows); });
+      }
+      file.set_attribute("/", "rank", static_cast<int64_t>(r));
+      file.set_attribute("/", "class_offset", partition.offset(r));
+      file.set_attribute("/", "rows", partition.size(r));
+    }
+    manifest.shards.push_back({name, r, partition.offset(r), partition.size(r)});
+    progress.advance(partition.size(r));
+  }
+  progress.finish();
+  for (const auto& entry : fs::directory_iterator(temporary)) {
+    const std::string path = entry.path().string();
+    sync_path(path);
+    manifest.files[entry.path().filename().string()] = {static_cast<int64_t>(fs::file_size(path)),
+                                                        file_crc32(path)};
+  }
+  write_file_atomically((fs::path(temporary) / kManifestFile).string(),
+                        manifest.to_json().dump(2) + "\n");
+  fs::rename(temporary, output, error);
+  MYRIAD_CHECK(!error, "cannot rename '{}' to '{}': {}", temporary, output, error.message());
+  log_info("wrote {}: step {} split for {} ranks (from {})", output, manifest.step, world_size,
+           old.world_size);
+}
+
+}  // namespace myriad

@@ -1,0 +1,371 @@
+#include "myriad/ckpt/training_checkpoint.h"
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <optional>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "myriad/ckpt/checksum.h"
+#include "myriad/classifier/sharded_softmax.h"
+#include "myriad/comm/process_context.h"
+#include "myriad/model/backbone.h"
+#include "myriad/train/loss_scaler.h"
+#include "myriad/train/optimizer_state.h"
+#include "myriad/util/error.h"
+#include "myriad/util/hdf5_file.h"
+#include "myriad/util/log.h"
+
+#ifdef MYRIAD_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace myriad {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Rows per block when moving classifier shards between the device and files: bounds host memory.
+constexpr int64_t kBlockBytes = int64_t{256} << 20;
+
+// Runs `work` on every rank; if it fails anywhere, every rank raises one Error naming the first
+// failing rank, so no rank goes on alone.
+template <class Work>
+void on_every_rank(const ProcessContext& context, const std::string& what, Work work) {
+  std::string error;
+  try {
+    work();
+  } catch (const Error& e) {
+    error = e.message();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const std::vector<std::string> errors = context.all_gather_strings(error);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    MYRIAD_CHECK_COLLECTIVE(errors[r].empty(), "{} failed on rank {}: {}", what, r, errors[r]);
+  }
+}
+
+std::string dataset_name(const std::string& group, const std::string& name) {
+  return group + "/" + name;
+}
+
+// The state dict of a module: parameters and buffers by name.
+std::vector<std::pair<std::string, torch::Tensor>> module_state(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, torch::Tensor>> state;
+  for (const auto& item : module.named_parameters()) state.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_buffers()) state.emplace_back(item.key(), item.value());
+  return state;
+}
+
+void write_rows_in_blocks(Hdf5File& file, const std::string& name, const torch::Tensor& rows) {
+  const int64_t row_bytes =
+      std::max<int64_t>(1, rows.numel() / std::max<int64_t>(1, rows.size(0))) * 4;
+  const int64_t block = std::max<int64_t>(1, kBlockBytes / row_bytes);
+  file.create(name, torch::kFloat32, rows.sizes().vec(),
+              std::min<int64_t>(std::max<int64_t>(1, rows.size(0)), 4096));
+  for (int64_t begin = 0; begin < rows.size(0); begin += block) {
+    const int64_t count = std::min(block, rows.size(0) - begin);
+    file.write_rows(name, begin,
+                    rows.slice(0, begin, begin + count).to(torch::kCPU, torch::kFloat32));
+  }
+}
+
+torch::Tensor rng_state(const torch::Device& device) {
+  if (device.is_cuda()) {
+#ifdef MYRIAD_WITH_CUDA
+    auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    return generator.get_state();
+#endif
+  }
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_rng_state(const torch::Device& device, const torch::Tensor& state) {
+  if (device.is_cuda()) {
+#ifdef MYRIAD_WITH_CUDA
+    auto generator = at::cuda::detail::getDefaultCUDAGenerator(device.index());
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+    return;
+#endif
+  }
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+// The backbone optimizer's per-parameter state, by parameter name.
+void write_optimizer(Hdf5File& file, torch::optim::Optimizer& optimizer,
+                     torch::nn::Module& module) {
+  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
+  file.set_attribute("/", "backbone_optimizer", std::string(adamw ? "adamw" : "sgd"));
+  for (const auto& item : module.named_parameters()) {
+    torch::optim::OptimizerParamState* state = find_param_state(optimizer, item.value());
+    if (state == nullptr) continue;
+    const std::string group = "optimizer_state/" + item.key();
+    if (adamw) {
+      const auto& s = static_cast<torch::optim::AdamWParamState&>(*state);
+      file.write(group + "/exp_avg", s.exp_avg().cpu());
+      file.write(group + "/exp_avg_sq", s.exp_avg_sq().cpu());
+      file.set_attribute(group + "/exp_avg", "step", static_cast<int64_t>(s.step()));
+    } else {
+      const auto& s = static_cast<torch::optim::SGDParamState&>(*state);
+      if (s.momentum_buffer().defined())
+        file.write(group + "/momentum_buffer", s.momentum_buffer().cpu());
+    }
+  }
+}
+
+void read_optimizer(const Hdf5File& file, torch::optim::Optimizer& optimizer,
+                    torch::nn::Module& module) {
+  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
+  const std::string saved = file.string_attribute("/", "backbone_optimizer").value_or("?");
+  MYRIAD_CHECK_COLLECTIVE(saved == (adamw ? "adamw" : "sgd"),
+                          "the checkpoint's backbone optimizer is {}, this run's {}", saved,
+                          adamw ? "adamw" : "sgd");
+  for (const auto& item : module.named_parameters()) {
+    const std::string group = "optimizer_state/" + item.key();
+    const torch::Tensor& p = item.value();
+    if (adamw && file.has(group + "/exp_avg")) {
+      auto s = std::make_unique<torch::optim::AdamWParamState>();
+      s->exp_avg(file.read(group + "/exp_avg").to(p.device()));
+      s->exp_avg_sq(file.read(group + "/exp_avg_sq").to(p.device()));
+      s->step(file.int_attribute(group + "/exp_avg", "step").value_or(0));
+      set_param_state(optimizer, p, std::move(s));
+    } else if (!adamw && file.has(group + "/momentum_buffer")) {
+      auto s = std::make_unique<torch::optim::SGDParamState>();
+      s->momentum_buffer(file.read(group + "/momentum_buffer").to(p.device()));
+      set_param_state(optimizer, p, std::move(s));
+    }
+  }
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+// Writes the files of this rank into `directory`; returns their names.
+std::vector<std::string> write_files(const ProcessContext& context, const std::string& directory,
+                                     const TrainingState& state) {
+  ShardedMarginSoftmax& classifier = *state.classifier;
+  const torch::Device device = classifier.device();
+  std::vector<std::string> written;
+  if (context.rank() == 0) {
+    const std::string path = (fs::path(directory) / kReplicatedFile).string();
+    {
+      Hdf5File file(path, Hdf5File::Mode::kCreate);
+      for (const auto& [name, tensor] : module_state(*state.backbone)) {
+        file.write(dataset_name("backbone", name), tensor.detach().cpu());
+      }
+      write_optimizer(file, *state.optimizer, *state.backbone);
+      file.set_attribute("/", "step", state.step);
+      file.set_attribute("/", "epoch", state.position.epoch);
+      file.set_attribute("/", "epoch_offset", state.position.offset);
+      file.set_attribute("/", "classifier_steps", classifier.steps());
+      file.set_attribute("/", "classifier_optimizer_steps", classifier.optimizer().step());
+      file.set_attribute("/", "loss_scale", state.scaler != nullptr ? state.scaler->scale() : 1.0);
+      file.set_attribute("/", "loss_scale_clean_steps",
+                         state.scaler != nullptr ? state.scaler->clean_steps() : 0);
+      file.set_attribute("/", "config", state.config);
+    }
+    written.push_back(kReplicatedFile);
+  }
+  const std::string shard = shard_file_name(context.rank());
+  {
+    Hdf5File file((fs::path(directory) / shard).string(), Hdf5File::Mode::kCreate);
+    write_rows_in_blocks(file, "weight", classifier.weight());
+    for (const auto& [name, tensor] : classifier.optimizer().state())
+      write_rows_in_blocks(file, "state/" + name, *tensor);
+    file.set_attribute("/", "rank", static_cast<int64_t>(context.rank()));
+    file.set_attribute("/", "class_offset", classifier.partition().offset(context.rank()));
+    file.set_attribute("/", "rows", classifier.partition().size(context.rank()));
+    file.write("rng", rng_state(device));
+  }
+  written.push_back(shard);
+  for (const std::string& name : written) sync_path((fs::path(directory) / name).string());
+  return written;
+}
+
+}  // namespace
+
+void save_checkpoint(const ProcessContext& context, const CheckpointStore& store,
+                     const TrainingState& state, int keep) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string temporary = store.temporary_for(state.step);
+  const std::string what = str_format("checkpoint at step {}", state.step);
+  on_every_rank(context, what, [&] {
+    if (context.rank() != 0) return;
+    std::error_code error;
+    fs::create_directories(store.root(), error);
+    MYRIAD_CHECK(!error, "cannot create '{}': {}", store.root(), error.message());
+    fs::remove_all(temporary, error);
+    fs::create_directories(temporary, error);
+    MYRIAD_CHECK(!error, "cannot create '{}': {}", temporary, error.message());
+  });
+
+  // Each rank writes and checksums its own files.
+  nlohmann::json mine;
+  on_every_rank(context, what, [&] {
+    if (const char* fault = std::getenv("MYRIAD_FAULT_SAVE_RANK");
+        fault != nullptr && std::atoi(fault) == context.rank()) {
+      MYRIAD_THROW("injected failure (MYRIAD_FAULT_SAVE_RANK)");
+    }
+    for (const std::string& name : write_files(context, temporary, state)) {
+      const std::string path = (fs::path(temporary) / name).string();
+      mine[name] = {{"bytes", static_cast<int64_t>(fs::file_size(path))},
+                    {"crc32", crc32_hex(file_crc32(path))}};
+    }
+  });
+  const std::vector<std::string> parts = context.all_gather_strings(mine.dump());
+  if (const char* fault = std::getenv("MYRIAD_FAULT_ABORT_IN_SAVE");
+      fault != nullptr && std::atoi(fault) == 1) {
+    // Testing hook: die like a killed job after the shards exist and before anything is published.
+    std::abort();
+  }
+
+  on_every_rank(context, what, [&] {
+    if (context.rank() != 0) return;
+    Manifest manifest;
+    manifest.step = state.step;
+    manifest.position = state.position;
+    manifest.world_size = context.size();
+    manifest.num_classes = state.classifier->partition().num_classes();
+    manifest.embedding_size = state.classifier->options().embedding_size;
+    manifest.config = state.config;
+    manifest.created = utc_now();
+    for (int r = 0; r < context.size(); ++r) {
+      manifest.shards.push_back({shard_file_name(r), r, state.classifier->partition().offset(r),
+                                 state.classifier->partition().size(r)});
+    }
+    for (const std::string& part : parts) {
+      for (const auto& [name, entry] :
+           file_entries_from_json(nlohmann::json::parse(part), "a rank's file list")) {
+        manifest.files[name] = entry;
+      }
+    }
+    write_file_atomically((fs::path(temporary) / kManifestFile).string(),
+                          manifest.to_json().dump(2) + "\n");
+    sync_path(temporary);
+    store.publish(temporary, state.step, keep);
+  });
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log_info("checkpoint at step {} written to {} in {:.1f} s", state.step,
+           store.directory_for(state.step), seconds);
+}
+
+void load_checkpoint(const ProcessContext& context, const std::string& directory,
+                     TrainingState& state) {
+  const auto start = std::chrono::steady_clock::now();
+  ShardedMarginSoftmax& classifier = *state.classifier;
+  const ClassPartition& partition = classifier.partition();
+  const int64_t first = partition.offset(context.rank());
+  const int64_t rows = partition.size(context.rank());
+  Manifest manifest;
+  on_every_rank(context, str_format("reading checkpoint '{}'", directory), [&] {
+    manifest = read_manifest(directory);
+    // Each rank verifies what it will read: the replicated state and the shards holding its rows.
+    std::vector<std::string> needed = {kReplicatedFile};
+    for (const ShardEntry& s : manifest.shards) {
+      if (s.class_offset < first + rows && first < s.class_offset + s.rows)
+        needed.push_back(s.file);
+    }
+    verify_checkpoint(directory, needed);
+  });
+  MYRIAD_CHECK_COLLECTIVE(
+      manifest.num_classes == partition.num_classes() &&
+          manifest.embedding_size == classifier.options().embedding_size,
+      "checkpoint '{}' holds a classifier of {} classes x {}, this run has {} x {}", directory,
+      manifest.num_classes, manifest.embedding_size, partition.num_classes(),
+      classifier.options().embedding_size);
+  const torch::Device device = classifier.device();
+  const Hdf5File replicated((fs::path(directory) / kReplicatedFile).string(),
+                            Hdf5File::Mode::kRead);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, tensor] : module_state(*state.backbone)) {
+      const std::string dataset = dataset_name("backbone", name);
+      MYRIAD_CHECK_COLLECTIVE(replicated.has(dataset),
+                              "checkpoint '{}' has no backbone tensor '{}': another backbone?",
+                              directory, name);
+      const torch::Tensor saved = replicated.read(dataset);
+      MYRIAD_CHECK_COLLECTIVE(saved.sizes() == tensor.sizes(),
+                              "backbone tensor '{}' is {} in the checkpoint, {} here", name,
+                              saved.sizes(), tensor.sizes());
+      tensor.copy_(saved);
+    }
+  }
+  read_optimizer(replicated, *state.optimizer, *state.backbone);
+  state.step = replicated.int_attribute("/", "step").value_or(manifest.step);
+  state.position = {replicated.int_attribute("/", "epoch").value_or(0),
+                    replicated.int_attribute("/", "epoch_offset").value_or(0)};
+  classifier.set_steps(replicated.int_attribute("/", "classifier_steps").value_or(0));
+  classifier.optimizer().set_step(
+      replicated.int_attribute("/", "classifier_optimizer_steps").value_or(0));
+  if (state.scaler != nullptr) {
+    state.scaler->set_scale(
+        replicated.float_attribute("/", "loss_scale").value_or(state.scaler->scale()));
+    state.scaler->set_clean_steps(
+        replicated.int_attribute("/", "loss_scale_clean_steps").value_or(0));
+  }
+
+  // This rank's class rows, from whichever old shards hold them.
+  std::vector<std::pair<std::string, torch::Tensor*>> targets = {{"weight", &classifier.weight()}};
+  for (const auto& [name, tensor] : classifier.optimizer().state())
+    targets.emplace_back("state/" + name, tensor);
+  torch::NoGradGuard no_grad;
+  for (const ShardEntry& s : manifest.shards) {
+    const int64_t begin = std::max(first, s.class_offset);
+    const int64_t end = std::min(first + rows, s.class_offset + s.rows);
+    if (begin >= end) continue;
+    const Hdf5File shard((fs::path(directory) / s.file).string(), Hdf5File::Mode::kRead);
+    for (auto& [name, tensor] : targets) {
+      MYRIAD_CHECK_COLLECTIVE(shard.has(name), "'{}' has no {}: saved with another optimizer?",
+                              s.file, name);
+      const int64_t row_bytes = tensor->size(1) * 4;
+      const int64_t block = std::max<int64_t>(1, kBlockBytes / row_bytes);
+      for (int64_t b = begin; b < end; b += block) {
+        const int64_t count = std::min(block, end - b);
+        tensor->slice(0, b - first, b - first + count)
+            .copy_(shard.read_rows(name, b - s.class_offset, count));
+      }
+    }
+  }
+  // Random state continues only where the same ranks saved it (a resharded checkpoint has none);
+  // otherwise it is reseeded.
+  const bool same_ranks = manifest.world_size == context.size() &&
+                          Hdf5File((fs::path(directory) / shard_file_name(context.rank())).string(),
+                                   Hdf5File::Mode::kRead)
+                              .has("rng");
+  if (context.all_true(same_ranks)) {
+    const Hdf5File own((fs::path(directory) / shard_file_name(context.rank())).string(),
+                       Hdf5File::Mode::kRead);
+    set_rng_state(device, own.read("rng"));
+  } else {
+    log_info(
+        "resuming {} ranks from a checkpoint of {}: classifier rows resharded, random state "
+        "reseeded",
+        context.size(), manifest.world_size);
+    torch::manual_seed(static_cast<uint64_t>(state.step) * 1000003u +
+                       static_cast<uint64_t>(context.rank()));
+  }
+  MYRIAD_CHECK(context.all_true(true), "ranks failed to agree after loading");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log_info("resumed from {} (step {}, epoch {}) in {:.1f} s", directory, state.step,
+           state.position.epoch, seconds);
+}
+
+}  // namespace myriad

@@ -1,0 +1,18 @@
+# Sourced by the e2e scripts, whose first argument is the directory of the executables: strict
+# mode, `bin`, and a scratch directory `work` removed on exit.
+set -euo pipefail
+bin=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# small_train RANKS [myriad-train options]: smallcnn on 16x16 synthetic images of 37 classes, one
+# thread and one loader worker per rank. The log level comes from $level (default warn).
+small_train() {
+  local ranks=$1
+  shift
+  mpirun --oversubscribe --bind-to none -np "$ranks" "$bin/myriad-train" --data synthetic --input-shape 1x16x16 \
+    --backbone smallcnn --embedding-size 32 --num-classes 37 --workers 1 --threads 1 --log-level "${level:-warn}" "$@"
+}
+
+# The losses a run directory's metrics.jsonl logged, one per line.
+losses() { grep -o '"loss":[-0-9.eE+]*' "$1/metrics.jsonl" | cut -d: -f2; }
