@@ -32,7 +32,8 @@ struct Entry {
 
 bool is_image_file(const fs::path& path) {
   std::string ext = path.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 
@@ -79,7 +80,8 @@ int run_from_folder(ProcessContext& context, int argc, char** argv) {
       ("workers", po::value(&workers)->default_value(0), "threads checking images (0: all cores)");
   // clang-format on
   po::variables_map values;
-  if (!parse_command_line(argc, argv, options, values, "usage: myriad-data from-folder --input DIR --output X.h5",
+  if (!parse_command_line(argc, argv, options, values,
+                          "usage: myriad-data from-folder --input DIR --output X.h5",
                           context.rank())) {
     return kExitOk;
   }
@@ -126,8 +128,9 @@ int run_from_folder(ProcessContext& context, int argc, char** argv) {
   int channels = 1;
   for (int64_t i = 0; i < n; ++i) {
     MYRIAD_CHECK(shapes[i].height == shapes[0].height && shapes[i].width == shapes[0].width,
-                 "'{}' is {}x{} but '{}' is {}x{}; all images of a dataset must have one size", entries[i].path,
-                 shapes[i].height, shapes[i].width, entries[0].path, shapes[0].height, shapes[0].width);
+                 "'{}' is {}x{} but '{}' is {}x{}; all images of a dataset must have one size",
+                 entries[i].path, shapes[i].height, shapes[i].width, entries[0].path,
+                 shapes[0].height, shapes[0].width);
     channels = std::max(channels, shapes[i].channels);
   }
 
@@ -142,7 +145,8 @@ int run_from_folder(ProcessContext& context, int argc, char** argv) {
     const int64_t count = std::min(block, n - begin);
     std::vector<std::string> images(static_cast<size_t>(count));
     std::vector<int64_t> labels(static_cast<size_t>(count));
-    parallel_for(count, workers, [&](int64_t i) { images[i] = read_file(entries[begin + i].path); });
+    parallel_for(count, workers,
+                 [&](int64_t i) { images[i] = read_file(entries[begin + i].path); });
     for (int64_t i = 0; i < count; ++i) labels[i] = entries[begin + i].label;
     writer.write_encoded(begin, images);
     writer.write_labels(begin, labels);
@@ -150,8 +154,8 @@ int run_from_folder(ProcessContext& context, int argc, char** argv) {
   }
   writer.finish();
   writing.finish();
-  log_info("wrote {}: {} images {}x{}x{} (encoded), {} classes", output, n, shapes[0].height, shapes[0].width, channels,
-           classes.size());
+  log_info("wrote {}: {} images {}x{}x{} (encoded), {} classes", output, n, shapes[0].height,
+           shapes[0].width, channels, classes.size());
   return kExitOk;
 }
 

@@ -25,22 +25,25 @@ int run_from_idx(ProcessContext& context, int argc, char** argv) {
   // clang-format on
   po::variables_map values;
   if (!parse_command_line(argc, argv, options, values,
-                          "usage: myriad-data from-idx --images X-images-idx3-ubyte.gz --labels X-labels-idx1-ubyte.gz "
+                          "usage: myriad-data from-idx --images X-images-idx3-ubyte.gz --labels "
+                          "X-labels-idx1-ubyte.gz "
                           "--output X.h5",
                           context.rank())) {
     return kExitOk;
   }
   const IdxArray images = read_idx(images_path);
   const IdxArray labels = read_idx(labels_path);
-  MYRIAD_CHECK(images.dims.size() == 3, "'{}' holds a {}-dimensional array; IDX images are [N, rows, cols]", images_path,
+  MYRIAD_CHECK(images.dims.size() == 3,
+               "'{}' holds a {}-dimensional array; IDX images are [N, rows, cols]", images_path,
                images.dims.size());
-  MYRIAD_CHECK(labels.dims.size() == 1, "'{}' holds a {}-dimensional array; IDX labels are [N]", labels_path,
-               labels.dims.size());
-  MYRIAD_CHECK(images.dims[0] == labels.dims[0], "'{}' has {} images but '{}' has {} labels", images_path,
-               images.dims[0], labels_path, labels.dims[0]);
+  MYRIAD_CHECK(labels.dims.size() == 1, "'{}' holds a {}-dimensional array; IDX labels are [N]",
+               labels_path, labels.dims.size());
+  MYRIAD_CHECK(images.dims[0] == labels.dims[0], "'{}' has {} images but '{}' has {} labels",
+               images_path, images.dims[0], labels_path, labels.dims[0]);
   const int64_t n = images.dims[0];
   const int height = static_cast<int>(images.dims[1]), width = static_cast<int>(images.dims[2]);
-  const int64_t classes = n == 0 ? 0 : *std::max_element(labels.data.begin(), labels.data.end()) + 1;
+  const int64_t classes =
+      n == 0 ? 0 : *std::max_element(labels.data.begin(), labels.data.end()) + 1;
 
   Hdf5ImageWriter writer(output, n, height, width, 1, /*encoded=*/false, classes);
   writer.set_attribute("source", images_path);
@@ -50,7 +53,8 @@ int run_from_idx(ProcessContext& context, int argc, char** argv) {
   for (int64_t begin = 0; begin < n; begin += block) {
     const int64_t count = std::min(block, n - begin);
     writer.write_raw(begin, images.data.data() + begin * image_bytes, count);
-    writer.write_labels(begin, std::vector<int64_t>(labels.data.begin() + begin, labels.data.begin() + begin + count));
+    writer.write_labels(begin, std::vector<int64_t>(labels.data.begin() + begin,
+                                                    labels.data.begin() + begin + count));
     progress.advance(count);
   }
   writer.finish();

@@ -26,8 +26,8 @@ int run_inspect(ProcessContext& context, int argc, char** argv) {
   po::positional_options_description positional;
   positional.add("file", 1);
   po::variables_map values;
-  if (!parse_command_line(argc, argv, options, values, "usage: myriad-data inspect FILE.h5", context.rank(),
-                          &positional)) {
+  if (!parse_command_line(argc, argv, options, values, "usage: myriad-data inspect FILE.h5",
+                          context.rank(), &positional)) {
     return kExitOk;
   }
   const bool pairs = Hdf5File(path, Hdf5File::Mode::kRead).has("issame");
@@ -35,7 +35,8 @@ int run_inspect(ProcessContext& context, int argc, char** argv) {
   const DatasetInfo& info = data.info();
   std::printf("file       %s\n", path.c_str());
   std::printf("images     %lld\n", static_cast<long long>(info.size));
-  std::printf("shape      %dx%dx%d (height x width x channels)\n", info.height, info.width, info.channels);
+  std::printf("shape      %dx%dx%d (height x width x channels)\n", info.height, info.width,
+              info.channels);
 
   std::map<ImageFormat, int64_t> formats;
   if (info.encoded) {
@@ -48,14 +49,16 @@ int run_inspect(ProcessContext& context, int argc, char** argv) {
       for (int64_t i = 0; i < count; ++i) {
         const std::string what = str_format("image {} of '{}'", begin + i, path);
         const ImageShape shape = decode_image_header(images[i], what);
-        MYRIAD_CHECK(shape.height == info.height && shape.width == info.width, "{} is {}x{}, the dataset's are {}x{}",
-                     what, shape.height, shape.width, info.height, info.width);
+        MYRIAD_CHECK(shape.height == info.height && shape.width == info.width,
+                     "{} is {}x{}, the dataset's are {}x{}", what, shape.height, shape.width,
+                     info.height, info.width);
         ++formats[sniff_image_format(images[i])];
       }
       progress.advance(count);
     }
     progress.finish();
-    std::printf("encoding   encoded: %lld JPEG, %lld PNG\n", static_cast<long long>(formats[ImageFormat::kJpeg]),
+    std::printf("encoding   encoded: %lld JPEG, %lld PNG\n",
+                static_cast<long long>(formats[ImageFormat::kJpeg]),
                 static_cast<long long>(formats[ImageFormat::kPng]));
   } else {
     std::printf("encoding   raw uint8 pixels\n");
@@ -68,19 +71,22 @@ int run_inspect(ProcessContext& context, int argc, char** argv) {
   }
   std::vector<int64_t> histogram(static_cast<size_t>(info.num_classes), 0);
   for (int64_t i = 0; i < info.size; ++i) ++histogram[data.label(i)];
-  const int64_t present = std::count_if(histogram.begin(), histogram.end(), [](int64_t c) { return c > 0; });
-  std::printf("classes    %lld (num_classes), %lld with images\n", static_cast<long long>(info.num_classes),
-              static_cast<long long>(present));
+  const int64_t present =
+      std::count_if(histogram.begin(), histogram.end(), [](int64_t c) { return c > 0; });
+  std::printf("classes    %lld (num_classes), %lld with images\n",
+              static_cast<long long>(info.num_classes), static_cast<long long>(present));
   std::vector<int64_t> sorted = histogram;
   std::sort(sorted.begin(), sorted.end());
   if (!sorted.empty()) {
-    std::printf("per class  min %lld, median %lld, max %lld images\n", static_cast<long long>(sorted.front()),
-                static_cast<long long>(sorted[sorted.size() / 2]), static_cast<long long>(sorted.back()));
+    std::printf("per class  min %lld, median %lld, max %lld images\n",
+                static_cast<long long>(sorted.front()),
+                static_cast<long long>(sorted[sorted.size() / 2]),
+                static_cast<long long>(sorted.back()));
   }
   if (info.num_classes <= 32) {
     std::printf("histogram ");
-    for (int64_t c = 0; c < info.num_classes; ++c) std::printf(" %lld:%lld", static_cast<long long>(c),
-                                                               static_cast<long long>(histogram[c]));
+    for (int64_t c = 0; c < info.num_classes; ++c)
+      std::printf(" %lld:%lld", static_cast<long long>(c), static_cast<long long>(histogram[c]));
     std::printf("\n");
   }
   std::printf("labels     valid (all in [0, %lld))\n", static_cast<long long>(info.num_classes));

@@ -7,11 +7,15 @@
 int main(int argc, char** argv) {
   return myriad::run_entry(argc, argv, [](myriad::ProcessContext& context, int argc, char** argv) {
     return myriad::run_sub_command(
-        context, argc, argv, "usage: myriad-data <command> [options]   (docs/data-format.md describes the files)",
-        {{"from-idx", "MNIST / Fashion-MNIST IDX files (.gz or plain) to HDF5", myriad::run_from_idx},
-         {"from-folder", "a class-per-directory tree of JPEG/PNG files to HDF5 (bytes kept as they are)",
+        context, argc, argv,
+        "usage: myriad-data <command> [options]   (docs/data-format.md describes the files)",
+        {{"from-idx", "MNIST / Fashion-MNIST IDX files (.gz or plain) to HDF5",
+          myriad::run_from_idx},
+         {"from-folder",
+          "a class-per-directory tree of JPEG/PNG files to HDF5 (bytes kept as they are)",
           myriad::run_from_folder},
-         {"inspect", "images, shape, encoding, classes and their histogram; validates labels and images",
+         {"inspect",
+          "images, shape, encoding, classes and their histogram; validates labels and images",
           myriad::run_inspect},
          {"synthetic", "a file of generated images, raw or JPEG, for pipeline tests and benchmarks",
           myriad::run_synthetic}});

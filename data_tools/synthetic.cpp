@@ -34,15 +34,18 @@ int run_synthetic(ProcessContext& context, int argc, char** argv) {
       ("seed", po::value(&seed)->default_value(0), "seed");
   // clang-format on
   po::variables_map values;
-  if (!parse_command_line(argc, argv, options, values,
-                          "usage: myriad-data synthetic --output X.h5 [--size N --num-classes C --jpeg-quality Q]",
-                          context.rank())) {
+  if (!parse_command_line(
+          argc, argv, options, values,
+          "usage: myriad-data synthetic --output X.h5 [--size N --num-classes C --jpeg-quality Q]",
+          context.rank())) {
     return kExitOk;
   }
   if (size < 1 || classes < 1) throw UsageError("--size and --num-classes must be positive");
-  if (quality < 0 || quality > 100) throw UsageError("--jpeg-quality must be in 1..100, or 0 for raw pixels");
+  if (quality < 0 || quality > 100)
+    throw UsageError("--jpeg-quality must be in 1..100, or 0 for raw pixels");
   const InputShape shape = parse_input_shape(shape_text);
-  const int c = static_cast<int>(shape.channels), h = static_cast<int>(shape.height), w = static_cast<int>(shape.width);
+  const int c = static_cast<int>(shape.channels), h = static_cast<int>(shape.height),
+            w = static_cast<int>(shape.width);
   const SyntheticDataset source(size, classes, c, h, w, seed);
   Hdf5ImageWriter writer(output, size, h, w, c, quality > 0, classes);
   writer.set_attribute("source", "myriad-data synthetic");

@@ -21,7 +21,8 @@ std::unique_ptr<Communicator> CommFactory::create(const torch::Device& device) c
   MYRIAD_CHECK(device.is_cuda(), "no communicator moves tensors on {}", device.str());
 #ifdef MYRIAD_WITH_NCCL
   return std::make_unique<NcclCommunicator>(
-      context_.world(), device.has_index() ? device : torch::Device(torch::kCUDA, c10::cuda::current_device()));
+      context_.world(),
+      device.has_index() ? device : torch::Device(torch::kCUDA, c10::cuda::current_device()));
 #else
   MYRIAD_THROW("CUDA tensors need the NCCL backend, which this build of myriad does not have");
 #endif

@@ -19,16 +19,18 @@ constexpr int64_t kChunkRows = 64;
 
 int64_t required_attribute(const Hdf5File& file, const std::string& key) {
   const std::optional<int64_t> value = file.int_attribute("/", key);
-  MYRIAD_CHECK(value.has_value(), "'{}' has no attribute '{}' (see docs/data-format.md)", file.path(), key);
+  MYRIAD_CHECK(value.has_value(), "'{}' has no attribute '{}' (see docs/data-format.md)",
+               file.path(), key);
   return *value;
 }
 
 }  // namespace
 
-Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled) : file_(path, Hdf5File::Mode::kRead) {
+Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled)
+    : file_(path, Hdf5File::Mode::kRead) {
   MYRIAD_CHECK(file_.has("images") && (!labelled || file_.has("labels")),
-               "'{}' is not a myriad image dataset: it needs /images{} (see docs/data-format.md)", path,
-               labelled ? " and /labels" : "");
+               "'{}' is not a myriad image dataset: it needs /images{} (see docs/data-format.md)",
+               path, labelled ? " and /labels" : "");
   info_.name = path;
   info_.encoded = file_.is_bytes("images");
   const std::vector<int64_t> shape = file_.shape("images");
@@ -44,21 +46,25 @@ Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled) : fil
     info_.width = static_cast<int>(shape[2]);
     info_.channels = static_cast<int>(shape[3]);
   }
-  MYRIAD_CHECK(info_.channels == 1 || info_.channels == 3, "'{}': images have {} channels; 1 or 3 are supported",
-               path, info_.channels);
-  MYRIAD_CHECK(info_.height > 0 && info_.width > 0, "'{}': image size {}x{}", path, info_.height, info_.width);
+  MYRIAD_CHECK(info_.channels == 1 || info_.channels == 3,
+               "'{}': images have {} channels; 1 or 3 are supported", path, info_.channels);
+  MYRIAD_CHECK(info_.height > 0 && info_.width > 0, "'{}': image size {}x{}", path, info_.height,
+               info_.width);
   if (!labelled) return;
   const std::vector<int64_t> label_shape = file_.shape("labels");
-  MYRIAD_CHECK(label_shape.size() == 1 && label_shape[0] == info_.size, "'{}': {} images but {} labels", path,
-               info_.size, label_shape.empty() ? 0 : label_shape[0]);
+  MYRIAD_CHECK(label_shape.size() == 1 && label_shape[0] == info_.size,
+               "'{}': {} images but {} labels", path, info_.size,
+               label_shape.empty() ? 0 : label_shape[0]);
   const torch::Tensor labels = file_.read("labels").to(torch::kInt64).contiguous();
   labels_.assign(labels.data_ptr<int64_t>(), labels.data_ptr<int64_t>() + labels.numel());
   const std::optional<int64_t> classes = file_.int_attribute("/", "num_classes");
-  const int64_t max_label = labels_.empty() ? -1 : *std::max_element(labels_.begin(), labels_.end());
+  const int64_t max_label =
+      labels_.empty() ? -1 : *std::max_element(labels_.begin(), labels_.end());
   info_.num_classes = classes.value_or(max_label + 1);
   for (size_t i = 0; i < labels_.size(); ++i) {
-    MYRIAD_CHECK(labels_[i] >= 0 && labels_[i] < info_.num_classes, "'{}': label {} of image {} is outside [0, {})",
-                 path, labels_[i], i, info_.num_classes);
+    MYRIAD_CHECK(labels_[i] >= 0 && labels_[i] < info_.num_classes,
+                 "'{}': label {} of image {} is outside [0, {})", path, labels_[i], i,
+                 info_.num_classes);
   }
 }
 
@@ -67,13 +73,14 @@ void Hdf5ImageDataset::read(const std::vector<int64_t>& indices, uint8_t* out) c
   // One HDF5 read for the whole batch, in file order; then each image goes to its slot.
   std::vector<size_t> order(indices.size());
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return indices[a] < indices[b]; });
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return indices[a] < indices[b]; });
   std::vector<int64_t> rows;
   std::vector<std::vector<size_t>> slots;
   for (size_t k : order) {
     const int64_t index = indices[k];
-    MYRIAD_CHECK(index >= 0 && index < info_.size, "image {} is outside '{}' ({} images)", index, info_.name,
-                 info_.size);
+    MYRIAD_CHECK(index >= 0 && index < info_.size, "image {} is outside '{}' ({} images)", index,
+                 info_.name, info_.size);
     if (rows.empty() || rows.back() != index) {
       rows.push_back(index);
       slots.emplace_back();
@@ -96,13 +103,14 @@ void Hdf5ImageDataset::read(const std::vector<int64_t>& indices, uint8_t* out) c
   const uint8_t* source = pixels.data_ptr<uint8_t>();
   for (size_t r = 0; r < rows.size(); ++r) {
     for (size_t slot : slots[r]) {
-      std::memcpy(out + static_cast<int64_t>(slot) * image_bytes, source + r * image_bytes, image_bytes);
+      std::memcpy(out + static_cast<int64_t>(slot) * image_bytes, source + r * image_bytes,
+                  image_bytes);
     }
   }
 }
 
-Hdf5ImageWriter::Hdf5ImageWriter(const std::string& path, int64_t size, int height, int width, int channels,
-                                 bool encoded, int64_t num_classes)
+Hdf5ImageWriter::Hdf5ImageWriter(const std::string& path, int64_t size, int height, int width,
+                                 int channels, bool encoded, int64_t num_classes)
     : output_(std::make_unique<AtomicOutput>(path)),
       size_(size),
       height_(height),
@@ -130,8 +138,8 @@ Hdf5ImageWriter::~Hdf5ImageWriter() {
 }
 
 void Hdf5ImageWriter::write_raw(int64_t begin, const uint8_t* pixels, int64_t n) {
-  const torch::Tensor block = torch::from_blob(const_cast<uint8_t*>(pixels), {n, height_, width_, channels_},
-                                               torch::kUInt8);
+  const torch::Tensor block = torch::from_blob(const_cast<uint8_t*>(pixels),
+                                               {n, height_, width_, channels_}, torch::kUInt8);
   file_->write_rows("images", begin, block);
 }
 
@@ -140,8 +148,8 @@ void Hdf5ImageWriter::write_encoded(int64_t begin, const std::vector<std::string
 }
 
 void Hdf5ImageWriter::write_labels(int64_t begin, const std::vector<int64_t>& labels) {
-  const torch::Tensor block =
-      torch::from_blob(const_cast<int64_t*>(labels.data()), {static_cast<int64_t>(labels.size())}, torch::kInt64);
+  const torch::Tensor block = torch::from_blob(
+      const_cast<int64_t*>(labels.data()), {static_cast<int64_t>(labels.size())}, torch::kInt64);
   file_->write_rows("labels", begin, block);
 }
 

@@ -18,12 +18,14 @@ uint32_t big_endian(const unsigned char* p) {
 void read_exactly(gzFile file, void* out, size_t size, const std::string& path, const char* what) {
   size_t done = 0;
   while (done < size) {
-    const int n = gzread(file, static_cast<char*>(out) + done, static_cast<unsigned>(std::min<size_t>(size - done, 1u << 30)));
+    const int n = gzread(file, static_cast<char*>(out) + done,
+                         static_cast<unsigned>(std::min<size_t>(size - done, 1u << 30)));
     if (n < 0) {
       int code = 0;
       MYRIAD_THROW("'{}': cannot read the {}: {}", path, what, gzerror(file, &code));
     }
-    MYRIAD_CHECK(n > 0, "'{}' is truncated: its {} needs {} bytes, only {} are there", path, what, size, done);
+    MYRIAD_CHECK(n > 0, "'{}' is truncated: its {} needs {} bytes, only {} are there", path, what,
+                 size, done);
     done += static_cast<size_t>(n);
   }
 }
@@ -35,12 +37,15 @@ IdxArray read_idx(const std::string& path) {
   MYRIAD_CHECK(file != nullptr, "cannot open '{}'", path);
   unsigned char magic[4];
   read_exactly(file.get(), magic, 4, path, "header");
-  MYRIAD_CHECK(magic[0] == 0 && magic[1] == 0, "'{}' is not an IDX file (magic {:02x}{:02x}{:02x}{:02x})", path,
-               int{magic[0]}, int{magic[1]}, int{magic[2]}, int{magic[3]});
-  MYRIAD_CHECK(magic[2] == 0x08, "'{}': IDX element type 0x{:02x} is not supported (only unsigned bytes)", path,
+  MYRIAD_CHECK(magic[0] == 0 && magic[1] == 0,
+               "'{}' is not an IDX file (magic {:02x}{:02x}{:02x}{:02x})", path, int{magic[0]},
+               int{magic[1]}, int{magic[2]}, int{magic[3]});
+  MYRIAD_CHECK(magic[2] == 0x08,
+               "'{}': IDX element type 0x{:02x} is not supported (only unsigned bytes)", path,
                int{magic[2]});
   const int ndim = magic[3];
-  MYRIAD_CHECK(ndim >= 1 && ndim <= 4, "'{}': an IDX array of {} dimensions is not supported", path, ndim);
+  MYRIAD_CHECK(ndim >= 1 && ndim <= 4, "'{}': an IDX array of {} dimensions is not supported", path,
+               ndim);
   IdxArray array;
   unsigned char sizes[16];
   read_exactly(file.get(), sizes, static_cast<size_t>(4 * ndim), path, "header");
@@ -53,7 +58,8 @@ IdxArray read_idx(const std::string& path) {
   array.data.resize(static_cast<size_t>(total));
   read_exactly(file.get(), array.data.data(), array.data.size(), path, "data");
   char extra = 0;
-  MYRIAD_CHECK(gzread(file.get(), &extra, 1) == 0, "'{}' is longer than its header says ({} elements)", path, total);
+  MYRIAD_CHECK(gzread(file.get(), &extra, 1) == 0,
+               "'{}' is longer than its header says ({} elements)", path, total);
   return array;
 }
 

@@ -14,7 +14,8 @@ namespace {
 // A TurboJPEG handle per thread: creating one costs more than decoding a small image.
 tjhandle decompressor() {
   thread_local std::unique_ptr<void, int (*)(tjhandle)> handle(tjInitDecompress(), tjDestroy);
-  MYRIAD_CHECK(handle != nullptr, "cannot create a TurboJPEG decompressor: {}", tjGetErrorStr2(nullptr));
+  MYRIAD_CHECK(handle != nullptr, "cannot create a TurboJPEG decompressor: {}",
+               tjGetErrorStr2(nullptr));
   return handle.get();
 }
 
@@ -46,7 +47,8 @@ ImageShape png_header(PngImage& png, const std::string& bytes, const std::string
 
 ImageFormat sniff_image_format(const std::string& bytes) {
   if (bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
-      static_cast<unsigned char>(bytes[1]) == 0xD8 && static_cast<unsigned char>(bytes[2]) == 0xFF) {
+      static_cast<unsigned char>(bytes[1]) == 0xD8 &&
+      static_cast<unsigned char>(bytes[2]) == 0xFF) {
     return ImageFormat::kJpeg;
   }
   static const char kPngMagic[] = "\x89PNG\r\n\x1a\n";
@@ -56,23 +58,27 @@ ImageFormat sniff_image_format(const std::string& bytes) {
 
 ImageShape decode_image_header(const std::string& bytes, const std::string& what) {
   switch (sniff_image_format(bytes)) {
-    case ImageFormat::kJpeg: return jpeg_header(bytes, what);
+    case ImageFormat::kJpeg:
+      return jpeg_header(bytes, what);
     case ImageFormat::kPng: {
       PngImage png;
       return png_header(png, bytes, what);
     }
-    default: MYRIAD_THROW("{}: not a JPEG or PNG image ({} bytes)", what, bytes.size());
+    default:
+      MYRIAD_THROW("{}: not a JPEG or PNG image ({} bytes)", what, bytes.size());
   }
 }
 
 void decode_image(const std::string& bytes, int height, int width, int channels, uint8_t* out,
                   const std::string& what) {
-  MYRIAD_CHECK(channels == 1 || channels == 3, "{}: images decode to 1 or 3 channels, not {}", what, channels);
+  MYRIAD_CHECK(channels == 1 || channels == 3, "{}: images decode to 1 or 3 channels, not {}", what,
+               channels);
   const ImageFormat format = sniff_image_format(bytes);
   if (format == ImageFormat::kJpeg) {
     const ImageShape shape = jpeg_header(bytes, what);
-    MYRIAD_CHECK(shape.height == height && shape.width == width, "{}: image is {}x{}, the dataset's are {}x{}", what,
-                 shape.height, shape.width, height, width);
+    MYRIAD_CHECK(shape.height == height && shape.width == width,
+                 "{}: image is {}x{}, the dataset's are {}x{}", what, shape.height, shape.width,
+                 height, width);
     if (tjDecompress2(decompressor(), reinterpret_cast<const unsigned char*>(bytes.data()),
                       static_cast<unsigned long>(bytes.size()), out, width, 0, height,
                       channels == 1 ? TJPF_GRAY : TJPF_RGB, 0) != 0) {
@@ -80,11 +86,13 @@ void decode_image(const std::string& bytes, int height, int width, int channels,
     }
     return;
   }
-  MYRIAD_CHECK(format == ImageFormat::kPng, "{}: not a JPEG or PNG image ({} bytes)", what, bytes.size());
+  MYRIAD_CHECK(format == ImageFormat::kPng, "{}: not a JPEG or PNG image ({} bytes)", what,
+               bytes.size());
   PngImage png;
   const ImageShape shape = png_header(png, bytes, what);
-  MYRIAD_CHECK(shape.height == height && shape.width == width, "{}: image is {}x{}, the dataset's are {}x{}", what,
-               shape.height, shape.width, height, width);
+  MYRIAD_CHECK(shape.height == height && shape.width == width,
+               "{}: image is {}x{}, the dataset's are {}x{}", what, shape.height, shape.width,
+               height, width);
   png.image.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
   if (png_image_finish_read(&png.image, nullptr, out, 0, nullptr) == 0) {
     MYRIAD_THROW("{}: corrupt or truncated PNG: {}", what, png.image.message);
@@ -98,7 +106,8 @@ std::string encode_jpeg(const uint8_t* pixels, int height, int width, int channe
   unsigned long size = 0;
   const int format = channels == 1 ? TJPF_GRAY : TJPF_RGB;
   const int subsampling = channels == 1 ? TJSAMP_GRAY : TJSAMP_444;
-  if (tjCompress2(compressor.get(), pixels, width, 0, height, format, &buffer, &size, subsampling, quality, 0) != 0) {
+  if (tjCompress2(compressor.get(), pixels, width, 0, height, format, &buffer, &size, subsampling,
+                  quality, 0) != 0) {
     MYRIAD_THROW("JPEG encoding failed: {}", tjGetErrorStr2(compressor.get()));
   }
   std::string bytes(reinterpret_cast<const char*>(buffer), size);

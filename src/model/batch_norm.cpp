@@ -26,24 +26,27 @@ torch::Tensor per_channel(const torch::Tensor& v, const torch::Tensor& like) {
 // needs.
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
  public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               const torch::Tensor& bias, BatchNormImpl* module, double eps, double momentum) {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias,
+                               BatchNormImpl* module, double eps, double momentum) {
     const torch::Tensor xf = x.to(torch::kFloat32);
     const std::vector<int64_t> dims = reduced_dims(x);
     const int64_t channels = x.size(1);
     const double local_count = static_cast<double>(x.numel() / std::max<int64_t>(1, channels));
-    torch::Tensor stats = torch::cat({xf.sum(dims), xf.square().sum(dims),
-                                      torch::full({1}, local_count, xf.options())});
+    torch::Tensor stats = torch::cat(
+        {xf.sum(dims), xf.square().sum(dims), torch::full({1}, local_count, xf.options())});
     module->sync->all_reduce(stats, ReduceOp::kSum);
     // The global count stays on the device: no host synchronisation per layer.
     const torch::Tensor count = stats.narrow(0, 2 * channels, 1);
     const torch::Tensor mean = stats.narrow(0, 0, channels) / count;
-    const torch::Tensor var = (stats.narrow(0, channels, channels) / count - mean.square()).clamp_min(0.0);
+    const torch::Tensor var =
+        (stats.narrow(0, channels, channels) / count - mean.square()).clamp_min(0.0);
     const torch::Tensor inv_std = (var + eps).rsqrt();
     {
       torch::NoGradGuard no_grad;
       module->running_mean.mul_(1.0 - momentum).add_(mean, momentum);
-      module->running_var.mul_(1.0 - momentum).add_(var * count / (count - 1.0).clamp_min(1.0), momentum);
+      module->running_var.mul_(1.0 - momentum)
+          .add_(var * count / (count - 1.0).clamp_min(1.0), momentum);
       module->num_batches_tracked.add_(1);
     }
     const torch::Tensor x_hat = (xf - per_channel(mean, x)) * per_channel(inv_std, x);
@@ -69,17 +72,23 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     module->sync->all_reduce(sums, ReduceOp::kSum);
     const torch::Tensor mean_dy = sums.narrow(0, 0, channels) / count;
     const torch::Tensor mean_dy_xhat = sums.narrow(0, channels, channels) / count;
-    const torch::Tensor dx = per_channel(weight * inv_std, dy) *
-                             (dy - per_channel(mean_dy, dy) - x_hat * per_channel(mean_dy_xhat, dy));
+    const torch::Tensor dx =
+        per_channel(weight * inv_std, dy) *
+        (dy - per_channel(mean_dy, dy) - x_hat * per_channel(mean_dy_xhat, dy));
     // Parameter gradients stay per rank: the data-parallel reducer sums them like all others.
-    return {dx.to(grads[0].scalar_type()), local_dweight, local_dbias, torch::Tensor(), torch::Tensor(),
+    return {dx.to(grads[0].scalar_type()),
+            local_dweight,
+            local_dbias,
+            torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
 };
 
 }  // namespace
 
-BatchNormImpl::BatchNormImpl(int64_t features, double eps, double momentum) : eps_(eps), momentum_(momentum) {
+BatchNormImpl::BatchNormImpl(int64_t features, double eps, double momentum)
+    : eps_(eps), momentum_(momentum) {
   weight = register_parameter("weight", torch::ones({features}));
   bias = register_parameter("bias", torch::zeros({features}));
   running_mean = register_buffer("running_mean", torch::zeros({features}));
@@ -95,7 +104,8 @@ torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
     torch::NoGradGuard no_grad;
     num_batches_tracked.add_(1);
   }
-  return torch::batch_norm(x, weight, bias, running_mean, running_var, is_training(), momentum_, eps_,
+  return torch::batch_norm(x, weight, bias, running_mean, running_var, is_training(), momentum_,
+                           eps_,
                            /*cudnn_enabled=*/true);
 }
 

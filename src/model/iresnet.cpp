@@ -12,7 +12,9 @@ torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) 
       torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
 }
 
-BatchNorm batch_norm(int64_t channels) { return BatchNorm(channels, 1e-5); }
+BatchNorm batch_norm(int64_t channels) {
+  return BatchNorm(channels, 1e-5);
+}
 
 class BasicBlockImpl : public torch::nn::Module {
  public:
@@ -20,11 +22,13 @@ class BasicBlockImpl : public torch::nn::Module {
     bn1_ = register_module("bn1", batch_norm(in));
     conv1_ = register_module("conv1", conv(in, planes, 3, 1));
     bn2_ = register_module("bn2", batch_norm(planes));
-    prelu_ = register_module("prelu", torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(planes)));
+    prelu_ = register_module("prelu",
+                             torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(planes)));
     conv2_ = register_module("conv2", conv(planes, planes, 3, stride));
     bn3_ = register_module("bn3", batch_norm(planes));
     if (stride != 1 || in != planes) {
-      shortcut_ = register_module("downsample", torch::nn::Sequential(conv(in, planes, 1, stride), batch_norm(planes)));
+      shortcut_ = register_module(
+          "downsample", torch::nn::Sequential(conv(in, planes, 1, stride), batch_norm(planes)));
     }
   }
 
@@ -46,11 +50,13 @@ TORCH_MODULE(BasicBlock);
 IResNet::IResNet(const BackboneOptions& options, const std::vector<int64_t>& blocks) {
   const InputShape& in = options.input;
   if (in.height % 16 != 0 || in.width % 16 != 0) {
-    throw UsageError(str_format("{} needs an input height and width divisible by 16, got {}x{}", options.name,
-                                in.height, in.width));
+    throw UsageError(str_format("{} needs an input height and width divisible by 16, got {}x{}",
+                                options.name, in.height, in.width));
   }
-  stem_ = register_module("stem", torch::nn::Sequential(conv(in.channels, 64, 3, 1), batch_norm(64),
-                                                        torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(64))));
+  stem_ = register_module(
+      "stem",
+      torch::nn::Sequential(conv(in.channels, 64, 3, 1), batch_norm(64),
+                            torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(64))));
   stages_ = register_module("stages", torch::nn::Sequential());
   const int64_t widths[4] = {64, 128, 256, 512};
   int64_t channels = 64;
@@ -62,7 +68,8 @@ IResNet::IResNet(const BackboneOptions& options, const std::vector<int64_t>& blo
   }
   bn_ = register_module("bn", batch_norm(512));
   dropout_ = register_module("dropout", torch::nn::Dropout(options.dropout));
-  fc_ = register_module("fc", torch::nn::Linear(512 * (in.height / 16) * (in.width / 16), options.embedding_size));
+  fc_ = register_module(
+      "fc", torch::nn::Linear(512 * (in.height / 16) * (in.width / 16), options.embedding_size));
   features_ = register_module("features", BatchNorm(options.embedding_size, 1e-5));
   torch::NoGradGuard no_grad;
   for (auto& module : modules(false)) {

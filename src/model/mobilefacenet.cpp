@@ -8,20 +8,22 @@ namespace myriad {
 namespace {
 
 // Appends a convolution and batch norm, then PReLU unless `linear`.
-void add_conv_block(torch::nn::Sequential& layers, int64_t in, int64_t out, torch::ExpandingArray<2> kernel,
-                    int64_t stride, int64_t groups, bool linear) {
-  layers->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel)
-                                          .stride(stride)
-                                          .padding(torch::ExpandingArray<2>({(*kernel)[0] / 2, (*kernel)[1] / 2}))
-                                          .groups(groups)
-                                          .bias(false)));
+void add_conv_block(torch::nn::Sequential& layers, int64_t in, int64_t out,
+                    torch::ExpandingArray<2> kernel, int64_t stride, int64_t groups, bool linear) {
+  layers->push_back(
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel)
+                            .stride(stride)
+                            .padding(torch::ExpandingArray<2>({(*kernel)[0] / 2, (*kernel)[1] / 2}))
+                            .groups(groups)
+                            .bias(false)));
   layers->push_back(BatchNorm(out));
   if (!linear) layers->push_back(torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(out)));
 }
 
 class BottleneckImpl : public torch::nn::Module {
  public:
-  BottleneckImpl(int64_t in, int64_t out, int64_t expansion, int64_t stride) : residual_(stride == 1 && in == out) {
+  BottleneckImpl(int64_t in, int64_t out, int64_t expansion, int64_t stride)
+      : residual_(stride == 1 && in == out) {
     const int64_t hidden = in * expansion;
     body_ = register_module("body", torch::nn::Sequential());
     add_conv_block(body_, in, hidden, 1, 1, 1, false);
@@ -44,8 +46,9 @@ TORCH_MODULE(Bottleneck);
 MobileFaceNet::MobileFaceNet(const BackboneOptions& options) {
   const InputShape& in = options.input;
   if (in.height % 16 != 0 || in.width % 16 != 0) {
-    throw UsageError(str_format("mobilefacenet needs an input height and width divisible by 16, got {}x{}", in.height,
-                                in.width));
+    throw UsageError(
+        str_format("mobilefacenet needs an input height and width divisible by 16, got {}x{}",
+                   in.height, in.width));
   }
   body_ = register_module("body", torch::nn::Sequential());
   add_conv_block(body_, in.channels, 64, 3, 2, 1, false);
@@ -54,8 +57,8 @@ MobileFaceNet::MobileFaceNet(const BackboneOptions& options) {
     int64_t expansion, channels, repeats, stride;
   };
   int64_t channels = 64;
-  for (const Stage& s : {Stage{2, 64, 5, 2}, Stage{4, 128, 1, 2}, Stage{2, 128, 6, 1}, Stage{4, 128, 1, 2},
-                         Stage{2, 128, 2, 1}}) {
+  for (const Stage& s : {Stage{2, 64, 5, 2}, Stage{4, 128, 1, 2}, Stage{2, 128, 6, 1},
+                         Stage{4, 128, 1, 2}, Stage{2, 128, 2, 1}}) {
     for (int64_t r = 0; r < s.repeats; ++r) {
       body_->push_back(Bottleneck(channels, s.channels, s.expansion, r == 0 ? s.stride : 1));
       channels = s.channels;
@@ -64,16 +67,22 @@ MobileFaceNet::MobileFaceNet(const BackboneOptions& options) {
   add_conv_block(body_, 128, 512, 1, 1, 1, false);
   // Global depthwise convolution: one weight per position of the final map.
   body_->push_back(torch::nn::Conv2d(
-      torch::nn::Conv2dOptions(512, 512, torch::ExpandingArray<2>({in.height / 16, in.width / 16})).groups(512).bias(false)));
+      torch::nn::Conv2dOptions(512, 512, torch::ExpandingArray<2>({in.height / 16, in.width / 16}))
+          .groups(512)
+          .bias(false)));
   body_->push_back(BatchNorm(512));
-  body_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(512, options.embedding_size, 1).bias(false)));
+  body_->push_back(
+      torch::nn::Conv2d(torch::nn::Conv2dOptions(512, options.embedding_size, 1).bias(false)));
   body_->push_back(BatchNorm(options.embedding_size));
   torch::NoGradGuard no_grad;
   for (auto& module : modules(false)) {
-    if (auto* c = module->as<torch::nn::Conv2d>()) torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut);
+    if (auto* c = module->as<torch::nn::Conv2d>())
+      torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut);
   }
 }
 
-torch::Tensor MobileFaceNet::forward(const torch::Tensor& images) { return body_->forward(images).flatten(1); }
+torch::Tensor MobileFaceNet::forward(const torch::Tensor& images) {
+  return body_->forward(images).flatten(1);
+}
 
 }  // namespace myriad

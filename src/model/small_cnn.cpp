@@ -18,8 +18,8 @@ void add_conv_bn_relu(torch::nn::Sequential& layers, int64_t in, int64_t out) {
 SmallCnn::SmallCnn(const BackboneOptions& options) {
   const InputShape& in = options.input;
   if (in.height % 4 != 0 || in.width % 4 != 0) {
-    throw UsageError(str_format("smallcnn needs an input height and width divisible by 4, got {}x{}", in.height,
-                                in.width));
+    throw UsageError(str_format(
+        "smallcnn needs an input height and width divisible by 4, got {}x{}", in.height, in.width));
   }
   features_ = register_module("features", torch::nn::Sequential());
   add_conv_bn_relu(features_, in.channels, 32);
@@ -28,7 +28,8 @@ SmallCnn::SmallCnn(const BackboneOptions& options) {
   features_->push_back(torch::nn::MaxPool2d(2));
   add_conv_bn_relu(features_, 64, 128);
   dropout_ = register_module("dropout", torch::nn::Dropout(options.dropout));
-  fc_ = register_module("fc", torch::nn::Linear(128 * (in.height / 4) * (in.width / 4), options.embedding_size));
+  fc_ = register_module(
+      "fc", torch::nn::Linear(128 * (in.height / 4) * (in.width / 4), options.embedding_size));
   embedding_ = register_module("embedding", BatchNorm(options.embedding_size));
   torch::NoGradGuard no_grad;
   for (auto& module : modules(false)) {

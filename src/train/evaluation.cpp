@@ -19,17 +19,20 @@ namespace {
 
 // Embeddings [n, D] float32 of images `indices`, optionally summed with those of the mirrored
 // images.
-torch::Tensor embed(Backbone& backbone, const ImageSource& source, const std::vector<int64_t>& indices,
-                    const EvalSetup& setup, bool add_mirrored) {
+torch::Tensor embed(Backbone& backbone, const ImageSource& source,
+                    const std::vector<int64_t>& indices, const EvalSetup& setup,
+                    bool add_mirrored) {
   const DatasetInfo& info = source.info();
   const int64_t n = static_cast<int64_t>(indices.size());
   const int64_t image_size = static_cast<int64_t>(info.height) * info.width * info.channels;
   std::vector<uint8_t> pixels(static_cast<size_t>(n * image_size));
   source.read(indices, pixels.data());
-  torch::Tensor images = torch::empty({(add_mirrored ? 2 : 1) * n, info.channels, info.height, info.width});
+  torch::Tensor images =
+      torch::empty({(add_mirrored ? 2 : 1) * n, info.channels, info.height, info.width});
   float* out = images.data_ptr<float>();
   for (int64_t i = 0; i < n; ++i) {
-    normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels, false, out + i * image_size);
+    normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels, false,
+                    out + i * image_size);
     if (add_mirrored) {
       normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels, true,
                       out + (n + i) * image_size);
@@ -63,7 +66,8 @@ Slice slice_for(int64_t size, const EvalSetup& setup) {
 
 std::vector<int64_t> batch_indices(const Slice& s, int64_t batch, int64_t batch_size) {
   std::vector<int64_t> indices;
-  for (int64_t i = batch * batch_size; i < std::min(s.count, (batch + 1) * batch_size); ++i) indices.push_back(s.begin + i);
+  for (int64_t i = batch * batch_size; i < std::min(s.count, (batch + 1) * batch_size); ++i)
+    indices.push_back(s.begin + i);
   return indices;
 }
 
@@ -103,7 +107,8 @@ ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoft
   // kNN top-1 over the first knn_limit samples: every rank gathers them all as the gallery and
   // scores its own ones as queries.
   const auto f32 = torch::dtype(torch::kFloat32).device(setup.device);
-  torch::Tensor mine = knn_features.empty() ? torch::empty({0, dim}, f32) : torch::stack(knn_features);
+  torch::Tensor mine =
+      knn_features.empty() ? torch::empty({0, dim}, f32) : torch::stack(knn_features);
   mine = mine / mine.norm(2, 1, true).clamp_min(1e-12);
   const torch::Tensor my_labels =
       torch::tensor(knn_labels, torch::kInt64).reshape({-1}).to(setup.device);
@@ -113,29 +118,33 @@ ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoft
   result.knn_samples = gallery.size(0);
   double knn_correct = 0;
   if (mine.size(0) > 0 && gallery.size(0) > 1) {
-    const int64_t first = std::accumulate(counts.begin(), counts.begin() + setup.comm->rank(), int64_t{0});
+    const int64_t first =
+        std::accumulate(counts.begin(), counts.begin() + setup.comm->rank(), int64_t{0});
     torch::Tensor similarity = mine.matmul(gallery.t());
     similarity.diagonal(first).fill_(-std::numeric_limits<float>::infinity());
     const torch::Tensor nearest = gallery_labels.index_select(0, similarity.argmax(1));
     knn_correct = nearest.eq(my_labels).sum().item<double>();
   }
   if (result.knn_samples > 1) {
-    result.knn_top1 = sum_over_ranks(knn_correct, *setup.comm) / static_cast<double>(result.knn_samples);
+    result.knn_top1 =
+        sum_over_ranks(knn_correct, *setup.comm) / static_cast<double>(result.knn_samples);
   } else {
     sum_over_ranks(knn_correct, *setup.comm);
   }
   return result;
 }
 
-VerificationEval ten_fold_accuracy(const torch::Tensor& similarity, const std::vector<bool>& issame) {
+VerificationEval ten_fold_accuracy(const torch::Tensor& similarity,
+                                   const std::vector<bool>& issame) {
   const int64_t pairs = similarity.size(0);
-  MYRIAD_CHECK(pairs == static_cast<int64_t>(issame.size()) && pairs >= 10,
-               "verification needs at least 10 pairs with a label each, got {} similarities and {} labels", pairs,
-               issame.size());
+  MYRIAD_CHECK(
+      pairs == static_cast<int64_t>(issame.size()) && pairs >= 10,
+      "verification needs at least 10 pairs with a label each, got {} similarities and {} labels",
+      pairs, issame.size());
   const torch::Tensor sim = similarity.to(torch::kFloat64).cpu().contiguous();
   const double* s = sim.data_ptr<double>();
-  auto accuracy = [&](int64_t begin, int64_t end, double threshold, bool skip_fold, int64_t fold_begin,
-                      int64_t fold_end) {
+  auto accuracy = [&](int64_t begin, int64_t end, double threshold, bool skip_fold,
+                      int64_t fold_begin, int64_t fold_end) {
     int64_t right = 0, total = 0;
     for (int64_t i = begin; i < end; ++i) {
       const bool in_fold = i >= fold_begin && i < fold_end;
@@ -168,10 +177,11 @@ VerificationEval ten_fold_accuracy(const torch::Tensor& similarity, const std::v
   return result;
 }
 
-VerificationEval evaluate_verification(Backbone& backbone, const ImageSource& images, const std::vector<bool>& issame,
-                                       const EvalSetup& setup) {
-  MYRIAD_CHECK(images.info().size == 2 * static_cast<int64_t>(issame.size()), "{} has {} images for {} pairs",
-               images.info().name, images.info().size, issame.size());
+VerificationEval evaluate_verification(Backbone& backbone, const ImageSource& images,
+                                       const std::vector<bool>& issame, const EvalSetup& setup) {
+  MYRIAD_CHECK(images.info().size == 2 * static_cast<int64_t>(issame.size()),
+               "{} has {} images for {} pairs", images.info().name, images.info().size,
+               issame.size());
   const Slice slice = slice_for(images.info().size, setup);
   std::vector<torch::Tensor> parts;
   for (int64_t b = 0; b < slice.batches; ++b) {
@@ -181,8 +191,10 @@ VerificationEval evaluate_verification(Backbone& backbone, const ImageSource& im
   const int64_t dim = parts.empty() ? 0 : parts[0].size(1);
   const std::vector<int64_t> dims = setup.comm->all_gather_counts(dim);
   const int64_t width = *std::max_element(dims.begin(), dims.end());
-  torch::Tensor mine = parts.empty() ? torch::empty({0, width}, torch::device(setup.device)) : torch::cat(parts);
-  const torch::Tensor all = setup.comm->all_gather(mine, setup.comm->all_gather_counts(mine.size(0)));
+  torch::Tensor mine =
+      parts.empty() ? torch::empty({0, width}, torch::device(setup.device)) : torch::cat(parts);
+  const torch::Tensor all =
+      setup.comm->all_gather(mine, setup.comm->all_gather_counts(mine.size(0)));
   const torch::Tensor unit = all / all.norm(2, 1, true).clamp_min(1e-12);
   const torch::Tensor pairs = unit.view({-1, 2, unit.size(1)});
   const torch::Tensor similarity = (pairs.select(1, 0) * pairs.select(1, 1)).sum(1);
@@ -191,10 +203,11 @@ VerificationEval evaluate_verification(Backbone& backbone, const ImageSource& im
 
 std::vector<bool> read_pair_labels(const std::string& path, int64_t images) {
   const Hdf5File file(path, Hdf5File::Mode::kRead);
-  MYRIAD_CHECK(file.has("issame"), "'{}' is not a verification pairs file: it has no /issame", path);
+  MYRIAD_CHECK(file.has("issame"), "'{}' is not a verification pairs file: it has no /issame",
+               path);
   const torch::Tensor issame = file.read("issame").to(torch::kInt64).reshape({-1});
-  MYRIAD_CHECK(issame.numel() * 2 == images, "'{}': {} pairs need {} images, the file has {}", path, issame.numel(),
-               issame.numel() * 2, images);
+  MYRIAD_CHECK(issame.numel() * 2 == images, "'{}': {} pairs need {} images, the file has {}", path,
+               issame.numel(), issame.numel() * 2, images);
   std::vector<bool> labels(static_cast<size_t>(issame.numel()));
   for (int64_t i = 0; i < issame.numel(); ++i) labels[i] = issame[i].item<int64_t>() != 0;
   return labels;

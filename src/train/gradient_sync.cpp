@@ -39,19 +39,21 @@ struct GradientSynchronizer::CudaState {
 struct GradientSynchronizer::CudaState {};
 #endif
 
-GradientSynchronizer::GradientSynchronizer(std::vector<torch::Tensor> params, std::unique_ptr<Communicator> comm,
-                                           int64_t bucket_bytes)
+GradientSynchronizer::GradientSynchronizer(std::vector<torch::Tensor> params,
+                                           std::unique_ptr<Communicator> comm, int64_t bucket_bytes)
     : params_(std::move(params)), comm_(std::move(comm)), device_(comm_->device()) {
   MYRIAD_CHECK(bucket_bytes > 0, "the bucket size must be positive");
   // Every rank must bucket the same parameters the same way; one check here lets the buckets'
   // all-reduces skip the per-call agreement.
   uint64_t layout = 0;
   for (const torch::Tensor& p : params_) {
-    layout = mix64(layout ^ static_cast<uint64_t>(p.numel()) ^ (static_cast<uint64_t>(p.scalar_type()) << 48));
+    layout = mix64(layout ^ static_cast<uint64_t>(p.numel()) ^
+                   (static_cast<uint64_t>(p.scalar_type()) << 48));
   }
   const std::vector<int64_t> layouts = comm_->all_gather_counts(static_cast<int64_t>(layout));
   for (size_t r = 0; r < layouts.size(); ++r) {
-    MYRIAD_CHECK_COLLECTIVE(layouts[r] == layouts[0], "rank {} has different backbone parameters than rank 0", r);
+    MYRIAD_CHECK_COLLECTIVE(layouts[r] == layouts[0],
+                            "rank {} has different backbone parameters than rank 0", r);
   }
   comm_->set_checks(false);
 
@@ -59,8 +61,8 @@ GradientSynchronizer::GradientSynchronizer(std::vector<torch::Tensor> params, st
   std::map<torch::ScalarType, size_t> open;  // dtype -> bucket being filled
   for (size_t k = params_.size(); k-- > 0;) {
     const torch::Tensor& p = params_[k];
-    MYRIAD_CHECK(p.device() == device_, "parameter on {} but gradients are synchronised on {}", p.device().str(),
-                 device_.str());
+    MYRIAD_CHECK(p.device() == device_, "parameter on {} but gradients are synchronised on {}",
+                 p.device().str(), device_.str());
     auto it = open.find(p.scalar_type());
     if (it == open.end() || buckets_[it->second]->flat.numel() * p.element_size() >= bucket_bytes) {
       buckets_.push_back(std::make_unique<Bucket>());
@@ -80,7 +82,8 @@ GradientSynchronizer::GradientSynchronizer(std::vector<torch::Tensor> params, st
   if (device_.is_cuda()) cuda_ = std::make_unique<CudaState>(device_);
 #endif
   for (size_t k = 0; k < params_.size(); ++k) {
-    hooks_.push_back(params_[k].register_hook([this, k](const torch::Tensor& grad) { on_gradient(k, grad); }));
+    hooks_.push_back(
+        params_[k].register_hook([this, k](const torch::Tensor& grad) { on_gradient(k, grad); }));
   }
 }
 
@@ -118,7 +121,8 @@ void GradientSynchronizer::launch(Bucket& bucket) {
 #endif
   const auto start = std::chrono::steady_clock::now();
   comm_->all_reduce(bucket.flat, ReduceOp::kSum);
-  bucket.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  bucket.host_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
 void GradientSynchronizer::finish() {
@@ -139,7 +143,8 @@ void GradientSynchronizer::finish() {
 #endif
   for (size_t k = 0; k < params_.size(); ++k) {
     const Slot& slot = slots_[k];
-    const torch::Tensor sum = buckets_[slot.bucket]->flat.narrow(0, slot.offset, params_[k].numel()).view_as(params_[k]);
+    const torch::Tensor sum =
+        buckets_[slot.bucket]->flat.narrow(0, slot.offset, params_[k].numel()).view_as(params_[k]);
     if (params_[k].grad().defined()) {
       params_[k].mutable_grad().copy_(sum);
     } else {

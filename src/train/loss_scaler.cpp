@@ -7,7 +7,8 @@ namespace myriad {
 
 DynamicLossScaler::DynamicLossScaler(double initial_scale, int64_t growth_interval)
     : scale_(initial_scale), growth_interval_(growth_interval) {
-  MYRIAD_CHECK(initial_scale > 0 && growth_interval > 0, "loss scaling needs a positive scale and interval");
+  MYRIAD_CHECK(initial_scale > 0 && growth_interval > 0,
+               "loss scaling needs a positive scale and interval");
 }
 
 bool DynamicLossScaler::unscale(const std::vector<torch::Tensor>& params, Communicator& comm) {

@@ -25,7 +25,8 @@ torch::ScalarType autocast_dtype(torch::DeviceType type) {
 #ifdef MYRIAD_AUTOCAST_BY_DEVICE_TYPE
   return at::autocast::get_autocast_dtype(type);
 #else
-  return type == torch::kCUDA ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
+  return type == torch::kCUDA ? at::autocast::get_autocast_gpu_dtype()
+                              : at::autocast::get_autocast_cpu_dtype();
 #endif
 }
 
@@ -47,8 +48,11 @@ void set_autocast(torch::DeviceType type, bool enabled, torch::ScalarType dtype)
 }  // namespace
 
 AutocastGuard::AutocastGuard(const torch::Device& device, torch::ScalarType dtype)
-    : type_(device.type()), was_enabled_(autocast_enabled(device.type())), was_dtype_(autocast_dtype(device.type())) {
-  MYRIAD_CHECK(dtype == torch::kBFloat16 || dtype == torch::kFloat16, "autocast runs in bfloat16 or float16");
+    : type_(device.type()),
+      was_enabled_(autocast_enabled(device.type())),
+      was_dtype_(autocast_dtype(device.type())) {
+  MYRIAD_CHECK(dtype == torch::kBFloat16 || dtype == torch::kFloat16,
+               "autocast runs in bfloat16 or float16");
   MYRIAD_CHECK(type_ == torch::kCUDA || dtype == torch::kBFloat16, "float16 autocast needs a GPU");
   set_autocast(type_, true, dtype);
 }

@@ -36,8 +36,10 @@ po::options_description with_logging_options(const po::options_description& opti
 
 void apply_logging_options(const po::variables_map& values) {
   LogConfig config = logging_config();
-  if (values.count("log-level") > 0) config.level = parse_log_level(values["log-level"].as<std::string>());
-  if (values.count("log-all-ranks") > 0 && values["log-all-ranks"].as<bool>()) config.all_ranks = true;
+  if (values.count("log-level") > 0)
+    config.level = parse_log_level(values["log-level"].as<std::string>());
+  if (values.count("log-all-ranks") > 0 && values["log-all-ranks"].as<bool>())
+    config.all_ranks = true;
   configure_logging(config);
 }
 

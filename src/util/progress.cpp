@@ -32,16 +32,18 @@ void ProgressBar::finish() {
 }
 
 void ProgressBar::draw(bool final) {
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double rate = seconds > 0 ? done_ / seconds : 0.0;
-  const double fraction = total_ > 0 ? static_cast<double>(done_) / static_cast<double>(total_) : 1.0;
+  const double fraction =
+      total_ > 0 ? static_cast<double>(done_) / static_cast<double>(total_) : 1.0;
   const int width = 30;
   const int filled = static_cast<int>(fraction * width);
   std::string bar(static_cast<size_t>(filled), '#');
   bar.resize(width, '.');
   const double left = rate > 0 ? (total_ - done_) / rate : 0.0;
-  const std::string line = str_format("{} [{}] {}/{} ({:.0f}%) {:.0f}/s, {:.0f} s left", label_, bar, done_, total_,
-                                      100.0 * fraction, rate, left);
+  const std::string line = str_format("{} [{}] {}/{} ({:.0f}%) {:.0f}/s, {:.0f} s left", label_,
+                                      bar, done_, total_, 100.0 * fraction, rate, left);
   std::fprintf(stderr, terminal_ && !final ? "\r%s" : terminal_ ? "\r%s\n" : "%s\n", line.c_str());
   std::fflush(stderr);
 }

@@ -20,12 +20,15 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(dir);
     for (int i = 0; i < per_class; ++i) {
       std::vector<uint8_t> pixels(h * w * 3);
-      for (size_t k = 0; k < pixels.size(); ++k) pixels[k] = static_cast<uint8_t>((k * 13 + c * 61 + i * 7) % 256);
+      for (size_t k = 0; k < pixels.size(); ++k)
+        pixels[k] = static_cast<uint8_t>((k * 13 + c * 61 + i * 7) % 256);
       const bool png = i % 2 == 1;
       std::string bytes = png ? myriad::testing::encode_png(pixels.data(), h, w, 3)
                               : myriad::encode_jpeg(pixels.data(), h, w, 3, 90);
-      if (corrupt && c == classes - 1 && i == per_class - 1) bytes = bytes.substr(0, bytes.size() / 4);
-      myriad::testing::write_bytes((dir / ("img_" + std::to_string(i) + (png ? ".png" : ".jpg"))).string(), bytes);
+      if (corrupt && c == classes - 1 && i == per_class - 1)
+        bytes = bytes.substr(0, bytes.size() / 4);
+      myriad::testing::write_bytes(
+          (dir / ("img_" + std::to_string(i) + (png ? ".png" : ".jpg"))).string(), bytes);
     }
     myriad::testing::write_bytes((dir / "notes.txt").string(), "not an image");
   }

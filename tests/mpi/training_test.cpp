@@ -63,7 +63,8 @@ TEST_P(TrainingTest, SummedGradientsEqualTheSingleProcessGradient) {
   o.embedding_size = 16;
   o.update = WeightUpdate::kAccumulateGrad;
   ShardedMarginSoftmax classifier(comm(), o, device());
-  const torch::Tensor features = net->forward(images.slice(0, begin, begin + counts[rank()]).to(device()));
+  const torch::Tensor features =
+      net->forward(images.slice(0, begin, begin + counts[rank()]).to(device()));
   const torch::Tensor loss =
       classifier.forward(features, labels.slice(0, begin, begin + counts[rank()]).to(device()));
   loss.backward();
@@ -75,7 +76,8 @@ TEST_P(TrainingTest, SummedGradientsEqualTheSingleProcessGradient) {
   const torch::Tensor all_features = reference->forward(images);
   // The classifier's weight is identical on any world size: gather this rank's shard for the
   // reference softmax.
-  const torch::Tensor weight = comm().all_gather(classifier.weight(), classifier.partition().sizes()).cpu();
+  const torch::Tensor weight =
+      comm().all_gather(classifier.weight(), classifier.partition().sizes()).cpu();
   const ReferenceResult ref = reference_softmax(all_features.detach(), labels, weight, o.margin);
   all_features.backward(ref.grad_features.to(torch::kFloat32));
   EXPECT_LE(relative_error(loss, ref.loss), 1e-5);
@@ -93,7 +95,8 @@ TEST_P(TrainingTest, SummedGradientsEqualTheSingleProcessGradient) {
   }
   // Averaging instead of summing would be off by the world size.
   if (world() > 1) {
-    EXPECT_GT((mine[0].grad().cpu() / world() - theirs[0].grad()).norm().item<double>(), 1e-2 * scale);
+    EXPECT_GT((mine[0].grad().cpu() / world() - theirs[0].grad()).norm().item<double>(),
+              1e-2 * scale);
   }
 }
 
@@ -108,8 +111,10 @@ TEST_P(TrainingTest, SyncBatchNormUsesGlobalStatistics) {
   bn->sync = sync_comm.get();
   // A random projection of the output: sum(y^2) would have a zero gradient.
   const torch::Tensor projection = torch::randn(x.sizes());
-  const torch::Tensor my_projection = projection.slice(0, rank() * per_rank, (rank() + 1) * per_rank).to(device());
-  torch::Tensor mine = x.slice(0, rank() * per_rank, (rank() + 1) * per_rank).to(device()).requires_grad_(true);
+  const torch::Tensor my_projection =
+      projection.slice(0, rank() * per_rank, (rank() + 1) * per_rank).to(device());
+  torch::Tensor mine =
+      x.slice(0, rank() * per_rank, (rank() + 1) * per_rank).to(device()).requires_grad_(true);
   const torch::Tensor y = bn->forward(mine);
   (y * my_projection).sum().backward();
 
@@ -118,7 +123,9 @@ TEST_P(TrainingTest, SyncBatchNormUsesGlobalStatistics) {
   const torch::Tensor y_all = local->forward(all);
   (y_all * projection).sum().backward();
   EXPECT_LE(relative_error(y, y_all.slice(0, rank() * per_rank, (rank() + 1) * per_rank)), 1e-5);
-  EXPECT_LE(relative_error(mine.grad(), all.grad().slice(0, rank() * per_rank, (rank() + 1) * per_rank)), 1e-4);
+  EXPECT_LE(
+      relative_error(mine.grad(), all.grad().slice(0, rank() * per_rank, (rank() + 1) * per_rank)),
+      1e-4);
   EXPECT_LE(relative_error(bn->running_var, local->running_var), 1e-5);
   torch::Tensor weight_grad = bn->weight.grad().clone();
   comm().all_reduce(weight_grad);

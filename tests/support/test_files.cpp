@@ -28,10 +28,12 @@ std::string encode_png(const uint8_t* pixels, int height, int width, int channel
   return bytes;
 }
 
-void write_idx(const std::string& path, const std::vector<int64_t>& dims, const std::vector<uint8_t>& data, bool gzip) {
+void write_idx(const std::string& path, const std::vector<int64_t>& dims,
+               const std::vector<uint8_t>& data, bool gzip) {
   std::string bytes = {0, 0, 0x08, static_cast<char>(dims.size())};
   for (int64_t d : dims) {
-    for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>((d >> shift) & 0xFF));
+    for (int shift = 24; shift >= 0; shift -= 8)
+      bytes.push_back(static_cast<char>((d >> shift) & 0xFF));
   }
   bytes.append(reinterpret_cast<const char*>(data.data()), data.size());
   if (!gzip) return write_bytes(path, bytes);

@@ -10,8 +10,8 @@ namespace myriad::testing {
 std::string encode_png(const uint8_t* pixels, int height, int width, int channels);
 
 // An IDX file: `dims` and uint8 `data`, gzip-compressed when `gzip`.
-void write_idx(const std::string& path, const std::vector<int64_t>& dims, const std::vector<uint8_t>& data,
-               bool gzip);
+void write_idx(const std::string& path, const std::vector<int64_t>& dims,
+               const std::vector<uint8_t>& data, bool gzip);
 
 void write_bytes(const std::string& path, const std::string& bytes);
 

@@ -13,7 +13,8 @@ int64_t parameter_count(torch::nn::Module& m) {
   return n;
 }
 
-std::shared_ptr<Backbone> build(const std::string& name, InputShape input, int64_t embedding = 512) {
+std::shared_ptr<Backbone> build(const std::string& name, InputShape input,
+                                int64_t embedding = 512) {
   BackboneOptions o;
   o.name = name;
   o.input = input;
@@ -27,7 +28,8 @@ TEST(Backbone, EmbeddingShapesAtSmallInputs) {
     auto net = build(name, {3, 32, 32}, 64);
     net->eval();
     torch::NoGradGuard no_grad;
-    EXPECT_EQ(net->forward(torch::randn({2, 3, 32, 32})).sizes(), (std::vector<int64_t>{2, 64})) << name;
+    EXPECT_EQ(net->forward(torch::randn({2, 3, 32, 32})).sizes(), (std::vector<int64_t>{2, 64}))
+        << name;
   }
   auto small = build("smallcnn", {1, 28, 28}, 128);
   EXPECT_EQ(small->forward(torch::randn({3, 1, 28, 28})).sizes(), (std::vector<int64_t>{3, 128}));

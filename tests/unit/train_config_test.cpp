@@ -19,15 +19,17 @@ TrainConfig parse(std::vector<std::string> args, std::string* ini = nullptr) {
   TrainConfig config;
   const auto options = train_options(config);
   po::variables_map values;
-  parse_command_line_and_config(static_cast<int>(argv.size()), argv.data(), options, values, "usage", 1, "config");
+  parse_command_line_and_config(static_cast<int>(argv.size()), argv.data(), options, values,
+                                "usage", 1, "config");
   finish_train_config(values, config);
   if (ini != nullptr) *ini = config_as_ini(values);
   return config;
 }
 
 TEST(TrainConfig, DefaultsAndOverrides) {
-  const TrainConfig c = parse({"--backbone", "smallcnn", "--input-shape", "1x28x28", "--batch-size", "64",
-                               "--precision", "bf16", "--margin", "cosface", "--eval-pairs", "a.h5", "b.h5"});
+  const TrainConfig c =
+      parse({"--backbone", "smallcnn", "--input-shape", "1x28x28", "--batch-size", "64",
+             "--precision", "bf16", "--margin", "cosface", "--eval-pairs", "a.h5", "b.h5"});
   EXPECT_EQ(c.backbone, "smallcnn");
   EXPECT_EQ(c.input.channels, 1);
   EXPECT_EQ(c.input.height, 28);
@@ -42,12 +44,21 @@ TEST(TrainConfig, DefaultsAndOverrides) {
 }
 
 TEST(TrainConfig, BadValuesAreUsageErrors) {
-  const std::vector<std::vector<std::string>> bad = {
-      {"--precision", "fp8"},        {"--backbone", "resnet9000"},     {"--input-shape", "3x112"},
-      {"--batch-size", "0"},         {"--lr-schedule", "step"},        {"--lr-schedule", "linear"},
-      {"--sample-rate", "1.5"},      {"--optimizer", "lamb"},          {"--bucket-size", "lots"},
-      {"--lr-steps", "100,50"},      {"--momentum", "1.0"},            {"--unknown-option", "1"},
-      {"--epochs", "many"},          {"--device", "tpu"},              {"--margin", "arcface", "--m3", "0.1"}};
+  const std::vector<std::vector<std::string>> bad = {{"--precision", "fp8"},
+                                                     {"--backbone", "resnet9000"},
+                                                     {"--input-shape", "3x112"},
+                                                     {"--batch-size", "0"},
+                                                     {"--lr-schedule", "step"},
+                                                     {"--lr-schedule", "linear"},
+                                                     {"--sample-rate", "1.5"},
+                                                     {"--optimizer", "lamb"},
+                                                     {"--bucket-size", "lots"},
+                                                     {"--lr-steps", "100,50"},
+                                                     {"--momentum", "1.0"},
+                                                     {"--unknown-option", "1"},
+                                                     {"--epochs", "many"},
+                                                     {"--device", "tpu"},
+                                                     {"--margin", "arcface", "--m3", "0.1"}};
   for (const auto& args : bad) {
     EXPECT_THROW(parse(args), UsageError) << args[0];
   }
@@ -55,9 +66,10 @@ TEST(TrainConfig, BadValuesAreUsageErrors) {
 
 TEST(TrainConfig, EffectiveConfigurationReadsBack) {
   std::string ini;
-  const TrainConfig first = parse({"--lr", "0.05", "--lr-schedule", "step", "--lr-steps", "10,20", "--nesterov",
-                                   "--eval-pairs", "x.h5", "y.h5", "--margin", "combined", "--m1", "1.1"},
-                                  &ini);
+  const TrainConfig first =
+      parse({"--lr", "0.05", "--lr-schedule", "step", "--lr-steps", "10,20", "--nesterov",
+             "--eval-pairs", "x.h5", "y.h5", "--margin", "combined", "--m1", "1.1"},
+            &ini);
   const std::string path = ::testing::TempDir() + "/myriad_train_config.ini";
   std::ofstream(path) << ini;
   const TrainConfig second = parse({"--config", path});

@@ -32,8 +32,8 @@ class Hdf5ImageDataset final : public ImageSource {
 // becomes `path` on finish(); an unfinished writer (an error unwound it) leaves nothing behind.
 class Hdf5ImageWriter {
  public:
-  Hdf5ImageWriter(const std::string& path, int64_t size, int height, int width, int channels, bool encoded,
-                  int64_t num_classes);
+  Hdf5ImageWriter(const std::string& path, int64_t size, int height, int width, int channels,
+                  bool encoded, int64_t num_classes);
   ~Hdf5ImageWriter();
 
   // Raw pixels uint8 [n, H, W, C] for rows [begin, begin + n).

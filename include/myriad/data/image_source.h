@@ -7,8 +7,8 @@
 namespace myriad {
 
 struct DatasetInfo {
-  std::string name;   // the file, or "synthetic"
-  int64_t size = 0;   // images
+  std::string name;  // the file, or "synthetic"
+  int64_t size = 0;  // images
   int64_t num_classes = 0;
   int height = 0;
   int width = 0;

@@ -12,7 +12,8 @@ namespace myriad {
 // offset, so that classes are separable but no two images are identical.
 class SyntheticDataset final : public ImageSource {
  public:
-  SyntheticDataset(int64_t size, int64_t num_classes, int channels, int height, int width, uint64_t seed);
+  SyntheticDataset(int64_t size, int64_t num_classes, int channels, int height, int width,
+                   uint64_t seed);
 
   const DatasetInfo& info() const override { return info_; }
   int64_t label(int64_t index) const override;

@@ -16,7 +16,7 @@ class ShardedMarginSoftmax;
 
 struct ClassificationEval {
   int64_t samples = 0;
-  double top1 = 0.0;      // the sharded classifier's argmax over all C classes
+  double top1 = 0.0;  // the sharded classifier's argmax over all C classes
   int64_t knn_samples = 0;
   double knn_top1 = 0.0;  // the label of each embedding's nearest other embedding (cosine)
 };
@@ -47,11 +47,12 @@ ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoft
 // 10-fold verification accuracy on pairs (images 2i and 2i+1, `issame[i]`), the LFW protocol:
 // embeddings of each image and of its mirror image are summed and normalised; for each fold
 // the cosine threshold that is best on the other nine folds is applied to it. Collective.
-VerificationEval evaluate_verification(Backbone& backbone, const ImageSource& images, const std::vector<bool>& issame,
-                                       const EvalSetup& setup);
+VerificationEval evaluate_verification(Backbone& backbone, const ImageSource& images,
+                                       const std::vector<bool>& issame, const EvalSetup& setup);
 
 // The 10-fold protocol on given similarities.
-VerificationEval ten_fold_accuracy(const torch::Tensor& similarity, const std::vector<bool>& issame);
+VerificationEval ten_fold_accuracy(const torch::Tensor& similarity,
+                                   const std::vector<bool>& issame);
 
 // `issame` of a pairs file (docs/data-format.md); an Error when the file does not match its images.
 std::vector<bool> read_pair_labels(const std::string& path, int64_t images);

@@ -26,7 +26,8 @@ struct GradientSyncStats {
 // inline. Construction checks that every rank registers the same parameters.
 class GradientSynchronizer {
  public:
-  GradientSynchronizer(std::vector<torch::Tensor> params, std::unique_ptr<Communicator> comm, int64_t bucket_bytes);
+  GradientSynchronizer(std::vector<torch::Tensor> params, std::unique_ptr<Communicator> comm,
+                       int64_t bucket_bytes);
   ~GradientSynchronizer();
   GradientSynchronizer(const GradientSynchronizer&) = delete;
   GradientSynchronizer& operator=(const GradientSynchronizer&) = delete;

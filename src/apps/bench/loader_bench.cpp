@@ -32,21 +32,24 @@ int run_loader_bench(ProcessContext& context, int argc, char** argv) {
       ("steps", po::value(&steps)->default_value(steps), "batches to time (after 2 untimed)");
   // clang-format on
   po::variables_map values;
-  if (!parse_command_line(argc, argv, options, values, "usage: [mpirun -np N] myriad-bench loader [options]",
-                          context.rank())) {
+  if (!parse_command_line(argc, argv, options, values,
+                          "usage: [mpirun -np N] myriad-bench loader [options]", context.rank())) {
     return kExitOk;
   }
-  if (batch < 1 || steps < 1 || workers < 1) throw UsageError("--batch-size, --steps and --workers must be positive");
+  if (batch < 1 || steps < 1 || workers < 1)
+    throw UsageError("--batch-size, --steps and --workers must be positive");
   std::shared_ptr<const ImageSource> source;
   if (data == "synthetic") {
     const InputShape s = parse_input_shape(shape_text);
-    source = std::make_shared<SyntheticDataset>((steps + 2) * batch * context.size(), 1000, static_cast<int>(s.channels),
-                                                static_cast<int>(s.height), static_cast<int>(s.width), 0);
+    source = std::make_shared<SyntheticDataset>(
+        (steps + 2) * batch * context.size(), 1000, static_cast<int>(s.channels),
+        static_cast<int>(s.height), static_cast<int>(s.width), 0);
   } else {
     source = std::make_shared<Hdf5ImageDataset>(data);
   }
   const DatasetInfo& info = source->info();
-  auto sampler = std::make_shared<DistributedSampler>(info.size, batch * context.size(), context.size(), 0);
+  auto sampler =
+      std::make_shared<DistributedSampler>(info.size, batch * context.size(), context.size(), 0);
   LoaderOptions lo;
   lo.workers = workers;
   lo.prefetch = 2 * workers;
@@ -55,15 +58,18 @@ int run_loader_bench(ProcessContext& context, int argc, char** argv) {
   for (int i = 0; i < 2; ++i) loader.next();
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) loader.next();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   double rate = steps * batch / seconds;
   double total = rate;
   MYRIAD_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, context.world()));
   if (context.rank() == 0) {
-    std::printf("loader: %s (%lld images %dx%dx%d, %s), batch %lld, %d workers per rank\n", info.name.c_str(),
-                static_cast<long long>(info.size), info.channels, info.height, info.width,
-                info.encoded ? "encoded" : "raw", static_cast<long long>(batch), workers);
-    std::printf("images/s per rank (rank 0): %.0f; all %d ranks: %.0f\n", rate, context.size(), total);
+    std::printf("loader: %s (%lld images %dx%dx%d, %s), batch %lld, %d workers per rank\n",
+                info.name.c_str(), static_cast<long long>(info.size), info.channels, info.height,
+                info.width, info.encoded ? "encoded" : "raw", static_cast<long long>(batch),
+                workers);
+    std::printf("images/s per rank (rank 0): %.0f; all %d ranks: %.0f\n", rate, context.size(),
+                total);
   }
   return kExitOk;
 }

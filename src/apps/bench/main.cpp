@@ -8,11 +8,14 @@ int main(int argc, char** argv) {
   return myriad::run_entry(argc, argv, [](myriad::ProcessContext& context, int argc, char** argv) {
     return myriad::run_sub_command(
         context, argc, argv, "usage: myriad-bench <command> [options]   (run under mpirun or srun)",
-        {{"collectives", "bandwidth of every collective, nccl-tests style", myriad::run_collectives_bench},
+        {{"collectives", "bandwidth of every collective, nccl-tests style",
+          myriad::run_collectives_bench},
          {"classifier", "time and memory of a sharded classifier step (or --naive baseline)",
           myriad::run_classifier_bench},
-         {"classifier-check", "loss and gradients of an HDF5 case, for parity checks", myriad::run_classifier_check},
-         {"classifier-case", "write a random HDF5 case for classifier-check", myriad::run_classifier_case},
+         {"classifier-check", "loss and gradients of an HDF5 case, for parity checks",
+          myriad::run_classifier_check},
+         {"classifier-case", "write a random HDF5 case for classifier-check",
+          myriad::run_classifier_case},
          {"loader", "images per second the data pipeline delivers", myriad::run_loader_bench}});
   });
 }

@@ -47,8 +47,12 @@ __device__ inline Columns<kVector> load_columns(const float* p) {
   return c;
 }
 
-__device__ inline void store(__nv_bfloat16* out, float v) { *out = __float2bfloat16(v); }
-__device__ inline void store(__half* out, float v) { *out = __float2half(v); }
+__device__ inline void store(__nv_bfloat16* out, float v) {
+  *out = __float2bfloat16(v);
+}
+__device__ inline void store(__half* out, float v) {
+  *out = __float2half(v);
+}
 
 template <int kVector>
 __device__ inline void store_columns(float* out, const float* v) {
@@ -211,27 +215,30 @@ void launch_grad(const float* dot, int64_t classes, int64_t batch, const int64_t
                  int64_t begin, const float* row_max, const float* row_inv_sum, const float* coef,
                  MarginParams params, Out* out, cudaStream_t stream) {
   if (vectorizable(batch, dot) && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
-    launch_grad<4>(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params, out, stream);
+    launch_grad<4>(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params, out,
+                   stream);
   } else {
-    launch_grad<1>(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params, out, stream);
+    launch_grad<1>(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params, out,
+                   stream);
   }
 }
 
 }  // namespace
 
-cudaError_t chunk_stats(const float* dot, int64_t classes, int64_t batch,
-                        const int64_t* target_col, int64_t begin, MarginParams params,
-                        float* tile_max, float* tile_sum, float* target_logit,
-                        cudaStream_t stream) {
+cudaError_t chunk_stats(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
+                        int64_t begin, MarginParams params, float* tile_max, float* tile_sum,
+                        float* target_logit, cudaStream_t stream) {
   if (classes == 0 || batch == 0) return cudaSuccess;
   if (vectorizable(batch, dot)) {
     const Launch l = launch_for(classes, batch, 4);
-    chunk_stats_kernel<4><<<l.grid, l.block, 0, stream>>>(dot, classes, batch, target_col, begin, params,
-                                                          l.tile_rows, tile_max, tile_sum, target_logit);
+    chunk_stats_kernel<4><<<l.grid, l.block, 0, stream>>>(dot, classes, batch, target_col, begin,
+                                                          params, l.tile_rows, tile_max, tile_sum,
+                                                          target_logit);
   } else {
     const Launch l = launch_for(classes, batch, 1);
-    chunk_stats_kernel<1><<<l.grid, l.block, 0, stream>>>(dot, classes, batch, target_col, begin, params,
-                                                          l.tile_rows, tile_max, tile_sum, target_logit);
+    chunk_stats_kernel<1><<<l.grid, l.block, 0, stream>>>(dot, classes, batch, target_col, begin,
+                                                          params, l.tile_rows, tile_max, tile_sum,
+                                                          target_logit);
   }
   return cudaGetLastError();
 }
