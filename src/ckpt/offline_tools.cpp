@@ -7,6 +7,7 @@
 
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/ckpt/checksum.h"
+#include "myriad/ckpt/class_rows.h"
 #include "myriad/classifier/class_partition.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hdf5_file.h"
@@ -18,26 +19,6 @@ namespace myriad {
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr int64_t kBlockRows = 65536;
-
-// Copies rows [begin, end) of the classes from the shards of `manifest` into `write(offset, rows)`
-// for `dataset` (weight or an optimizer state), in blocks.
-template <class Write>
-void copy_class_rows(const std::string& checkpoint, const Manifest& manifest,
-                     const std::string& dataset, int64_t begin, int64_t end, Write write) {
-  for (const ShardEntry& s : manifest.shards) {
-    const int64_t from = std::max(begin, s.class_offset),
-                  to = std::min(end, s.class_offset + s.rows);
-    if (from >= to) continue;
-    const Hdf5File shard((fs::path(checkpoint) / s.file).string(), Hdf5File::Mode::kRead);
-    MYRIAD_CHECK(shard.has(dataset), "'{}' has no {}", s.file, dataset);
-    for (int64_t b = from; b < to; b += kBlockRows) {
-      const int64_t count = std::min(kBlockRows, to - b);
-      write(b - begin, shard.read_rows(dataset, b - s.class_offset, count));
-    }
-  }
-}
 
 // The datasets of a classifier shard: weight and the optimizer state rows.
 std::vector<std::string> shard_datasets(const std::string& checkpoint, const Manifest& manifest) {
@@ -79,7 +60,7 @@ void merge_classifier(const std::string& checkpoint, const std::string& output) 
     Hdf5File file(out.temporary_path(), Hdf5File::Mode::kCreate);
     file.create("weight", torch::kFloat32, {manifest.num_classes, manifest.embedding_size}, 4096);
     ProgressBar progress("merging", manifest.num_classes);
-    copy_class_rows(checkpoint, manifest, "weight", 0, manifest.num_classes,
+    read_class_rows(checkpoint, manifest, "weight", 0, manifest.num_classes,
                     [&](int64_t at, const torch::Tensor& rows) {
                       file.write_rows("weight", at, rows);
                       progress.advance(rows.size(0));
@@ -118,7 +99,7 @@ void reshard_checkpoint(const std::string& checkpoint, const std::string& output
       Hdf5File file((fs::path(temporary) / name).string(), Hdf5File::Mode::kCreate);
       for (const std::string& dataset : datasets) {
         file.create(dataset, torch::kFloat32, {partition.size(r), old.embedding_size}, 4096);
-        copy_class_rows(
+        read_class_rows(
             checkpoint, old, dataset, partition.offset(r), partition.offset(r) + partition.size(r),
             [&](int64_t at, const torch::Tensor& rows) { file.write_rows(dataset, at, rows); });
       }

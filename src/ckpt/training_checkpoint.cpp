@@ -8,6 +8,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "myriad/ckpt/checksum.h"
+#include "myriad/ckpt/class_rows.h"
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/process_context.h"
 #include "myriad/model/backbone.h"
@@ -28,7 +29,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Rows per block when moving classifier shards between the device and files: bounds host memory.
+// Bytes per block when writing classifier shards from the device: bounds host memory.
 constexpr int64_t kBlockBytes = int64_t{256} << 20;
 
 // Runs `work` on every rank; if it fails anywhere, every rank raises one Error naming the first
@@ -323,26 +324,18 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
 
   // This rank's class rows, from whichever old shards hold them.
   std::vector<std::pair<std::string, torch::Tensor*>> targets = {{"weight", &classifier.weight()}};
-  for (const auto& [name, tensor] : classifier.optimizer().state())
+  for (const auto& [name, tensor] : classifier.optimizer().state()) {
     targets.emplace_back("state/" + name, tensor);
-  torch::NoGradGuard no_grad;
-  for (const ShardEntry& s : manifest.shards) {
-    const int64_t begin = std::max(first, s.class_offset);
-    const int64_t end = std::min(first + rows, s.class_offset + s.rows);
-    if (begin >= end) continue;
-    const Hdf5File shard((fs::path(directory) / s.file).string(), Hdf5File::Mode::kRead);
-    for (auto& [name, tensor] : targets) {
-      MYRIAD_CHECK_COLLECTIVE(shard.has(name), "'{}' has no {}: saved with another optimizer?",
-                              s.file, name);
-      const int64_t row_bytes = tensor->size(1) * 4;
-      const int64_t block = std::max<int64_t>(1, kBlockBytes / row_bytes);
-      for (int64_t b = begin; b < end; b += block) {
-        const int64_t count = std::min(block, end - b);
-        tensor->slice(0, b - first, b - first + count)
-            .copy_(shard.read_rows(name, b - s.class_offset, count));
-      }
-    }
   }
+  on_every_rank(context, str_format("loading the classifier from '{}'", directory), [&] {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, tensor] : targets) {
+      read_class_rows(directory, manifest, name, first, first + rows,
+                      [&](int64_t at, const torch::Tensor& block) {
+                        tensor->slice(0, at, at + block.size(0)).copy_(block);
+                      });
+    }
+  });
   // Random state continues only where the same ranks saved it (a resharded checkpoint has none);
   // otherwise it is reseeded.
   const bool same_ranks = manifest.world_size == context.size() &&

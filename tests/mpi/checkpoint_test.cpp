@@ -57,7 +57,8 @@ class CheckpointTest : public BackendTest {
     BackendTest::TearDown();
   }
 
-  Model make_model(uint64_t seed, int64_t classes = kClasses, int64_t dim = kDim) {
+  Model make_model(uint64_t seed, int64_t classes = kClasses, int64_t dim = kDim,
+                   OptimizerKind classifier_optimizer = OptimizerKind::kSgd) {
     torch::manual_seed(seed);
     Model m;
     BackboneOptions b;
@@ -72,6 +73,7 @@ class CheckpointTest : public BackendTest {
     o.num_classes = classes;
     o.embedding_size = dim;
     o.seed = seed;
+    o.optimizer.kind = classifier_optimizer;
     m.classifier = std::make_unique<ShardedMarginSoftmax>(comm(), o, device());
     return m;
   }
@@ -206,6 +208,9 @@ TEST_P(CheckpointTest, AnotherModelIsAnErrorOnEveryRank) {
   EXPECT_NE(
       error_of(make_model(8, kClasses, kDim * 2)).find("holds a classifier of 23 classes x 16"),
       std::string::npos);
+  EXPECT_NE(error_of(make_model(8, kClasses, kDim, OptimizerKind::kAdamW))
+                .find("has no state/exp_avg: saved with another optimizer?"),
+            std::string::npos);
 }
 
 TEST_P(CheckpointTest, AFailedSaveFailsEveryRankAndKeepsThePreviousCheckpoint) {

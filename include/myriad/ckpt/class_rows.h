@@ -1,0 +1,21 @@
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "myriad/ckpt/manifest.h"
+
+namespace myriad {
+
+// Reads classes [begin, end) of `dataset` ("weight", "state/momentum", ...) out of whichever
+// shards of `checkpoint` hold them, whatever world size wrote it, calling write(offset from begin,
+// rows [n, D] float32) block by block so that host memory stays bounded. This is how a run on a
+// new world size takes its rows, and how the offline tools merge and reshard.
+void read_class_rows(const std::string& checkpoint, const Manifest& manifest,
+                     const std::string& dataset, int64_t begin, int64_t end,
+                     const std::function<void(int64_t, const torch::Tensor&)>& write);
+
+}  // namespace myriad
