@@ -5,7 +5,8 @@
 #   scripts/gpu-check.sh [--deps-dir DIR] [--out DIR] [--only LIST]
 #
 # LIST is a comma list of: tests, collectives, classifier (the peer's shapes), momentum-bf16,
-# naive, max-classes, train (trainer throughput, scaling, loader) (default: all of them).
+# naive, max-classes, train (trainer throughput, scaling, loader), checkpoint (save/load GB/s at
+# C = 10M, resume across world sizes) (default: all of them).
 #
 # --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
 # stays off (NCCL_NVLS_ENABLE=0 and friends) unless the caller set those variables.
@@ -14,13 +15,13 @@ set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps_args=()
 out=${OUT:-$repo/build/gpu-check}
-only=tests,collectives,classifier,momentum-bf16,naive,max-classes,train
+only=tests,collectives,classifier,momentum-bf16,naive,max-classes,train,checkpoint
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -141,6 +142,44 @@ if wants train; then
       note "train $model, $n GPU(s): $(tail -n 1 "$run/metrics.jsonl" 2>/dev/null | cut -c1-400)"
     done
   done
+fi
+if wants checkpoint; then
+  # Save and load of C = 10M, D = 512 (weight and momentum: 41 GB) with iresnet50, on local disk.
+  for n in "${rank_counts[@]}"; do
+    [ "$n" -eq 2 ] || [ "$n" -eq 4 ] || continue
+    log="$out/checkpoint-bench-np$n.txt"
+    mpirun -np "$n" --bind-to none "${forward[@]}" "$bin/myriad-bench" checkpoint --dir "${TMPDIR:-/tmp}" \
+      --num-classes 10M --embedding-size 512 >"$log" 2>&1 || status=1
+    note "checkpoint C=10M, $n GPUs:"
+    grep -E "^(size|save|load):|written to|error" "$log" | tee -a "$summary"
+  done
+  # Resume on another world size: 2 GPUs stopped at step 20, resumed on the node's GPUs (same
+  # global batch, SyncBN), against 2 GPUs running through; and 2 -> 2.
+  if [ "$gpus" -ge 2 ]; then
+    runs="$out/../gpu-check-runs"
+    resume_train() {
+      local ranks=$1 run=$2
+      shift 2
+      mpirun -np "$ranks" --bind-to none "${forward[@]}" "$bin/myriad-train" --data synthetic \
+        --backbone iresnet18 --input-shape 3x112x112 --num-classes 100K --batch-size $((128 / ranks)) --sync-bn \
+        --max-steps 40 --log-every 1 --lr 0.02 --workers 4 --run-dir "$runs/$run" "$@" >>"$out/resume.txt" 2>&1
+    }
+    rm -rf "$runs"/resume-*
+    resume_train 2 resume-ref || status=1
+    resume_train 2 resume-same --stop-at-step 20
+    resume_train 2 resume-same --resume auto || status=1
+    to=$(( gpus >= 4 ? 4 : 1 ))
+    resume_train 2 resume-other --stop-at-step 20
+    resume_train "$to" resume-other --resume auto || status=1
+    for run in same other; do
+      paste <(grep -o '"loss":[-0-9.eE+]*' "$runs/resume-ref/metrics.jsonl" | cut -d: -f2) \
+            <(grep -o '"loss":[-0-9.eE+]*' "$runs/resume-$run/metrics.jsonl" | cut -d: -f2) | awk -v what="$run" '
+        NR > 20 { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > worst) worst = r; n++ }
+        END { printf "resume %s: %d resumed steps, largest relative loss difference %.3g\n", what, n, worst }' \
+        | tee -a "$summary"
+    done
+    note "(resume other: 2 -> $to GPUs)"
+  fi
 fi
 note "gpu-check status: $status"
 exit $status

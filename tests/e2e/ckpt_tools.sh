@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # myriad-ckpt end to end: inspect, merge-classifier (rows match the shards), reshard (a run on the
 # new world size resumes from it exactly as from the original), export-backbone (a torch.load
-# archive; loaded with Python's torch when it is installed).
+# archive; loaded with Python's torch when it is installed), and the checkpoint benchmark.
 #   tests/e2e/ckpt_tools.sh BIN_DIR
 source "$(dirname "$0")/common.sh"
 train() { small_train "$1" --max-steps 12 --log-every 1 --lr 0.02 --sync-bn "${@:2}"; }
@@ -39,6 +39,12 @@ PY
 else
   [ "$(head -c 2 "$work/backbone.pt")" = PK ] && grep -aq "data.pkl" "$work/backbone.pt" && echo "export: a torch archive (Python torch not installed here)"
 fi
+mkdir "$work/bench"
+"$bin/myriad-bench" checkpoint --dir "$work/bench" --num-classes 10K --embedding-size 32 --backbone smallcnn \
+  --input-shape 1x16x16 --log-level warn | tee "$work/bench.txt"
+grep -q "^save: .* GB/s" "$work/bench.txt" && grep -q "^load: .* GB/s" "$work/bench.txt"
+[ -z "$(ls "$work/bench")" ] || { echo "the checkpoint benchmark left files behind"; exit 1; }
+
 set +e
 output=$("$bin/myriad-ckpt" inspect "$work/nowhere" 2>&1)
 code=$?

@@ -1,0 +1,139 @@
+// myriad-bench checkpoint: how fast a training state of C classes is saved as a sharded
+// checkpoint and loaded back, every rank writing and reading its own shard at once.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "bench_commands.h"
+#include "myriad/ckpt/checkpoint_store.h"
+#include "myriad/ckpt/training_checkpoint.h"
+#include "myriad/classifier/sharded_softmax.h"
+#include "myriad/comm/comm_factory.h"
+#include "myriad/comm/process_context.h"
+#include "myriad/model/backbone.h"
+#include "myriad/util/check_mpi.h"
+#include "myriad/util/cli.h"
+#include "myriad/util/device.h"
+#include "myriad/util/entry.h"
+#include "myriad/util/error.h"
+#include "myriad/util/format.h"
+
+namespace myriad {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Drops the checkpoint's pages from the page cache (they are clean after save's fsync), so that
+// the load reads the disk rather than memory.
+void evict_from_page_cache(const std::string& directory) {
+  for (const auto& entry : fs::directory_iterator(directory)) {
+    const int fd = open(entry.path().c_str(), O_RDONLY);
+    MYRIAD_CHECK(fd >= 0, "cannot open '{}'", entry.path().string());
+    const int rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    MYRIAD_CHECK(rc == 0, "posix_fadvise on '{}' failed ({})", entry.path().string(), rc);
+  }
+}
+
+// Wall time of `work` on all ranks: from a common start to the last rank's end.
+template <class Work>
+double timed_collectively(const ProcessContext& context, Work work) {
+  MYRIAD_CHECK_MPI(MPI_Barrier(context.world()));
+  const auto start = std::chrono::steady_clock::now();
+  work();
+  MYRIAD_CHECK_MPI(MPI_Barrier(context.world()));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+int run_checkpoint_bench(ProcessContext& context, int argc, char** argv) {
+  po::options_description options("checkpoint options");
+  std::string classes_text, state_name, device_name, directory, shape_text;
+  int64_t dim = 512;
+  BackboneOptions b;
+  bool warm_cache = false, keep_files = false;
+  // clang-format off
+  options.add_options()
+      ("dir", po::value(&directory)->required(), "checkpoint root to write into (on the file system under test)")
+      ("num-classes", po::value(&classes_text)->default_value("10M"), "classes C over all ranks")
+      ("embedding-size", po::value(&dim)->default_value(dim), "embedding size D")
+      ("momentum-dtype", po::value(&state_name)->default_value("fp32"), "SGD momentum in memory: fp32 or bf16 (files hold float32)")
+      ("backbone", po::value(&b.name)->default_value(b.name), "backbone whose parameters and momentum are saved too")
+      ("input-shape", po::value(&shape_text)->default_value("3x112x112"), "the backbone's CxHxW")
+      ("warm-cache", po::bool_switch(&warm_cache), "load with the files still in the page cache")
+      ("keep-files", po::bool_switch(&keep_files), "leave the checkpoint in --dir (under myriad-bench-checkpoint-PID)")
+      ("device", po::value(&device_name)->default_value("auto"), "auto, cpu or cuda");
+  // clang-format on
+  po::variables_map values;
+  if (!parse_command_line(argc, argv, options, values,
+                          "usage: mpirun -np W myriad-bench checkpoint --dir DIR [options]",
+                          context.rank())) {
+    return kExitOk;
+  }
+  if (dim < 1) throw UsageError("--embedding-size must be positive");
+  if (state_name != "fp32" && state_name != "bf16") {
+    throw UsageError("--momentum-dtype must be fp32 or bf16");
+  }
+  b.input = parse_input_shape(shape_text);
+  b.embedding_size = dim;
+  ShardedSoftmaxOptions o;
+  o.num_classes = parse_count(classes_text);
+  o.embedding_size = dim;
+  o.optimizer.state_dtype = state_name == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+
+  const torch::Device device = context.select_device(parse_device_preference(device_name));
+  CommFactory comms(context);
+  auto backbone = make_backbone(b);
+  backbone->to(device);
+  torch::optim::SGD optimizer(backbone->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  // A step with zero gradients creates the momentum buffers a trained model has.
+  for (torch::Tensor& p : backbone->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  optimizer.step();
+  ShardedMarginSoftmax classifier(comms.for_device(device), o, device);
+  TrainingState state{backbone.get(), &optimizer, &classifier, nullptr, 1, {}, ""};
+  synchronize_device(device);
+
+  // A fresh root of its own, so that nothing else in --dir is touched.
+  const CheckpointStore store(context.all_gather_strings(
+      (fs::path(directory) / ("myriad-bench-checkpoint-" + std::to_string(getpid()))).string())[0]);
+  const double save_seconds =
+      timed_collectively(context, [&] { save_checkpoint(context, store, state, 1); });
+  const std::string checkpoint = store.directory_for(state.step);
+  const Manifest manifest = read_manifest(checkpoint);
+  int64_t total = 0, replicated = 0;
+  for (const auto& [name, file] : manifest.files) {
+    total += file.bytes;
+    if (name == kReplicatedFile) replicated = file.bytes;
+  }
+  if (!warm_cache && context.rank() == 0) evict_from_page_cache(checkpoint);
+  const double load_seconds = timed_collectively(context, [&] {
+    load_checkpoint(context, checkpoint, state);
+    synchronize_device(device);
+  });
+  if (context.rank() == 0) {
+    std::printf(
+        "# checkpoint: C=%lld over %d rank(s), D=%lld, momentum %s, backbone %s, device %s, "
+        "directory %s\n",
+        static_cast<long long>(o.num_classes), context.size(), static_cast<long long>(dim),
+        state_name.c_str(), b.name.c_str(), device.str().c_str(), store.root().c_str());
+    std::printf("size: %s (%d classifier shards %s, replicated %s)\n",
+                format_bytes(static_cast<double>(total)).c_str(), context.size(),
+                format_bytes(static_cast<double>(total - replicated)).c_str(),
+                format_bytes(static_cast<double>(replicated)).c_str());
+    std::printf("save: %.2f s, %.2f GB/s (device to host, write, fsync, checksum, publish)\n",
+                save_seconds, total / save_seconds / 1e9);
+    std::printf("load: %.2f s, %.2f GB/s (%s; checksum verification, read, host to device)\n",
+                load_seconds, total / load_seconds / 1e9,
+                warm_cache ? "page cache warm" : "page cache dropped first");
+    if (!keep_files) fs::remove_all(store.root());
+  }
+  return kExitOk;
+}
+
+}  // namespace myriad
