@@ -5,7 +5,8 @@
 #    noise of the uninterrupted run;
 #  - a corrupt, truncated or missing shard is an error naming the file; --resume auto falls back
 #    to the previous valid checkpoint and says so;
-#  - a job killed while saving leaves the previous checkpoint in use.
+#  - a job killed while saving leaves the previous checkpoint in use; a save that fails on one rank
+#    is an error on every rank and publishes nothing.
 #   tests/e2e/checkpoint_resume.sh BIN_DIR
 source "$(dirname "$0")/common.sh"
 train() { small_train "$1" --max-steps 20 --log-every 1 --lr 0.02 "${@:2}"; }
@@ -81,4 +82,14 @@ output=$(level=info train 2 --batch-size 8 --run-dir "$work/killed" --resume aut
 grep -q "resumed from .*step-000000005" <<<"$output" || { echo "$output"; exit 1; }
 grep -q "removing '.*tmp-step-000000008'" <<<"$output" || { echo "$output"; exit 1; }
 echo "killed during save: the previous checkpoint was used"
+
+# A save that fails on one rank (as on a full disk) fails on every rank and publishes nothing.
+set +e
+output=$(MYRIAD_FAULT_SAVE_RANK=1 train 2 --batch-size 8 --run-dir "$work/killed" --resume auto --checkpoint-every 3 2>&1)
+code=$?
+set -e
+[ "$code" -eq 1 ] || { echo "$output"; echo "expected exit 1 after a failed save, got $code"; exit 1; }
+grep -q "checkpoint at step 6 failed on rank 1: injected failure" <<<"$output" || { echo "$output"; exit 1; }
+grep -q "step-000000005" "$work/killed/checkpoints/LATEST" && [ ! -d "$work/killed/checkpoints/step-000000006" ]
+echo "failed save: reported, previous checkpoint kept"
 echo "checkpoint e2e: OK"
