@@ -45,6 +45,9 @@ debian_packages=(
   libgtest-dev nlohmann-json3-dev libturbojpeg0-dev libpng-dev zlib1g-dev hdf5-tools
   dataset-fashion-mnist
 )
+# What only the tests use: a private one-node Slurm (tests/e2e/slurm_requeue.sh) and Python for
+# writing reference files independently of myriad.
+test_packages=(slurm-wlm munge python3)
 
 torch_prefix_from_python() {
   command -v python3 >/dev/null 2>&1 || return 1
@@ -58,7 +61,9 @@ PY
 
 install_missing_packages() {
   local missing=()
-  for p in "${debian_packages[@]}"; do
+  local wanted=("${debian_packages[@]}")
+  [ "$tests" = OFF ] || wanted+=("${test_packages[@]}")
+  for p in "${wanted[@]}"; do
     # A CUDA PyTorch replaces Debian's CPU libtorch.
     if [ "$p" = libtorch-dev ] && [ -n "$cuda_torch" ]; then continue; fi
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

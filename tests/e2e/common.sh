@@ -1,7 +1,7 @@
 # Sourced by the e2e scripts, whose first argument is the directory of the executables: strict
 # mode, `bin`, and a scratch directory `work` removed on exit.
 set -euo pipefail
-bin=$1
+bin=$(cd "$1" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

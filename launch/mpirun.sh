@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# myriad executables under Open MPI's mpirun, one rank per GPU.
+#
+#   launch/mpirun.sh [-n RANKS] [--hosts H1,H2,... | --hostfile FILE] [--gpus-per-node G]
+#                    [--exe PATH] [--dry-run] [--] [options of the executable]
+#
+#   launch/mpirun.sh --hostfile hosts.txt -- --config configs/ms1mv3_r50.ini --run-dir runs/r50
+#   launch/mpirun.sh --hosts node1,node2 --exe build/bin/myriad-bench -- collectives --backend nccl
+#
+# -n              ranks in all (default: GPUs per node x nodes, or the slots of the hostfile)
+# --hosts         nodes, each running --gpus-per-node ranks
+# --hostfile      an Open MPI hostfile ("node1 slots=8" per line); ranks fill each node's slots
+# --gpus-per-node ranks per node (default: the GPUs nvidia-smi lists here, else 1)
+# --exe           the executable (default: MYRIAD_TRAIN, else build/bin/myriad-train)
+# --dry-run       print the mpirun command instead of running it
+#
+# Every NCCL_*, MYRIAD_*, UCX_*, CUDA_* and OMP_* variable set here is passed to every rank, and
+# so are PATH and LD_LIBRARY_PATH; OMPI_MCA_* variables configure mpirun itself. As root, mpirun
+# needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1.
+#
+# Signals: SIGUSR1 to this script's mpirun reaches every rank, which checkpoints and exits with
+# code 75 (docs/checkpoint-format.md). A hard-killed rank brings the whole job down.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ranks=""
+hosts=""
+hostfile=""
+gpus_per_node=""
+exe=${MYRIAD_TRAIN:-$repo/build/bin/myriad-train}
+dry_run=false
+
+usage_error() {
+  echo "mpirun.sh: $*; see launch/mpirun.sh --help" >&2
+  exit 2
+}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -n|--ranks) ranks=${2:?}; shift 2 ;;
+    --hosts) hosts=${2:?}; shift 2 ;;
+    --hostfile) hostfile=${2:?}; shift 2 ;;
+    --gpus-per-node) gpus_per_node=${2:?}; shift 2 ;;
+    --exe) exe=${2:?}; shift 2 ;;
+    --dry-run) dry_run=true; shift ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --) shift; break ;;
+    -*) usage_error "unknown option '$1' (options of the executable go after --)" ;;
+    *) break ;;
+  esac
+done
+
+is_count() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
+[ -z "$hosts" ] || [ -z "$hostfile" ] || usage_error "--hosts and --hostfile exclude each other"
+[ -z "$ranks" ] || is_count "$ranks" || usage_error "-n must be a positive number, not '$ranks'"
+[ -z "$hostfile" ] || [ -r "$hostfile" ] || usage_error "hostfile '$hostfile' is not readable"
+[ -x "$exe" ] || usage_error "'$exe' is not an executable (build with scripts/setup.sh, or pass --exe)"
+if [ -z "$gpus_per_node" ]; then
+  gpus_per_node=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU' || true)
+  [ "$gpus_per_node" -gt 0 ] 2>/dev/null || gpus_per_node=1
+fi
+is_count "$gpus_per_node" || usage_error "--gpus-per-node must be a positive number, not '$gpus_per_node'"
+
+command=(mpirun --bind-to none)
+if [ -n "$hostfile" ]; then
+  slots=$(awk '!/^[[:space:]]*(#|$)/ { n = 1; for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) n = substr($i, 7); s += n }
+               END { print s + 0 }' "$hostfile")
+  [ "$slots" -gt 0 ] || usage_error "hostfile '$hostfile' lists no hosts"
+  command+=(--hostfile "$hostfile" -np "${ranks:-$slots}")
+elif [ -n "$hosts" ]; then
+  IFS=, read -r -a host_list <<<"$hosts"
+  spec=""
+  for h in "${host_list[@]}"; do spec+="${spec:+,}$h:$gpus_per_node"; done
+  command+=(--host "$spec" -np "${ranks:-$(( ${#host_list[@]} * gpus_per_node ))}")
+else
+  command+=(-np "${ranks:-$gpus_per_node}")
+fi
+# One rank per GPU: ranks fill a node's slots in order, so local rank i takes GPU i.
+command+=(--map-by slot)
+for name in PATH LD_LIBRARY_PATH $(compgen -e | grep -E '^(NCCL|MYRIAD|UCX|CUDA|OMP)_' || true); do
+  [ -z "${!name+set}" ] || command+=(-x "$name")
+done
+command+=("$exe" "$@")
+
+if $dry_run; then
+  printf '%q ' "${command[@]}"
+  echo
+  exit 0
+fi
+exec "${command[@]}"
