@@ -2,7 +2,6 @@
 // encoded images. The bytes are stored as they are (no re-encoding); every image is checked first.
 
 #include <algorithm>
-#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -17,6 +16,7 @@
 #include "myriad/util/entry.h"
 #include "myriad/util/error.h"
 #include "myriad/util/log.h"
+#include "myriad/util/parallel_for.h"
 #include "myriad/util/progress.h"
 
 namespace myriad {
@@ -41,30 +41,6 @@ std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   MYRIAD_CHECK(in, "cannot read '{}'", path);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// Runs fn(i) for i in [0, n) on `workers` threads; the first error is rethrown as it was.
-template <class Fn>
-void parallel_for(int64_t n, int workers, Fn fn) {
-  std::atomic<int64_t> next{0};
-  std::mutex mutex;
-  std::exception_ptr error;
-  std::vector<std::thread> threads;
-  for (int w = 0; w < workers; ++w) {
-    threads.emplace_back([&] {
-      for (int64_t i = next++; i < n; i = next++) {
-        try {
-          fn(i);
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(mutex);
-          if (!error) error = std::current_exception();
-          next = n;
-        }
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace

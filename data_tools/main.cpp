@@ -14,6 +14,10 @@ int main(int argc, char** argv) {
          {"from-folder",
           "a class-per-directory tree of JPEG/PNG files to HDF5 (bytes kept as they are)",
           myriad::run_from_folder},
+         {"from-rec",
+          "an insightface MXNet RecordIO dataset (.rec + .idx) to HDF5 (JPEG bytes kept as they "
+          "are)",
+          myriad::run_from_rec},
          {"inspect",
           "images, shape, encoding, classes and their histogram; validates labels and images",
           myriad::run_inspect},

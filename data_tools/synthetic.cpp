@@ -14,6 +14,7 @@
 #include "myriad/util/entry.h"
 #include "myriad/util/error.h"
 #include "myriad/util/log.h"
+#include "myriad/util/parallel_for.h"
 #include "myriad/util/progress.h"
 
 namespace myriad {
@@ -63,15 +64,9 @@ int run_synthetic(ProcessContext& context, int argc, char** argv) {
     source.read(indices, pixels.data());
     if (quality > 0) {
       std::vector<std::string> encoded(count);
-      std::vector<std::thread> workers;
-      for (int t = 0; t < threads; ++t) {
-        workers.emplace_back([&, t] {
-          for (int64_t i = t; i < count; i += threads) {
-            encoded[i] = encode_jpeg(pixels.data() + i * image_bytes, h, w, c, quality);
-          }
-        });
-      }
-      for (std::thread& t : workers) t.join();
+      parallel_for(count, threads, [&](int64_t i) {
+        encoded[i] = encode_jpeg(pixels.data() + i * image_bytes, h, w, c, quality);
+      });
       writer.write_encoded(begin, encoded);
     } else {
       writer.write_raw(begin, pixels.data(), count);

@@ -115,18 +115,21 @@ Hdf5ImageWriter::Hdf5ImageWriter(const std::string& path, int64_t size, int heig
       size_(size),
       height_(height),
       width_(width),
-      channels_(channels) {
+      channels_(channels),
+      labelled_(num_classes > 0) {
   file_ = std::make_unique<Hdf5File>(output_->temporary_path(), Hdf5File::Mode::kCreate);
   if (encoded) {
     file_->create_bytes("images", size, kChunkRows);
   } else {
     file_->create("images", torch::kUInt8, {size, height, width, channels}, kChunkRows);
   }
-  file_->create("labels", torch::kInt64, {size}, 4096);
+  if (labelled_) {
+    file_->create("labels", torch::kInt64, {size}, 4096);
+    file_->set_attribute("/", "num_classes", num_classes);
+  }
   file_->set_attribute("/", "format", std::string("myriad-images"));
   file_->set_attribute("/", "format_version", kFormatVersion);
   file_->set_attribute("/", "encoding", std::string(encoded ? "encoded" : "raw"));
-  file_->set_attribute("/", "num_classes", num_classes);
   file_->set_attribute("/", "height", static_cast<int64_t>(height));
   file_->set_attribute("/", "width", static_cast<int64_t>(width));
   file_->set_attribute("/", "channels", static_cast<int64_t>(channels));
@@ -148,6 +151,7 @@ void Hdf5ImageWriter::write_encoded(int64_t begin, const std::vector<std::string
 }
 
 void Hdf5ImageWriter::write_labels(int64_t begin, const std::vector<int64_t>& labels) {
+  MYRIAD_CHECK(labelled_, "write_labels on an unlabelled file");
   const torch::Tensor block = torch::from_blob(
       const_cast<int64_t*>(labels.data()), {static_cast<int64_t>(labels.size())}, torch::kInt64);
   file_->write_rows("labels", begin, block);
@@ -157,7 +161,22 @@ void Hdf5ImageWriter::set_attribute(const std::string& key, const std::string& v
   file_->set_attribute("/", key, value);
 }
 
-void Hdf5ImageWriter::finish() {
+void Hdf5ImageWriter::set_attribute(const std::string& key, int64_t value) {
+  file_->set_attribute("/", key, value);
+}
+
+void Hdf5ImageWriter::write_issame(const std::vector<uint8_t>& issame) {
+  MYRIAD_CHECK(static_cast<int64_t>(issame.size()) * 2 == size_,
+               "{} pairs need {} images; the file has {}", issame.size(), 2 * issame.size(), size_);
+  file_->write("issame", torch::from_blob(const_cast<uint8_t*>(issame.data()),
+                                          {static_cast<int64_t>(issame.size())}, torch::kUInt8));
+}
+
+void Hdf5ImageWriter::finish(int64_t size) {
+  if (size != size_) {
+    file_->shrink_rows("images", size);
+    if (labelled_) file_->shrink_rows("labels", size);
+  }
   file_->flush();
   file_.reset();
   output_->commit();

@@ -166,6 +166,18 @@ std::vector<int64_t> Hdf5File::shape(const std::string& name) const {
   return {dims.begin(), dims.end()};
 }
 
+void Hdf5File::shrink_rows(const std::string& name, int64_t rows) {
+  std::vector<int64_t> shape_now = shape(name);
+  MYRIAD_CHECK(!shape_now.empty() && rows >= 0 && rows <= shape_now[0],
+               "cannot shrink {} to {} rows", where(name), rows);
+  auto lock = hdf5_lock();
+  Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  std::vector<hsize_t> dims(shape_now.begin(), shape_now.end());
+  dims[0] = static_cast<hsize_t>(rows);
+  MYRIAD_CHECK_HDF5(H5Dset_extent(dataset.get(), dims.data()), "shrinking " + where(name));
+}
+
 torch::ScalarType Hdf5File::dtype(const std::string& name) const {
   auto lock = hdf5_lock();
   MYRIAD_CHECK(has(name), "{} has no dataset {}", path_, name);

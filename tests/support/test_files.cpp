@@ -6,7 +6,10 @@
 #include <zlib.h>
 
 #include <fstream>
+#include <random>
 #include <stdexcept>
+
+#include "myriad/util/error.h"
 
 namespace myriad::testing {
 
@@ -44,6 +47,22 @@ void write_idx(const std::string& path, const std::vector<int64_t>& dims,
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::string random_bytes(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::string bytes(n, '\0');
+  for (char& c : bytes) c = static_cast<char>(gen() & 0xFF);
+  return bytes;
+}
+
+std::string error_of(const std::function<void()>& work) {
+  try {
+    work();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
 }
 
 std::string temp_file(const std::string& name) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,12 @@ void write_idx(const std::string& path, const std::vector<int64_t>& dims,
                const std::vector<uint8_t>& data, bool gzip);
 
 void write_bytes(const std::string& path, const std::string& bytes);
+
+// `n` pseudo-random bytes, the same for the same seed.
+std::string random_bytes(size_t n, uint32_t seed);
+
+// The message of the myriad::Error `work` throws, or "" when it throws none.
+std::string error_of(const std::function<void()>& work);
 
 // A unique path under the test temporary directory.
 std::string temp_file(const std::string& name);

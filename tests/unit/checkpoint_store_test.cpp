@@ -19,6 +19,8 @@ namespace myriad {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::error_of;
+using testing::random_bytes;
 using testing::temp_file;
 using testing::write_bytes;
 
@@ -30,13 +32,6 @@ uint32_t reference_crc32(const std::string& bytes) {
     for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
   }
   return ~crc;
-}
-
-std::string random_bytes(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::string bytes(n, '\0');
-  for (char& c : bytes) c = static_cast<char>(gen() & 0xFF);
-  return bytes;
 }
 
 TEST(FileCrc32, MatchesTheBitwiseDefinitionForAnyBlockingAndThreadCount) {
@@ -178,15 +173,6 @@ TEST(CheckpointStore, RemovesWhatAnUnfinishedSaveLeft) {
   store.remove_stale_temporaries();
   EXPECT_FALSE(fs::exists(store.temporary_for(10)));
   EXPECT_TRUE(fs::exists(store.directory_for(5)));
-}
-
-std::string error_of(const std::function<void()>& work) {
-  try {
-    work();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "";
 }
 
 TEST(VerifyCheckpoint, NamesTheFileThatIsCorruptTruncatedOrMissing) {

@@ -30,6 +30,7 @@ class Hdf5ImageDataset final : public ImageSource {
 
 // Writes a dataset in that format, image by image or in blocks, under a temporary name that
 // becomes `path` on finish(); an unfinished writer (an error unwound it) leaves nothing behind.
+// With `num_classes` 0 the file is unlabelled (verification pairs: no /labels; write_issame).
 class Hdf5ImageWriter {
  public:
   Hdf5ImageWriter(const std::string& path, int64_t size, int height, int width, int channels,
@@ -40,14 +41,20 @@ class Hdf5ImageWriter {
   void write_raw(int64_t begin, const uint8_t* pixels, int64_t n);
   void write_encoded(int64_t begin, const std::vector<std::string>& images);
   void write_labels(int64_t begin, const std::vector<int64_t>& labels);
+  // /issame [size / 2]: 1 when images 2i and 2i+1 show one identity.
+  void write_issame(const std::vector<uint8_t>& issame);
   void set_attribute(const std::string& key, const std::string& value);
-  void finish();
+  void set_attribute(const std::string& key, int64_t value);
+  // Keeps only the first `size` images (and labels) of the `size` given at construction.
+  void finish(int64_t size);
+  void finish() { finish(size_); }
 
  private:
   std::unique_ptr<AtomicOutput> output_;
   std::unique_ptr<Hdf5File> file_;
   int64_t size_;
   int height_, width_, channels_;
+  bool labelled_;
 };
 
 }  // namespace myriad

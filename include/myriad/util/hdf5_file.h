@@ -46,6 +46,8 @@ class Hdf5File {
   void create(const std::string& name, torch::ScalarType dtype, const std::vector<int64_t>& shape,
               int64_t chunk_rows = 0);
   void write_rows(const std::string& name, int64_t begin, const torch::Tensor& rows);
+  // Drops rows beyond `rows` from a chunked dataset (a conversion that skipped bad records).
+  void shrink_rows(const std::string& name, int64_t rows);
 
   // Variable-length byte strings (one per row), for encoded images.
   void create_bytes(const std::string& name, int64_t count, int64_t chunk_rows);

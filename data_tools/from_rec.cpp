@@ -1,0 +1,193 @@
+// myriad-data from-rec: an insightface MXNet RecordIO dataset (train.rec + train.idx of MS1MV2,
+// MS1MV3, Glint360K, WebFace...) into an HDF5 dataset of the unchanged JPEG bytes and labels.
+//
+// insightface layout: record 0 is a header whose labels are (first identity record, end of the
+// identity records); records 1 .. first-1 are the images, each with its class as label; the
+// identity records (one per class) follow. Without such a header every indexed record is an
+// image and the classes are counted from the labels.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "data_commands.h"
+#include "myriad/comm/process_context.h"
+#include "myriad/data/hdf5_image_dataset.h"
+#include "myriad/data/image_codec.h"
+#include "myriad/data/recordio.h"
+#include "myriad/util/cli.h"
+#include "myriad/util/entry.h"
+#include "myriad/util/error.h"
+#include "myriad/util/log.h"
+#include "myriad/util/parallel_for.h"
+#include "myriad/util/progress.h"
+
+namespace myriad {
+
+namespace {
+
+constexpr int64_t kBlockRecords = 4096;
+constexpr int kReportedBadRecords = 10;
+
+// The image keys and class count the dataset's header (record 0) declares, if it has one.
+struct Layout {
+  std::vector<int64_t> images;
+  int64_t num_classes = 0;  // 0: count from the labels
+};
+
+Layout read_layout(const RecordIoReader& reader, bool skip_missing, int64_t& missing) {
+  Layout layout;
+  if (reader.has(0)) {
+    const ImageRecord header =
+        parse_image_record(reader.read(0), str_format("record 0 (header) of '{}'", reader.path()));
+    if (header.labels.size() >= 2) {
+      const int64_t first_identity = static_cast<int64_t>(header.labels[0]);
+      const int64_t end = static_cast<int64_t>(header.labels[1]);
+      MYRIAD_CHECK(first_identity >= 1 && end >= first_identity,
+                   "record 0 (header) of '{}' is corrupt: image range [1, {}) and identity range "
+                   "[{}, {})",
+                   reader.path(), first_identity, first_identity, end);
+      layout.num_classes = end - first_identity;
+      for (int64_t key = 1; key < first_identity; ++key) {
+        if (reader.has(key)) {
+          layout.images.push_back(key);
+        } else {
+          MYRIAD_CHECK(skip_missing,
+                       "record {} of '{}' is missing from the index (--skip-bad skips it)", key,
+                       reader.path());
+          ++missing;
+        }
+      }
+      return layout;
+    }
+  }
+  layout.images = reader.keys();
+  return layout;
+}
+
+// One converted record, or why it was rejected.
+struct Converted {
+  std::string image;
+  int64_t label = -1;
+  ImageShape shape;
+  std::string error;
+};
+
+Converted convert(const RecordIoReader& reader, int64_t key, int64_t num_classes) {
+  Converted c;
+  try {
+    const std::string what = str_format("record {} of '{}'", key, reader.path());
+    ImageRecord record = parse_image_record(reader.read(key), what);
+    const float label = record.labels.at(0);
+    MYRIAD_CHECK(
+        label >= 0 && label == std::floor(label) && (num_classes == 0 || label < num_classes),
+        "{} has label {}, not a class in [0, {})", what, label,
+        num_classes > 0 ? str_format("{}", num_classes) : std::string("inf"));
+    c.shape = decode_image_header(record.image, what);
+    c.label = static_cast<int64_t>(label);
+    c.image = std::move(record.image);
+  } catch (const Error& e) {
+    c.error = e.message();
+  }
+  return c;
+}
+
+}  // namespace
+
+int run_from_rec(ProcessContext& context, int argc, char** argv) {
+  po::options_description options("from-rec options");
+  std::string rec, idx, output;
+  int workers = 0, channels = 3;
+  bool skip_bad = false;
+  // clang-format off
+  options.add_options()
+      ("rec", po::value(&rec)->required(), "MXNet RecordIO file (train.rec)")
+      ("idx", po::value(&idx), "its index (default: the .rec path with .idx)")
+      ("output", po::value(&output)->required(), "HDF5 file to write")
+      ("channels", po::value(&channels)->default_value(channels), "channels the images decode to: 3 (RGB) or 1")
+      ("skip-bad", po::bool_switch(&skip_bad), "skip (and count) corrupt or truncated records instead of stopping")
+      ("workers", po::value(&workers)->default_value(0), "threads reading and checking records (0: all cores)");
+  // clang-format on
+  po::variables_map values;
+  if (!parse_command_line(
+          argc, argv, options, values,
+          "usage: myriad-data from-rec --rec train.rec [--idx train.idx] --output X.h5",
+          context.rank())) {
+    return kExitOk;
+  }
+  if (channels != 1 && channels != 3) throw UsageError("--channels must be 1 or 3");
+  if (workers <= 0) workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (idx.empty()) idx = std::filesystem::path(rec).replace_extension(".idx").string();
+
+  const auto start = std::chrono::steady_clock::now();
+  const RecordIoReader reader(rec, idx);
+  int64_t bad = 0;
+  const Layout layout = read_layout(reader, skip_bad, bad);
+  const int64_t n = static_cast<int64_t>(layout.images.size());
+  MYRIAD_CHECK(n > 0, "'{}' holds no image records", rec);
+  log_info("{}: {} image records{}", rec, n,
+           layout.num_classes > 0
+               ? str_format(", {} identities (insightface header)", layout.num_classes)
+               : std::string(", no header: classes counted from the labels"));
+
+  std::unique_ptr<Hdf5ImageWriter> writer;
+  ImageShape first;
+  int64_t written = 0, max_label = -1;
+  ProgressBar progress("converting", n);
+  for (int64_t begin = 0; begin < n; begin += kBlockRecords) {
+    const int64_t count = std::min(kBlockRecords, n - begin);
+    std::vector<Converted> block(static_cast<size_t>(count));
+    parallel_for(count, workers, [&](int64_t i) {
+      block[i] = convert(reader, layout.images[begin + i], layout.num_classes);
+    });
+    std::vector<std::string> images;
+    std::vector<int64_t> labels;
+    for (Converted& c : block) {
+      if (c.error.empty() && writer != nullptr &&
+          (c.shape.height != first.height || c.shape.width != first.width)) {
+        c.error = str_format("{} (an image of {}x{}; the dataset's are {}x{})",
+                             c.error.empty() ? "size mismatch" : c.error, c.shape.height,
+                             c.shape.width, first.height, first.width);
+      }
+      if (!c.error.empty()) {
+        MYRIAD_CHECK(skip_bad, "{} (--skip-bad skips bad records)", c.error);
+        if (bad++ < kReportedBadRecords) log_warn("skipping {}", c.error);
+        continue;
+      }
+      if (writer == nullptr) {
+        first = c.shape;
+        // Sized for every record; finish() drops the rows of skipped ones.
+        writer = std::make_unique<Hdf5ImageWriter>(output, n, first.height, first.width, channels,
+                                                   /*encoded=*/true,
+                                                   layout.num_classes > 0 ? layout.num_classes : 1);
+      }
+      max_label = std::max(max_label, c.label);
+      images.push_back(std::move(c.image));
+      labels.push_back(c.label);
+    }
+    if (!images.empty()) {
+      writer->write_encoded(written, images);
+      writer->write_labels(written, labels);
+      written += static_cast<int64_t>(images.size());
+    }
+    progress.advance(count);
+  }
+  progress.finish();
+  MYRIAD_CHECK(writer != nullptr, "every record of '{}' is bad", rec);
+  const int64_t num_classes = layout.num_classes > 0 ? layout.num_classes : max_label + 1;
+  writer->set_attribute("source", rec);
+  writer->set_attribute("num_classes", num_classes);
+  writer->finish(written);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log_info("wrote {}: {} images {}x{}x{} (JPEG bytes unchanged), {} classes{}; {:.0f} images/s",
+           output, written, first.height, first.width, channels, num_classes,
+           bad > 0 ? str_format(", {} bad records skipped", bad) : std::string(),
+           written / seconds);
+  return kExitOk;
+}
+
+}  // namespace myriad
