@@ -8,6 +8,7 @@ class ProcessContext;
 int run_from_idx(ProcessContext& context, int argc, char** argv);
 int run_from_folder(ProcessContext& context, int argc, char** argv);
 int run_from_rec(ProcessContext& context, int argc, char** argv);
+int run_from_bin(ProcessContext& context, int argc, char** argv);
 int run_inspect(ProcessContext& context, int argc, char** argv);
 int run_synthetic(ProcessContext& context, int argc, char** argv);
 

@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
           "an insightface MXNet RecordIO dataset (.rec + .idx) to HDF5 (JPEG bytes kept as they "
           "are)",
           myriad::run_from_rec},
+         {"from-bin", "an insightface verification set (lfw.bin, ...) to an HDF5 pairs file",
+          myriad::run_from_bin},
          {"inspect",
           "images, shape, encoding, classes and their histogram; validates labels and images",
           myriad::run_inspect},
