@@ -48,6 +48,7 @@ po::options_description train_options(TrainConfig& c) {
   options.add_options()
       ("config", po::value<std::string>(), "INI file of options (key = value); the command line overrides it")
       ("run-dir", po::value(&c.run_dir)->default_value(c.run_dir), "directory for the configuration, metrics.jsonl and logs")
+      ("tensorboard-dir", po::value(&c.tensorboard_dir), "also write every logged number as a TensorBoard scalar into this directory")
       ("data", po::value(&c.data)->default_value(c.data), "training data: an HDF5 file (docs/data-format.md) or 'synthetic'")
       ("val-data", po::value(&c.val_data), "labelled HDF5 file for top-1 and kNN evaluation")
       ("eval-pairs", po::value(&c.eval_pairs)->multitoken(), "HDF5 verification pair files (10-fold accuracy, LFW protocol)")

@@ -150,7 +150,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       comms_(context),
       comm_(comms_.for_device(device_)),
       metrics_((std::filesystem::path(config.run_dir) / "metrics.jsonl").string(),
-               context.rank() == 0),
+               context.rank() == 0, config.tensorboard_dir),
       config_ini_(std::move(config_ini)),
       timer_(device_, true),
       store_(config.checkpoint_dir) {

@@ -14,6 +14,7 @@ namespace myriad {
 // Everything myriad-train is told, after validation.
 struct TrainConfig {
   std::string run_dir = "runs/default";
+  std::string tensorboard_dir;  // empty: no event files
   std::string data = "synthetic";
   std::string val_data;
   std::vector<std::string> eval_pairs;
