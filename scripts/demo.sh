@@ -32,8 +32,7 @@ if [ ! -f "$fashion/train-images-idx3-ubyte.gz" ] && command -v apt-get >/dev/nu
     >/dev/null 2>&1 || true
 fi
 
-train_args=(--input-shape 1x28x28 --backbone smallcnn --embedding-size 128 --batch-size 64 --lr 0.1
-            --warmup-steps 100 --lr-schedule cosine --margin arcface --scale 32 --m2 0.3)
+train_args=(--config "$repo/configs/fashion_mnist_smallcnn.ini")
 if [ "${MYRIAD_DEMO_QUICK:-0}" = 1 ]; then
   train_args+=(--max-steps 60 --log-every 20)
 else

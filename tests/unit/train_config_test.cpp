@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include "myriad/train/lr_schedule.h"
@@ -80,6 +81,25 @@ TEST(TrainConfig, EffectiveConfigurationReadsBack) {
   EXPECT_EQ(second.margin.type, MarginType::kCombined);
   EXPECT_DOUBLE_EQ(second.margin.m1, 1.1);
   std::remove(path.c_str());
+}
+
+// Every file in configs/ is a valid myriad-train configuration.
+TEST(TrainConfig, ShippedConfigurationsParse) {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(MYRIAD_SOURCE_DIR "/configs")) {
+    if (entry.path().extension() != ".ini") continue;
+    SCOPED_TRACE(entry.path().string());
+    const TrainConfig c = parse({"--config", entry.path().string()});
+    EXPECT_FALSE(c.backbone.empty());
+    EXPECT_GT(c.batch_size, 0);
+    ++count;
+  }
+  EXPECT_GE(count, 3);
+  const TrainConfig r50 = parse({"--config", MYRIAD_SOURCE_DIR "/configs/ms1mv3_r50.ini"});
+  EXPECT_EQ(r50.backbone, "iresnet50");
+  EXPECT_EQ(r50.eval_pairs.size(), 3u);
+  EXPECT_EQ(r50.margin.type, MarginType::kArcFace);
+  EXPECT_DOUBLE_EQ(r50.margin.m2, 0.5);
 }
 
 TEST(LrSchedule, WarmupThenPolyCosineOrStep) {
