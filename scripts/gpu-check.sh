@@ -6,7 +6,7 @@
 #
 # LIST is a comma list of: tests, collectives, classifier (the peer's shapes), momentum-bf16,
 # naive, max-classes, train (trainer throughput, scaling, loader), checkpoint (save/load GB/s at
-# C = 10M, resume across world sizes) (default: all of them).
+# C = 10M, resume across world sizes), launch (launch/mpirun.sh, one rank per GPU) (default: all).
 #
 # --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
 # stays off (NCCL_NVLS_ENABLE=0 and friends) unless the caller set those variables.
@@ -15,7 +15,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps_args=()
 out=${OUT:-$repo/build/gpu-check}
-only=tests,collectives,classifier,momentum-bf16,naive,max-classes,train,checkpoint
+only=tests,collectives,classifier,momentum-bf16,naive,max-classes,train,checkpoint,launch
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
@@ -180,6 +180,17 @@ if wants checkpoint; then
     done
     note "(resume other: 2 -> $to GPUs)"
   fi
+fi
+if wants launch; then
+  # launch/mpirun.sh on this node: one rank per GPU (NCCL's INFO lines name each rank's device),
+  # the environment passed on, and a checked all-reduce.
+  log="$out/launch-mpirun.txt"
+  NCCL_DEBUG=INFO "$repo/launch/mpirun.sh" --exe "$bin/myriad-bench" -- collectives --backend nccl \
+    --min-bytes 1M --max-bytes 64M --iters 5 >"$log" 2>&1 || status=1
+  note "launch/mpirun.sh, $gpus GPUs: $(grep -c 'Init COMPLETE' "$log") ranks initialised NCCL," \
+    "$(grep -o 'cudaDev [0-9]*' "$log" | sort -u | wc -l) distinct devices; $(grep -E '^# (OK|FAILED)' "$log")"
+  python3 -c "import tensorboard" 2>/dev/null && note "tensorboard is installed: e2e.tensorboard loaded the events with it" \
+    || note "tensorboard is not installed: e2e.tensorboard used its reference reader"
 fi
 note "gpu-check status: $status"
 exit $status
