@@ -32,6 +32,10 @@ daemons+=("$(cat "$slurm/munged.pid")")
 # Ports of our own, so that a Slurm already on this machine is not disturbed.
 port=$(( 20000 + $$ % 20000 ))
 node=$(hostname -s)
+# At least the job's 2 tasks (config_overrides lets the node claim them); `nproc --all` ignores
+# the OMP_NUM_THREADS=1 the test environment sets.
+cpus=$(nproc --all)
+[ "$cpus" -ge 2 ] || cpus=2
 export SLURM_CONF="$slurm/slurm.conf"
 cat >"$SLURM_CONF" <<EOF
 ClusterName=myriadtest
@@ -60,7 +64,7 @@ SlurmdParameters=config_overrides
 JobRequeue=1
 KillWait=10
 MinJobAge=600
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 slurmctld -c -f "$SLURM_CONF" || fail "slurmctld did not start"
