@@ -82,7 +82,10 @@ echo "slurm: $(sinfo -h -o '%P %D %T %c')"
 
 # Long enough (a few thousand steps) to be signalled mid-run; a record every 10 steps.
 steps=3000
-job=$(cd "$repo" && MYRIAD_TRAIN="$bin/myriad-train" sbatch --parsable --nodes=1 --ntasks=2 --cpus-per-task=1 \
+# The script finds build/bin/myriad-train of the repository it was submitted from; a build
+# elsewhere is named through MYRIAD_TRAIN.
+if [ "$bin" -ef "$repo/build/bin" ]; then unset MYRIAD_TRAIN; else export MYRIAD_TRAIN="$bin/myriad-train"; fi
+job=$(cd "$repo" && sbatch --parsable --nodes=1 --ntasks=2 --cpus-per-task=1 \
   --gpus-per-task=0 --output="$work/job-%j.out" launch/slurm/train.sbatch \
   --data synthetic --input-shape 1x16x16 --backbone smallcnn --embedding-size 32 --num-classes 37 \
   --batch-size 8 --max-steps "$steps" --log-every 10 --threads 1 --workers 1 --run-dir "$work/run")
