@@ -101,10 +101,13 @@ void CheckpointStore::publish(const std::string& temporary, int64_t step, int ke
   sync_path(root_);
   write_file_atomically((fs::path(root_) / kLatestFile).string(), step_name(step) + "\n");
   sync_path(root_);
-  const std::vector<std::string> all = complete();
-  for (size_t i = static_cast<size_t>(std::max(keep, 1)); i < all.size(); ++i) {
-    fs::remove_all(all[i], error);
-    if (error) log_warn("could not remove old checkpoint '{}': {}", all[i], error.message());
+  // The one just published always stays, whatever its step: a run resumed from an older
+  // checkpoint publishes below checkpoints it abandoned.
+  std::vector<std::string> others = complete();
+  others.erase(std::remove(others.begin(), others.end(), final_path), others.end());
+  for (size_t i = static_cast<size_t>(std::max(keep, 1)) - 1; i < others.size(); ++i) {
+    fs::remove_all(others[i], error);
+    if (error) log_warn("could not remove old checkpoint '{}': {}", others[i], error.message());
   }
 }
 
@@ -149,9 +152,15 @@ std::optional<std::string> resolve_resume(const std::string& resume, const Check
     verify_checkpoint(resume);
     return resume;
   }
-  // The newest complete checkpoint, which LATEST normally names too (it may lag by one when a
-  // save died between the rename and the pointer update; the renamed checkpoint is complete).
-  for (const std::string& candidate : store.complete()) {
+  // LATEST names the checkpoint the run published last, which need not have the highest step (a
+  // run resumed from an older one publishes below the ones it abandoned). When it is missing or
+  // broken, the complete checkpoints follow, newest first.
+  std::vector<std::string> candidates = store.complete();
+  if (const std::optional<std::string> latest = store.latest(); latest.has_value()) {
+    candidates.erase(std::remove(candidates.begin(), candidates.end(), *latest), candidates.end());
+    candidates.insert(candidates.begin(), *latest);
+  }
+  for (const std::string& candidate : candidates) {
     try {
       verify_checkpoint(candidate);
       return candidate;

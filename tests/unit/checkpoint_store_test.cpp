@@ -165,6 +165,25 @@ TEST(CheckpointStore, PublishesKeepsTheNewestAndPointsLatestAtIt) {
   EXPECT_EQ(store.complete().front(), store.directory_for(100));
 }
 
+// A run resumed from step 5 while step 10 exists publishes steps below 10: LATEST, not the
+// highest step, is what --resume auto continues from, and pruning never removes the new one.
+TEST(CheckpointStore, ARunResumedFromAnOlderCheckpointContinuesItsOwnLine) {
+  const CheckpointStore store(fresh_root("store-lineage"));
+  save(store, 5, 3);
+  save(store, 10, 3);
+  save(store, 8, 3);
+  EXPECT_EQ(store.latest(), store.directory_for(8));
+  EXPECT_EQ(resolve_resume("auto", store), store.directory_for(8));
+  EXPECT_EQ(store.complete().size(), 3u);
+  save(store, 9, 1);
+  EXPECT_EQ(store.complete(), std::vector<std::string>{store.directory_for(9)});
+  // A broken LATEST falls back to the newest complete checkpoint.
+  save(store, 12, 3);
+  save(store, 11, 3);
+  fs::remove(store.directory_for(11) + "/" + kReplicatedFile);
+  EXPECT_EQ(resolve_resume("auto", store), store.directory_for(12));
+}
+
 TEST(CheckpointStore, RemovesWhatAnUnfinishedSaveLeft) {
   const CheckpointStore store(fresh_root("store-stale"));
   save(store, 5, 3);

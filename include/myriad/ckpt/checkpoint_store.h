@@ -26,7 +26,7 @@ class CheckpointStore {
   std::optional<std::string> latest() const;
 
   // Renames the finished `temporary` into place, syncs the directory, points LATEST at it, and
-  // keeps only the newest `keep` checkpoints. Rank 0 only.
+  // keeps it and the `keep` - 1 highest-step others. Rank 0 only.
   void publish(const std::string& temporary, int64_t step, int keep) const;
   // Removes temporary directories that a crashed save left behind.
   void remove_stale_temporaries() const;
@@ -40,9 +40,10 @@ class CheckpointStore {
 Manifest verify_checkpoint(const std::string& directory,
                            const std::vector<std::string>& files = {});
 
-// What --resume names: "none" gives nothing; "auto" the newest checkpoint of `store` that
-// verifies (newer broken ones are skipped with a warning), or nothing when there is none;
-// anything else is a checkpoint directory that must verify.
+// What --resume names: "none" gives nothing; "auto" the checkpoint LATEST names, or when that
+// does not verify the complete checkpoints from the highest step down (broken ones are skipped
+// with a warning), or nothing when there is none; anything else is a checkpoint directory that
+// must verify.
 std::optional<std::string> resolve_resume(const std::string& resume, const CheckpointStore& store);
 
 // Writes `bytes` to `path` through a temporary file, fsync and rename.

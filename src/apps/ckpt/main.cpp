@@ -18,10 +18,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A checkpoint directory, or a checkpoint root whose newest complete checkpoint is meant.
+// A checkpoint directory, or a checkpoint root: then the checkpoint LATEST names, or the complete
+// one of the highest step when there is no LATEST.
 std::string checkpoint_of(const std::string& path) {
   if (fs::exists(fs::path(path) / kManifestFile)) return path;
-  const std::vector<std::string> all = CheckpointStore(path).complete();
+  const CheckpointStore store(path);
+  if (const std::optional<std::string> latest = store.latest();
+      latest.has_value() && fs::exists(fs::path(*latest) / kManifestFile)) {
+    return *latest;
+  }
+  const std::vector<std::string> all = store.complete();
   MYRIAD_CHECK(!all.empty(), "'{}' is neither a checkpoint nor a directory of checkpoints", path);
   return all.front();
 }
