@@ -421,9 +421,11 @@ TrainResult Run::execute() {
                           ((step + 1) % c_.checkpoint_every == 0 || step + 1 == total_steps_);
     if (stop || periodic) checkpoint(step + 1, batch.next);
     if (stop && step + 1 < total_steps_) {
-      log_info("stopping after step {} ({}); resume with --resume auto", step + 1,
-               stop_requested() ? str_format("signal {}", stop_signal())
-                                : std::string("--stop-at-step"));
+      const std::string why = stop_requested() ? stop_signal_name()
+                              : step + 1 == c_.stop_at_step
+                                  ? std::string("--stop-at-step")
+                                  : std::string("a signal to another rank");
+      log_info("stopping after step {} ({}); resume with --resume auto", step + 1, why);
       result.stopped = true;
       return result;
     }

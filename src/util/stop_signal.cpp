@@ -27,8 +27,17 @@ bool stop_requested() {
   return received != 0;
 }
 
-int stop_signal() {
-  return received;
+std::string stop_signal_name() {
+  switch (received) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGINT:
+      return "SIGINT";
+    default:
+      return received == 0 ? "" : "signal " + std::to_string(received);
+  }
 }
 
 }  // namespace myriad

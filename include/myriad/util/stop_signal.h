@@ -1,5 +1,7 @@
 #pragma once
 
+#include <string>
+
 namespace myriad {
 
 // SIGTERM, SIGUSR1 and SIGINT (Slurm signals a job before its time limit or preemption) only set
@@ -7,7 +9,7 @@ namespace myriad {
 // exits with kExitStopped.
 void install_stop_handlers();
 bool stop_requested();
-// The signal that asked to stop (0 when none did).
-int stop_signal();
+// The signal that asked to stop: "SIGTERM", "SIGUSR1" or "SIGINT" ("" when none did).
+std::string stop_signal_name();
 
 }  // namespace myriad
