@@ -70,6 +70,7 @@ Layout read_layout(const RecordIoReader& reader, bool skip_missing, int64_t& mis
 
 // One converted record, or why it was rejected.
 struct Converted {
+  std::string what;  // "record K of 'FILE'"
   std::string image;
   int64_t label = -1;
   ImageShape shape;
@@ -78,8 +79,9 @@ struct Converted {
 
 Converted convert(const RecordIoReader& reader, int64_t key, int64_t num_classes) {
   Converted c;
+  c.what = str_format("record {} of '{}'", key, reader.path());
+  const std::string& what = c.what;
   try {
-    const std::string what = str_format("record {} of '{}'", key, reader.path());
     ImageRecord record = parse_image_record(reader.read(key), what);
     const float label = record.labels.at(0);
     MYRIAD_CHECK(
@@ -148,9 +150,8 @@ int run_from_rec(ProcessContext& context, int argc, char** argv) {
     for (Converted& c : block) {
       if (c.error.empty() && writer != nullptr &&
           (c.shape.height != first.height || c.shape.width != first.width)) {
-        c.error = str_format("{} (an image of {}x{}; the dataset's are {}x{})",
-                             c.error.empty() ? "size mismatch" : c.error, c.shape.height,
-                             c.shape.width, first.height, first.width);
+        c.error = str_format("{} holds a {}x{} image; the dataset's are {}x{}", c.what,
+                             c.shape.height, c.shape.width, first.height, first.width);
       }
       if (!c.error.empty()) {
         MYRIAD_CHECK(skip_bad, "{} (--skip-bad skips bad records)", c.error);

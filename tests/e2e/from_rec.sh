@@ -53,7 +53,9 @@ truncate -s $((last - 100)) "$work/cut.rec"
 expect_failure "record 299 starts at byte $last, past the end of '$work/cut.rec'" --rec "$work/cut.rec" \
   --idx "$work/plain.idx"
 expect_failure "cannot open the index '$work/none.idx'" --rec "$work/fm.rec" --idx "$work/none.idx"
-echo "corrupt, truncated, missing index: named, no output left"
+"$make_recordio" "$work/odd" 50 header odd-size >/dev/null
+expect_failure "record 6 of '$work/odd.rec' holds a 14x14 image; the dataset's are 28x28" --rec "$work/odd.rec"
+echo "corrupt, truncated, odd-sized, missing index: named, no output left"
 
 output=$("$bin/myriad-data" from-rec --rec "$work/corrupt.rec" --idx "$work/fm.idx" --output "$work/skipped.h5" \
   --skip-bad 2>&1)

@@ -1,10 +1,11 @@
 // Writes an insightface-style RecordIO dataset from real Fashion-MNIST images (Debian's
 // dataset-fashion-mnist), each stored as its JPEG bytes, for the myriad-data tests:
-//   make_recordio PREFIX COUNT [header|no-header]
+//   make_recordio PREFIX COUNT [header|no-header] [odd-size]
 // PREFIX.rec and PREFIX.idx hold COUNT images of the test split, sorted by class as insightface
 // sorts identities; with `header` (the default) record 0 is the insightface header and one
 // identity record per class follows the images. PREFIX-expected.h5 is what a faithful conversion
-// holds: the same JPEG bytes and labels in key order. Exits 77 without the dataset.
+// holds: the same JPEG bytes and labels in key order. With `odd-size` the sixth image is stored at
+// half size. Exits 77 without the dataset.
 
 #include <algorithm>
 #include <cstdio>
@@ -20,12 +21,13 @@
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: make_recordio PREFIX COUNT [header|no-header]\n");
+    std::fprintf(stderr, "usage: make_recordio PREFIX COUNT [header|no-header] [odd-size]\n");
     return 2;
   }
   const std::string prefix = argv[1];
   const int64_t count = std::stoll(argv[2]);
   const bool header = argc < 4 || std::string(argv[3]) != "no-header";
+  const bool odd_size = argc > 4 && std::string(argv[4]) == "odd-size";
   const std::string root = "/usr/share/datasets/fashion-mnist/";
   if (!std::filesystem::exists(root + "t10k-images-idx3-ubyte.gz")) {
     std::fprintf(stderr, "SKIP: Fashion-MNIST is not installed (dataset-fashion-mnist)\n");
@@ -52,8 +54,16 @@ int main(int argc, char** argv) {
   for (int64_t k = 0; k < count; ++k) {
     const int64_t i = order[k];
     const int label = labels.data[i];
-    const std::string jpeg =
-        myriad::encode_jpeg(images.data.data() + i * h * w, h, w, 1, 85 + static_cast<int>(k % 10));
+    const uint8_t* pixels = images.data.data() + i * h * w;
+    std::string jpeg;
+    if (odd_size && k == 5) {
+      std::vector<uint8_t> half(static_cast<size_t>(h / 2 * (w / 2)));
+      for (int y = 0; y < h / 2; ++y)
+        for (int x = 0; x < w / 2; ++x) half[y * (w / 2) + x] = pixels[2 * y * w + 2 * x];
+      jpeg = myriad::encode_jpeg(half.data(), h / 2, w / 2, 1, 90);
+    } else {
+      jpeg = myriad::encode_jpeg(pixels, h, w, 1, 85 + static_cast<int>(k % 10));
+    }
     writer.write(first_key + k,
                  myriad::testing::pack_image_record({static_cast<float>(label)}, true,
                                                     static_cast<uint64_t>(i), jpeg));
