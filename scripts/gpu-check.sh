@@ -165,9 +165,9 @@ if wants checkpoint; then
         --max-steps 40 --log-every 1 --lr 0.02 --workers 4 --run-dir "$runs/$run" "$@" >>"$out/resume.txt" 2>&1
     }
     rm -rf "$runs"/resume-*
-    resume_train 2 resume-ref || status=1
-    resume_train 2 resume-same --stop-at-step 20
-    resume_train 2 resume-same --resume auto || status=1
+    resume_train 2 resume-ref --deterministic || status=1
+    resume_train 2 resume-same --deterministic --stop-at-step 20
+    resume_train 2 resume-same --deterministic --resume auto || status=1
     to=$(( gpus >= 4 ? 4 : 1 ))
     resume_train 2 resume-other --stop-at-step 20
     resume_train "$to" resume-other --resume auto || status=1

@@ -84,6 +84,7 @@ po::options_description train_options(TrainConfig& c) {
       ("eval-every", po::value(&c.eval_every)->default_value(0), "evaluate every this many steps (0: at the end only)")
       ("eval-batch-size", po::value(&c.eval_batch_size)->default_value(c.eval_batch_size), "samples per rank and evaluation batch")
       ("seed", po::value(&c.seed)->default_value(0), "seed of initialisation, sampling and augmentation")
+      ("deterministic", po::bool_switch(&c.deterministic), "deterministic cuDNN and cuBLAS: a run repeats bit for bit on the same GPUs and ranks (slower)")
       ("threads", po::value(&c.threads)->default_value(0), "CPU threads per rank for LibTorch (0: cores over ranks on the node)")
       ("workers", po::value(&c.workers)->default_value(c.workers), "data loader threads per rank")
       ("prefetch", po::value(&c.prefetch)->default_value(c.prefetch), "batches the loader prepares ahead")

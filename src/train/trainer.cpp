@@ -156,6 +156,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       store_(config.checkpoint_dir) {
   MYRIAD_CHECK_COLLECTIVE(c_.precision != "fp16" || device_.is_cuda(),
                           "--precision fp16 needs GPUs");
+  if (c_.deterministic) use_deterministic_algorithms();
   if (c_.precision != "fp32")
     autocast_ = c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat16;
   const int64_t global_batch = c_.batch_size * context.size();

@@ -1,5 +1,9 @@
 #include "myriad/util/device.h"
 
+#include <ATen/Context.h>
+
+#include <cstdlib>
+
 #ifdef MYRIAD_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -52,6 +56,15 @@ void release_cached_memory(const torch::Device& device) {
 #ifdef MYRIAD_WITH_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
+}
+
+void use_deterministic_algorithms() {
+  // cuBLAS splits reductions by its workspace; a fixed configuration makes the splits repeat.
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  at::globalContext().setBenchmarkCuDNN(false);
+  at::globalContext().setDeterministicCuDNN(true);
+  // Ops without a deterministic implementation warn instead of failing the run.
+  at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
 }
 
 }  // namespace myriad

@@ -42,6 +42,8 @@ TEST(TrainConfig, DefaultsAndOverrides) {
   EXPECT_DOUBLE_EQ(c.classifier_weight_decay, c.weight_decay);
   EXPECT_EQ(c.bucket_bytes, int64_t{25} << 20);
   EXPECT_TRUE(c.random_flip);
+  EXPECT_FALSE(c.deterministic);
+  EXPECT_TRUE(parse({"--deterministic"}).deterministic);
 }
 
 TEST(TrainConfig, BadValuesAreUsageErrors) {

@@ -51,6 +51,7 @@ struct TrainConfig {
   int64_t eval_every = 0;  // 0: evaluate at the end only
   int64_t eval_batch_size = 256;
   uint64_t seed = 0;
+  bool deterministic = false;
   int threads = 0;  // 0: the node's cores over its ranks
   int workers = 4;
   int prefetch = 4;

@@ -24,4 +24,8 @@ DeviceMemory device_memory(const torch::Device& device);
 // Returns the allocator's cached blocks to the device (between benchmark cases).
 void release_cached_memory(const torch::Device& device);
 
+// Puts cuDNN and cuBLAS in their deterministic modes (no autotuning, fixed cuBLAS workspace) so
+// that a run repeats bit for bit on the same GPUs. Call it before the first GEMM.
+void use_deterministic_algorithms();
+
 }  // namespace myriad
