@@ -146,30 +146,18 @@ Manifest verify_checkpoint(const std::string& directory, const std::vector<std::
   return manifest;
 }
 
-std::optional<std::string> resolve_resume(const std::string& resume, const CheckpointStore& store) {
-  if (resume == "none") return std::nullopt;
-  if (resume != "auto") {
-    verify_checkpoint(resume);
-    return resume;
-  }
+std::vector<std::string> resume_candidates(const std::string& resume,
+                                           const CheckpointStore& store) {
+  if (resume == "none") return {};
+  if (resume != "auto") return {resume};
   // LATEST names the checkpoint the run published last, which need not have the highest step (a
-  // run resumed from an older one publishes below the ones it abandoned). When it is missing or
-  // broken, the complete checkpoints follow, newest first.
+  // run resumed from an older one publishes below the ones it abandoned).
   std::vector<std::string> candidates = store.complete();
   if (const std::optional<std::string> latest = store.latest(); latest.has_value()) {
     candidates.erase(std::remove(candidates.begin(), candidates.end(), *latest), candidates.end());
     candidates.insert(candidates.begin(), *latest);
   }
-  for (const std::string& candidate : candidates) {
-    try {
-      verify_checkpoint(candidate);
-      return candidate;
-    } catch (const Error& e) {
-      log_warn("skipping checkpoint '{}': {}; falling back to the previous one", candidate,
-               e.message());
-    }
-  }
-  return std::nullopt;
+  return candidates;
 }
 
 }  // namespace myriad

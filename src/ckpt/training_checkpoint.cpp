@@ -33,9 +33,9 @@ namespace {
 // Bytes per block when writing classifier shards from the device: bounds host memory.
 constexpr int64_t kBlockBytes = int64_t{256} << 20;
 
-// Runs `work` on every rank; if it fails anywhere, every rank raises one Error naming the first
+// Runs `work` on every rank; if it fails anywhere, every rank raises one `Raised` naming the first
 // failing rank, so no rank goes on alone.
-template <class Work>
+template <class Raised = Error, class Work>
 void on_every_rank(const ProcessContext& context, const std::string& what, Work work) {
   std::string error;
   try {
@@ -47,7 +47,10 @@ void on_every_rank(const ProcessContext& context, const std::string& what, Work 
   }
   const std::vector<std::string> errors = context.all_gather_strings(error);
   for (size_t r = 0; r < errors.size(); ++r) {
-    MYRIAD_CHECK_COLLECTIVE(errors[r].empty(), "{} failed on rank {}: {}", what, r, errors[r]);
+    if (!errors[r].empty()) {
+      throw Raised(str_format("{} failed on rank {}: {}", what, r, errors[r]),
+                   error_location(__FILE__, __LINE__), /*collective=*/true);
+    }
   }
 }
 
@@ -294,16 +297,18 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
   const int64_t first = partition.offset(context.rank());
   const int64_t rows = partition.size(context.rank());
   Manifest manifest;
-  on_every_rank(context, str_format("reading checkpoint '{}'", directory), [&] {
-    manifest = read_manifest(directory);
-    // Each rank verifies what it will read: the replicated state and the shards holding its rows.
-    std::vector<std::string> needed = {kReplicatedFile};
-    for (const ShardEntry& s : manifest.shards) {
-      if (s.class_offset < first + rows && first < s.class_offset + s.rows)
-        needed.push_back(s.file);
-    }
-    verify_checkpoint(directory, needed);
-  });
+  on_every_rank<CheckpointInvalid>(
+      context, str_format("verifying checkpoint '{}'", directory), [&] {
+        manifest = read_manifest(directory);
+        // Each rank verifies what it will read: the replicated state and the shards holding its
+        // rows.
+        std::vector<std::string> needed = {kReplicatedFile};
+        for (const ShardEntry& s : manifest.shards) {
+          if (s.class_offset < first + rows && first < s.class_offset + s.rows)
+            needed.push_back(s.file);
+        }
+        verify_checkpoint(directory, needed);
+      });
   MYRIAD_CHECK_COLLECTIVE(
       manifest.num_classes == partition.num_classes() &&
           manifest.embedding_size == classifier.options().embedding_size,
@@ -328,9 +333,8 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
     }
   }
   read_optimizer(replicated, *state.optimizer, *state.backbone);
-  state.step = replicated.int_attribute("/", "step").value_or(manifest.step);
-  state.position = {replicated.int_attribute("/", "epoch").value_or(0),
-                    replicated.int_attribute("/", "epoch_offset").value_or(0)};
+  state.step = manifest.step;
+  state.position = manifest.position;
   classifier.set_steps(replicated.int_attribute("/", "classifier_steps").value_or(0));
   classifier.optimizer().set_step(
       replicated.int_attribute("/", "classifier_optimizer_steps").value_or(0));
@@ -378,6 +382,31 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log_info("resumed from {} (step {}, epoch {}) in {:.1f} s", directory, state.step,
            state.position.epoch, seconds);
+}
+
+std::optional<std::string> resume_training(const ProcessContext& context, const std::string& resume,
+                                           const CheckpointStore& store, TrainingState& state) {
+  nlohmann::json listed = nlohmann::json::array();
+  on_every_rank(context, str_format("--resume {}", resume), [&] {
+    if (context.rank() != 0) return;
+    store.remove_stale_temporaries();
+    listed = resume_candidates(resume, store);
+  });
+  const nlohmann::json candidates =
+      nlohmann::json::parse(context.all_gather_strings(listed.dump())[0]);
+  for (const auto& candidate : candidates) {
+    const std::string directory = candidate.get<std::string>();
+    try {
+      load_checkpoint(context, directory, state);
+      return directory;
+    } catch (const CheckpointInvalid& e) {
+      if (resume != "auto") throw;
+      log_warn("skipping checkpoint '{}': {}; falling back to the previous one", directory,
+               e.message());
+    }
+  }
+  if (resume == "auto") log_info("no usable checkpoint in {}: starting fresh", store.root());
+  return std::nullopt;
 }
 
 }  // namespace myriad

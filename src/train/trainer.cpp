@@ -259,25 +259,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
 }
 
 void Run::resume() {
-  // Rank 0 finds and verifies the checkpoint; every rank then loads what it needs.
-  std::string chosen, error;
-  if (context_.rank() == 0) {
-    try {
-      store_.remove_stale_temporaries();
-      chosen = resolve_resume(c_.resume, store_).value_or("");
-    } catch (const Error& e) {
-      error = e.message();
-    }
-  }
-  const std::vector<std::string> errors = context_.all_gather_strings(error);
-  MYRIAD_CHECK_COLLECTIVE(errors[0].empty(), "--resume {}: {}", c_.resume, errors[0]);
-  chosen = context_.all_gather_strings(chosen)[0];
-  if (chosen.empty()) {
-    if (c_.resume == "auto") log_info("no checkpoint in {}: starting fresh", c_.checkpoint_dir);
-    return;
-  }
   TrainingState state{backbone_.get(), optimizer_.get(), classifier_.get(), &scaler_, 0, {}, ""};
-  load_checkpoint(context_, chosen, state);
+  resume_training(context_, c_.resume, store_, state);
   start_step_ = state.step;
   start_position_ = state.position;
 }
@@ -369,6 +352,7 @@ void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {
 
 TrainResult Run::execute() {
   TrainResult result;
+  const bool fp16 = c_.precision == "fp16";
   backbone_->train();
   run_start_ = window_start_ = Clock::now();
   for (int64_t step = start_step_; step < total_steps_; ++step) {
@@ -382,14 +366,15 @@ TrainResult Run::execute() {
     timer_.mark("forward");
     const torch::Tensor images = batch.images.to(device_, /*non_blocking=*/true);
     const torch::Tensor labels = batch.labels.to(device_, /*non_blocking=*/true);
-    broadcast_buffers(*backbone_, comm_);
+    // DDP's rule: BN running statistics follow rank 0. SyncBN computes them from the global batch,
+    // so they already agree.
+    if (!c_.sync_bn) broadcast_buffers(*backbone_, comm_);
     torch::Tensor features;
     {
       std::unique_ptr<AutocastGuard> autocast;
       if (autocast_) autocast = std::make_unique<AutocastGuard>(device_, *autocast_);
       features = backbone_->forward(images);
     }
-    const bool fp16 = c_.precision == "fp16";
     classifier_->set_loss_scale(fp16 ? scaler_.scale() : 1.0);
     const torch::Tensor loss = classifier_->forward(features, labels);
 
@@ -408,10 +393,8 @@ TrainResult Run::execute() {
     timer_.stop();
     ++window_steps_;
 
-    if ((step + 1) % c_.log_every == 0 || step + 1 == total_steps_) {
+    if ((step + 1) % c_.log_every == 0 || step + 1 == total_steps_)
       log_progress(step, batch.position.epoch, loss, c_.lr * factor);
-      result.last_loss = loss.item<double>();
-    }
     if (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0 && step + 1 < total_steps_) {
       evaluate(step + 1, batch.position.epoch, result);
     }

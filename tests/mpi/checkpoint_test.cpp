@@ -232,8 +232,50 @@ TEST_P(CheckpointTest, AFailedSaveFailsEveryRankAndKeepsThePreviousCheckpoint) {
             std::string::npos)
       << message;
   EXPECT_EQ(store.latest(), store.directory_for(1));
-  EXPECT_EQ(resolve_resume("auto", store), store.directory_for(1));
+  EXPECT_EQ(resume_candidates("auto", store).front(), store.directory_for(1));
   EXPECT_FALSE(fs::exists(store.directory_for(2)));
+}
+
+// --resume: auto skips a checkpoint that fails verification on any rank (the newest, damaged in
+// the last rank's shard) and loads the previous one; a checkpoint named explicitly must verify,
+// and its failure leaves the state untouched; "none" loads nothing.
+TEST_P(CheckpointTest, ResumeAutoFallsBackPastACheckpointThatFailsVerification) {
+  Model saved = make_model(11);
+  TrainingState s = saved.state();
+  const CheckpointStore store(root_);
+  s.step = 5;
+  save_checkpoint(context(), store, s, 3);
+  train_step(saved);
+  s.step = 10;
+  save_checkpoint(context(), store, s, 3);
+  if (rank() == 0) {
+    fs::resize_file(store.directory_for(10) + "/" + shard_file_name(world() - 1), 100);
+  }
+  context().all_true(true);
+
+  Model none = make_model(12);
+  TrainingState n = none.state();
+  EXPECT_FALSE(resume_training(context(), "none", store, n).has_value());
+  EXPECT_EQ(n.step, 0);
+
+  Model loaded = make_model(12);
+  TrainingState l = loaded.state();
+  EXPECT_EQ(resume_training(context(), "auto", store, l), store.directory_for(5));
+  EXPECT_EQ(l.step, 5);
+
+  Model named = make_model(12);
+  TrainingState e = named.state();
+  const torch::Tensor before = named.classifier->weight().clone();
+  try {
+    resume_training(context(), store.directory_for(10), store, e);
+    ADD_FAILURE() << "a truncated shard was loaded";
+  } catch (const CheckpointInvalid& error) {
+    EXPECT_NE(error.message().find(str_format("failed on rank {}", world() - 1)), std::string::npos)
+        << error.message();
+    EXPECT_NE(error.message().find("bytes, its manifest says"), std::string::npos);
+  }
+  EXPECT_TRUE(torch::equal(named.classifier->weight(), before));
+  EXPECT_EQ(e.step, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CheckpointTest, ::testing::Values("mpi", "nccl"), backend_name);

@@ -173,15 +173,16 @@ TEST(CheckpointStore, ARunResumedFromAnOlderCheckpointContinuesItsOwnLine) {
   save(store, 10, 3);
   save(store, 8, 3);
   EXPECT_EQ(store.latest(), store.directory_for(8));
-  EXPECT_EQ(resolve_resume("auto", store), store.directory_for(8));
+  EXPECT_EQ(resume_candidates("auto", store).front(), store.directory_for(8));
   EXPECT_EQ(store.complete().size(), 3u);
   save(store, 9, 1);
   EXPECT_EQ(store.complete(), std::vector<std::string>{store.directory_for(9)});
-  // A broken LATEST falls back to the newest complete checkpoint.
+  // After LATEST, the others from the highest step down (tried when LATEST does not verify).
   save(store, 12, 3);
   save(store, 11, 3);
-  fs::remove(store.directory_for(11) + "/" + kReplicatedFile);
-  EXPECT_EQ(resolve_resume("auto", store), store.directory_for(12));
+  EXPECT_EQ(resume_candidates("auto", store),
+            (std::vector<std::string>{store.directory_for(11), store.directory_for(12),
+                                      store.directory_for(9)}));
 }
 
 TEST(CheckpointStore, RemovesWhatAnUnfinishedSaveLeft) {
@@ -222,19 +223,21 @@ TEST(VerifyCheckpoint, NamesTheFileThatIsCorruptTruncatedOrMissing) {
   EXPECT_NE(error_of([&] { verify_checkpoint(dir); }).find("is not valid JSON"), std::string::npos);
 }
 
-TEST(ResolveResume, AutoTakesTheNewestCheckpointThatVerifies) {
+// Which checkpoints --resume tries, in order; verifying them is the load's job (tested in
+// tests/mpi/checkpoint_test.cpp).
+TEST(ResumeCandidates, NoneAutoOrOneNamedCheckpoint) {
   const CheckpointStore store(fresh_root("resume"));
-  EXPECT_FALSE(resolve_resume("auto", store).has_value());
+  EXPECT_TRUE(resume_candidates("auto", store).empty());
   save(store, 5, 3);
   save(store, 10, 3);
-  EXPECT_FALSE(resolve_resume("none", store).has_value());
-  EXPECT_EQ(resolve_resume("auto", store), store.directory_for(10));
-  fs::resize_file(store.directory_for(10) + "/" + kReplicatedFile, 3);
-  EXPECT_EQ(resolve_resume("auto", store), store.directory_for(5));
-  // A checkpoint named explicitly must verify.
-  EXPECT_EQ(resolve_resume(store.directory_for(5), store), store.directory_for(5));
-  EXPECT_THROW(resolve_resume(store.directory_for(10), store), Error);
-  EXPECT_THROW(resolve_resume(store.root() + "/step-000000099", store), Error);
+  EXPECT_TRUE(resume_candidates("none", store).empty());
+  EXPECT_EQ(resume_candidates("auto", store),
+            (std::vector<std::string>{store.directory_for(10), store.directory_for(5)}));
+  EXPECT_EQ(resume_candidates(store.directory_for(5), store),
+            std::vector<std::string>{store.directory_for(5)});
+  // Without LATEST (lost, or written by hand), the highest step comes first.
+  fs::remove(store.root() + "/LATEST");
+  EXPECT_EQ(resume_candidates("auto", store).front(), store.directory_for(10));
 }
 
 }  // namespace

@@ -40,11 +40,11 @@ class CheckpointStore {
 Manifest verify_checkpoint(const std::string& directory,
                            const std::vector<std::string>& files = {});
 
-// What --resume names: "none" gives nothing; "auto" the checkpoint LATEST names, or when that
-// does not verify the complete checkpoints from the highest step down (broken ones are skipped
-// with a warning), or nothing when there is none; anything else is a checkpoint directory that
-// must verify.
-std::optional<std::string> resolve_resume(const std::string& resume, const CheckpointStore& store);
+// The checkpoints --resume may continue from, in order of preference, unverified: "none" gives
+// none; "auto" the one LATEST names, then the other complete ones from the highest step down;
+// anything else is that checkpoint directory alone. Verification is the load's job
+// (load_checkpoint), spread over the ranks that read the files.
+std::vector<std::string> resume_candidates(const std::string& resume, const CheckpointStore& store);
 
 // Writes `bytes` to `path` through a temporary file, fsync and rename.
 void write_file_atomically(const std::string& path, const std::string& bytes);

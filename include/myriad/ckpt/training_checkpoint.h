@@ -3,10 +3,12 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/data/distributed_sampler.h"
+#include "myriad/util/error.h"
 
 namespace myriad {
 
@@ -34,11 +36,25 @@ struct TrainingState {
 void save_checkpoint(const ProcessContext& context, const CheckpointStore& store,
                      const TrainingState& state, int keep);
 
-// Restores `state` from checkpoint `directory` (collective). Each rank verifies the files it reads
-// and takes its class rows out of whichever old shards hold them, so the world size may differ from
-// the one that saved. A checkpoint of another model or classifier size is an Error that says what
-// differs.
+// A checkpoint that fails verification on some rank (a missing, truncated or corrupt file, a bad
+// manifest), raised on every rank before anything was loaded.
+class CheckpointInvalid : public Error {
+ public:
+  using Error::Error;
+};
+
+// Restores `state` from checkpoint `directory` (collective). Each rank first verifies the files it
+// reads (CheckpointInvalid when any rank finds one bad), then takes its class rows out of whichever
+// old shards hold them, so the world size may differ from the one that saved. A checkpoint of
+// another model or classifier size is an Error that says what differs.
 void load_checkpoint(const ProcessContext& context, const std::string& directory,
                      TrainingState& state);
+
+// What --resume asks for (collective): loads the first of resume_candidates(resume, store) that
+// verifies, after removing what unfinished saves left in `store`. With "auto", an invalid
+// checkpoint is skipped with a warning and the next one tried; an explicit one must be valid.
+// Returns the checkpoint loaded, or nothing (state untouched) when there was none to load.
+std::optional<std::string> resume_training(const ProcessContext& context, const std::string& resume,
+                                           const CheckpointStore& store, TrainingState& state);
 
 }  // namespace myriad

@@ -13,7 +13,6 @@ class ProcessContext;
 struct TrainResult {
   bool stopped = false;  // by a signal or --stop-at-step, after a checkpoint
   int64_t steps = 0;
-  double last_loss = 0.0;
   std::optional<ClassificationEval> eval;  // the final evaluation, when --val-data is given
 };
 
