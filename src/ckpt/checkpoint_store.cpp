@@ -12,6 +12,7 @@
 #include "myriad/ckpt/checksum.h"
 #include "myriad/util/error.h"
 #include "myriad/util/log.h"
+#include "myriad/util/remove_tree.h"
 
 namespace myriad {
 
@@ -94,8 +95,9 @@ std::optional<std::string> CheckpointStore::latest() const {
 
 void CheckpointStore::publish(const std::string& temporary, int64_t step, int keep) const {
   const std::string final_path = directory_for(step);
+  const std::string stale = remove_tree(final_path);
+  MYRIAD_CHECK(stale.empty(), "cannot replace '{}': {}", final_path, stale);
   std::error_code error;
-  fs::remove_all(final_path, error);
   fs::rename(temporary, final_path, error);
   MYRIAD_CHECK(!error, "cannot rename '{}' to '{}': {}", temporary, final_path, error.message());
   sync_path(root_);
@@ -106,8 +108,8 @@ void CheckpointStore::publish(const std::string& temporary, int64_t step, int ke
   std::vector<std::string> others = complete();
   others.erase(std::remove(others.begin(), others.end(), final_path), others.end());
   for (size_t i = static_cast<size_t>(std::max(keep, 1)) - 1; i < others.size(); ++i) {
-    fs::remove_all(others[i], error);
-    if (error) log_warn("could not remove old checkpoint '{}': {}", others[i], error.message());
+    const std::string failure = remove_tree(others[i]);
+    if (!failure.empty()) log_warn("could not remove old checkpoint: {}", failure);
   }
 }
 
@@ -117,7 +119,8 @@ void CheckpointStore::remove_stale_temporaries() const {
     if (entry.path().filename().string().rfind(".tmp-", 0) == 0) {
       log_warn("removing '{}', left by a checkpoint that was never finished",
                entry.path().string());
-      fs::remove_all(entry.path(), error);
+      const std::string failure = remove_tree(entry.path().string());
+      if (!failure.empty()) log_warn("{}", failure);
     }
   }
 }

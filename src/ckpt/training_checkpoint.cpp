@@ -18,6 +18,7 @@
 #include "myriad/util/format.h"
 #include "myriad/util/hdf5_file.h"
 #include "myriad/util/log.h"
+#include "myriad/util/remove_tree.h"
 
 #ifdef MYRIAD_WITH_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -214,7 +215,8 @@ void save_checkpoint(const ProcessContext& context, const CheckpointStore& store
     std::error_code error;
     fs::create_directories(store.root(), error);
     MYRIAD_CHECK(!error, "cannot create '{}': {}", store.root(), error.message());
-    fs::remove_all(temporary, error);
+    const std::string stale = remove_tree(temporary);
+    MYRIAD_CHECK(stale.empty(), "{}", stale);
     fs::create_directories(temporary, error);
     MYRIAD_CHECK(!error, "cannot create '{}': {}", temporary, error.message());
   });

@@ -12,7 +12,7 @@ start() { # in the background of this shell, so that it can wait for it; sets pi
   pid=$!
 }
 finish() { # waits at most $2 seconds for the job of $1 to end; sets code
-  timeout "$2" tail --pid="$pid" -f /dev/null
+  timeout "$2" tail --pid="$pid" -f /dev/null || true
   if kill -0 "$pid" 2>/dev/null; then
     cat "$1.log"; echo "the job was still running $2 s later"; exit 1
   fi

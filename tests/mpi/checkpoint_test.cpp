@@ -6,6 +6,8 @@
 #include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "mpi_test.h"
 #include "myriad/ckpt/checkpoint_store.h"
@@ -17,6 +19,7 @@
 #include "myriad/train/optimizer_state.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hdf5_file.h"
+#include "myriad/util/remove_tree.h"
 
 namespace myriad::testing {
 namespace {
@@ -48,12 +51,16 @@ class CheckpointTest : public BackendTest {
     // One directory for all ranks: rank 0's name.
     root_ = context().all_gather_strings(::testing::TempDir() + "/myriad_ckpt_" +
                                          std::to_string(getpid()))[0];
-    if (rank() == 0) fs::remove_all(root_);
+    if (rank() == 0) {
+      EXPECT_EQ(remove_tree(root_), "");
+    }
     context().all_true(true);
   }
   void TearDown() override {
     context().all_true(true);
-    if (rank() == 0) fs::remove_all(root_);
+    if (rank() == 0) {
+      EXPECT_EQ(remove_tree(root_), "");
+    }
     BackendTest::TearDown();
   }
 
@@ -172,6 +179,22 @@ TEST_P(CheckpointTest, OtherWorldSizesTakeTheirRowsFromWhicheverShardsHoldThem) 
     reshard_checkpoint(store.directory_for(3), more, world() + 1);
     reshard_checkpoint(store.directory_for(3), one, 1);
     merge_classifier(store.directory_for(3), merged);
+    // The export, read back by LibTorch's own torch.load-format reader: every parameter and
+    // buffer, by state-dict name.
+    const std::string exported = root_ + "/backbone.pt";
+    export_backbone(store.directory_for(3), exported);
+    std::ifstream in(exported, std::ios::binary);
+    const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                  std::istreambuf_iterator<char>());
+    const c10::Dict<c10::IValue, c10::IValue> state = torch::pickle_load(bytes).toGenericDict();
+    auto expected = saved.backbone->named_parameters();
+    for (const auto& buffer : saved.backbone->named_buffers())
+      expected.insert(buffer.key(), buffer.value());
+    EXPECT_EQ(state.size(), expected.size());
+    for (const auto& item : expected) {
+      ASSERT_TRUE(state.contains(item.key())) << item.key();
+      EXPECT_TRUE(torch::equal(state.at(item.key()).toTensor(), item.value().cpu())) << item.key();
+    }
   }
   context().all_true(true);
   EXPECT_TRUE(torch::equal(Hdf5File(merged, Hdf5File::Mode::kRead).read("weight"), weight));

@@ -13,6 +13,7 @@
 #include "myriad/ckpt/checksum.h"
 #include "myriad/ckpt/manifest.h"
 #include "myriad/util/error.h"
+#include "myriad/util/remove_tree.h"
 #include "support/test_files.h"
 
 namespace myriad {
@@ -146,7 +147,7 @@ void save(const CheckpointStore& store, int64_t step, int keep) {
 
 std::string fresh_root(const std::string& name) {
   const std::string root = temp_file(name);
-  fs::remove_all(root);
+  EXPECT_EQ(remove_tree(root), "");
   return root;
 }
 

@@ -11,6 +11,7 @@
 
 #include "myriad/train/tensorboard_writer.h"
 #include "myriad/util/crc32c.h"
+#include "myriad/util/remove_tree.h"
 #include "support/test_files.h"
 
 namespace myriad {
@@ -99,7 +100,7 @@ TEST(TensorBoard, FramingCarriesLengthAndMaskedChecksums) {
 
 TEST(TensorBoard, WriterFileHoldsTheVersionThenTheScalars) {
   const std::string dir = testing::temp_file("tb");
-  std::filesystem::remove_all(dir);
+  EXPECT_EQ(remove_tree(dir), "");
   std::string path;
   {
     TensorBoardWriter writer(dir);

@@ -21,6 +21,7 @@
 #include "myriad/util/entry.h"
 #include "myriad/util/error.h"
 #include "myriad/util/format.h"
+#include "myriad/util/remove_tree.h"
 
 namespace myriad {
 
@@ -131,7 +132,10 @@ int run_checkpoint_bench(ProcessContext& context, int argc, char** argv) {
     std::printf("load: %.2f s, %.2f GB/s (%s; checksum verification, read, host to device)\n",
                 load_seconds, total / load_seconds / 1e9,
                 warm_cache ? "page cache warm" : "page cache dropped first");
-    if (!keep_files) fs::remove_all(store.root());
+    if (!keep_files) {
+      const std::string failure = remove_tree(store.root());
+      MYRIAD_CHECK(failure.empty(), "{}", failure);
+    }
   }
   return kExitOk;
 }
