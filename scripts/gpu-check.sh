@@ -137,7 +137,7 @@ if wants train; then
       run="$out/../gpu-check-runs/$model-np$n"
       rm -rf "$run"
       mpirun -np "$n" --bind-to none "${forward[@]}" "$bin/myriad-train" --data synthetic --backbone "$model" \
-        --input-shape 3x112x112 --precision bf16 --num-classes 1M --batch-size 256 --max-steps 60 --log-every 20 \
+        --input-shape 3x112x112 --precision bf16 --num-classes 1M --batch-size 256 --max-steps 40 --log-every 20 \
         --workers "$cores_per_rank" --classifier-workspace 16G --run-dir "$run" >"$out/train-$model-np$n.txt" 2>&1 \
         || status=1
       note "train $model, $n GPU(s): $(tail -n 1 "$run/metrics.jsonl" 2>/dev/null | cut -c1-400)"
