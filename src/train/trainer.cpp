@@ -443,6 +443,10 @@ TrainResult train(ProcessContext& context, const TrainConfig& config,
   MYRIAD_CHECK(context.all_true(true), "ranks failed to agree at start-up");
   install_stop_handlers();
   Run run(context, config, config_ini);
+  // Libraries started by the run (CUDA, NCCL, the MPI transports) may install handlers of their
+  // own; a stop signal must still reach the training loop.
+  for (const std::string& signal : install_stop_handlers())
+    log_warn("a library replaced the {} handler during start-up; restored", signal);
   return run.execute();
 }
 

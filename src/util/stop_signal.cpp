@@ -1,6 +1,9 @@
 #include "myriad/util/stop_signal.h"
 
+#include <pthread.h>
+
 #include <csignal>
+#include <cstring>
 
 namespace myriad {
 
@@ -14,13 +17,27 @@ extern "C" void on_stop_signal(int signal) {
 
 }  // namespace
 
-void install_stop_handlers() {
+std::vector<std::string> install_stop_handlers() {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   // Slow system calls (MPI, file I/O) continue rather than fail with EINTR.
   action.sa_flags = SA_RESTART;
-  for (int signal : {SIGTERM, SIGUSR1, SIGINT}) sigaction(signal, &action, nullptr);
+  sigset_t ours;
+  sigemptyset(&ours);
+  std::vector<std::string> replaced;
+  for (int signal : {SIGTERM, SIGUSR1, SIGINT}) {
+    struct sigaction previous {};
+    sigaction(signal, &action, &previous);
+    if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN &&
+        previous.sa_handler != on_stop_signal) {
+      replaced.push_back(strsignal(signal));
+    }
+    sigaddset(&ours, signal);
+  }
+  // A launcher may have blocked them; threads started later inherit this thread's mask.
+  pthread_sigmask(SIG_UNBLOCK, &ours, nullptr);
+  return replaced;
 }
 
 bool stop_requested() {

@@ -14,7 +14,11 @@ start() { # in the background of this shell, so that it can wait for it; sets pi
 finish() { # waits at most $2 seconds for the job of $1 to end; sets code
   timeout "$2" tail --pid="$pid" -f /dev/null || true
   if kill -0 "$pid" 2>/dev/null; then
-    cat "$1.log"; echo "the job was still running $2 s later"; exit 1
+    cat "$1.log"
+    for rank in $(pgrep -P "$pid"); do # which signals each rank blocks, ignores and catches
+      echo "rank process $rank: $(grep -E '^Sig(Blk|Ign|Cgt)' "/proc/$rank/status" | xargs)"
+    done
+    echo "the job was still running $2 s later"; exit 1
   fi
   set +e
   wait "$pid"
@@ -34,7 +38,7 @@ for how in term usr1; do
   start "$run"
   wait_for_steps "$run"
   if [ "$how" = term ]; then pkill -TERM -P "$pid"; else kill -USR1 "$pid"; fi
-  finish "$run" 120
+  finish "$run" 60
   [ "$code" -eq 75 ] || { cat "$run.log"; echo "SIG${how^^}: expected exit 75, got $code"; exit 1; }
   step=$(sed 's/step-0*//' "$run/checkpoints/LATEST")
   [ "$step" -gt 0 ] && "$bin/myriad-ckpt" inspect "$run/checkpoints" >/dev/null
