@@ -18,8 +18,9 @@
 # so are PATH and LD_LIBRARY_PATH; OMPI_MCA_* variables configure mpirun itself. As root, mpirun
 # needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1.
 #
-# Signals: SIGUSR1 to this script's mpirun reaches every rank, which checkpoints and exits with
-# code 75 (docs/checkpoint-format.md). A hard-killed rank brings the whole job down.
+# Signals: SIGUSR1 or SIGTERM to the ranks (pkill -USR1 -f myriad-train on each node) makes them
+# checkpoint and exit with code 75; not every Open MPI installation forwards a SIGUSR1 sent to
+# mpirun (docs/checkpoint-format.md). A hard-killed rank brings the whole job down.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
