@@ -1,15 +1,11 @@
 #include "myriad/ckpt/checkpoint_store.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "myriad/ckpt/checksum.h"
+#include "myriad/util/atomic_output.h"
 #include "myriad/util/error.h"
 #include "myriad/util/log.h"
 #include "myriad/util/remove_tree.h"
@@ -39,28 +35,6 @@ int64_t step_of(const std::string& name) {
 }
 
 }  // namespace
-
-void sync_path(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY);
-  MYRIAD_CHECK(fd >= 0, "cannot open '{}' to sync it: {}", path, std::strerror(errno));
-  const int rc = fsync(fd);
-  close(fd);
-  MYRIAD_CHECK(rc == 0, "cannot sync '{}': {}", path, std::strerror(errno));
-}
-
-void write_file_atomically(const std::string& path, const std::string& bytes) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << bytes;
-    out.flush();
-    MYRIAD_CHECK(out.good(), "cannot write '{}' (disk full or no permission?)", temporary);
-  }
-  sync_path(temporary);
-  std::error_code error;
-  fs::rename(temporary, path, error);
-  MYRIAD_CHECK(!error, "cannot rename '{}' to '{}': {}", temporary, path, error.message());
-}
 
 CheckpointStore::CheckpointStore(std::string root) : root_(std::move(root)) {}
 
@@ -102,7 +76,6 @@ void CheckpointStore::publish(const std::string& temporary, int64_t step, int ke
   MYRIAD_CHECK(!error, "cannot rename '{}' to '{}': {}", temporary, final_path, error.message());
   sync_path(root_);
   write_file_atomically((fs::path(root_) / kLatestFile).string(), step_name(step) + "\n");
-  sync_path(root_);
   // The one just published always stays, whatever its step: a run resumed from an older
   // checkpoint publishes below checkpoints it abandoned.
   std::vector<std::string> others = complete();

@@ -1,4 +1,5 @@
 #include "myriad/ckpt/offline_tools.h"
+#include "myriad/util/atomic_output.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickler.h>
@@ -14,7 +15,6 @@
 #include "myriad/util/hdf5_file.h"
 #include "myriad/util/log.h"
 #include "myriad/util/progress.h"
-#include "myriad/util/remove_tree.h"
 
 namespace myriad {
 
@@ -27,15 +27,11 @@ std::vector<std::string> shard_datasets(const std::string& checkpoint, const Man
   const Hdf5File first((fs::path(checkpoint) / manifest.shards.at(0).file).string(),
                        Hdf5File::Mode::kRead);
   std::vector<std::string> names = {"weight"};
-  for (const char* state : {"state/momentum", "state/exp_avg", "state/exp_avg_sq"}) {
-    if (first.has(state)) names.push_back(state);
+  if (first.has("state")) {
+    for (const std::string& state : first.list("state")) names.push_back("state/" + state);
   }
   return names;
 }
-
-}  // namespace
-
-namespace {
 
 // Writes `tensors` in torch.save's layout: a zip archive of data.pkl and one record per tensor
 // storage. Aggregates stay untagged (torch::pickle_save tags the dict with
@@ -107,9 +103,8 @@ void reshard_checkpoint(const std::string& checkpoint, const std::string& output
   const Manifest old = verify_checkpoint(checkpoint);
   const ClassPartition partition(old.num_classes, world_size);
   MYRIAD_CHECK(!fs::exists(output), "'{}' exists already", output);
-  const std::string temporary = output + ".tmp";
-  const std::string stale = remove_tree(temporary);
-  MYRIAD_CHECK(stale.empty(), "{}", stale);
+  AtomicOutput out(output);
+  const std::string& temporary = out.temporary_path();
   std::error_code error;
   fs::create_directories(temporary, error);
   MYRIAD_CHECK(!error, "cannot create '{}': {}", temporary, error.message());
@@ -148,8 +143,7 @@ void reshard_checkpoint(const std::string& checkpoint, const std::string& output
   }
   write_file_atomically((fs::path(temporary) / kManifestFile).string(),
                         manifest.to_json().dump(2) + "\n");
-  fs::rename(temporary, output, error);
-  MYRIAD_CHECK(!error, "cannot rename '{}' to '{}': {}", temporary, output, error.message());
+  out.commit();
   log_info("wrote {}: step {} split for {} ranks (from {})", output, manifest.step, world_size,
            old.world_size);
 }

@@ -1,4 +1,5 @@
 #include "myriad/ckpt/training_checkpoint.h"
+#include "myriad/util/atomic_output.h"
 
 #include <chrono>
 #include <ctime>
@@ -33,27 +34,6 @@ namespace {
 
 // Bytes per block when writing classifier shards from the device: bounds host memory.
 constexpr int64_t kBlockBytes = int64_t{256} << 20;
-
-// Runs `work` on every rank; if it fails anywhere, every rank raises one `Raised` naming the first
-// failing rank, so no rank goes on alone.
-template <class Raised = Error, class Work>
-void on_every_rank(const ProcessContext& context, const std::string& what, Work work) {
-  std::string error;
-  try {
-    work();
-  } catch (const Error& e) {
-    error = e.message();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  const std::vector<std::string> errors = context.all_gather_strings(error);
-  for (size_t r = 0; r < errors.size(); ++r) {
-    if (!errors[r].empty()) {
-      throw Raised(str_format("{} failed on rank {}: {}", what, r, errors[r]),
-                   error_location(__FILE__, __LINE__), /*collective=*/true);
-    }
-  }
-}
 
 std::string dataset_name(const std::string& group, const std::string& name) {
   return group + "/" + name;
@@ -363,14 +343,14 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
   });
   // Random state continues only where the same ranks saved it (a resharded checkpoint has none);
   // otherwise it is reseeded.
-  const bool same_ranks = manifest.world_size == context.size() &&
-                          Hdf5File((fs::path(directory) / shard_file_name(context.rank())).string(),
-                                   Hdf5File::Mode::kRead)
-                              .has("rng");
-  if (context.all_true(same_ranks)) {
+  torch::Tensor rng;
+  if (manifest.world_size == context.size()) {
     const Hdf5File own((fs::path(directory) / shard_file_name(context.rank())).string(),
                        Hdf5File::Mode::kRead);
-    set_rng_state(device, own.read("rng"));
+    if (own.has("rng")) rng = own.read("rng");
+  }
+  if (context.all_true(rng.defined())) {
+    set_rng_state(device, rng);
   } else {
     log_info(
         "resuming {} ranks from a checkpoint of {}: classifier rows resharded, random state "
@@ -379,7 +359,6 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
     torch::manual_seed(static_cast<uint64_t>(state.step) * 1000003u +
                        static_cast<uint64_t>(context.rank()));
   }
-  MYRIAD_CHECK(context.all_true(true), "ranks failed to agree after loading");
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log_info("resumed from {} (step {}, epoch {}) in {:.1f} s", directory, state.step,

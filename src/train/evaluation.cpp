@@ -90,10 +90,11 @@ ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoft
     const std::vector<int64_t> indices = batch_indices(slice, b, setup.batch_size);
     torch::Tensor features = indices.empty() ? torch::empty({0, dim}, torch::device(setup.device))
                                              : embed(backbone, data, indices, setup, false);
-    const torch::Tensor predicted = classifier.predict(features).cpu();
+    const torch::Tensor predicted = classifier.predict(features).to(torch::kCPU, torch::kInt64);
+    const int64_t* predicted_class = predicted.data_ptr<int64_t>();
     for (size_t i = 0; i < indices.size(); ++i) {
       const int64_t label = data.label(indices[i]);
-      correct += predicted[static_cast<int64_t>(i)].item<int64_t>() == label ? 1 : 0;
+      correct += predicted_class[i] == label ? 1 : 0;
       if (indices[i] < setup.knn_limit) {
         knn_features.push_back(features[static_cast<int64_t>(i)]);
         knn_labels.push_back(label);
@@ -125,12 +126,8 @@ ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoft
     const torch::Tensor nearest = gallery_labels.index_select(0, similarity.argmax(1));
     knn_correct = nearest.eq(my_labels).sum().item<double>();
   }
-  if (result.knn_samples > 1) {
-    result.knn_top1 =
-        sum_over_ranks(knn_correct, *setup.comm) / static_cast<double>(result.knn_samples);
-  } else {
-    sum_over_ranks(knn_correct, *setup.comm);
-  }
+  const double knn_total = sum_over_ranks(knn_correct, *setup.comm);
+  if (result.knn_samples > 1) result.knn_top1 = knn_total / static_cast<double>(result.knn_samples);
   return result;
 }
 
@@ -205,12 +202,11 @@ std::vector<bool> read_pair_labels(const std::string& path, int64_t images) {
   const Hdf5File file(path, Hdf5File::Mode::kRead);
   MYRIAD_CHECK(file.has("issame"), "'{}' is not a verification pairs file: it has no /issame",
                path);
-  const torch::Tensor issame = file.read("issame").to(torch::kInt64).reshape({-1});
+  const torch::Tensor issame = file.read("issame").to(torch::kInt64).reshape({-1}).contiguous();
   MYRIAD_CHECK(issame.numel() * 2 == images, "'{}': {} pairs need {} images, the file has {}", path,
                issame.numel(), issame.numel() * 2, images);
-  std::vector<bool> labels(static_cast<size_t>(issame.numel()));
-  for (int64_t i = 0; i < issame.numel(); ++i) labels[i] = issame[i].item<int64_t>() != 0;
-  return labels;
+  const int64_t* same = issame.data_ptr<int64_t>();
+  return std::vector<bool>(same, same + issame.numel());
 }
 
 }  // namespace myriad

@@ -43,13 +43,14 @@ std::string duration_text(double seconds) {
   return str_format("{}s", s);
 }
 
-// Opens a labelled HDF5 set on every rank; a bad file fails on all of them alike.
-std::shared_ptr<const ImageSource> open_dataset(const std::string& path, bool labelled = true) {
-  try {
-    return std::make_shared<Hdf5ImageDataset>(path, labelled);
-  } catch (const Error& e) {
-    throw Error(e.message(), e.location(), true);
-  }
+// Opens an HDF5 set on every rank; if any rank cannot (a file missing on one node), all fail.
+std::shared_ptr<const ImageSource> open_dataset(const ProcessContext& context,
+                                                const std::string& option, const std::string& path,
+                                                bool labelled = true) {
+  std::shared_ptr<const ImageSource> dataset;
+  on_every_rank(context, str_format("opening {} '{}'", option, path),
+                [&] { dataset = std::make_shared<Hdf5ImageDataset>(path, labelled); });
+  return dataset;
 }
 
 void check_shape(const DatasetInfo& info, const InputShape& input, const std::string& what) {
@@ -171,7 +172,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
                                                static_cast<int>(c_.input.height),
                                                static_cast<int>(c_.input.width), c_.seed);
   } else {
-    data_ = open_dataset(c_.data);
+    data_ = open_dataset(context, "--data", c_.data);
     check_shape(data_->info(), c_.input, "--data");
     classes_ = c_.num_classes > 0 ? c_.num_classes : data_->info().num_classes;
     MYRIAD_CHECK_COLLECTIVE(classes_ >= data_->info().num_classes,
@@ -179,21 +180,18 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
                             data_->info().num_classes, c_.data);
   }
   if (!c_.val_data.empty()) {
-    val_ = open_dataset(c_.val_data);
+    val_ = open_dataset(context, "--val-data", c_.val_data);
     check_shape(val_->info(), c_.input, "--val-data");
     MYRIAD_CHECK_COLLECTIVE(val_->info().num_classes <= classes_,
                             "'{}' has {} classes, the classifier {}", c_.val_data,
                             val_->info().num_classes, classes_);
   }
   for (const std::string& path : c_.eval_pairs) {
-    auto images = open_dataset(path, false);
+    auto images = open_dataset(context, "--eval-pairs", path, false);
     check_shape(images->info(), c_.input, "--eval-pairs");
     std::vector<bool> issame;
-    try {
-      issame = read_pair_labels(path, images->info().size);
-    } catch (const Error& e) {
-      throw Error(e.message(), e.location(), true);
-    }
+    on_every_rank(context, str_format("reading the pairs of '{}'", path),
+                  [&] { issame = read_pair_labels(path, images->info().size); });
     pairs_.emplace_back(std::move(images), std::move(issame));
   }
 
@@ -440,7 +438,6 @@ TrainResult train(ProcessContext& context, const TrainConfig& config,
     MYRIAD_CHECK(out.good(), "cannot write '{}'", path);
     log_info("effective configuration (saved to {}):\n{}", path, config_ini);
   }
-  MYRIAD_CHECK(context.all_true(true), "ranks failed to agree at start-up");
   install_stop_handlers();
   Run run(context, config, config_ini);
   // Libraries started by the run (CUDA, NCCL, the MPI transports) may install handlers of their

@@ -1,9 +1,5 @@
 #include "myriad/util/hdf5_file.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -554,25 +550,6 @@ std::optional<std::string> Hdf5File::string_attribute(const std::string& object,
 void Hdf5File::flush() {
   auto lock = hdf5_lock();
   MYRIAD_CHECK_HDF5(H5Fflush(file_, H5F_SCOPE_GLOBAL), "flushing " + path_);
-}
-
-AtomicOutput::AtomicOutput(std::string path) : path_(std::move(path)) {
-  temporary_ = str_format("{}.tmp-{}", path_, static_cast<long>(getpid()));
-}
-
-AtomicOutput::~AtomicOutput() {
-  if (!committed_) std::remove(temporary_.c_str());
-}
-
-void AtomicOutput::commit() {
-  const int fd = open(temporary_.c_str(), O_RDONLY);
-  MYRIAD_CHECK(fd >= 0, "cannot reopen '{}' to sync it: {}", temporary_, std::strerror(errno));
-  const int synced = fsync(fd);
-  close(fd);
-  MYRIAD_CHECK(synced == 0, "cannot sync '{}': {}", temporary_, std::strerror(errno));
-  MYRIAD_CHECK(std::rename(temporary_.c_str(), path_.c_str()) == 0,
-               "cannot rename '{}' to '{}': {}", temporary_, path_, std::strerror(errno));
-  committed_ = true;
 }
 
 }  // namespace myriad

@@ -12,6 +12,7 @@
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/ckpt/checksum.h"
 #include "myriad/ckpt/manifest.h"
+#include "myriad/util/atomic_output.h"
 #include "myriad/util/error.h"
 #include "myriad/util/remove_tree.h"
 #include "support/test_files.h"

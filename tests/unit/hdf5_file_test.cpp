@@ -1,6 +1,5 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -102,28 +101,6 @@ TEST(Hdf5File, MissingAndCorruptFilesAreNamedErrors) {
         file.read("big");
       },
       Error);
-  std::remove(path.c_str());
-}
-
-TEST(AtomicOutput, CommitRenamesAndAbandonRemoves) {
-  const std::string path = temp_path("myriad_atomic.h5");
-  std::remove(path.c_str());
-  {
-    AtomicOutput out(path);
-    Hdf5File(out.temporary_path(), Hdf5File::Mode::kCreate).write("x", torch::ones({2}));
-    EXPECT_NE(access(out.temporary_path().c_str(), F_OK), -1);
-    EXPECT_EQ(access(path.c_str(), F_OK), -1);
-  }
-  EXPECT_EQ(access(path.c_str(), F_OK), -1) << "an uncommitted output must not appear";
-  std::string temporary;
-  {
-    AtomicOutput out(path);
-    temporary = out.temporary_path();
-    Hdf5File(out.temporary_path(), Hdf5File::Mode::kCreate).write("x", torch::ones({2}));
-    out.commit();
-  }
-  EXPECT_EQ(access(path.c_str(), F_OK), 0);
-  EXPECT_EQ(access(temporary.c_str(), F_OK), -1);
   std::remove(path.c_str());
 }
 

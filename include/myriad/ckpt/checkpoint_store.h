@@ -46,10 +46,4 @@ Manifest verify_checkpoint(const std::string& directory,
 // (load_checkpoint), spread over the ranks that read the files.
 std::vector<std::string> resume_candidates(const std::string& resume, const CheckpointStore& store);
 
-// Writes `bytes` to `path` through a temporary file, fsync and rename.
-void write_file_atomically(const std::string& path, const std::string& bytes);
-
-// fsync of a file or directory.
-void sync_path(const std::string& path);
-
 }  // namespace myriad

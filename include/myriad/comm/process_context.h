@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "myriad/comm/device_selection.h"
+#include "myriad/util/error.h"
 
 namespace myriad {
 
@@ -47,5 +48,28 @@ class ProcessContext {
   int thread_level_ = 0;
   std::string hostname_;
 };
+
+// Runs `work` on every rank and agrees on the outcome: if it failed on any rank, every rank raises
+// one collective `Raised` naming the first failing rank and its error. For work whose failure may
+// differ between ranks (a file one node cannot read), so that no rank goes on into a collective
+// alone. A collective call.
+template <class Raised = Error, class Work>
+void on_every_rank(const ProcessContext& context, const std::string& what, Work&& work) {
+  std::string error;
+  try {
+    work();
+  } catch (const Error& e) {
+    error = e.message();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const std::vector<std::string> errors = context.all_gather_strings(error);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) {
+      throw Raised(str_format("{} failed on rank {}: {}", what, r, errors[r]),
+                   error_location(__FILE__, __LINE__), /*collective=*/true);
+    }
+  }
+}
 
 }  // namespace myriad

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "myriad/data/image_source.h"
+#include "myriad/util/atomic_output.h"
 #include "myriad/util/hdf5_file.h"
 
 namespace myriad {

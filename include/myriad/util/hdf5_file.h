@@ -76,24 +76,4 @@ class Hdf5File {
   std::string path_;
 };
 
-// Writes a file under a temporary name next to `path` and renames it into place on commit(), so
-// readers never see a partial file. Without commit() (an error unwound the writer) the temporary
-// file is removed.
-class AtomicOutput {
- public:
-  explicit AtomicOutput(std::string path);
-  ~AtomicOutput();
-  AtomicOutput(const AtomicOutput&) = delete;
-  AtomicOutput& operator=(const AtomicOutput&) = delete;
-
-  const std::string& temporary_path() const { return temporary_; }
-  // fsyncs the temporary file and renames it to the final path.
-  void commit();
-
- private:
-  std::string path_;
-  std::string temporary_;
-  bool committed_ = false;
-};
-
 }  // namespace myriad

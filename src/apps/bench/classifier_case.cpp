@@ -2,6 +2,7 @@
 
 #include "bench_commands.h"
 #include "myriad/comm/process_context.h"
+#include "myriad/util/atomic_output.h"
 #include "myriad/util/cli.h"
 #include "myriad/util/entry.h"
 #include "myriad/util/error.h"

@@ -10,6 +10,7 @@
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/comm_factory.h"
 #include "myriad/comm/process_context.h"
+#include "myriad/util/atomic_output.h"
 #include "myriad/util/cli.h"
 #include "myriad/util/entry.h"
 #include "myriad/util/error.h"
@@ -40,11 +41,10 @@ int run_classifier_check(ProcessContext& context, int argc, char** argv) {
   CommFactory comms(context);
   Communicator& comm = comms.for_device(device);
 
-  // Every rank reads the same file, so a bad case fails on all ranks alike.
   torch::Tensor features, labels, weight;
   std::vector<int64_t> rows;
   int64_t n = 0, classes = 0, dim = 0;
-  try {
+  on_every_rank(context, str_format("reading '{}'", input), [&] {
     Hdf5File file(input, Hdf5File::Mode::kRead);
     for (const char* name : {"features", "labels", "weight"}) {
       MYRIAD_CHECK(file.has(name), "'{}' has no dataset '{}'", input, name);
@@ -63,9 +63,7 @@ int run_classifier_check(ProcessContext& context, int argc, char** argv) {
     const ClassPartition part(classes, comm.size());
     weight = file.read_rows("weight", part.offset(comm.rank()), part.size(comm.rank()))
                  .to(torch::kFloat32);
-  } catch (const Error& e) {
-    throw Error(e.message(), e.location(), true);
-  }
+  });
 
   ShardedSoftmaxOptions o;
   o.num_classes = classes;
