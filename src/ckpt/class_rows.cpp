@@ -14,11 +14,14 @@ constexpr int64_t kBlockBytes = int64_t{256} << 20;
 
 }  // namespace
 
+int64_t rows_per_block(int64_t row_elements) {
+  return std::max<int64_t>(1, kBlockBytes / (4 * std::max<int64_t>(1, row_elements)));
+}
+
 void read_class_rows(const std::string& checkpoint, const Manifest& manifest,
                      const std::string& dataset, int64_t begin, int64_t end,
                      const std::function<void(int64_t, const torch::Tensor&)>& write) {
-  const int64_t block =
-      std::max<int64_t>(1, kBlockBytes / (4 * std::max<int64_t>(1, manifest.embedding_size)));
+  const int64_t block = rows_per_block(manifest.embedding_size);
   for (const ShardEntry& s : manifest.shards) {
     const int64_t from = std::max(begin, s.class_offset);
     const int64_t to = std::min(end, s.class_offset + s.rows);

@@ -32,9 +32,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Bytes per block when writing classifier shards from the device: bounds host memory.
-constexpr int64_t kBlockBytes = int64_t{256} << 20;
-
 std::string dataset_name(const std::string& group, const std::string& name) {
   return group + "/" + name;
 }
@@ -48,9 +45,7 @@ std::vector<std::pair<std::string, torch::Tensor>> module_state(torch::nn::Modul
 }
 
 void write_rows_in_blocks(Hdf5File& file, const std::string& name, const torch::Tensor& rows) {
-  const int64_t row_bytes =
-      std::max<int64_t>(1, rows.numel() / std::max<int64_t>(1, rows.size(0))) * 4;
-  const int64_t block = std::max<int64_t>(1, kBlockBytes / row_bytes);
+  const int64_t block = rows_per_block(rows.numel() / std::max<int64_t>(1, rows.size(0)));
   file.create(name, torch::kFloat32, rows.sizes().vec(),
               std::min<int64_t>(std::max<int64_t>(1, rows.size(0)), 4096));
   for (int64_t begin = 0; begin < rows.size(0); begin += block) {

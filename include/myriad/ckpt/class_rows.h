@@ -10,6 +10,10 @@
 
 namespace myriad {
 
+// Rows of `row_elements` float32 values that make one block of checkpoint I/O (256 MiB): the
+// host memory a save or load of class rows holds at once.
+int64_t rows_per_block(int64_t row_elements);
+
 // Reads classes [begin, end) of `dataset` ("weight", "state/momentum", ...) out of whichever
 // shards of `checkpoint` hold them, whatever world size wrote it, calling write(offset from begin,
 // rows [n, D] float32) block by block so that host memory stays bounded. This is how a run on a
