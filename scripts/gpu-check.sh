@@ -5,7 +5,7 @@
 #   scripts/gpu-check.sh [--deps-dir DIR] [--out DIR] [--only LIST] [--tests REGEX]
 #
 # LIST is a comma list of: tests, collectives, classifier (the peer's shapes), momentum-bf16,
-# naive, max-classes, loader (JPEG bytes from HDF5), train (trainer throughput, scaling), checkpoint (save/load GB/s at
+# naive, max-classes, loader (JPEG bytes from HDF5), train (scripts/bench-train.sh), checkpoint (save/load GB/s at
 # C = 10M, resume across world sizes), launch (launch/mpirun.sh, one rank per GPU) (default: all).
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX.
@@ -127,27 +127,24 @@ if wants loader; then
   mkdir -p "$data"
   "$bin/myriad-data" synthetic --output "$data/jpeg.h5" --size 20000 --num-classes 1000 --jpeg-quality 90 \
     >"$out/loader.txt" 2>&1 || status=1
-  for n in 1 "$gpus"; do
-    mpirun -np "$n" --bind-to none "$bin/myriad-bench" loader --data "$data/jpeg.h5" --workers "$cores_per_rank" \
-      --batch-size 256 --steps 40 >>"$out/loader.txt" 2>&1 || status=1
-  done
-  note "loader (112x112 JPEG, $cores_per_rank workers per rank):"
-  grep "images/s" "$out/loader.txt" | tee -a "$summary"
-fi
-if wants train; then
-  # Training throughput and weak scaling: synthetic 112x112, bf16, C = 1M, 256 per GPU.
-  for model in iresnet50 iresnet100; do
-    for n in "${rank_counts[@]}"; do
-      [ "$n" -eq 1 ] || [ "$n" -eq 2 ] || [ "$n" -eq 4 ] || continue
-      run="$out/../gpu-check-runs/$model-np$n"
-      rm -rf "$run"
-      mpirun -np "$n" --bind-to none "${forward[@]}" "$bin/myriad-train" --data synthetic --backbone "$model" \
-        --input-shape 3x112x112 --precision bf16 --num-classes 1000000 --batch-size 256 --max-steps 30 --log-every 15 \
-        --workers "$cores_per_rank" --classifier-workspace 16G --run-dir "$run" >"$out/train-$model-np$n.txt" 2>&1 \
-        || status=1
-      note "train $model, $n GPU(s): $(tail -n 1 "$run/metrics.jsonl" 2>/dev/null | cut -c1-400)"
+  # With the default workers (myriad-train's), then one per core; one rank, then one per GPU.
+  for workers in "" "$cores_per_rank"; do
+    for n in 1 "$gpus"; do
+      mpirun -np "$n" --bind-to none "$bin/myriad-bench" loader --data "$data/jpeg.h5" ${workers:+--workers "$workers"} \
+        --batch-size 256 --steps 40 >>"$out/loader.txt" 2>&1 || status=1
     done
   done
+  note "loader (112x112 JPEG, batch 256):"
+  grep -E "^loader:|images/s" "$out/loader.txt" | tee -a "$summary"
+fi
+if wants train; then
+  # The training benchmark (scripts/bench-train.sh): iresnet50 and iresnet100, bf16 and fp16, on 1
+  # and 2 GPUs where there are two, then the other backbones on one GPU in bf16.
+  two=1; [ "$gpus" -ge 2 ] && two=1,2
+  "$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-train" --gpus "$two" 2>&1 | tee -a "$summary" \
+    || status=1
+  "$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-train" --gpus 1 --precisions bf16 \
+    --backbones iresnet18,iresnet34,mobilefacenet,smallcnn 2>&1 | tee -a "$summary" || status=1
 fi
 if wants checkpoint; then
   # Save and load of C = 10M, D = 512 (weight and momentum: 41 GB) with iresnet50, on local disk,

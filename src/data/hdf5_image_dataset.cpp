@@ -26,7 +26,7 @@ int64_t required_attribute(const Hdf5File& file, const std::string& key) {
 
 }  // namespace
 
-Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled)
+Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled, int64_t resident_bytes)
     : file_(path, Hdf5File::Mode::kRead) {
   MYRIAD_CHECK(file_.has("images") && (!labelled || file_.has("labels")),
                "'{}' is not a myriad image dataset: it needs /images{} (see docs/data-format.md)",
@@ -50,6 +50,10 @@ Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled)
                "'{}': images have {} channels; 1 or 3 are supported", path, info_.channels);
   MYRIAD_CHECK(info_.height > 0 && info_.width > 0, "'{}': image size {}x{}", path, info_.height,
                info_.width);
+  if (!info_.encoded &&
+      info_.size * info_.height * info_.width * info_.channels <= resident_bytes) {
+    resident_ = file_.read("images");
+  }
   if (!labelled) return;
   const std::vector<int64_t> label_shape = file_.shape("labels");
   MYRIAD_CHECK(label_shape.size() == 1 && label_shape[0] == info_.size,
@@ -99,11 +103,13 @@ void Hdf5ImageDataset::read(const std::vector<int64_t>& indices, uint8_t* out) c
     }
     return;
   }
-  const torch::Tensor pixels = file_.read_row_list("images", rows);
+  const torch::Tensor pixels =
+      resident_.defined() ? resident_ : file_.read_row_list("images", rows);
   const uint8_t* source = pixels.data_ptr<uint8_t>();
   for (size_t r = 0; r < rows.size(); ++r) {
+    const int64_t row = resident_.defined() ? rows[r] : static_cast<int64_t>(r);
     for (size_t slot : slots[r]) {
-      std::memcpy(out + static_cast<int64_t>(slot) * image_bytes, source + r * image_bytes,
+      std::memcpy(out + static_cast<int64_t>(slot) * image_bytes, source + row * image_bytes,
                   image_bytes);
     }
   }

@@ -24,6 +24,20 @@ InputShape parse_input_shape(const std::string& text) {
   return shape;
 }
 
+void Backbone::set_channels_last(bool on) {
+  torch::NoGradGuard no_grad;
+  const auto format = on ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+  for (torch::Tensor& p : parameters()) {
+    if (p.dim() == 4) p.set_data(p.contiguous(format));
+  }
+  channels_last_ = on;
+}
+
+torch::Tensor Backbone::in_layout(const torch::Tensor& images) const {
+  return channels_last_ && images.dim() == 4 ? images.contiguous(torch::MemoryFormat::ChannelsLast)
+                                             : images;
+}
+
 const std::vector<std::string>& backbone_names() {
   static const std::vector<std::string> names = {"iresnet18",  "iresnet34",     "iresnet50",
                                                  "iresnet100", "mobilefacenet", "smallcnn"};

@@ -7,28 +7,35 @@ namespace myriad {
 
 namespace {
 
-// Appends a convolution and batch norm, then PReLU unless `linear`.
-void add_conv_block(torch::nn::Sequential& layers, int64_t in, int64_t out,
-                    torch::ExpandingArray<2> kernel, int64_t stride, int64_t groups, bool linear) {
-  layers->push_back(
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel)
-                            .stride(stride)
-                            .padding(torch::ExpandingArray<2>({(*kernel)[0] / 2, (*kernel)[1] / 2}))
-                            .groups(groups)
-                            .bias(false)));
+// Appends a convolution and batch norm, then PReLU unless `linear`. Returns the convolution's
+// multiply-adds at an input of `positions` pixels, and divides `positions` by its stride squared.
+int64_t add_conv_block(torch::nn::Sequential& layers, int64_t& positions, int64_t in, int64_t out,
+                       torch::ExpandingArray<2> kernel, int64_t stride, int64_t groups,
+                       bool linear) {
+  torch::nn::Conv2d conv(
+      torch::nn::Conv2dOptions(in, out, kernel)
+          .stride(stride)
+          .padding(torch::ExpandingArray<2>({(*kernel)[0] / 2, (*kernel)[1] / 2}))
+          .groups(groups)
+          .bias(false));
+  layers->push_back(conv);
   layers->push_back(BatchNorm(out));
   if (!linear) layers->push_back(torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(out)));
+  positions /= stride * stride;
+  return positions * conv->weight.numel();
 }
 
 class BottleneckImpl : public torch::nn::Module {
  public:
-  BottleneckImpl(int64_t in, int64_t out, int64_t expansion, int64_t stride)
+  // `positions`: pixels of the input, then of the output; `multiply_adds` accumulates.
+  BottleneckImpl(int64_t in, int64_t out, int64_t expansion, int64_t stride, int64_t& positions,
+                 int64_t& multiply_adds)
       : residual_(stride == 1 && in == out) {
     const int64_t hidden = in * expansion;
     body_ = register_module("body", torch::nn::Sequential());
-    add_conv_block(body_, in, hidden, 1, 1, 1, false);
-    add_conv_block(body_, hidden, hidden, 3, stride, hidden, false);
-    add_conv_block(body_, hidden, out, 1, 1, 1, true);
+    multiply_adds += add_conv_block(body_, positions, in, hidden, 1, 1, 1, false);
+    multiply_adds += add_conv_block(body_, positions, hidden, hidden, 3, stride, hidden, false);
+    multiply_adds += add_conv_block(body_, positions, hidden, out, 1, 1, 1, true);
   }
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor y = body_->forward(x);
@@ -51,8 +58,9 @@ MobileFaceNet::MobileFaceNet(const BackboneOptions& options) {
                    in.height, in.width));
   }
   body_ = register_module("body", torch::nn::Sequential());
-  add_conv_block(body_, in.channels, 64, 3, 2, 1, false);
-  add_conv_block(body_, 64, 64, 3, 1, 64, false);
+  int64_t positions = in.height * in.width;
+  int64_t macs = add_conv_block(body_, positions, in.channels, 64, 3, 2, 1, false);
+  macs += add_conv_block(body_, positions, 64, 64, 3, 1, 64, false);
   struct Stage {
     int64_t expansion, channels, repeats, stride;
   };
@@ -60,20 +68,23 @@ MobileFaceNet::MobileFaceNet(const BackboneOptions& options) {
   for (const Stage& s : {Stage{2, 64, 5, 2}, Stage{4, 128, 1, 2}, Stage{2, 128, 6, 1},
                          Stage{4, 128, 1, 2}, Stage{2, 128, 2, 1}}) {
     for (int64_t r = 0; r < s.repeats; ++r) {
-      body_->push_back(Bottleneck(channels, s.channels, s.expansion, r == 0 ? s.stride : 1));
+      body_->push_back(
+          Bottleneck(channels, s.channels, s.expansion, r == 0 ? s.stride : 1, positions, macs));
       channels = s.channels;
     }
   }
-  add_conv_block(body_, 128, 512, 1, 1, 1, false);
-  // Global depthwise convolution: one weight per position of the final map.
-  body_->push_back(torch::nn::Conv2d(
+  macs += add_conv_block(body_, positions, 128, 512, 1, 1, 1, false);
+  // Global depthwise convolution: one weight per position of the final map, one output position.
+  torch::nn::Conv2d gdc(
       torch::nn::Conv2dOptions(512, 512, torch::ExpandingArray<2>({in.height / 16, in.width / 16}))
           .groups(512)
-          .bias(false)));
+          .bias(false));
+  torch::nn::Conv2d linear(torch::nn::Conv2dOptions(512, options.embedding_size, 1).bias(false));
+  body_->push_back(gdc);
   body_->push_back(BatchNorm(512));
-  body_->push_back(
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(512, options.embedding_size, 1).bias(false)));
+  body_->push_back(linear);
   body_->push_back(BatchNorm(options.embedding_size));
+  add_multiply_adds(macs + gdc->weight.numel() + linear->weight.numel());
   torch::NoGradGuard no_grad;
   for (auto& module : modules(false)) {
     if (auto* c = module->as<torch::nn::Conv2d>())

@@ -1,5 +1,7 @@
 #include "myriad/model/small_cnn.h"
 
+#include <utility>
+
 #include "myriad/model/batch_norm.h"
 #include "myriad/util/error.h"
 
@@ -27,9 +29,17 @@ SmallCnn::SmallCnn(const BackboneOptions& options) {
   add_conv_bn_relu(features_, 32, 64);
   features_->push_back(torch::nn::MaxPool2d(2));
   add_conv_bn_relu(features_, 64, 128);
+  // The three convolutions run at full, half and quarter resolution.
+  const int64_t positions = in.height * in.width;
+  const std::pair<int, int64_t> convs[] = {{0, 1}, {4, 4}, {8, 16}};  // layer, positions divisor
+  for (const auto& [index, scale] : convs) {
+    add_multiply_adds(positions / scale *
+                      features_[index]->as<torch::nn::Conv2d>()->weight.numel());
+  }
   dropout_ = register_module("dropout", torch::nn::Dropout(options.dropout));
   fc_ = register_module(
       "fc", torch::nn::Linear(128 * (in.height / 4) * (in.width / 4), options.embedding_size));
+  add_multiply_adds(fc_->weight.numel());
   embedding_ = register_module("embedding", BatchNorm(options.embedding_size));
   torch::NoGradGuard no_grad;
   for (auto& module : modules(false)) {

@@ -41,7 +41,8 @@ torch::Tensor embed(Backbone& backbone, const ImageSource& source,
   torch::NoGradGuard no_grad;
   std::unique_ptr<AutocastGuard> autocast;
   if (setup.autocast) autocast = std::make_unique<AutocastGuard>(setup.device, *setup.autocast);
-  torch::Tensor features = backbone.forward(images.to(setup.device)).to(torch::kFloat32);
+  torch::Tensor features =
+      backbone.forward(backbone.in_layout(images.to(setup.device))).to(torch::kFloat32);
   if (add_mirrored) features = features.narrow(0, 0, n) + features.narrow(0, n, n);
   return features;
 }

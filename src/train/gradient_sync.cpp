@@ -91,16 +91,25 @@ GradientSynchronizer::~GradientSynchronizer() {
   for (size_t k = 0; k < hooks_.size(); ++k) params_[k].remove_hook(hooks_[k]);
 }
 
+torch::Tensor GradientSynchronizer::slot_view(size_t param) const {
+  const Slot& slot = slots_[param];
+  const torch::Tensor& p = params_[param];
+  // The parameter's own strides over its slot: a channels-last weight's gradient is copied in
+  // and read back without a transposition.
+  return buckets_[slot.bucket]->flat.as_strided(
+      p.sizes(), p.strides(), buckets_[slot.bucket]->flat.storage_offset() + slot.offset);
+}
+
 void GradientSynchronizer::on_gradient(size_t param, const torch::Tensor& grad) {
   Slot& slot = slots_[param];
   Bucket& bucket = *buckets_[slot.bucket];
-  torch::Tensor view = bucket.flat.narrow(0, slot.offset, params_[param].numel());
+  torch::Tensor view = slot_view(param);
   // A parameter used twice in the graph receives its gradient in parts.
   if (slot.received) {
-    view.add_(grad.reshape(-1));
+    view.add_(grad);
     return;
   }
-  view.copy_(grad.reshape(-1));
+  view.copy_(grad);
   slot.received = true;
   if (--bucket.pending == 0) launch(bucket);
 }
@@ -129,7 +138,7 @@ void GradientSynchronizer::finish() {
   for (auto& b : buckets_) {
     if (b->launched) continue;
     for (size_t k : b->params) {
-      if (!slots_[k].received) b->flat.narrow(0, slots_[k].offset, params_[k].numel()).zero_();
+      if (!slots_[k].received) slot_view(k).zero_();
     }
     launch(*b);
   }
@@ -141,21 +150,24 @@ void GradientSynchronizer::finish() {
     cuda_->wait_end.record(current);
   }
 #endif
-  for (size_t k = 0; k < params_.size(); ++k) {
-    const Slot& slot = slots_[k];
-    const torch::Tensor sum =
-        buckets_[slot.bucket]->flat.narrow(0, slot.offset, params_[k].numel()).view_as(params_[k]);
-    if (params_[k].grad().defined()) {
-      params_[k].mutable_grad().copy_(sum);
-    } else {
-      params_[k].mutable_grad() = sum.clone();
-    }
-  }
+  // The sums stay where the all-reduce left them: each .grad becomes a view of its slot, which
+  // replaces the gradient autograd accumulated (no copy).
+  for (size_t k = 0; k < params_.size(); ++k) params_[k].mutable_grad() = slot_view(k);
   for (auto& b : buckets_) {
     b->launched = false;
     b->pending = static_cast<int64_t>(b->params.size());
   }
   for (Slot& slot : slots_) slot.received = false;
+}
+
+std::vector<torch::Tensor> GradientSynchronizer::buffers() const {
+  std::vector<torch::Tensor> flat;
+  for (const auto& b : buckets_) flat.push_back(b->flat);
+  return flat;
+}
+
+void GradientSynchronizer::clear_gradients() {
+  for (torch::Tensor& p : params_) p.mutable_grad().reset();
 }
 
 GradientSyncStats GradientSynchronizer::last_stats() {

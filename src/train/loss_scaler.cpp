@@ -11,19 +11,30 @@ DynamicLossScaler::DynamicLossScaler(double initial_scale, int64_t growth_interv
                "loss scaling needs a positive scale and interval");
 }
 
-bool DynamicLossScaler::unscale(const std::vector<torch::Tensor>& params, Communicator& comm) {
+torch::Tensor DynamicLossScaler::unscale(const std::vector<torch::Tensor>& gradients,
+                                         Communicator& comm) const {
   torch::NoGradGuard no_grad;
-  torch::Tensor overflow = torch::zeros({1}, torch::dtype(torch::kInt32).device(comm.device()));
-  for (const torch::Tensor& p : params) {
-    if (!p.grad().defined()) continue;
-    torch::Tensor g = p.grad();
-    g.mul_(1.0 / scale_);
-    overflow.add_(g.isfinite().all().logical_not().to(torch::kInt32));
+  const auto on_device = torch::dtype(torch::kFloat32).device(comm.device());
+  torch::Tensor overflow = torch::zeros({1}, on_device);
+  if (comm.device().is_cuda()) {
+    // One fused pass over all tensors: divide, and flag any NaN or infinity.
+    torch::_amp_foreach_non_finite_check_and_unscale_(gradients, overflow,
+                                                      torch::full({1}, 1.0 / scale_, on_device));
+  } else {
+    // LibTorch 1.13 has no CPU kernel of the fused pass.
+    for (const torch::Tensor& g : gradients) {
+      g.mul_(1.0 / scale_);
+      overflow.add_(g.isfinite().all().logical_not());
+    }
   }
   // Gradients are already summed over ranks, so every rank sees the same overflow; agreeing
   // explicitly keeps that true whatever happens before this point.
   comm.all_reduce(overflow, ReduceOp::kMax);
-  const bool skip = overflow.item<int32_t>() > 0;
+  return overflow;
+}
+
+bool DynamicLossScaler::update(const torch::Tensor& overflow) {
+  const bool skip = overflow.item<float>() > 0;
   if (skip) {
     scale_ = std::max(1.0, scale_ * 0.5);
     clean_steps_ = 0;

@@ -49,13 +49,14 @@ po::options_description train_options(TrainConfig& c) {
       ("config", po::value<std::string>(), "INI file of options (key = value); the command line overrides it")
       ("run-dir", po::value(&c.run_dir)->default_value(c.run_dir), "directory for the configuration, metrics.jsonl and logs")
       ("tensorboard-dir", po::value(&c.tensorboard_dir), "also write every logged number as a TensorBoard scalar into this directory")
-      ("data", po::value(&c.data)->default_value(c.data), "training data: an HDF5 file (docs/data-format.md) or 'synthetic'")
+      ("data", po::value(&c.data)->default_value(c.data), "training data: an HDF5 file (docs/data-format.md), 'synthetic', or 'synthetic-resident' (one synthetic batch kept on the device: the trainer's speed without loading, for benchmarks)")
       ("val-data", po::value(&c.val_data), "labelled HDF5 file for top-1 and kNN evaluation")
       ("eval-pairs", po::value(&c.eval_pairs)->multitoken(), "HDF5 verification pair files (10-fold accuracy, LFW protocol)")
       ("input-shape", po::value<std::string>()->default_value("3x112x112"), "image shape CxHxW the backbone takes")
       ("backbone", po::value(&c.backbone)->default_value(c.backbone), "iresnet18, iresnet34, iresnet50, iresnet100, mobilefacenet or smallcnn")
       ("embedding-size", po::value(&c.embedding_size)->default_value(c.embedding_size), "embedding dimension D")
       ("dropout", po::value(&c.dropout)->default_value(c.dropout), "dropout before the embedding layer")
+      ("channels-last", po::value(&c.channels_last)->default_value(c.channels_last), "convolutions in channels-last (NHWC) layout: auto (on GPUs, where cuDNN's NHWC kernels are the fast ones), on or off")
       ("sync-bn", po::bool_switch(&c.sync_bn), "batch norm over the global batch (SyncBN): training does not depend on how the batch is split")
       ("num-classes", po::value(&c.num_classes)->default_value(0), "classes C (default: the data's num_classes attribute)")
       ("synthetic-size", po::value(&c.synthetic_size)->default_value(0), "images of --data synthetic (default: 64 per class, at least one epoch of 100 steps)")
@@ -115,6 +116,8 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(one_of(c.backbone, {"iresnet18", "iresnet34", "iresnet50", "iresnet100", "mobilefacenet",
                               "smallcnn"}),
           str_format("unknown --backbone '{}'", c.backbone));
+  require(one_of(c.channels_last, {"auto", "on", "off"}),
+          str_format("--channels-last must be auto, on or off, got '{}'", c.channels_last));
   require(c.embedding_size > 0, "--embedding-size must be positive");
   require(c.dropout >= 0.0 && c.dropout < 1.0, "--dropout must be in [0, 1)");
   require(c.num_classes >= 0, "--num-classes must be positive");

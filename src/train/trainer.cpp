@@ -19,6 +19,7 @@
 #include "myriad/train/loss_scaler.h"
 #include "myriad/train/lr_schedule.h"
 #include "myriad/train/metrics_log.h"
+#include "myriad/train/multi_tensor_optimizer.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
@@ -63,13 +64,13 @@ void check_shape(const DatasetInfo& info, const InputShape& input, const std::st
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c,
                                                         const std::vector<torch::Tensor>& params) {
   if (c.optimizer == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
+    return std::make_unique<MultiTensorAdamW>(
         params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
   }
-  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(c.lr)
-                                                         .momentum(c.momentum)
-                                                         .weight_decay(c.weight_decay)
-                                                         .nesterov(c.nesterov));
+  return std::make_unique<MultiTensorSgd>(params, torch::optim::SGDOptions(c.lr)
+                                                      .momentum(c.momentum)
+                                                      .weight_decay(c.weight_decay)
+                                                      .nesterov(c.nesterov));
 }
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
@@ -123,10 +124,11 @@ class Run {
   std::vector<torch::Tensor> params_;
   std::unique_ptr<ShardedMarginSoftmax> classifier_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  SkippableStep* backbone_step_ = nullptr;  // optimizer_'s step
   std::unique_ptr<GradientSynchronizer> sync_;
   std::unique_ptr<Communicator> batch_norm_comm_;
   std::shared_ptr<DistributedSampler> sampler_;
-  std::unique_ptr<DataLoader> loader_;
+  std::unique_ptr<BatchSource> loader_;
   std::optional<torch::ScalarType> autocast_;
   DynamicLossScaler scaler_;
   LrSchedule schedule_;
@@ -162,7 +164,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
     autocast_ = c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat16;
   const int64_t global_batch = c_.batch_size * context.size();
 
-  if (c_.data == "synthetic") {
+  if (c_.data == "synthetic" || c_.data == "synthetic-resident") {
     classes_ = c_.num_classes > 0 ? c_.num_classes : 1000;
     const int64_t size =
         c_.synthetic_size > 0
@@ -203,6 +205,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   b.dropout = c_.dropout;
   backbone_ = make_backbone(b);
   backbone_->to(device_);
+  backbone_->set_channels_last(c_.channels_last == "on" ||
+                               (c_.channels_last == "auto" && device_.is_cuda()));
   broadcast_module_state(*backbone_, comm_);
   if (c_.sync_bn) {
     // Its own communicator: fixed shapes, so no per-call agreement; ordered with the classifier's
@@ -219,6 +223,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   classifier_ =
       std::make_unique<ShardedMarginSoftmax>(comm_, classifier_options(c_, classes_), device_);
   optimizer_ = make_optimizer(c_, params_);
+  backbone_step_ = dynamic_cast<SkippableStep*>(optimizer_.get());
   sync_ = std::make_unique<GradientSynchronizer>(params_, comms_.create(device_), c_.bucket_bytes);
 
   sampler_ = std::make_shared<DistributedSampler>(data_->info().size, global_batch, context.size(),
@@ -240,14 +245,16 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   lo.rank = context.rank();
   lo.pin_memory = device_.is_cuda();
   loader_ = std::make_unique<DataLoader>(data_, sampler_, lo);
+  if (c_.data == "synthetic-resident")
+    loader_ = std::make_unique<ResidentBatch>(loader_->next(), sampler_, device_);
 
   int64_t backbone_params = 0;
   for (const torch::Tensor& p : backbone_->parameters()) backbone_params += p.numel();
   log_info(
-      "myriad-train: {} rank(s) on {}, {} (backbone {}, {:.1f}M parameters, {} gradient buckets), "
-      "{} classes "
-      "({} per rank), {}",
+      "myriad-train: {} rank(s) on {}, {} (backbone {}, {:.1f}M parameters, {:.2f}G multiply-adds "
+      "per image, {}, {} gradient buckets), {} classes ({} per rank), {}",
       context.size(), device_.str(), c_.precision, c_.backbone, backbone_params / 1e6,
+      backbone_->multiply_adds() / 1e9, backbone_->channels_last() ? "channels-last" : "NCHW",
       sync_->bucket_count(), classes_, classifier_->partition().size(context.rank()),
       c_.margin.describe());
   log_info(
@@ -284,15 +291,18 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
   const double hidden =
       sync.all_reduce_ms > 0 ? std::max(0.0, 1.0 - sync.exposed_ms / sync.all_reduce_ms) : 1.0;
   const double eta = (total_steps_ - step - 1) * elapsed / window_steps_;
+  // The backbone's rate per GPU, counted as 2 x multiply-adds and training as 3 x forward.
+  const double tflops = 6.0 * static_cast<double>(backbone_->multiply_adds()) * samples_per_sec /
+                        context_.size() / 1e12;
   const int64_t memory = peak_device_memory(device_);
   log_info(
       "step {}/{} epoch {} loss {:.4f} lr {:.4g} | {:.1f} samples/s | {:.1f} ms/step: data {:.1f}, "
       "forward "
       "{:.1f}, backward {:.1f}, communication {:.1f} ({:.0f}% of {:.1f} ms hidden), optimizer "
-      "{:.1f}{} | ETA {}",
+      "{:.1f} | backbone {:.1f} TFLOP/s per GPU{} | ETA {}",
       step + 1, total_steps_, epoch, loss_value, lr, samples_per_sec, step_ms, data_ms,
       phases["forward"], phases["backward"], phases["communication"], 100.0 * hidden,
-      sync.all_reduce_ms, phases["optimizer"],
+      sync.all_reduce_ms, phases["optimizer"], tflops,
       memory > 0 ? " | peak memory " + format_bytes(static_cast<double>(memory)) : "",
       duration_text(eta));
   metrics_.write({{"kind", "train"},
@@ -310,6 +320,7 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
                     {"optimizer", phases["optimizer"]}}},
                   {"all_reduce_ms", sync.all_reduce_ms},
                   {"communication_hidden", hidden},
+                  {"backbone_tflops_per_gpu", tflops},
                   {"eta_sec", eta},
                   {"peak_memory_bytes", memory},
                   {"elapsed_sec", seconds_between(run_start_, now)}});
@@ -371,7 +382,7 @@ TrainResult Run::execute() {
     {
       std::unique_ptr<AutocastGuard> autocast;
       if (autocast_) autocast = std::make_unique<AutocastGuard>(device_, *autocast_);
-      features = backbone_->forward(images);
+      features = backbone_->forward(backbone_->in_layout(images));
     }
     classifier_->set_loss_scale(fp16 ? scaler_.scale() : 1.0);
     const torch::Tensor loss = classifier_->forward(features, labels);
@@ -381,14 +392,17 @@ TrainResult Run::execute() {
     timer_.mark("communication");
     sync_->finish();
     timer_.mark("optimizer");
-    const bool skip = fp16 && scaler_.unscale(params_, comm_);
-    if (skip)
-      log_warn("step {}: non-finite gradients at loss scale {}; every rank skips the step",
-               step + 1, scaler_.scale() * 2);
-    if (!skip && c_.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params_, c_.grad_clip);
-    if (!skip) optimizer_->step();
-    optimizer_->zero_grad();
+    // fp16: gradients unscaled, and a flag on the device that cancels the step on every rank if
+    // any of them is not finite.
+    const torch::Tensor overflow =
+        fp16 ? scaler_.unscale(sync_->buffers(), comm_) : torch::Tensor();
+    if (c_.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params_, c_.grad_clip);
+    backbone_step_->step_unless(overflow);
+    sync_->clear_gradients();
     timer_.stop();
+    if (fp16 && scaler_.update(overflow))
+      log_warn("step {}: non-finite gradients at loss scale {}; every rank skipped the step",
+               step + 1, scaler_.scale() * 2);
     ++window_steps_;
 
     if ((step + 1) % c_.log_every == 0 || step + 1 == total_steps_)

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <mutex>
 
+#include <unistd.h>
+
 #include "myriad/util/check_hdf5.h"
 #include "myriad/util/error.h"
 

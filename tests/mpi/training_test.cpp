@@ -11,6 +11,7 @@
 #include "myriad/model/batch_norm.h"
 #include "myriad/train/gradient_sync.h"
 #include "myriad/train/loss_scaler.h"
+#include "support/optimizer_check.h"
 #include "support/reference_softmax.h"
 
 namespace myriad::testing {
@@ -60,7 +61,8 @@ class ExactFloat32 {
 
 // One step of backbone + sharded classifier on W ranks, gradients summed by the bucketed
 // synchroniser (tiny buckets, so there are many), against one process running the whole batch
-// through an identical backbone whose batch norm sees the whole batch too.
+// through an identical backbone whose batch norm sees the whole batch too. Both layouts; the step
+// runs twice, so that a gradient added to the previous step's sum would show.
 TEST_P(TrainingTest, SummedGradientsEqualTheSingleProcessGradient) {
   const ExactFloat32 exact;
   const std::vector<int64_t> counts = [&] {
@@ -74,50 +76,60 @@ TEST_P(TrainingTest, SummedGradientsEqualTheSingleProcessGradient) {
   const torch::Tensor images = torch::randn({n, 1, 8, 8});
   const torch::Tensor labels = torch::randint(0, 13, {n}, torch::kInt64);
 
-  auto net = make_net(17);
-  auto comm_bn = environment().comms->create(device());
-  set_batch_norm_sync(*net, comm_bn.get());
-  GradientSynchronizer sync(trainable(*net), environment().comms->create(device()), 256);
-  EXPECT_GT(sync.bucket_count(), 2);
-  ShardedSoftmaxOptions o;
-  o.num_classes = 13;
-  o.embedding_size = 16;
-  o.update = WeightUpdate::kAccumulateGrad;
-  ShardedMarginSoftmax classifier(comm(), o, device());
-  const torch::Tensor features =
-      net->forward(images.slice(0, begin, begin + counts[rank()]).to(device()));
-  const torch::Tensor loss =
-      classifier.forward(features, labels.slice(0, begin, begin + counts[rank()]).to(device()));
-  loss.backward();
-  sync.finish();
+  for (const bool channels_last : {false, true}) {
+    SCOPED_TRACE(channels_last ? "channels-last" : "NCHW");
+    auto net = make_net(17);
+    net->set_channels_last(channels_last);
+    auto comm_bn = environment().comms->create(device());
+    set_batch_norm_sync(*net, comm_bn.get());
+    GradientSynchronizer sync(trainable(*net), environment().comms->create(device()), 256);
+    EXPECT_GT(sync.bucket_count(), 2);
+    ShardedSoftmaxOptions o;
+    o.num_classes = 13;
+    o.embedding_size = 16;
+    o.update = WeightUpdate::kAccumulateGrad;
+    ShardedMarginSoftmax classifier(comm(), o, device());
+    torch::Tensor loss;
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      sync.clear_gradients();
+      const torch::Tensor features =
+          net->forward(net->in_layout(images.slice(0, begin, begin + counts[rank()]).to(device())));
+      loss =
+          classifier.forward(features, labels.slice(0, begin, begin + counts[rank()]).to(device()));
+      loss.backward();
+      sync.finish();
+    }
 
-  // The reference: the same network, one process, the whole batch.
-  auto reference = make_net(17);
-  reference->to(torch::kCPU);
-  const torch::Tensor all_features = reference->forward(images);
-  // The classifier's weight is identical on any world size: gather this rank's shard for the
-  // reference softmax.
-  const torch::Tensor weight =
-      comm().all_gather(classifier.weight(), classifier.partition().sizes()).cpu();
-  const ReferenceResult ref = reference_softmax(all_features.detach(), labels, weight, o.margin);
-  all_features.backward(ref.grad_features.to(torch::kFloat32));
-  EXPECT_LE(relative_error(loss, ref.loss), 1e-5);
-  const auto mine = trainable(*net);
-  const auto theirs = trainable(*reference);
-  ASSERT_EQ(mine.size(), theirs.size());
-  // Errors are measured against the whole gradient: some entries are zero up to rounding (a bias
-  // followed by batch norm), so their own relative error means nothing.
-  std::vector<torch::Tensor> flat;
-  for (const torch::Tensor& p : theirs) flat.push_back(p.grad().reshape(-1));
-  const double scale = torch::cat(flat).norm().item<double>();
-  for (size_t k = 0; k < mine.size(); ++k) {
-    const double error = (mine[k].grad().cpu() - theirs[k].grad()).norm().item<double>();
-    EXPECT_LE(error, 1e-5 * scale) << "parameter " << k << " of " << mine.size();
-  }
-  // Averaging instead of summing would be off by the world size.
-  if (world() > 1) {
-    EXPECT_GT((mine[0].grad().cpu() / world() - theirs[0].grad()).norm().item<double>(),
-              1e-2 * scale);
+    // The reference: the same network, one process, the whole batch.
+    auto reference = make_net(17);
+    reference->to(torch::kCPU);
+    const torch::Tensor all_features = reference->forward(images);
+    // The classifier's weight is identical on any world size: gather this rank's shard for the
+    // reference softmax.
+    const torch::Tensor weight =
+        comm().all_gather(classifier.weight(), classifier.partition().sizes()).cpu();
+    const ReferenceResult ref = reference_softmax(all_features.detach(), labels, weight, o.margin);
+    all_features.backward(ref.grad_features.to(torch::kFloat32));
+    EXPECT_LE(relative_error(loss, ref.loss), 1e-5);
+    const auto mine = trainable(*net);
+    const auto theirs = trainable(*reference);
+    ASSERT_EQ(mine.size(), theirs.size());
+    // Errors are measured against the whole gradient: some entries are zero up to rounding (a bias
+    // followed by batch norm), so their own relative error means nothing.
+    std::vector<torch::Tensor> flat;
+    for (const torch::Tensor& p : theirs) flat.push_back(p.grad().reshape(-1));
+    const double scale = torch::cat(flat).norm().item<double>();
+    for (size_t k = 0; k < mine.size(); ++k) {
+      const double error = (mine[k].grad().cpu() - theirs[k].grad()).norm().item<double>();
+      EXPECT_LE(error, 1e-5 * scale) << "parameter " << k << " of " << mine.size();
+      // The gradient is the parameter's own layout, not a transposed copy.
+      EXPECT_EQ(mine[k].grad().strides(), mine[k].strides()) << "parameter " << k;
+    }
+    // Averaging instead of summing would be off by the world size.
+    if (world() > 1) {
+      EXPECT_GT((mine[0].grad().cpu() / world() - theirs[0].grad()).norm().item<double>(),
+                1e-2 * scale);
+    }
   }
 }
 
@@ -158,15 +170,21 @@ TEST_P(TrainingTest, EveryRankSkipsWhenOneRankOverflows) {
   p.mutable_grad() = torch::full({4}, 2.0, torch::device(device()));
   if (rank() == world() - 1) p.mutable_grad()[1] = std::numeric_limits<float>::infinity();
   DynamicLossScaler scaler(1024.0, 2);
-  EXPECT_TRUE(scaler.unscale({p}, comm()));
+  EXPECT_TRUE(scaler.update(scaler.unscale({p.grad()}, comm())));
   EXPECT_DOUBLE_EQ(scaler.scale(), 512.0);
   // Clean steps grow the scale back after the interval.
   p.mutable_grad() = torch::full({4}, 2.0, torch::device(device()));
-  EXPECT_FALSE(scaler.unscale({p}, comm()));
+  EXPECT_FALSE(scaler.update(scaler.unscale({p.grad()}, comm())));
   EXPECT_NEAR(p.grad()[0].item<double>(), 2.0 / 512.0, 1e-12);
   p.mutable_grad() = torch::full({4}, 2.0, torch::device(device()));
-  EXPECT_FALSE(scaler.unscale({p}, comm()));
+  EXPECT_FALSE(scaler.update(scaler.unscale({p.grad()}, comm())));
   EXPECT_DOUBLE_EQ(scaler.scale(), 1024.0);
+}
+
+// The backbone optimizers on this backend's device (on GPUs, SGD through ATen's fused kernel and
+// a skip decided on the device) against LibTorch's own on the CPU.
+TEST_P(TrainingTest, MultiTensorOptimizersMatchLibTorch) {
+  expect_multi_tensor_optimizers_match(device());
 }
 
 TEST_P(TrainingTest, BroadcastMakesReplicasIdentical) {

@@ -96,16 +96,26 @@ TEST(Hdf5ImageDataset, RawAndEncodedRoundTrip) {
     enc.write_labels(0, labels);
     enc.finish();
   }
-  const Hdf5ImageDataset raw(raw_path), enc(encoded_path);
-  EXPECT_FALSE(raw.info().encoded);
+  const Hdf5ImageDataset enc(encoded_path);
   EXPECT_TRUE(enc.info().encoded);
-  EXPECT_EQ(raw.info().num_classes, 4);
   std::vector<uint8_t> out(3 * h * w * 3), out2(3 * h * w * 3);
-  // Unsorted and repeated indices come back in the order asked.
-  raw.read({6, 2, 6}, out.data());
-  EXPECT_TRUE(std::equal(out.begin(), out.begin() + h * w * 3, pixels.begin() + 6 * h * w * 3));
-  EXPECT_TRUE(std::equal(out.begin() + h * w * 3, out.begin() + 2 * h * w * 3,
-                         pixels.begin() + 2 * h * w * 3));
+  // Raw images held in memory, and read from the file batch by batch (a budget of 0 bytes).
+  for (const int64_t resident : {Hdf5ImageDataset::kResidentBytes, int64_t{0}}) {
+    SCOPED_TRACE(resident);
+    const Hdf5ImageDataset raw(raw_path, true, resident);
+    EXPECT_FALSE(raw.info().encoded);
+    EXPECT_EQ(raw.info().num_classes, 4);
+    // Unsorted and repeated indices come back in the order asked.
+    std::fill(out.begin(), out.end(), 0);
+    raw.read({6, 2, 6}, out.data());
+    for (int k = 0; k < 3; ++k) {
+      const int index = k == 1 ? 2 : 6;
+      EXPECT_TRUE(std::equal(out.begin() + k * h * w * 3, out.begin() + (k + 1) * h * w * 3,
+                             pixels.begin() + index * h * w * 3))
+          << "image " << k;
+    }
+    EXPECT_THROW(raw.read({7}, out.data()), Error);
+  }
   enc.read({6, 2, 4}, out2.data());
   // Images 2 and 4 are PNG (exact); image 6 too.
   EXPECT_TRUE(std::equal(out2.begin(), out2.begin() + h * w * 3, pixels.begin() + 6 * h * w * 3));

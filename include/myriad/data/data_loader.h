@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "myriad/data/batch_source.h"
 #include "myriad/data/distributed_sampler.h"
 #include "myriad/data/image_source.h"
 
@@ -26,18 +27,10 @@ struct LoaderOptions {
   bool pin_memory = false;  // page-locked batches, for asynchronous copies to a GPU
 };
 
-struct Batch {
-  int64_t index = 0;      // batches delivered before this one
-  DataPosition position;  // of this batch
-  DataPosition next;      // of the batch after it
-  torch::Tensor images;   // float32 [b, C, H, W], (pixel / 127.5) - 1
-  torch::Tensor labels;   // int64 [b]
-};
-
 // Reads this rank's batches in order with a pool of worker threads that read, decode,
 // augment (random horizontal flip) and normalise ahead of the consumer. Any worker's error is
 // raised by next() for the batch it concerned.
-class DataLoader {
+class DataLoader final : public BatchSource {
  public:
   DataLoader(std::shared_ptr<const ImageSource> source,
              std::shared_ptr<const DistributedSampler> sampler, const LoaderOptions& options);
@@ -45,7 +38,7 @@ class DataLoader {
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  Batch next();
+  Batch next() override;
   int64_t steps_per_epoch() const { return sampler_->steps_per_epoch(); }
 
  private:

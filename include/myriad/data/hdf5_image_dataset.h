@@ -13,9 +13,15 @@ namespace myriad {
 // (one JPEG/PNG per row), /labels int64 [N], attributes num_classes, height, width, channels.
 // Opening validates the layout and every label; a bad file is an Error naming it. Files of
 // verification pairs have no /labels (`labelled` false); their images all read as label 0.
+// Raw images of at most `resident_bytes` in all (Fashion-MNIST, CIFAR-sized sets) are read into
+// memory once at opening: a batch is then a few copies instead of an HDF5 read that pulls a whole
+// chunk for every image, which made small images slower to load than a GPU trains on them.
 class Hdf5ImageDataset final : public ImageSource {
  public:
-  explicit Hdf5ImageDataset(const std::string& path, bool labelled = true);
+  static constexpr int64_t kResidentBytes = int64_t{1} << 30;
+
+  explicit Hdf5ImageDataset(const std::string& path, bool labelled = true,
+                            int64_t resident_bytes = kResidentBytes);
 
   const Hdf5File& file() const { return file_; }
 
@@ -27,6 +33,7 @@ class Hdf5ImageDataset final : public ImageSource {
   Hdf5File file_;
   DatasetInfo info_;
   std::vector<int64_t> labels_;
+  torch::Tensor resident_;  // uint8 [N, H, W, C] when the raw images are held in memory
 };
 
 // Writes a dataset in that format, image by image or in blocks, under a temporary name that

@@ -28,6 +28,27 @@ struct BackboneOptions {
 class Backbone : public torch::nn::Module {
  public:
   virtual torch::Tensor forward(const torch::Tensor& images) = 0;
+
+  // Stores the 4-D weights (convolutions) channels-last, or back in the default layout. With
+  // channels-last weights and inputs, cuDNN runs its NHWC kernels, the fast ones for bf16 and fp16
+  // on tensor cores; every layer between convolutions keeps the layout. The values do not change.
+  void set_channels_last(bool on);
+  bool channels_last() const { return channels_last_; }
+  // `images` in the layout this backbone computes in (callers pass inputs through it).
+  torch::Tensor in_layout(const torch::Tensor& images) const;
+
+  // Multiply-adds of the convolutions and linear layers in one image's forward pass: a training
+  // step costs about 3 x 2 x this many floating-point operations per image.
+  int64_t multiply_adds() const { return multiply_adds_; }
+
+ protected:
+  // Constructors count each convolution and linear layer: its output positions (H x W; 1 for a
+  // linear layer) times its weight's size (a dot product over the fan-in per output channel).
+  void add_multiply_adds(int64_t n) { multiply_adds_ += n; }
+
+ private:
+  bool channels_last_ = false;
+  int64_t multiply_adds_ = 0;
 };
 
 // The names make_backbone accepts.

@@ -22,8 +22,10 @@ struct GradientSyncStats {
 // gradient into its bucket; when a bucket is complete its all-reduce starts at once, on a CUDA
 // stream of its own (waiting only for the bucket's gradients), so communication overlaps the rest
 // of backward. finish() reduces buckets still incomplete (parameters without a gradient count as
-// zero), waits, and writes the sums into the parameters' .grad. On the CPU the all-reduces run
-// inline. Construction checks that every rank registers the same parameters.
+// zero), waits, and points every parameter's .grad at its sum in the bucket (a view with the
+// parameter's strides: no copy). clear_gradients() drops those views before the next backward, so
+// that autograd hands each new gradient over instead of adding it to the old sum. On the CPU the
+// all-reduces run inline. Construction checks that every rank registers the same parameters.
 class GradientSynchronizer {
  public:
   GradientSynchronizer(std::vector<torch::Tensor> params, std::unique_ptr<Communicator> comm,
@@ -34,6 +36,11 @@ class GradientSynchronizer {
 
   // After loss.backward(): every parameter's .grad then holds the sum over ranks.
   void finish();
+  // The buckets' flat buffers, which hold every gradient after finish(): a multi-tensor pass over
+  // these (loss-scale unscaling) touches all gradients in a few launches.
+  std::vector<torch::Tensor> buffers() const;
+  // Before the next backward: leaves every .grad undefined.
+  void clear_gradients();
   int64_t bucket_count() const { return static_cast<int64_t>(buckets_.size()); }
   // Timing of the last finished step (waits for the device).
   GradientSyncStats last_stats();
@@ -45,6 +52,7 @@ class GradientSynchronizer {
     int64_t offset;
     bool received = false;
   };
+  torch::Tensor slot_view(size_t param) const;
   void on_gradient(size_t param, const torch::Tensor& grad);
   void launch(Bucket& bucket);
 

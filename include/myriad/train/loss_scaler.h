@@ -10,9 +10,10 @@ namespace myriad {
 class Communicator;
 
 // Dynamic loss scaling for float16 training. The loss is multiplied by scale() before backward;
-// unscale() divides the (already summed) gradients back, and reports whether any is NaN or
-// infinite on any rank, in which case every rank skips the step and the scale halves. After
-// `growth_interval` clean steps in a row the scale doubles.
+// unscale() divides the (already summed) gradients back in place and flags, on the device, whether
+// any is NaN or infinite on any rank; the optimizer skips the step on that flag, and update()
+// then reads it: the scale halves after a skipped step, and doubles after `growth_interval` clean
+// steps in a row.
 class DynamicLossScaler {
  public:
   explicit DynamicLossScaler(double initial_scale = 65536.0, int64_t growth_interval = 2000);
@@ -21,8 +22,12 @@ class DynamicLossScaler {
   void set_scale(double scale) { scale_ = scale; }
   int64_t clean_steps() const { return clean_steps_; }
   void set_clean_steps(int64_t steps) { clean_steps_ = steps; }
-  // Returns true when the step must be skipped; collective over `comm`'s ranks.
-  bool unscale(const std::vector<torch::Tensor>& params, Communicator& comm);
+  // `gradients`: the tensors holding them (GradientSynchronizer::buffers()). Returns the overflow
+  // flag, a float [1] on `comm`'s device, the same on every rank (collective over `comm`).
+  torch::Tensor unscale(const std::vector<torch::Tensor>& gradients, Communicator& comm) const;
+  // After the step: reads the flag (a host synchronisation) and adapts the scale. True when the
+  // step was skipped.
+  bool update(const torch::Tensor& overflow);
 
  private:
   double scale_;

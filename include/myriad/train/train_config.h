@@ -14,8 +14,8 @@ namespace myriad {
 // Everything myriad-train is told, after validation.
 struct TrainConfig {
   std::string run_dir = "runs/default";
-  std::string tensorboard_dir;  // empty: no event files
-  std::string data = "synthetic";
+  std::string tensorboard_dir;     // empty: no event files
+  std::string data = "synthetic";  // a file, "synthetic" or "synthetic-resident"
   std::string val_data;
   std::vector<std::string> eval_pairs;
   InputShape input;
@@ -23,7 +23,8 @@ struct TrainConfig {
   int64_t embedding_size = 512;
   double dropout = 0.0;
   bool sync_bn = false;
-  int64_t num_classes = 0;  // 0: from the training data's num_classes attribute
+  std::string channels_last = "auto";  // auto: on GPUs
+  int64_t num_classes = 0;             // 0: from the training data's num_classes attribute
   int64_t synthetic_size = 0;
   int64_t batch_size = 128;  // per rank
   int64_t epochs = 1;

@@ -1,6 +1,7 @@
 // myriad-bench loader: how many images per second the data pipeline delivers to one rank (read,
 // decode, flip, normalise), to compare with what the GPU consumes.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -22,7 +23,7 @@ int run_loader_bench(ProcessContext& context, int argc, char** argv) {
   po::options_description options("loader options");
   std::string data, shape_text;
   int64_t batch = 256, steps = 50;
-  int workers = 8;
+  int workers = LoaderOptions().workers;  // myriad-train's default too
   // clang-format off
   options.add_options()
       ("data", po::value(&data)->default_value("synthetic"), "HDF5 dataset (docs/data-format.md) or synthetic")
@@ -52,7 +53,7 @@ int run_loader_bench(ProcessContext& context, int argc, char** argv) {
       std::make_shared<DistributedSampler>(info.size, batch * context.size(), context.size(), 0);
   LoaderOptions lo;
   lo.workers = workers;
-  lo.prefetch = 2 * workers;
+  lo.prefetch = std::max(lo.prefetch, workers);
   lo.rank = context.rank();
   DataLoader loader(source, sampler, lo);
   for (int i = 0; i < 2; ++i) loader.next();
