@@ -2,7 +2,7 @@
 # myriad executables under Open MPI's mpirun, one rank per GPU.
 #
 #   launch/mpirun.sh [-n RANKS] [--hosts H1,H2,... | --hostfile FILE] [--gpus-per-node G]
-#                    [--exe PATH] [--dry-run] [--] [options of the executable]
+#                    [--exe PATH] [--stop-file PATH] [--dry-run] [--] [options of the executable]
 #
 #   launch/mpirun.sh --hostfile hosts.txt -- --config configs/ms1mv3_r50.ini --run-dir runs/r50
 #   launch/mpirun.sh --hosts node1,node2 --exe build/bin/myriad-bench -- collectives --backend nccl
@@ -12,15 +12,21 @@
 # --hostfile      an Open MPI hostfile ("node1 slots=8" per line); ranks fill each node's slots
 # --gpus-per-node ranks per node (default: the GPUs nvidia-smi lists here, else 1)
 # --exe           the executable (default: MYRIAD_TRAIN, else build/bin/myriad-train)
+# --stop-file     the stop request the ranks watch (default: MYRIAD_STOP_FILE, else
+#                 .myriad-stop.HOST.PID in the current directory); every node must see it
 # --dry-run       print the mpirun command instead of running it
 #
 # Every NCCL_*, MYRIAD_*, UCX_*, CUDA_* and OMP_* variable set here is passed to every rank, and
 # so are PATH and LD_LIBRARY_PATH; OMPI_MCA_* variables configure mpirun itself. As root, mpirun
 # needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1.
 #
-# Signals: SIGUSR1 or SIGTERM to the ranks (pkill -USR1 -f myriad-train on each node) makes them
-# checkpoint and exit with code 75; not every Open MPI installation forwards a SIGUSR1 sent to
-# mpirun (docs/checkpoint-format.md). A hard-killed rank brings the whole job down.
+# Stopping (docs/training.md, "Stopping and preemption"): mpirun runs as a child in a session of
+# its own, so a signal meant for the job reaches this script and never mpirun, whose forwarding
+# differs between installations. SIGUSR1, SIGTERM or SIGINT (Ctrl-C) creates the stop file, which
+# the ranks watch: they agree at the next step boundary, write one checkpoint however long it
+# takes, and exit; this script then exits 75. A second signal stops at once: mpirun gets SIGTERM
+# and kills the ranks, the checkpoint being written is abandoned (the previous one stays), and
+# this script exits 128 + the signal's number. A hard-killed rank brings the whole job down.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,6 +35,7 @@ hosts=""
 hostfile=""
 gpus_per_node=""
 exe=${MYRIAD_TRAIN:-$repo/build/bin/myriad-train}
+stop_file=${MYRIAD_STOP_FILE:-$PWD/.myriad-stop.$(hostname -s).$$}
 dry_run=false
 
 usage_error() {
@@ -42,8 +49,9 @@ while [ $# -gt 0 ]; do
     --hostfile) hostfile=${2:?}; shift 2 ;;
     --gpus-per-node) gpus_per_node=${2:?}; shift 2 ;;
     --exe) exe=${2:?}; shift 2 ;;
+    --stop-file) stop_file=${2:?}; shift 2 ;;
     --dry-run) dry_run=true; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     --) shift; break ;;
     -*) usage_error "unknown option '$1' (options of the executable go after --)" ;;
     *) break ;;
@@ -77,6 +85,9 @@ else
 fi
 # One rank per GPU: ranks fill a node's slots in order, so local rank i takes GPU i.
 command+=(--map-by slot)
+# The stop request, and the time from which a request counts (an older file is from another run).
+export MYRIAD_STOP_FILE=$stop_file MYRIAD_STOP_SINCE
+MYRIAD_STOP_SINCE=$(date +%s.%N)
 for name in PATH LD_LIBRARY_PATH $(compgen -e | grep -E '^(NCCL|MYRIAD|UCX|CUDA|OMP)_' || true); do
   [ -z "${!name+set}" ] || command+=(-x "$name")
 done
@@ -87,4 +98,39 @@ if $dry_run; then
   echo
   exit 0
 fi
-exec "${command[@]}"
+
+rm -f "$stop_file"
+touch "$stop_file.probe" 2>/dev/null && rm -f "$stop_file.probe" \
+  || usage_error "cannot create the stop file '$stop_file' (--stop-file: a writable path every node sees)"
+signals=0
+on_signal() {
+  signals=$((signals + 1))
+  if [ "$signals" -eq 1 ]; then
+    echo "mpirun.sh: $1: asking the ranks to checkpoint and stop ($stop_file); a second signal stops at once" >&2
+    : >"$stop_file"
+  else
+    echo "mpirun.sh: $1 again: stopping at once, without a checkpoint" >&2
+    stopped_hard=$1
+    kill -TERM "$pid" 2>/dev/null || true
+  fi
+}
+stopped_hard=""
+setsid "${command[@]}" &
+pid=$!
+trap 'on_signal SIGUSR1' USR1
+trap 'on_signal SIGTERM' TERM
+trap 'on_signal SIGINT' INT
+set +e
+while :; do
+  wait "$pid"
+  code=$?
+  # wait returns early (above 128) when a trapped signal arrives; mpirun is still running.
+  kill -0 "$pid" 2>/dev/null || break
+done
+rm -f "$stop_file"
+case "$stopped_hard" in
+  SIGUSR1) exit 138 ;;
+  SIGTERM) exit 143 ;;
+  SIGINT) exit 130 ;;
+esac
+exit "$code"

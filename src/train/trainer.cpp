@@ -137,6 +137,7 @@ class Run {
   PhaseTimer timer_;
   int64_t total_steps_ = 0;
   CheckpointStore store_;
+  StopFile stop_file_;
   int64_t start_step_ = 0;
   DataPosition start_position_;
   // Progress since the last log record.
@@ -156,7 +157,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
                context.rank() == 0, config.tensorboard_dir),
       config_ini_(std::move(config_ini)),
       timer_(device_, true),
-      store_(config.checkpoint_dir) {
+      store_(config.checkpoint_dir),
+      stop_file_(default_stop_file(config.run_dir)) {
   MYRIAD_CHECK_COLLECTIVE(c_.precision != "fp16" || device_.is_cuda(),
                           "--precision fp16 needs GPUs");
   if (c_.deterministic) use_deterministic_algorithms();
@@ -236,6 +238,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   schedule_.milestones = c_.lr_steps;
   schedule_.gamma = c_.lr_gamma;
   resume();
+  if (context.rank() == 0 && stop_file_.clear_if_stale())
+    log_warn("removed the stop request '{}': it is from before this run", stop_file_.path());
   LoaderOptions lo;
   lo.start = start_position_;
   lo.workers = c_.workers;
@@ -411,16 +415,20 @@ TrainResult Run::execute() {
       evaluate(step + 1, batch.position.epoch, result);
     }
     result.steps = step + 1;
-    // Every rank agrees at the same step boundary, whichever got the signal first.
-    const bool stop = !context_.all_true(!stop_requested() && step + 1 != c_.stop_at_step);
+    // Every rank agrees at the same step boundary, whichever got the signal or saw the stop file
+    // first.
+    const bool stop = !context_.all_true(!stop_requested() && !stop_file_.requested() &&
+                                         step + 1 != c_.stop_at_step);
+    if (stop && context_.rank() == 0) stop_file_.clear();
     const bool periodic = c_.checkpoint_every > 0 &&
                           ((step + 1) % c_.checkpoint_every == 0 || step + 1 == total_steps_);
     if (stop || periodic) checkpoint(step + 1, batch.next);
     if (stop && step + 1 < total_steps_) {
-      const std::string why = stop_requested() ? stop_signal_name()
+      const std::string why = stop_requested()         ? stop_signal_name()
+                              : stop_file_.requested() ? "the stop request " + stop_file_.path()
                               : step + 1 == c_.stop_at_step
                                   ? std::string("--stop-at-step")
-                                  : std::string("a signal to another rank");
+                                  : std::string("a request another rank received");
       log_info("stopping after step {} ({}); resume with --resume auto", step + 1, why);
       result.stopped = true;
       return result;

@@ -1,9 +1,16 @@
 #include "myriad/util/stop_signal.h"
 
 #include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 namespace myriad {
 
@@ -12,7 +19,40 @@ namespace {
 volatile std::sig_atomic_t received = 0;
 
 extern "C" void on_stop_signal(int signal) {
-  received = signal;
+  if (received == 0) received = signal;
+}
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// This process's start, in seconds since the epoch: field 22 of /proc/self/stat counts clock
+// ticks since boot, and /proc/stat's btime is the boot.
+double process_start() {
+  std::ifstream stat("/proc/self/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+  const size_t close = text.rfind(')');
+  std::istringstream fields(close == std::string::npos ? "" : text.substr(close + 2));
+  std::string field;
+  unsigned long long ticks = 0;
+  for (int k = 3; k <= 22 && fields >> field; ++k) {
+    if (k == 22) ticks = std::strtoull(field.c_str(), nullptr, 10);
+  }
+  std::ifstream boot("/proc/stat");
+  std::string key;
+  long long btime = 0;
+  while (boot >> key) {
+    if (key == "btime") {
+      boot >> btime;
+      break;
+    }
+  }
+  if (ticks == 0 || btime == 0) {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  return static_cast<double>(btime) + static_cast<double>(ticks) / sysconf(_SC_CLK_TCK);
 }
 
 }  // namespace
@@ -55,6 +95,48 @@ std::string stop_signal_name() {
     default:
       return received == 0 ? "" : "signal " + std::to_string(received);
   }
+}
+
+StopFile::StopFile(std::string path, double since) : path_(std::move(path)), since_(since) {}
+
+namespace {
+
+// The file's modification time in seconds since the epoch; negative when it does not exist.
+double modified(const std::string& path) {
+  struct stat info {};
+  if (path.empty() || ::stat(path.c_str(), &info) != 0) return -1.0;
+  return static_cast<double>(info.st_mtim.tv_sec) +
+         static_cast<double>(info.st_mtim.tv_nsec) * 1e-9;
+}
+
+}  // namespace
+
+bool StopFile::requested() {
+  if (requested_) return true;
+  const double now = steady_seconds();
+  if (now < next_check_) return false;
+  next_check_ = now + 1.0;
+  requested_ = modified(path_) >= since_;
+  return requested_;
+}
+
+bool StopFile::clear_if_stale() const {
+  const double time = modified(path_);
+  if (time < 0 || time >= since_) return false;
+  clear();
+  return true;
+}
+
+void StopFile::clear() const {
+  if (!path_.empty()) std::remove(path_.c_str());
+}
+
+StopFile default_stop_file(const std::string& run_dir) {
+  const char* path = std::getenv("MYRIAD_STOP_FILE");
+  const char* since = std::getenv("MYRIAD_STOP_SINCE");
+  return StopFile(
+      path != nullptr && *path != '\0' ? std::string(path) : run_dir + "/STOP",
+      since != nullptr && *since != '\0' ? std::strtod(since, nullptr) : process_start());
 }
 
 }  // namespace myriad
