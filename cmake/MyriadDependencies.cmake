@@ -53,12 +53,21 @@ if(MYRIAD_BUILD_TESTS)
 endif()
 
 # Every myriad target compiles with the same flags, so that all of them can share one
-# precompiled <torch/torch.h>.
+# precompiled <torch/torch.h>. Without it (MYRIAD_PCH=OFF, a CI build) every file must include
+# what it uses: the header hides missing includes that other LibTorch versions do not provide.
+# LibTorch, MPI and HDF5 come in as imported targets, whose include directories are SYSTEM, so
+# MYRIAD_WERROR applies to myriad's own code only.
 function(myriad_target_defaults target)
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter -Winvalid-pch
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter
       -fmacro-prefix-map=${PROJECT_SOURCE_DIR}/=>)
-  if(NOT target STREQUAL "myriad_pch")
-    target_precompile_headers(${target} REUSE_FROM myriad_pch)
+  if(MYRIAD_WERROR)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+  endif()
+  if(MYRIAD_PCH)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Winvalid-pch>)
+    if(NOT target STREQUAL "myriad_pch")
+      target_precompile_headers(${target} REUSE_FROM myriad_pch)
+    endif()
   endif()
 endfunction()

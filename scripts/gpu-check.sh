@@ -5,8 +5,10 @@
 #   scripts/gpu-check.sh [--deps-dir DIR] [--out DIR] [--only LIST] [--tests REGEX]
 #
 # LIST is a comma list of: tests, collectives, classifier (the peer's shapes), momentum-bf16,
-# naive, max-classes, loader (JPEG bytes from HDF5), train (scripts/bench-train.sh), checkpoint (save/load GB/s at
-# C = 10M, resume across world sizes), launch (launch/mpirun.sh, one rank per GPU) (default: all).
+# naive, max-classes, loader (JPEG bytes from HDF5), train (scripts/bench-train.sh), checkpoint
+# (save/load GB/s at C = 10M, resume across world sizes), deterministic (bit-for-bit resume with
+# --deterministic), launch (launch/mpirun.sh, one rank per GPU), preempt (SIGUSR1 to
+# launch/mpirun.sh during a checkpoint of several seconds, then a resume) (default: all).
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX.
 # --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
@@ -17,14 +19,14 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps_args=()
 tests=()
 out=${OUT:-$repo/build/gpu-check}
-only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,train,checkpoint,launch
+only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,train,checkpoint,deterministic,launch,preempt
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --tests) tests=(-R "$2"); shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -181,6 +183,32 @@ if wants checkpoint; then
     note "(resume other: 2 -> $to GPUs)"
   fi
 fi
+# The losses logged in RUN_DIR/metrics.jsonl, one per line.
+losses() { grep -o '"loss":[-0-9.eE+]*' "$1/metrics.jsonl" | cut -d: -f2; }
+if wants deterministic && [ "$gpus" -ge 2 ]; then
+  # --deterministic on 2 GPUs (channels-last, bf16, fused SGD): two runs through 30 steps, and one
+  # stopped at step 15 and resumed, must log bit-identical losses.
+  runs="$out/../gpu-check-runs"
+  det_train() {
+    local run=$1
+    shift
+    mpirun -np 2 --bind-to none "${forward[@]}" "$bin/myriad-train" --data synthetic --backbone iresnet18 \
+      --input-shape 3x112x112 --num-classes 100000 --batch-size 64 --precision bf16 --deterministic \
+      --max-steps 30 --log-every 1 --lr 0.02 --workers 4 --run-dir "$runs/$run" "$@" >>"$out/deterministic.txt" 2>&1
+  }
+  rm -rf "$runs"/det-*
+  det_train det-a || status=1
+  det_train det-b || status=1
+  det_train det-resumed --stop-at-step 15
+  det_train det-resumed --resume auto || status=1
+  for other in det-b det-resumed; do
+    if cmp -s <(losses "$runs/det-a") <(losses "$runs/$other") && [ "$(losses "$runs/det-a" | wc -l)" -eq 30 ]; then
+      note "deterministic: det-a and $other: 30 bit-identical losses"
+    else
+      status=1; note "DETERMINISM FAILED: det-a and $other differ"; paste <(losses "$runs/det-a") <(losses "$runs/$other") | head -n 32 >>"$summary"
+    fi
+  done
+fi
 if wants launch; then
   # launch/mpirun.sh on this node: one rank per GPU (NCCL's INFO lines name each rank's device),
   # the environment passed on, and a checked all-reduce.
@@ -191,6 +219,34 @@ if wants launch; then
     "$(grep -o 'cudaDev [0-9]*' "$log" | sort -u | wc -l) distinct devices; $(grep -E '^# (OK|FAILED)' "$log")"
   python3 -c "import tensorboard" 2>/dev/null && note "tensorboard is installed: e2e.tensorboard loaded the events with it" \
     || note "tensorboard is not installed: e2e.tensorboard used its reference reader"
+fi
+if wants preempt; then
+  # SIGUSR1 to launch/mpirun.sh while training with C = 2M (a checkpoint of about 8 GB, several
+  # seconds): the ranks must finish it however long it takes, exit 75, and a resume must reach the end.
+  run="$out/../gpu-check-runs/preempt"
+  rm -rf "$run"
+  preempt_train() {
+    "$repo/launch/mpirun.sh" --stop-file "$run.stop" -- --data synthetic --backbone iresnet50 --input-shape 3x112x112 \
+      --precision bf16 --num-classes 2000000 --batch-size 128 --max-steps 60 --log-every 5 --workers 4 \
+      --classifier-workspace 8G --run-dir "$run" "$@" >>"$out/preempt.txt" 2>&1
+  }
+  preempt_train &
+  wrapper=$!
+  for _ in $(seq 1 600); do [ -s "$run/metrics.jsonl" ] && break; sleep 0.2; done
+  signalled=$(date +%s.%N)
+  kill -USR1 "$wrapper"
+  wait "$wrapper"
+  code=$?
+  ended=$(date +%s.%N)
+  step=$(sed 's/step-0*//' "$run/checkpoints/LATEST" 2>/dev/null)
+  save=$(grep -o 'checkpoint at step [0-9]* written to .*' "$out/preempt.txt" | tail -n 1 | sed 's|written to [^:]*: ||')
+  note "preempt: SIGUSR1 to launch/mpirun.sh at step ~$(tail -n 1 "$run/metrics.jsonl" | grep -o '"step":[0-9]*' | cut -d: -f2)," \
+    "exit $code after $(awk -v a="$signalled" -v b="$ended" 'BEGIN { printf "%.1f", b - a }') s, checkpoint step ${step:-none}; $save"
+  [ "$code" -eq 75 ] || status=1
+  preempt_train --resume auto
+  code=$?
+  note "preempt: resumed, exit $code, last step $(tail -n 1 "$run/metrics.jsonl" | grep -o '"step":[0-9]*' | cut -d: -f2) of 60"
+  [ "$code" -eq 0 ] || status=1
 fi
 note "gpu-check status: $status"
 exit $status

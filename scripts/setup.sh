@@ -122,8 +122,10 @@ fi
 
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
-# Lets ccache reuse objects built with the precompiled header.
+# Lets ccache reuse objects built with the precompiled header, and objects of another checkout
+# of the repository (paths under it are hashed relative to it).
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$repo}
 
 log "configuring $build_dir"
 if [ -f "$build_dir/CMakeCache.txt" ]; then
