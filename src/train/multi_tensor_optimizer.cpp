@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
+#include <optional>
+#include <vector>
 
 #include "myriad/train/optimizer_state.h"
 
