@@ -48,8 +48,15 @@ bool overflowed(const torch::Tensor& overflow) {
 // zeroed buffers, which the kernel then treats as LibTorch treats a first step (buffer = gradient)
 // only when there is no dampening; with dampening such a step goes the multi-tensor way.
 bool fused_sgd_step(torch::optim::Optimizer& optimizer, const torch::optim::SGDOptions& o,
-                    const Active& a, const torch::Tensor& overflow) {
+                    Active& a, const torch::Tensor& overflow) {
   if (!a.params.front().is_cuda()) return false;
+  // The kernel takes parameter, gradient and buffer in one layout: the parameter's.
+  const auto in_layout_of = [](const torch::Tensor& t, const torch::Tensor& p) {
+    return t.strides() == p.strides()
+               ? t
+               : torch::empty_like(p, torch::MemoryFormat::Preserve).copy_(t);
+  };
+  for (size_t i = 0; i < a.params.size(); ++i) a.grads[i] = in_layout_of(a.grads[i], a.params[i]);
   std::vector<torch::Tensor> buffers;
   if (o.momentum() != 0) {
     for (const torch::Tensor& p : a.params) {
@@ -64,6 +71,8 @@ bool fused_sgd_step(torch::optim::Optimizer& optimizer, const torch::optim::SGDO
         buffers.push_back(fresh->momentum_buffer());
         set_param_state(optimizer, p, std::move(fresh));
       } else {
+        if (state->momentum_buffer().strides() != p.strides())
+          state->momentum_buffer(in_layout_of(state->momentum_buffer(), p));
         buffers.push_back(state->momentum_buffer());
       }
     }

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <thread>
 
-#include "myriad/ckpt/training_checkpoint.h"
+#include "myriad/train/training_checkpoint.h"
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/comm_factory.h"
 #include "myriad/comm/process_context.h"

@@ -12,7 +12,7 @@
 #include "mpi_test.h"
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/ckpt/offline_tools.h"
-#include "myriad/ckpt/training_checkpoint.h"
+#include "myriad/train/training_checkpoint.h"
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/model/backbone.h"
 #include "myriad/train/gradient_sync.h"
@@ -124,6 +124,8 @@ class CheckpointTest : public BackendTest {
       EXPECT_TRUE(torch::equal(item.value().cpu(), other.cpu())) << item.key();
       EXPECT_TRUE(torch::equal(momentum(a, item.value()).cpu(), momentum(b, other).cpu()))
           << item.key();
+      // Restored state takes its parameter's layout, as the fused optimizer kernels require.
+      EXPECT_EQ(momentum(b, other).strides(), other.strides()) << item.key();
     }
     const auto ba = a.backbone->named_buffers();
     const auto bb = b.backbone->named_buffers();
@@ -146,7 +148,9 @@ TEST_P(CheckpointTest, SameRanksRestoreEverythingExactly) {
   EXPECT_EQ(store.latest(), store.directory_for(17));
   const torch::Tensor after_save = torch::rand({5}, torch::device(device())).cpu();
 
+  // Saved in the default layout, loaded into a channels-last backbone (as on GPUs).
   Model loaded = make_model(4);
+  loaded.backbone->set_channels_last(true);
   TrainingState l = loaded.state();
   load_checkpoint(context(), store.directory_for(17), l);
   EXPECT_EQ(l.step, 17);

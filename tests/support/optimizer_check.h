@@ -58,6 +58,37 @@ void expect_same_steps(const Options& options, int steps, const torch::Device& d
   EXPECT_TRUE(b[0].is_contiguous(torch::MemoryFormat::ChannelsLast));
 }
 
+// Momentum restored from a checkpoint, in the default layout while its parameter is channels-last
+// (as a loader that ignored the layout would give it): the step reads it all the same.
+inline void expect_sgd_uses_restored_state(const torch::Device& device) {
+  std::vector<torch::Tensor> a = optimizer_test_params(2, torch::kCPU);
+  std::vector<torch::Tensor> b = optimizer_test_params(2, device);
+  const auto options = torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3);
+  torch::optim::SGD reference(a, options);
+  MultiTensorSgd ours(b, options);
+  const auto restore = [](torch::optim::Optimizer& optimizer, const torch::Tensor& p,
+                          const torch::Tensor& buffer) {
+    auto state = std::make_unique<torch::optim::SGDParamState>();
+    // A copy each: the optimizers update their buffers in place.
+    state->momentum_buffer(
+        buffer.to(p.device(), /*non_blocking=*/false, /*copy=*/true).contiguous());
+    set_param_state(optimizer, p, std::move(state));
+  };
+  for (size_t k = 0; k < a.size(); ++k) {
+    const torch::Tensor buffer = torch::randn(a[k].sizes());
+    restore(reference, a[k], buffer);
+    restore(ours, b[k], buffer);
+    const torch::Tensor g = torch::randn(a[k].sizes());
+    a[k].mutable_grad() = g.clone();
+    b[k].mutable_grad() = g.to(device);
+  }
+  reference.step();
+  ours.step();
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_TRUE(torch::allclose(a[k], b[k].cpu(), 1e-5, 1e-6)) << "parameter " << k;
+  }
+}
+
 // Every optimizer configuration myriad-train can build, on `device`.
 inline void expect_multi_tensor_optimizers_match(const torch::Device& device) {
   using torch::optim::AdamWOptions;
@@ -95,6 +126,10 @@ inline void expect_multi_tensor_optimizers_match(const torch::Device& device) {
     SCOPED_TRACE("AdamW, other betas and eps");
     expect_same_steps<torch::optim::AdamW, MultiTensorAdamW>(
         AdamWOptions(3e-3).betas({0.8, 0.99}).eps(1e-6).weight_decay(0), 4, device);
+  }
+  {
+    SCOPED_TRACE("SGD, momentum restored in the default layout");
+    expect_sgd_uses_restored_state(device);
   }
 }
 

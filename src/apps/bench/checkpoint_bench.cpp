@@ -10,7 +10,7 @@
 
 #include "bench_commands.h"
 #include "myriad/ckpt/checkpoint_store.h"
-#include "myriad/ckpt/training_checkpoint.h"
+#include "myriad/train/training_checkpoint.h"
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/comm_factory.h"
 #include "myriad/comm/process_context.h"

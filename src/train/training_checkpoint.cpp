@@ -1,4 +1,4 @@
-#include "myriad/ckpt/training_checkpoint.h"
+#include "myriad/train/training_checkpoint.h"
 #include "myriad/util/atomic_output.h"
 
 #include <chrono>
@@ -104,6 +104,17 @@ void write_optimizer(Hdf5File& file, torch::optim::Optimizer& optimizer,
   }
 }
 
+// A parameter's optimizer state as saved, on the parameter's device and in its layout
+// (channels-last on GPUs), which the fused optimizer kernels require of parameter, gradient and
+// state alike.
+torch::Tensor state_like(const Hdf5File& file, const std::string& name, const torch::Tensor& p) {
+  const torch::Tensor saved = file.read(name);
+  MYRIAD_CHECK_COLLECTIVE(saved.sizes() == p.sizes(),
+                          "optimizer state '{}' is {} in the checkpoint, its parameter {} here",
+                          name, saved.sizes(), p.sizes());
+  return torch::empty_like(p, torch::MemoryFormat::Preserve).copy_(saved);
+}
+
 void read_optimizer(const Hdf5File& file, torch::optim::Optimizer& optimizer,
                     torch::nn::Module& module) {
   const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
@@ -116,13 +127,13 @@ void read_optimizer(const Hdf5File& file, torch::optim::Optimizer& optimizer,
     const torch::Tensor& p = item.value();
     if (adamw && file.has(group + "/exp_avg")) {
       auto s = std::make_unique<torch::optim::AdamWParamState>();
-      s->exp_avg(file.read(group + "/exp_avg").to(p.device()));
-      s->exp_avg_sq(file.read(group + "/exp_avg_sq").to(p.device()));
+      s->exp_avg(state_like(file, group + "/exp_avg", p));
+      s->exp_avg_sq(state_like(file, group + "/exp_avg_sq", p));
       s->step(file.int_attribute(group + "/exp_avg", "step").value_or(0));
       set_param_state(optimizer, p, std::move(s));
     } else if (!adamw && file.has(group + "/momentum_buffer")) {
       auto s = std::make_unique<torch::optim::SGDParamState>();
-      s->momentum_buffer(file.read(group + "/momentum_buffer").to(p.device()));
+      s->momentum_buffer(state_like(file, group + "/momentum_buffer", p));
       set_param_state(optimizer, p, std::move(s));
     }
   }
