@@ -225,12 +225,16 @@ if wants preempt; then
   # seconds): the ranks must finish it however long it takes, exit 75, and a resume must reach the end.
   run="$out/../gpu-check-runs/preempt"
   rm -rf "$run"
-  preempt_train() {
-    "$repo/launch/mpirun.sh" --stop-file "$run.stop" -- --data synthetic --backbone iresnet50 --input-shape 3x112x112 \
-      --precision bf16 --num-classes 2000000 --batch-size 128 --max-steps 60 --log-every 5 --workers 4 \
-      --classifier-workspace 8G --run-dir "$run" "$@" >>"$out/preempt.txt" 2>&1
+  mkdir -p "$(dirname "$run")"
+  preempt_train() { # in the background when asked, so that the wrapper itself gets the signal
+    local background=$1
+    shift
+    local command=("$repo/launch/mpirun.sh" --stop-file "$run.stop" -- --data synthetic --backbone iresnet50
+      --input-shape 3x112x112 --precision bf16 --num-classes 2000000 --batch-size 128 --max-steps 200 --log-every 5
+      --workers 4 --classifier-workspace 8G --run-dir "$run" "$@")
+    if [ "$background" = yes ]; then "${command[@]}" >>"$out/preempt.txt" 2>&1 & else "${command[@]}" >>"$out/preempt.txt" 2>&1; fi
   }
-  preempt_train &
+  preempt_train yes
   wrapper=$!
   for _ in $(seq 1 600); do [ -s "$run/metrics.jsonl" ] && break; sleep 0.2; done
   signalled=$(date +%s.%N)
@@ -243,9 +247,10 @@ if wants preempt; then
   note "preempt: SIGUSR1 to launch/mpirun.sh at step ~$(tail -n 1 "$run/metrics.jsonl" | grep -o '"step":[0-9]*' | cut -d: -f2)," \
     "exit $code after $(awk -v a="$signalled" -v b="$ended" 'BEGIN { printf "%.1f", b - a }') s, checkpoint step ${step:-none}; $save"
   [ "$code" -eq 75 ] || status=1
-  preempt_train --resume auto
+  preempt_train no --resume auto
   code=$?
-  note "preempt: resumed, exit $code, last step $(tail -n 1 "$run/metrics.jsonl" | grep -o '"step":[0-9]*' | cut -d: -f2) of 60"
+  note "preempt: resumed ($(grep -o 'resumed from [^ ]* (step [0-9]*' "$out/preempt.txt" | tail -n 1)), exit $code," \
+    "last step $(tail -n 1 "$run/metrics.jsonl" | grep -o '"step":[0-9]*' | cut -d: -f2) of 200"
   [ "$code" -eq 0 ] || status=1
 fi
 note "gpu-check status: $status"
