@@ -90,15 +90,19 @@ job=$(cd "$repo" && sbatch --parsable --nodes=1 --ntasks=2 --cpus-per-task=1 \
   --data synthetic --input-shape 1x16x16 --backbone smallcnn --embedding-size 32 --num-classes 37 \
   --batch-size 8 --max-steps "$steps" --log-every 10 --threads 1 --workers 1 --run-dir "$work/run")
 echo "submitted job $job"
-state() { scontrol show job "$job" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
+# Empty while scontrol cannot answer (slurmctld busy): callers treat that as "not yet".
+state() { scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2 || true; }
 
 for _ in $(seq 1 600); do
   records=$(grep -c '"kind":"train"' "$work/run/metrics.jsonl" 2>/dev/null) || true
   [ "${records:-0}" -ge 20 ] && break
-  [ "$(state)" = RUNNING ] || [ "$(state)" = PENDING ] || fail "job is $(state) before it was signalled"
+  # One reading per check: the job moves PENDING -> CONFIGURING -> RUNNING while we look.
+  now=$(state)
+  case "$now" in "" | PENDING | CONFIGURING | RUNNING) ;; *) fail "job is $now before it was signalled" ;; esac
   sleep 0.1
 done
-[ "$(state)" = RUNNING ] || fail "job is not running when it should be signalled ($(state))"
+now=$(state)
+[ "$now" = RUNNING ] || fail "job is not running when it should be signalled ($now)"
 scancel --signal=USR1 "$job"
 echo "sent SIGUSR1 at step $(tail -n 1 "$work/run/metrics.jsonl" | grep -o '"step":[0-9]*' | cut -d: -f2)"
 
@@ -107,7 +111,8 @@ for _ in $(seq 1 300); do
   sleep 1
 done
 output="$work/job-$job.out"
-[ "$(state)" = COMPLETED ] || fail "job ended $(state)"
+now=$(state)
+[ "$now" = COMPLETED ] || fail "job ended $now"
 restarts=$(scontrol show job "$job" | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
 [ "$restarts" -eq 1 ] || fail "job restarted $restarts times, expected 1"
 grep -q "stopped with a checkpoint; requeueing job $job" "$output" || fail "no requeue in the job output"
