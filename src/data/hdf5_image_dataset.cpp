@@ -35,23 +35,28 @@ Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled, int64
   info_.encoded = file_.is_bytes("images");
   const std::vector<int64_t> shape = file_.shape("images");
   info_.size = shape.empty() ? 0 : shape[0];
+  int64_t height = 0, width = 0, channels = 0;
   if (info_.encoded) {
-    info_.height = static_cast<int>(required_attribute(file_, "height"));
-    info_.width = static_cast<int>(required_attribute(file_, "width"));
-    info_.channels = static_cast<int>(required_attribute(file_, "channels"));
+    MYRIAD_CHECK(shape.size() == 1, "'{}': encoded /images must be one byte string per image", path);
+    height = required_attribute(file_, "height");
+    width = required_attribute(file_, "width");
+    channels = required_attribute(file_, "channels");
   } else {
     MYRIAD_CHECK(shape.size() == 4 && file_.dtype("images") == torch::kUInt8,
                  "'{}': raw /images must be uint8 [N, H, W, C]", path);
-    info_.height = static_cast<int>(shape[1]);
-    info_.width = static_cast<int>(shape[2]);
-    info_.channels = static_cast<int>(shape[3]);
+    height = shape[1];
+    width = shape[2];
+    channels = shape[3];
   }
-  MYRIAD_CHECK(info_.channels == 1 || info_.channels == 3,
-               "'{}': images have {} channels; 1 or 3 are supported", path, info_.channels);
-  MYRIAD_CHECK(info_.height > 0 && info_.width > 0, "'{}': image size {}x{}", path, info_.height,
-               info_.width);
-  if (!info_.encoded &&
-      info_.size * info_.height * info_.width * info_.channels <= resident_bytes) {
+  MYRIAD_CHECK(channels == 1 || channels == 3,
+               "'{}': images have {} channels; 1 or 3 are supported", path, channels);
+  MYRIAD_CHECK(height > 0 && width > 0 && height <= kMaxImageSide && width <= kMaxImageSide,
+               "'{}': image size {}x{} (1 to {} pixels per side are supported)", path, height,
+               width, kMaxImageSide);
+  info_.height = static_cast<int>(height);
+  info_.width = static_cast<int>(width);
+  info_.channels = static_cast<int>(channels);
+  if (!info_.encoded && info_.size <= resident_bytes / (height * width * channels)) {
     resident_ = file_.read("images");
   }
   if (!labelled) return;
@@ -59,12 +64,16 @@ Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled, int64
   MYRIAD_CHECK(label_shape.size() == 1 && label_shape[0] == info_.size,
                "'{}': {} images but {} labels", path, info_.size,
                label_shape.empty() ? 0 : label_shape[0]);
+  MYRIAD_CHECK(!torch::isFloatingType(file_.dtype("labels")),
+               "'{}': /labels are floating point; class labels are integers", path);
   const torch::Tensor labels = file_.read("labels").to(torch::kInt64).contiguous();
   labels_.assign(labels.data_ptr<int64_t>(), labels.data_ptr<int64_t>() + labels.numel());
   const std::optional<int64_t> classes = file_.int_attribute("/", "num_classes");
   const int64_t max_label =
       labels_.empty() ? -1 : *std::max_element(labels_.begin(), labels_.end());
   info_.num_classes = classes.value_or(max_label + 1);
+  MYRIAD_CHECK(info_.num_classes > 0 || labels_.empty(), "'{}': num_classes is {}", path,
+               info_.num_classes);
   for (size_t i = 0; i < labels_.size(); ++i) {
     MYRIAD_CHECK(labels_[i] >= 0 && labels_[i] < info_.num_classes,
                  "'{}': label {} of image {} is outside [0, {})", path, labels_[i], i,

@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "myriad/util/error.h"
@@ -9,6 +10,9 @@
 namespace myriad {
 
 namespace {
+
+constexpr int64_t kMaxElements = int64_t{1} << 34;
+constexpr int64_t kBlockBytes = int64_t{64} << 20;
 
 uint32_t big_endian(const unsigned char* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
@@ -52,11 +56,18 @@ IdxArray read_idx(const std::string& path) {
   int64_t total = 1;
   for (int d = 0; d < ndim; ++d) {
     array.dims.push_back(big_endian(sizes + 4 * d));
+    MYRIAD_CHECK(array.dims.back() == 0 || total <= kMaxElements / array.dims.back(),
+                 "'{}': the header claims more than {} elements", path, kMaxElements);
     total *= array.dims.back();
   }
-  MYRIAD_CHECK(total <= (int64_t{1} << 34), "'{}': the header claims {} elements", path, total);
-  array.data.resize(static_cast<size_t>(total));
-  read_exactly(file.get(), array.data.data(), array.data.size(), path, "data");
+  // The data grows as it arrives: a header that promises gigabytes in a short file fails as
+  // truncated after one block, not after allocating what it promised.
+  for (int64_t done = 0; done < total;) {
+    const int64_t block = std::min(kBlockBytes, total - done);
+    array.data.resize(static_cast<size_t>(done + block));
+    read_exactly(file.get(), array.data.data() + done, static_cast<size_t>(block), path, "data");
+    done += block;
+  }
   char extra = 0;
   MYRIAD_CHECK(gzread(file.get(), &extra, 1) == 0,
                "'{}' is longer than its header says ({} elements)", path, total);

@@ -19,6 +19,14 @@ tjhandle decompressor() {
   return handle.get();
 }
 
+ImageShape checked(const ImageShape& shape, const char* format, const std::string& what) {
+  MYRIAD_CHECK(shape.height > 0 && shape.width > 0 && shape.height <= kMaxImageSide &&
+                   shape.width <= kMaxImageSide,
+               "{}: a {} of {}x{} pixels is outside what myriad decodes (1 to {} per side)", what,
+               format, shape.height, shape.width, kMaxImageSide);
+  return shape;
+}
+
 ImageShape jpeg_header(const std::string& bytes, const std::string& what) {
   int width = 0, height = 0, subsampling = 0, colorspace = 0;
   if (tjDecompressHeader3(decompressor(), reinterpret_cast<const unsigned char*>(bytes.data()),
@@ -26,7 +34,7 @@ ImageShape jpeg_header(const std::string& bytes, const std::string& what) {
                           &colorspace) != 0) {
     MYRIAD_THROW("{}: corrupt or truncated JPEG: {}", what, tjGetErrorStr2(decompressor()));
   }
-  return {height, width, colorspace == TJCS_GRAY ? 1 : 3};
+  return checked({height, width, colorspace == TJCS_GRAY ? 1 : 3}, "JPEG", what);
 }
 
 struct PngImage {
@@ -40,7 +48,12 @@ ImageShape png_header(PngImage& png, const std::string& bytes, const std::string
     MYRIAD_THROW("{}: corrupt or truncated PNG: {}", what, png.image.message);
   }
   const bool colour = (png.image.format & PNG_FORMAT_FLAG_COLOR) != 0;
-  return {static_cast<int>(png.image.height), static_cast<int>(png.image.width), colour ? 3 : 1};
+  MYRIAD_CHECK(png.image.height <= kMaxImageSide && png.image.width <= kMaxImageSide,
+               "{}: a PNG of {}x{} pixels is larger than myriad decodes ({} per side)", what,
+               png.image.height, png.image.width, kMaxImageSide);
+  return checked(
+      {static_cast<int>(png.image.height), static_cast<int>(png.image.width), colour ? 3 : 1}, "PNG",
+      what);
 }
 
 }  // namespace

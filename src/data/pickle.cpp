@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <unordered_map>
+#include <utility>
 
 #include "myriad/util/error.h"
 
@@ -15,6 +16,8 @@ const char* PickleValue::kind_name() const {
       return "bool";
     case Kind::kInt:
       return "int";
+    case Kind::kFloat:
+      return "float";
     case Kind::kBytes:
       return "bytes";
     case Kind::kString:
@@ -23,39 +26,96 @@ const char* PickleValue::kind_name() const {
       return "list";
     case Kind::kTuple:
       return "tuple";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kGlobal:
+      return "global";
+    case Kind::kCall:
+      return "call";
+    case Kind::kPersistentId:
+      return "persistent id";
   }
   return "?";
 }
 
+bool PickleValue::is_global(const std::string& name) const {
+  return kind == Kind::kGlobal && bytes == name;
+}
+
+bool PickleValue::is_call_of(const std::string& name) const {
+  return kind == Kind::kCall && callable->is_global(name);
+}
+
+const PickleValue* PickleValue::find(const std::string& key) const {
+  if (kind != Kind::kDict) return nullptr;
+  const PickleValue* found = nullptr;
+  for (size_t i = 0; i + 1 < items.size(); i += 2) {
+    if (items[i]->kind == Kind::kString && items[i]->bytes == key) found = items[i + 1];
+  }
+  return found;
+}
+
+bool allow_codecs_encode(const std::string& module, const std::string& name) {
+  return module == "_codecs" && name == "encode";
+}
+
 namespace {
 
-using Value = std::shared_ptr<PickleValue>;
+// Latin-1 bytes from the UTF-8 text Python writes for them; nothing if a character is not Latin-1.
+std::optional<std::string> latin1_from_utf8(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+    } else if ((c & 0xE0) == 0xC0 && c <= 0xC3 && i + 1 < text.size() &&
+               (static_cast<unsigned char>(text[i + 1]) & 0xC0) == 0x80) {
+      out.push_back(static_cast<char>(((c & 0x1F) << 6) | (text[++i] & 0x3F)));
+    } else {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
 
-// What the stack holds: a value, or the one callable a plain-data pickle may name.
-struct Item {
-  Value value;
-  bool codecs_encode = false;
-};
+}  // namespace
+
+std::optional<std::string> pickled_bytes(const PickleValue& value) {
+  using Kind = PickleValue::Kind;
+  if (value.kind == Kind::kBytes) return value.bytes;
+  if (value.is_call_of("_codecs.encode") && value.items.size() == 2 &&
+      value.items[0]->kind == Kind::kString && value.items[1]->kind == Kind::kString &&
+      value.items[1]->bytes == "latin1") {
+    return latin1_from_utf8(value.items[0]->bytes);
+  }
+  return std::nullopt;
+}
 
 class Unpickler {
  public:
-  Unpickler(const std::string& data, std::string what) : data_(data), what_(std::move(what)) {}
+  using Kind = PickleValue::Kind;
 
-  Value run() {
+  Unpickler(const std::string& data, std::string what, const GlobalFilter& allowed)
+      : data_(data), what_(std::move(what)), allowed_(allowed) {}
+
+  Pickle run() {
     while (true) {
       const size_t at = pos_;
       const auto op = static_cast<unsigned char>(take(1)[0]);
       switch (op) {
-        case 0x80:
+        case 0x80:  // PROTO
           take(1);
-          break;  // PROTO
-        case 0x95:
+          break;
+        case 0x95:  // FRAME: a hint for buffered readers; the data follows inline
           take(8);
-          break;  // FRAME
-        case '.':
-          return plain(pop(at), at);  // STOP
+          break;
+        case '.':  // STOP
+          result_.root_ = pop(at);
+          check_acyclic(at);
+          return std::move(result_);
         case 'N':
-          push(make(PickleValue::Kind::kNone));
+          push(make(Kind::kNone));
           break;
         case 0x88:
           push(boolean(true));
@@ -78,47 +138,67 @@ class Unpickler {
         case 'M':
           push(integer(static_cast<int64_t>(little_endian(2))));
           break;
-        case 0x8a:
-          push(integer(long1(at)));
+        case 0x8a:  // LONG1
+          push(integer(long_bytes(little_endian(1), at)));
+          break;
+        case 0x8b:  // LONG4
+          push(integer(long_bytes(little_endian(4), at)));
+          break;
+        case 'F':
+          push(real(parse_float(line(), at)));
+          break;
+        case 'G':
+          push(real(big_endian_double()));
           break;
         case 'U':
         case 'C':
-          push(bytes(take(little_endian(1)), PickleValue::Kind::kBytes));
+          push(bytes(take(little_endian(1)), Kind::kBytes));
           break;
         case 'T':
         case 'B':
-          push(bytes(take(little_endian(4)), PickleValue::Kind::kBytes));
+          push(bytes(take(little_endian(4)), Kind::kBytes));
           break;
         case 0x8e:
-          push(bytes(take(little_endian(8)), PickleValue::Kind::kBytes));
+          push(bytes(take(little_endian(8)), Kind::kBytes));
           break;
         case 0x8c:
-          push(bytes(take(little_endian(1)), PickleValue::Kind::kString));
+          push(bytes(take(little_endian(1)), Kind::kString));
           break;
         case 'X':
-          push(bytes(take(little_endian(4)), PickleValue::Kind::kString));
+          push(bytes(take(little_endian(4)), Kind::kString));
           break;
         case 0x8d:
-          push(bytes(take(little_endian(8)), PickleValue::Kind::kString));
+          push(bytes(take(little_endian(8)), Kind::kString));
           break;
         case 'V':
-          push(bytes(line(), PickleValue::Kind::kString));
+          push(bytes(line(), Kind::kString));
           break;
         case ']':
-          push(make(PickleValue::Kind::kList));
+          push(make(Kind::kList));
           break;
         case ')':
-          push(make(PickleValue::Kind::kTuple));
+          push(make(Kind::kTuple));
+          break;
+        case '}':
+          push(make(Kind::kDict));
           break;
         case '(':
           marks_.push_back(stack_.size());
           break;
         case 'l':
-          push(collect(PickleValue::Kind::kList, at));
+          push(collect(Kind::kList, at));
           break;
         case 't':
-          push(collect(PickleValue::Kind::kTuple, at));
+          push(collect(Kind::kTuple, at));
           break;
+        case 'd': {
+          PickleValue* dict = collect(Kind::kDict, at);
+          MYRIAD_CHECK(dict->items.size() % 2 == 0,
+                       "{} is malformed: a dict of an odd number of keys and values at byte {}",
+                       what_, at);
+          push(dict);
+          break;
+        }
         case 0x85:
           push(tuple_of(1, at));
           break;
@@ -129,50 +209,97 @@ class Unpickler {
           push(tuple_of(3, at));
           break;
         case 'a':
-          append(1, at);
+          append({pop(at)}, at);
           break;
         case 'e':
-          append(0, at);
+          append(since_mark(at), at);
           break;
+        case 's': {
+          PickleValue* value = pop(at);
+          PickleValue* key = pop(at);
+          set_items({key, value}, at);
+          break;
+        }
+        case 'u': {
+          std::vector<const PickleValue*> pairs = since_mark(at);
+          MYRIAD_CHECK(pairs.size() % 2 == 0,
+                       "{} is malformed: SETITEMS of an odd number of keys and values at byte {}",
+                       what_, at);
+          set_items(pairs, at);
+          break;
+        }
         case 'q':
-          memo_[little_endian(1)] = top(at);
+          memo_[static_cast<int64_t>(little_endian(1))] = top(at);
           break;
         case 'r':
-          memo_[little_endian(4)] = top(at);
+          memo_[static_cast<int64_t>(little_endian(4))] = top(at);
           break;
         case 'p':
           memo_[parse_int(line(), at)] = top(at);
           break;
-        case 0x94:
+        case 0x94:  // MEMOIZE
           memo_[static_cast<int64_t>(memo_.size())] = top(at);
           break;
         case 'h':
-          stack_.push_back(recall(little_endian(1), at));
+          push(recall(static_cast<int64_t>(little_endian(1)), at));
           break;
         case 'j':
-          stack_.push_back(recall(little_endian(4), at));
+          push(recall(static_cast<int64_t>(little_endian(4)), at));
           break;
         case 'g':
-          stack_.push_back(recall(parse_int(line(), at), at));
+          push(recall(parse_int(line(), at), at));
           break;
         case 'c': {
           const std::string module = line();
-          global(module, line(), at);
+          push(global(module, line(), at));
           break;
         }
-        case 0x93: {
-          const Value name = pop(at).value;
-          const Value module = pop(at).value;
-          global(module->bytes, name->bytes, at);
+        case 0x93: {  // STACK_GLOBAL
+          const PickleValue* name = pop(at);
+          const PickleValue* module = pop(at);
+          MYRIAD_CHECK(module->kind == Kind::kString && name->kind == Kind::kString,
+                       "{} is malformed: STACK_GLOBAL at byte {} needs two strings, found a {} "
+                       "and a {}",
+                       what_, at, module->kind_name(), name->kind_name());
+          push(global(module->bytes, name->bytes, at));
           break;
         }
         case 'R':
-          reduce(at);
+          push(call(at));
+          break;
+        case 'b': {  // BUILD
+          const PickleValue* state = pop(at);
+          PickleValue* target = top(at);
+          MYRIAD_CHECK(target->kind == Kind::kCall && target->state == nullptr,
+                       "{} is malformed: BUILD of a {} at byte {}", what_, target->kind_name(), at);
+          target->state = state;
+          break;
+        }
+        case 'Q': {  // BINPERSID
+          PickleValue* id = make(Kind::kPersistentId);
+          id->items = {pop(at)};
+          push(id);
+          break;
+        }
+        case 'P': {  // PERSID
+          PickleValue* id = make(Kind::kPersistentId);
+          id->items = {bytes(line(), Kind::kString)};
+          push(id);
+          break;
+        }
+        case '0':  // POP
+          pop(at);
+          break;
+        case '1':  // POP_MARK
+          since_mark(at);
+          break;
+        case '2':  // DUP
+          push(top(at));
           break;
         default:
           MYRIAD_THROW(
               "{}: unsupported pickle opcode 0x{:x} at byte {}; myriad reads pickles of plain "
-              "lists, tuples, bytes, strings, ints and bools",
+              "data (lists, tuples, dicts, bytes, strings, numbers, bools) and builds no objects",
               what_, static_cast<int>(op), at);
       }
     }
@@ -192,6 +319,14 @@ class Unpickler {
     for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(b[i]);
     return v;
   }
+  double big_endian_double() {
+    const std::string b = take(8);
+    uint64_t bits = 0;
+    for (int i = 0; i < 8; ++i) bits = (bits << 8) | static_cast<unsigned char>(b[i]);
+    double v;
+    std::memcpy(&v, &bits, sizeof(v));
+    return v;
+  }
   std::string line() {
     const size_t end = data_.find('\n', pos_);
     MYRIAD_CHECK(end != std::string::npos, "{} is truncated: a line at byte {} never ends", what_,
@@ -208,140 +343,190 @@ class Unpickler {
       if (used == text.size()) return v;
     } catch (const std::exception&) {
     }
-    MYRIAD_THROW("{}: '{}' at byte {} is not an integer", what_, text, at);
+    MYRIAD_THROW("{}: '{}' at byte {} is not a 64-bit integer", what_, text, at);
   }
-  int64_t long1(size_t at) {
-    const int n = static_cast<int>(little_endian(1));
+  double parse_float(const std::string& text, size_t at) const {
+    try {
+      size_t used = 0;
+      const double v = std::stod(text, &used);
+      if (used == text.size()) return v;
+    } catch (const std::exception&) {
+    }
+    MYRIAD_THROW("{}: '{}' at byte {} is not a number", what_, text, at);
+  }
+  // LONG1 / LONG4: a little-endian two's-complement integer of `n` bytes.
+  int64_t long_bytes(uint64_t n, size_t at) {
     MYRIAD_CHECK(n <= 8, "{}: an integer of {} bytes at byte {} is too large", what_, n, at);
-    const uint64_t raw = n == 0 ? 0 : little_endian(n);
-    if (n == 0 || n == 8) return static_cast<int64_t>(raw);
-    const uint64_t sign = uint64_t{1} << (8 * n - 1);
+    const int width = static_cast<int>(n);
+    const uint64_t raw = width == 0 ? 0 : little_endian(width);
+    if (width == 0 || width == 8) return static_cast<int64_t>(raw);
+    const uint64_t sign = uint64_t{1} << (8 * width - 1);
     return static_cast<int64_t>((raw ^ sign) - sign);
   }
 
-  static Value make(PickleValue::Kind kind) {
-    auto v = std::make_shared<PickleValue>();
+  PickleValue* make(Kind kind) {
+    result_.nodes_.emplace_back();
+    PickleValue* v = &result_.nodes_.back();
     v->kind = kind;
     return v;
   }
-  static Value boolean(bool b) {
-    Value v = make(PickleValue::Kind::kBool);
+  PickleValue* boolean(bool b) {
+    PickleValue* v = make(Kind::kBool);
     v->boolean = b;
     return v;
   }
-  static Value integer(int64_t i) {
-    Value v = make(PickleValue::Kind::kInt);
+  PickleValue* integer(int64_t i) {
+    PickleValue* v = make(Kind::kInt);
     v->integer = i;
     return v;
   }
-  static Value bytes(std::string b, PickleValue::Kind kind) {
-    Value v = make(kind);
+  PickleValue* real(double d) {
+    PickleValue* v = make(Kind::kFloat);
+    v->number = d;
+    return v;
+  }
+  PickleValue* bytes(std::string b, Kind kind) {
+    PickleValue* v = make(kind);
     v->bytes = std::move(b);
     return v;
   }
   // Protocol 0 writes True and False as the integers "01" and "00".
-  Value text_int(const std::string& text, size_t at) const {
+  PickleValue* text_int(const std::string& text, size_t at) {
     if (text == "01" || text == "00") return boolean(text == "01");
     return integer(parse_int(text, at));
   }
+  PickleValue* global(const std::string& module, const std::string& name, size_t at) {
+    MYRIAD_CHECK(allowed_ && allowed_(module, name),
+                 "{} imports {}.{} at byte {}, which is refused: myriad runs no code from pickles "
+                 "and reads only plain data",
+                 what_, module, name, at);
+    return bytes(module + "." + name, Kind::kGlobal);
+  }
+  PickleValue* call(size_t at) {
+    const PickleValue* args = pop(at);
+    const PickleValue* callable = pop(at);
+    MYRIAD_CHECK(callable->kind == Kind::kGlobal && args->kind == Kind::kTuple,
+                 "{} is malformed: a call of a {} with a {} at byte {}", what_,
+                 callable->kind_name(), args->kind_name(), at);
+    PickleValue* v = make(Kind::kCall);
+    v->callable = callable;
+    v->items = args->items;
+    return v;
+  }
 
-  void push(Value v) { stack_.push_back({std::move(v), false}); }
-  Item pop(size_t at) {
+  void push(PickleValue* v) { stack_.push_back(v); }
+  PickleValue* pop(size_t at) {
     MYRIAD_CHECK(!stack_.empty() && (marks_.empty() || stack_.size() > marks_.back()),
                  "{} is malformed: nothing to take at byte {}", what_, at);
-    Item item = std::move(stack_.back());
+    PickleValue* v = stack_.back();
     stack_.pop_back();
-    return item;
+    return v;
   }
-  Item top(size_t at) const {
-    MYRIAD_CHECK(!stack_.empty(), "{} is malformed: nothing to remember at byte {}", what_, at);
+  PickleValue* top(size_t at) const {
+    MYRIAD_CHECK(!stack_.empty(), "{} is malformed: nothing on the stack at byte {}", what_, at);
     return stack_.back();
   }
-  Item recall(int64_t key, size_t at) const {
+  PickleValue* recall(int64_t key, size_t at) const {
     const auto it = memo_.find(key);
     MYRIAD_CHECK(it != memo_.end(), "{} is malformed: memo {} at byte {} was never stored", what_,
                  key, at);
     return it->second;
   }
   // The items above the last mark, which is removed.
-  std::vector<Value> since_mark(size_t at) {
+  std::vector<const PickleValue*> since_mark(size_t at) {
     MYRIAD_CHECK(!marks_.empty(), "{} is malformed: no mark for the opcode at byte {}", what_, at);
     const size_t mark = marks_.back();
     marks_.pop_back();
-    std::vector<Value> items;
-    for (size_t i = mark; i < stack_.size(); ++i) items.push_back(plain(stack_[i], at));
+    std::vector<const PickleValue*> items(stack_.begin() + static_cast<std::ptrdiff_t>(mark),
+                                          stack_.end());
     stack_.resize(mark);
     return items;
   }
-  Value plain(const Item& item, size_t at) const {
-    MYRIAD_CHECK(!item.codecs_encode, "{}: a function used as data at byte {}", what_, at);
-    return item.value;
-  }
-  Value collect(PickleValue::Kind kind, size_t at) {
-    Value v = make(kind);
+  PickleValue* collect(Kind kind, size_t at) {
+    PickleValue* v = make(kind);
     v->items = since_mark(at);
     return v;
   }
-  Value tuple_of(int n, size_t at) {
-    Value v = make(PickleValue::Kind::kTuple);
+  PickleValue* tuple_of(int n, size_t at) {
+    PickleValue* v = make(Kind::kTuple);
     v->items.resize(static_cast<size_t>(n));
-    for (int i = n - 1; i >= 0; --i) v->items[static_cast<size_t>(i)] = plain(pop(at), at);
+    for (int i = n - 1; i >= 0; --i) v->items[static_cast<size_t>(i)] = pop(at);
     return v;
   }
-  // APPEND (one item) or APPENDS (n == 0: the items since the mark) to the list below them.
-  void append(int n, size_t at) {
-    std::vector<Value> items = n == 1 ? std::vector<Value>{plain(pop(at), at)} : since_mark(at);
-    const Value list = plain(top(at), at);
-    MYRIAD_CHECK(list->kind == PickleValue::Kind::kList,
-                 "{} is malformed: appending to a {} at byte {}", what_, list->kind_name(), at);
-    list->items.insert(list->items.end(), items.begin(), items.end());
+  // APPEND / APPENDS to the list below (or to what a call made, as data).
+  void append(const std::vector<const PickleValue*>& items, size_t at) {
+    PickleValue* target = top(at);
+    MYRIAD_CHECK(target->kind == Kind::kList || target->kind == Kind::kCall,
+                 "{} is malformed: appending to a {} at byte {}", what_, target->kind_name(), at);
+    auto& into = target->kind == Kind::kList ? target->items : target->appended;
+    into.insert(into.end(), items.begin(), items.end());
   }
-  void global(const std::string& module, const std::string& name, size_t at) {
-    MYRIAD_CHECK(module == "_codecs" && name == "encode",
-                 "{} imports {}.{} at byte {}: myriad runs no code from pickles and reads only "
-                 "plain lists, bytes and bools (NumPy arrays and objects are not read)",
-                 what_, module, name, at);
-    stack_.push_back({nullptr, true});
+  // SETITEM / SETITEMS on the dict below (or on what a call made, as data).
+  void set_items(const std::vector<const PickleValue*>& pairs, size_t at) {
+    PickleValue* target = top(at);
+    MYRIAD_CHECK(target->kind == Kind::kDict || target->kind == Kind::kCall,
+                 "{} is malformed: setting items of a {} at byte {}", what_, target->kind_name(),
+                 at);
+    auto& into = target->kind == Kind::kDict ? target->items : target->set_items;
+    into.insert(into.end(), pairs.begin(), pairs.end());
   }
-  // _codecs.encode(text, "latin1"): Python 3's protocol-2 spelling of bytes.
-  void reduce(size_t at) {
-    const Value args = plain(pop(at), at);
-    const Item callable = pop(at);
-    MYRIAD_CHECK(callable.codecs_encode && args->kind == PickleValue::Kind::kTuple &&
-                     args->items.size() == 2 &&
-                     args->items[0]->kind == PickleValue::Kind::kString &&
-                     args->items[1]->bytes == "latin1",
-                 "{}: unsupported call at byte {}", what_, at);
-    push(bytes(latin1_from_utf8(args->items[0]->bytes, at), PickleValue::Kind::kBytes));
-  }
-  std::string latin1_from_utf8(const std::string& text, size_t at) const {
-    std::string out;
-    out.reserve(text.size());
-    for (size_t i = 0; i < text.size(); ++i) {
-      const auto c = static_cast<unsigned char>(text[i]);
-      if (c < 0x80) {
-        out.push_back(static_cast<char>(c));
-      } else {
-        MYRIAD_CHECK((c & 0xE0) == 0xC0 && c <= 0xC3 && i + 1 < text.size(),
-                     "{}: text at byte {} is not Latin-1 bytes", what_, at);
-        out.push_back(static_cast<char>(((c & 0x1F) << 6) | (text[++i] & 0x3F)));
+
+  // Memo references can make a list contain itself, and nesting has no bound in the format: both
+  // would send anyone walking the value into endless recursion. One iterative pass finds them.
+  void check_acyclic(size_t at) const {
+    enum class Mark : char { kOpen, kDone };
+    std::unordered_map<const PickleValue*, Mark> marks;
+    struct Frame {
+      const PickleValue* node;
+      std::vector<const PickleValue*> children;
+      size_t next = 0;
+    };
+    const auto children = [](const PickleValue* v) {
+      std::vector<const PickleValue*> c(v->items);
+      c.insert(c.end(), v->set_items.begin(), v->set_items.end());
+      c.insert(c.end(), v->appended.begin(), v->appended.end());
+      if (v->callable != nullptr) c.push_back(v->callable);
+      if (v->state != nullptr) c.push_back(v->state);
+      return c;
+    };
+    std::vector<Frame> path;
+    path.push_back({result_.root_, children(result_.root_)});
+    marks[result_.root_] = Mark::kOpen;
+    while (!path.empty()) {
+      Frame& frame = path.back();
+      if (frame.next == frame.children.size()) {
+        marks[frame.node] = Mark::kDone;
+        path.pop_back();
+        continue;
       }
+      const PickleValue* child = frame.children[frame.next++];
+      const auto it = marks.find(child);
+      if (it != marks.end()) {
+        MYRIAD_CHECK(it->second == Mark::kDone,
+                     "{} is malformed: a {} contains itself (pickle ends at byte {})", what_,
+                     child->kind_name(), at);
+        continue;
+      }
+      MYRIAD_CHECK(static_cast<int>(path.size()) < Pickle::kMaxDepth,
+                   "{}: values nested more than {} deep (pickle ends at byte {})", what_,
+                   Pickle::kMaxDepth, at);
+      marks[child] = Mark::kOpen;
+      path.push_back({child, children(child)});
     }
-    return out;
   }
 
   const std::string& data_;
   std::string what_;
+  const GlobalFilter& allowed_;
   size_t pos_ = 0;
-  std::vector<Item> stack_;
+  Pickle result_;
+  std::vector<PickleValue*> stack_;
   std::vector<size_t> marks_;
-  std::unordered_map<int64_t, Item> memo_;
+  std::unordered_map<int64_t, PickleValue*> memo_;
 };
 
-}  // namespace
-
-std::shared_ptr<const PickleValue> unpickle(const std::string& data, const std::string& what) {
-  return Unpickler(data, what).run();
+Pickle unpickle(const std::string& data, const std::string& what, const GlobalFilter& allowed) {
+  return Unpickler(data, what, allowed).run();
 }
 
 }  // namespace myriad

@@ -53,7 +53,7 @@ RecordIoReader::RecordIoReader(const std::string& rec_path, const std::string& i
       std::string rest;
       MYRIAD_CHECK(fields >> key >> offset && !(fields >> rest),
                    "'{}' line {}: expected 'key<TAB>offset', found '{}'", idx_path, number, line);
-      MYRIAD_CHECK(offset >= 0 && offset + 8 <= file_size_,
+      MYRIAD_CHECK(offset >= 0 && offset <= file_size_ - 8,
                    "'{}' line {}: record {} starts at byte {}, past the end of '{}' ({} bytes): "
                    "the .rec is truncated or belongs to another index",
                    idx_path, number, key, offset, rec_path, file_size_);
@@ -113,6 +113,10 @@ std::string RecordIoReader::read(int64_t key) const {
     MYRIAD_CHECK(flag <= 3 && (first ? flag <= 1 : flag >= 2),
                  "record {} of '{}' is corrupt: part {} has continuation flag {}", key, rec_path_,
                  part, flag);
+    MYRIAD_CHECK(length <= file_size_ - (at + 8),
+                 "record {} of '{}' is truncated: part {} of {} bytes at byte {} runs past the end "
+                 "of the file ({} bytes)",
+                 key, rec_path_, part, length, at, file_size_);
     if (!first) data.append(reinterpret_cast<const char*>(&kMagic), 4);
     const size_t start = data.size();
     data.resize(start + static_cast<size_t>(length));

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <mutex>
 
 #include <unistd.h>
@@ -72,6 +73,34 @@ torch::Tensor storable(const torch::Tensor& t) {
     out = out.to(torch::kFloat32);
   if (out.scalar_type() == torch::kBool) out = out.to(torch::kUInt8);
   return out.contiguous();
+}
+
+// A damaged or hostile file can declare a dataset of terabytes in a few bytes; HDF5 reads the
+// unwritten parts as fill values, so a read would allocate for all of it. Reads above
+// kTrustedReadBytes therefore need stored data behind them, allowing for compression up to
+// kMaxCompression.
+constexpr int64_t kTrustedReadBytes = int64_t{64} << 20;
+constexpr int64_t kMaxCompression = 4096;
+
+// Bytes of `shape` in elements of `element_size` bytes; an Error when that overflows.
+int64_t checked_bytes(const std::vector<int64_t>& shape, int64_t element_size,
+                      const std::string& where) {
+  int64_t bytes = element_size;
+  for (const int64_t d : shape) {
+    MYRIAD_CHECK(d >= 0 && (d == 0 || bytes <= std::numeric_limits<int64_t>::max() / d),
+                 "{} declares a shape too large to read", where);
+    bytes *= d;
+  }
+  return bytes;
+}
+
+void check_stored(hid_t dataset, int64_t bytes, const std::string& where) {
+  if (bytes <= kTrustedReadBytes) return;
+  const auto stored = static_cast<int64_t>(H5Dget_storage_size(dataset));
+  MYRIAD_CHECK(stored >= bytes / kMaxCompression,
+               "{}: reading {} bytes of it, but the file stores only {} for it (damaged, or "
+               "declared larger than what was written)",
+               where, bytes, stored);
 }
 
 std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) {
@@ -217,10 +246,13 @@ torch::Tensor Hdf5File::read_rows(const std::string& name, int64_t begin, int64_
                dims[0]);
   std::vector<int64_t> out_shape = dims;
   out_shape[0] = count;
-  torch::Tensor out = torch::empty(out_shape, type);
-  if (out.numel() == 0) return out;
+  const int64_t bytes =
+      checked_bytes(out_shape, static_cast<int64_t>(torch::elementSize(type)), where(name));
+  if (bytes == 0) return torch::empty(out_shape, type);
   Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
   MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  check_stored(dataset.get(), bytes, where(name));
+  torch::Tensor out = torch::empty(out_shape, type);
   Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
   std::vector<hsize_t> start(dims.size(), 0), extent = dims_of(out_shape);
   start[0] = static_cast<hsize_t>(begin);
@@ -267,10 +299,13 @@ torch::Tensor Hdf5File::read_row_list(const std::string& name,
   const torch::ScalarType type = dtype(name);
   std::vector<int64_t> out_shape = dims;
   out_shape[0] = static_cast<int64_t>(rows.size());
-  torch::Tensor out = torch::empty(out_shape, type);
-  if (out.numel() == 0) return out;
+  const int64_t bytes =
+      checked_bytes(out_shape, static_cast<int64_t>(torch::elementSize(type)), where(name));
+  if (bytes == 0) return torch::empty(out_shape, type);
   Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
   MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  check_stored(dataset.get(), bytes, where(name));
+  torch::Tensor out = torch::empty(out_shape, type);
   Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
   select_rows(file_space.get(), dims, rows, where(name));
   const std::vector<hsize_t> memory_dims = dims_of(out_shape);

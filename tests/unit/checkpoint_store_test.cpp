@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "myriad/ckpt/checkpoint_store.h"
@@ -124,6 +125,25 @@ TEST(Manifest, RejectsWhatItCannotTrust) {
   j = good;
   j["files"][shard_file_name(0)]["crc32"] = "xyz";
   expect_error(j, "not hexadecimal");
+  // What the fuzzer (fuzz/harnesses/manifest.cpp) found getting through: file names that leave
+  // the directory, sizes that overflow the class ranges, an embedding no model has.
+  for (const std::string name : {"../replicated.h5", "/etc/passwd", "a/b", "..", "."}) {
+    j = good;
+    j["files"][name] = {{"bytes", 1}, {"crc32", "0"}};
+    expect_error(j, "is not the name of a file in the checkpoint directory");
+  }
+  j = good;
+  j["shards"][1]["rows"] = std::numeric_limits<int64_t>::max();
+  expect_error(j, "does not continue the class ranges");
+  j = good;
+  j["embedding_size"] = 0;
+  expect_error(j, "is not one myriad writes");
+  j = good;
+  j["step"] = -1;
+  expect_error(j, "negative step");
+  j = good;
+  j["files"][kReplicatedFile]["bytes"] = -5;
+  expect_error(j, "negative size");
 }
 
 // A checkpoint directory whose manifest lists real files.

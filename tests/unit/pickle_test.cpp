@@ -33,7 +33,8 @@ std::string python2_bin(const std::string& big) {
 
 TEST(Unpickle, Python2Protocol2Strings) {
   const std::string big = testing::random_bytes(300, 3);
-  const auto v = unpickle(python2_bin(big), "test");
+  const Pickle p = unpickle(python2_bin(big), "test");
+  const PickleValue* v = &p.root();
   ASSERT_EQ(v->kind, Kind::kTuple);
   ASSERT_EQ(v->items.size(), 2u);
   const auto& images = v->items[0];
@@ -50,7 +51,8 @@ TEST(Unpickle, Python2Protocol2Strings) {
 
 TEST(Unpickle, Protocol0TextIntegersAndBools) {
   // pickle.dumps([True, False, 7, -12], 0) in Python 2.
-  const auto v = unpickle("(lp0\nI01\naI00\naI7\naI-12\na.", "test");
+  const Pickle p = unpickle("(lp0\nI01\naI00\naI7\naI-12\na.", "test");
+  const PickleValue* v = &p.root();
   ASSERT_EQ(v->kind, Kind::kList);
   ASSERT_EQ(v->items.size(), 4u);
   EXPECT_EQ(v->items[0]->kind, Kind::kBool);
@@ -72,7 +74,8 @@ TEST(Unpickle, Python3Protocol4WithFramesMemoAndIntegers) {
                                "\x8a\x02\x00\xff"
                                "eh\x00\x86\x94.",
                                10);
-  const auto v = unpickle("\x80\x04" + body, "test");
+  const Pickle p = unpickle("\x80\x04" + body, "test");
+  const PickleValue* v = &p.root();
   ASSERT_EQ(v->kind, Kind::kTuple);
   const auto& list = v->items[0];
   ASSERT_EQ(list->items.size(), 6u);
@@ -84,7 +87,7 @@ TEST(Unpickle, Python3Protocol4WithFramesMemoAndIntegers) {
   EXPECT_EQ(list->items[4]->integer, -5);
   EXPECT_EQ(list->items[5]->integer, -256);
   // The memo holds the list itself, not a copy.
-  EXPECT_EQ(v->items[1].get(), list.get());
+  EXPECT_EQ(v->items[1], list);
 }
 
 TEST(Unpickle, Python3Protocol2BytesAreDecodedNotCalled) {
@@ -99,11 +102,15 @@ TEST(Unpickle, Python3Protocol2BytesAreDecodedNotCalled) {
                             "aq\x01X",
                             7) +
                         u32(6) + std::string("latin1q\x02\x86q\x03Rq\x04.", 15);
-  const auto v = unpickle(p, "test");
-  EXPECT_EQ(v->kind, Kind::kBytes);
-  EXPECT_EQ(v->bytes, std::string("\xff\x00"
-                                  "a",
-                                  3));
+  // Refused unless the reader allows _codecs.encode; then a call, as data, that pickled_bytes
+  // decodes.
+  EXPECT_NE(error_of([&] { unpickle(p, "test"); }).find("imports _codecs.encode"),
+            std::string::npos);
+  const Pickle pickle = unpickle(p, "test", allow_codecs_encode);
+  EXPECT_TRUE(pickle.root().is_call_of("_codecs.encode"));
+  EXPECT_EQ(pickled_bytes(pickle.root()), std::string("\xff\x00"
+                                                      "a",
+                                                      3));
 }
 
 TEST(Unpickle, RefusesCodeAndReportsDamage) {
@@ -119,16 +126,63 @@ TEST(Unpickle, RefusesCodeAndReportsDamage) {
               unpickle(
                   "\x80\x02"
                   "cos\nsystem\n.",
-                  "x.bin");
+                  "x.bin", allow_codecs_encode);
             }).find("runs no code"),
             std::string::npos);
   const std::string whole = python2_bin(std::string(300, 'z'));
   EXPECT_NE(error_of([&] { unpickle(whole.substr(0, 100), "x.bin"); }).find("x.bin is truncated"),
             std::string::npos);
+  // NEWOBJ builds an object.
   EXPECT_NE(
-      error_of([] { unpickle("\x80\x02}q\x00.", "x.bin"); }).find("unsupported pickle opcode 0x7d"),
+      error_of([] { unpickle("\x80\x02)\x81.", "x.bin"); }).find("unsupported pickle opcode 0x81"),
       std::string::npos);
   EXPECT_NE(error_of([] { unpickle("a", "x.bin"); }).find("x.bin is malformed"), std::string::npos);
+}
+
+TEST(Unpickle, DictsCallsStateAndPersistentIdsAreData) {
+  // collections.OrderedDict() with one item set, then BUILD with {'v': 1.5}; a persistent id
+  // ('storage', '0') as a value; a protocol-0 dict.
+  const auto allow = [](const std::string& module, const std::string& name) {
+    return module == "collections" && name == "OrderedDict";
+  };
+  const std::string p = std::string("\x80\x02"
+                                    "ccollections\nOrderedDict\n)R(X") +
+                        u32(1) + "aX" + u32(7) + "storageX" + u32(1) + "0" +
+                        std::string("\x86Qu}X", 5) + u32(1) + "vG" +
+                        std::string("\x3f\xf8\x00\x00\x00\x00\x00\x00", 8) + "sb.";
+  const Pickle pickle = unpickle(p, "sd", allow);
+  const PickleValue& root = pickle.root();
+  ASSERT_TRUE(root.is_call_of("collections.OrderedDict"));
+  EXPECT_TRUE(root.items.empty());
+  ASSERT_EQ(root.set_items.size(), 2u);
+  EXPECT_EQ(root.set_items[0]->bytes, "a");
+  ASSERT_EQ(root.set_items[1]->kind, Kind::kPersistentId);
+  EXPECT_EQ(root.set_items[1]->items[0]->items[0]->bytes, "storage");
+  ASSERT_NE(root.state, nullptr);
+  ASSERT_NE(root.state->find("v"), nullptr);
+  EXPECT_EQ(root.state->find("v")->number, 1.5);
+  EXPECT_EQ(root.state->find("w"), nullptr);
+  const Pickle text = unpickle("(dp0\nVk\np1\nI3\ns.", "t");
+  ASSERT_EQ(text.root().kind, Kind::kDict);
+  EXPECT_EQ(text.root().find("k")->integer, 3);
+}
+
+TEST(Unpickle, RefusesCyclesDeepNestingAndMalformedGlobals) {
+  // l = []; l.append(l): the memo hands the list back to itself.
+  EXPECT_NE(error_of([] { unpickle(std::string("\x80\x02]q\x00h\x00" "a.", 9), "c"); }).find("a list contains itself"),
+            std::string::npos);
+  // Shared, but not cyclic: [x, x] is fine.
+  const Pickle shared = unpickle(std::string("\x80\x02]q\x00h\x00h\x00\x86.", 11), "c");
+  EXPECT_EQ(shared.root().items[0], shared.root().items[1]);
+  EXPECT_NE(error_of([] { unpickle("\x80\x02" + std::string(5000, ']') + std::string(4999, 'a') + ".",
+                                   "d"); })
+                .find("nested more than 1000 deep"),
+            std::string::npos);
+  // STACK_GLOBAL of a list and an int (a fuzzer found it dereferencing a null module).
+  EXPECT_NE(error_of([] { unpickle("\x80\x04]K\x01\x93.", "g"); }).find("needs two strings"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { unpickle("\x80\x02K\x01)R.", "g"); }).find("a call of a int"),
+            std::string::npos);
 }
 
 TEST(VerificationBin, ReadsImagesAndPairFlags) {

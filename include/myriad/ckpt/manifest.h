@@ -14,6 +14,8 @@ namespace myriad {
 constexpr int64_t kCheckpointFormatVersion = 1;
 constexpr const char* kManifestFile = "manifest.json";
 constexpr const char* kReplicatedFile = "replicated.h5";
+// Larger embeddings than any model uses mark a manifest as damaged.
+constexpr int64_t kMaxEmbeddingSize = int64_t{1} << 20;
 
 // "classifier-00003.h5": the classifier shard rank 3 wrote.
 std::string shard_file_name(int rank);

@@ -16,7 +16,12 @@ struct ImageShape {
   int channels = 0;  // as stored: 1 (grey) or 3 (colour; PNG alpha is dropped)
 };
 
-// Reads only the header. A truncated or corrupt image is an Error; `what` names it in messages.
+// The largest height or width myriad decodes: a header claiming more (a corrupt or hostile file)
+// is an Error before anything is allocated for its pixels.
+constexpr int kMaxImageSide = 16384;
+
+// Reads only the header. A truncated or corrupt image, or one larger than kMaxImageSide, is an
+// Error; `what` names it in messages.
 ImageShape decode_image_header(const std::string& bytes, const std::string& what);
 
 // Decodes JPEG (libjpeg-turbo) or PNG (libpng) into `out`, uint8 height x width x channels,

@@ -1,0 +1,45 @@
+// Replays a harness on files, without libFuzzer: CTest runs every harness on its committed corpus
+// and regression inputs (fuzz/CMakeLists.txt) with the normal compiler, so that CI stays quick
+// and every earlier finding stays fixed.
+//
+//   fuzz-replay-NAME PATH...   (files, or directories of them)
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+int main(int argc, char** argv) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> inputs;
+  for (int i = 1; i < argc; ++i) {
+    const fs::path path = argv[i];
+    if (fs::is_directory(path)) {
+      for (const auto& entry : fs::directory_iterator(path)) {
+        if (entry.is_regular_file()) inputs.push_back(entry.path());
+      }
+    } else if (fs::is_regular_file(path)) {
+      inputs.push_back(path);
+    } else {
+      std::fprintf(stderr, "%s: '%s' is not a file or directory\n", argv[0], argv[i]);
+      return 2;
+    }
+  }
+  std::sort(inputs.begin(), inputs.end());
+  for (const fs::path& path : inputs) {
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // A crash names the input through the last line printed.
+    std::printf("%s\n", path.c_str());
+    std::fflush(stdout);
+    LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  }
+  std::printf("replayed %zu inputs\n", inputs.size());
+  return inputs.empty() ? 1 : 0;
+}
