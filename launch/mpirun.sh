@@ -74,6 +74,9 @@ if [ -n "$hostfile" ]; then
   slots=$(awk '!/^[[:space:]]*(#|$)/ { n = 1; for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) n = substr($i, 7); s += n }
                END { print s + 0 }' "$hostfile")
   [ "$slots" -gt 0 ] || usage_error "hostfile '$hostfile' lists no hosts"
+  # More ranks than slots would share GPUs; mpirun itself refuses it, in a banner of many lines.
+  [ -z "$ranks" ] || [ "$ranks" -le "$slots" ] || [ "${OMPI_MCA_rmaps_base_oversubscribe:-0}" = 1 ] \
+    || usage_error "-n $ranks is more than the $slots slots of '$hostfile' (one rank per GPU)"
   command+=(--hostfile "$hostfile" -np "${ranks:-$slots}")
 elif [ -n "$hosts" ]; then
   IFS=, read -r -a host_list <<<"$hosts"

@@ -46,6 +46,17 @@ std::string CheckpointStore::temporary_for(int64_t step) const {
   return (fs::path(root_) / (".tmp-" + step_name(step))).string();
 }
 
+void CheckpointStore::check_writable() const {
+  std::error_code error;
+  fs::create_directories(root_, error);
+  MYRIAD_CHECK(!error, "cannot create the checkpoint directory '{}': {}", root_, error.message());
+  const std::string probe = (fs::path(root_) / ".tmp-probe").string();
+  write_file_atomically(probe, "");
+  fs::remove(probe, error);
+  MYRIAD_CHECK(!error, "cannot write to the checkpoint directory '{}': {}", root_,
+               error.message());
+}
+
 std::vector<std::string> CheckpointStore::complete() const {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code error;

@@ -4,10 +4,9 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
+#include <optional>
 #include <thread>
 
-#include "myriad/train/training_checkpoint.h"
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/comm_factory.h"
 #include "myriad/comm/process_context.h"
@@ -20,11 +19,14 @@
 #include "myriad/train/lr_schedule.h"
 #include "myriad/train/metrics_log.h"
 #include "myriad/train/multi_tensor_optimizer.h"
+#include "myriad/train/training_checkpoint.h"
+#include "myriad/util/atomic_output.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/log.h"
 #include "myriad/util/phase_timer.h"
+#include "myriad/util/remove_tree.h"
 #include "myriad/util/stop_signal.h"
 
 namespace myriad {
@@ -102,7 +104,11 @@ ShardedSoftmaxOptions classifier_options(const TrainConfig& c, int64_t classes) 
 // The pieces of a run, built once.
 class Run {
  public:
+  // Builds and checks everything, and resumes; writes nothing, so that a run refused at its start
+  // leaves no trace.
   Run(ProcessContext& context, const TrainConfig& config, std::string config_ini);
+  // The run directory, config.ini, metrics.jsonl and a checked checkpoint directory (collective).
+  void open_outputs();
   TrainResult execute();
 
  private:
@@ -132,7 +138,7 @@ class Run {
   std::optional<torch::ScalarType> autocast_;
   DynamicLossScaler scaler_;
   LrSchedule schedule_;
-  MetricsLog metrics_;
+  std::optional<MetricsLog> metrics_;  // once open_outputs() has run
   std::string config_ini_;
   PhaseTimer timer_;
   int64_t total_steps_ = 0;
@@ -153,8 +159,6 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       device_(context.select_device(parse_device_preference(config.device))),
       comms_(context),
       comm_(comms_.for_device(device_)),
-      metrics_((std::filesystem::path(config.run_dir) / "metrics.jsonl").string(),
-               context.rank() == 0, config.tensorboard_dir),
       config_ini_(std::move(config_ini)),
       timer_(device_, true),
       store_(config.checkpoint_dir),
@@ -267,6 +271,36 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       data_->info().width, global_batch, c_.batch_size, sampler_->steps_per_epoch(), total_steps_);
 }
 
+void Run::open_outputs() {
+  namespace fs = std::filesystem;
+  // What this start creates is removed again if the start fails: a refused run leaves nothing.
+  const bool new_run_dir = !fs::exists(c_.run_dir);
+  const bool new_checkpoint_dir = !fs::exists(store_.root());
+  try {
+    on_every_rank(context_, "opening the run's outputs", [&] {
+      if (context_.rank() == 0) {
+        std::error_code error;
+        fs::create_directories(c_.run_dir, error);
+        MYRIAD_CHECK(!error, "cannot create the run directory '{}': {}", c_.run_dir,
+                     error.message());
+        store_.check_writable();
+        const std::string path = (fs::path(c_.run_dir) / "config.ini").string();
+        write_file_atomically(path, config_ini_);
+        log_info("effective configuration (saved to {}):\n{}", path, config_ini_);
+      }
+      metrics_.emplace((fs::path(c_.run_dir) / "metrics.jsonl").string(), context_.rank() == 0,
+                       c_.tensorboard_dir);
+    });
+  } catch (const Error&) {
+    metrics_.reset();
+    if (context_.rank() == 0) {
+      if (new_checkpoint_dir) remove_tree(store_.root());
+      if (new_run_dir) remove_tree(c_.run_dir);
+    }
+    throw;
+  }
+}
+
 void Run::resume() {
   TrainingState state{backbone_.get(), optimizer_.get(), classifier_.get(), &scaler_, 0, {}, ""};
   resume_training(context_, c_.resume, store_, state);
@@ -309,7 +343,7 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
       sync.all_reduce_ms, phases["optimizer"], tflops,
       memory > 0 ? " | peak memory " + format_bytes(static_cast<double>(memory)) : "",
       duration_text(eta));
-  metrics_.write({{"kind", "train"},
+  metrics_->write({{"kind", "train"},
                   {"step", step + 1},
                   {"epoch", epoch},
                   {"loss", loss_value},
@@ -359,7 +393,7 @@ void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {
     record["verification"][name] = {
         {"accuracy", v.accuracy}, {"std", v.std}, {"threshold", v.threshold}};
   }
-  metrics_.write(record);
+  metrics_->write(record);
   backbone_->train();
 }
 
@@ -449,19 +483,9 @@ TrainResult train(ProcessContext& context, const TrainConfig& config,
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                             context.local_size());
   torch::set_num_threads(threads);
-  if (context.rank() == 0) {
-    std::error_code error;
-    std::filesystem::create_directories(config.run_dir, error);
-    MYRIAD_CHECK(!error, "cannot create the run directory '{}': {}", config.run_dir,
-                 error.message());
-    const std::string path = (std::filesystem::path(config.run_dir) / "config.ini").string();
-    std::ofstream out(path);
-    out << config_ini;
-    MYRIAD_CHECK(out.good(), "cannot write '{}'", path);
-    log_info("effective configuration (saved to {}):\n{}", path, config_ini);
-  }
   install_stop_handlers();
   Run run(context, config, config_ini);
+  run.open_outputs();
   // Libraries started by the run (CUDA, NCCL, the MPI transports) may install handlers of their
   // own; a stop signal must still reach the training loop.
   for (const std::string& signal : install_stop_handlers())

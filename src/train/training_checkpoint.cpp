@@ -207,67 +207,74 @@ void save_checkpoint(const ProcessContext& context, const CheckpointStore& store
     MYRIAD_CHECK(!error, "cannot create '{}': {}", temporary, error.message());
   });
 
-  // Each rank writes, syncs and checksums its own files.
   nlohmann::json mine;
   double write_seconds = 0, sync_seconds = 0, checksum_seconds = 0;
-  on_every_rank(context, what, [&] {
-    if (const char* fault = std::getenv("MYRIAD_FAULT_SAVE_RANK");
-        fault != nullptr && std::atoi(fault) == context.rank()) {
-      MYRIAD_THROW("injected failure (MYRIAD_FAULT_SAVE_RANK)");
-    }
-    auto mark = std::chrono::steady_clock::now();
-    const auto lap = [&mark] {
-      const auto now = std::chrono::steady_clock::now();
-      const double seconds = std::chrono::duration<double>(now - mark).count();
-      mark = now;
-      return seconds;
-    };
-    const std::vector<std::string> written = write_files(context, temporary, state);
-    write_seconds = lap();
-    for (const std::string& name : written) sync_path((fs::path(temporary) / name).string());
-    sync_seconds = lap();
-    for (const std::string& name : written) {
-      const std::string path = (fs::path(temporary) / name).string();
-      mine[name] = {{"bytes", static_cast<int64_t>(fs::file_size(path))},
-                    {"crc32", crc32_hex(file_crc32(path))}};
-    }
-    checksum_seconds = lap();
-  });
-  std::map<std::string, FileEntry> files;
   int64_t bytes = 0;
-  for (const std::string& part : context.all_gather_strings(mine.dump())) {
-    for (const auto& [name, entry] :
-         file_entries_from_json(nlohmann::json::parse(part), "a rank's file list")) {
-      files[name] = entry;
-      bytes += entry.bytes;
+  try {
+    // Each rank writes, syncs and checksums its own files.
+    on_every_rank(context, what, [&] {
+      if (const char* fault = std::getenv("MYRIAD_FAULT_SAVE_RANK");
+          fault != nullptr && std::atoi(fault) == context.rank()) {
+        MYRIAD_THROW("injected failure (MYRIAD_FAULT_SAVE_RANK)");
+      }
+      auto mark = std::chrono::steady_clock::now();
+      const auto lap = [&mark] {
+        const auto now = std::chrono::steady_clock::now();
+        const double seconds = std::chrono::duration<double>(now - mark).count();
+        mark = now;
+        return seconds;
+      };
+      const std::vector<std::string> written = write_files(context, temporary, state);
+      write_seconds = lap();
+      for (const std::string& name : written) sync_path((fs::path(temporary) / name).string());
+      sync_seconds = lap();
+      for (const std::string& name : written) {
+        const std::string path = (fs::path(temporary) / name).string();
+        mine[name] = {{"bytes", static_cast<int64_t>(fs::file_size(path))},
+                      {"crc32", crc32_hex(file_crc32(path))}};
+      }
+      checksum_seconds = lap();
+    });
+    std::map<std::string, FileEntry> files;
+    for (const std::string& part : context.all_gather_strings(mine.dump())) {
+      for (const auto& [name, entry] :
+           file_entries_from_json(nlohmann::json::parse(part), "a rank's file list")) {
+        files[name] = entry;
+        bytes += entry.bytes;
+      }
     }
-  }
-  if (const char* fault = std::getenv("MYRIAD_FAULT_ABORT_IN_SAVE");
-      fault != nullptr && std::atoi(fault) == 1) {
-    // Testing hook: die like a killed job after the shards exist and before anything is published.
-    std::abort();
-  }
+    if (const char* fault = std::getenv("MYRIAD_FAULT_ABORT_IN_SAVE");
+        fault != nullptr && std::atoi(fault) == 1) {
+      // Testing hook: die like a killed job after the shards exist and before anything is published.
+      std::abort();
+    }
 
-  on_every_rank(context, what, [&] {
-    if (context.rank() != 0) return;
-    Manifest manifest;
-    manifest.step = state.step;
-    manifest.position = state.position;
-    manifest.world_size = context.size();
-    manifest.num_classes = state.classifier->partition().num_classes();
-    manifest.embedding_size = state.classifier->options().embedding_size;
-    manifest.config = state.config;
-    manifest.created = utc_now();
-    for (int r = 0; r < context.size(); ++r) {
-      manifest.shards.push_back({shard_file_name(r), r, state.classifier->partition().offset(r),
-                                 state.classifier->partition().size(r)});
-    }
-    manifest.files = files;
-    write_file_atomically((fs::path(temporary) / kManifestFile).string(),
-                          manifest.to_json().dump(2) + "\n");
-    sync_path(temporary);
-    store.publish(temporary, state.step, keep);
-  });
+    on_every_rank(context, what, [&] {
+      if (context.rank() != 0) return;
+      Manifest manifest;
+      manifest.step = state.step;
+      manifest.position = state.position;
+      manifest.world_size = context.size();
+      manifest.num_classes = state.classifier->partition().num_classes();
+      manifest.embedding_size = state.classifier->options().embedding_size;
+      manifest.config = state.config;
+      manifest.created = utc_now();
+      for (int r = 0; r < context.size(); ++r) {
+        manifest.shards.push_back({shard_file_name(r), r, state.classifier->partition().offset(r),
+                                   state.classifier->partition().size(r)});
+      }
+      manifest.files = files;
+      write_file_atomically((fs::path(temporary) / kManifestFile).string(),
+                            manifest.to_json().dump(2) + "\n");
+      sync_path(temporary);
+      store.publish(temporary, state.step, keep);
+    });
+  } catch (const Error&) {
+    // A failed save leaves nothing behind. Each phase above ends in an agreement of all ranks, so
+    // none writes into the temporary directory any more; the previous checkpoint stays in use.
+    if (context.rank() == 0) remove_tree(temporary);
+    throw;
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log_info(

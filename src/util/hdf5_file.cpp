@@ -20,7 +20,12 @@ std::unique_lock<std::recursive_mutex> hdf5_lock() {
   static std::recursive_mutex mutex;
   static std::once_flag quiet;
   // Errors are reported through exceptions, not printed by HDF5 itself.
-  std::call_once(quiet, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+  std::call_once(quiet, [] {
+    // HDF5's own clean-up at exit crashes (1.10) on a file whose write failed (a full disk). Every
+    // file is closed by its Hdf5File, so the clean-up is not needed.
+    H5dont_atexit();
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  });
   static const bool threadsafe = [] {
     hbool_t safe = 0;
     return H5is_library_threadsafe(&safe) >= 0 && safe;

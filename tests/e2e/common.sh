@@ -19,3 +19,18 @@ small_train() {
 
 # The losses a run directory's metrics.jsonl logged, one per line.
 losses() { grep -o '"loss":[-0-9.eE+]*' "$1/metrics.jsonl" | cut -d: -f2; }
+
+# python_with MODULE...: prints a python3 that imports every MODULE (Debian's /usr/bin/python3
+# first: a pyenv python3 on PATH may lack the Debian packages python3-h5py, python3-torch);
+# without one, the test is skipped (exit 77).
+python_with() {
+  local py
+  for py in /usr/bin/python3 python3; do
+    if command -v "$py" >/dev/null 2>&1 && "$py" -c "import $(IFS=,; echo "$*")" 2>/dev/null; then
+      echo "$py"
+      return 0
+    fi
+  done
+  echo "SKIP: no python3 with $*" >&2
+  exit 77
+}

@@ -30,6 +30,9 @@ class CheckpointStore {
   void publish(const std::string& temporary, int64_t step, int keep) const;
   // Removes temporary directories that a crashed save left behind.
   void remove_stale_temporaries() const;
+  // Creates the root if needed and checks that a checkpoint can be written there, so that a run
+  // learns at its start, not at its first save, that it could never save. Rank 0 only.
+  void check_writable() const;
 
  private:
   std::string root_;

@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# Bad input, everywhere a user can give it (docs/robustness.md lists the same cases by ID): each
+# case must end with a non-zero exit on every rank, within a time limit (no hang), with exactly one
+# error line from myriad that says what is wrong (mpirun's own banner aside), no crash or library
+# noise, no output left behind, and every file that existed before byte-identical after.
+#   tests/e2e/bad_input.sh BIN_DIR MAKE_IMAGE_TREE MAKE_RECORDIO
+source "$(dirname "$0")/common.sh"
+make_image_tree=$2
+make_recordio=$3
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+launch="$repo/launch/mpirun.sh"
+doc="$repo/docs/robustness.md"
+py=$(python_with h5py numpy)
+
+fix="$work/fixtures"  # inputs, made once; compared byte for byte after every case
+run="$work/run"       # where every case runs and writes; must stay empty
+mkdir -p "$fix" "$run"
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+# Every rank's exit code goes to $work/codes/RANK (a rank killed by MPI_Abort leaves none).
+# With RANK_FILE_LIMIT set, each rank (not mpirun) may write files of that many KiB at most, and
+# gets EFBIG as from a full disk instead of SIGXFSZ.
+cat >"$work/rank-exit.sh" <<'EOF'
+#!/usr/bin/env bash
+if [ -n "${RANK_FILE_LIMIT:-}" ]; then
+  ulimit -f "$RANK_FILE_LIMIT"
+  trap '' XFSZ
+fi
+"$@"
+code=$?
+echo "$code" >"$CODES/${OMPI_COMM_WORLD_RANK:-0}"
+exit "$code"
+EOF
+chmod +x "$work/rank-exit.sh"
+export CODES="$work/codes"
+
+snapshot() { (cd "$work" && find fixtures run -printf '%y %p %s\n' | sort && find fixtures run -type f -print0 | sort -z | xargs -0 -r md5sum); }
+
+ids=()
+# expect ID RANKS PATTERN COMMAND...: RANKS 0 runs COMMAND as it is (a launcher, a serial tool);
+# N runs it under mpirun -np N. PATTERN is an extended regular expression the error line matches.
+expect() {
+  local id=$1 ranks=$2 pattern=$3
+  shift 3
+  ids+=("$id")
+  rm -rf "$CODES"
+  mkdir -p "$CODES"
+  local before
+  before=$(snapshot)
+  local log="$work/$id.log" code=0
+  if [ "$ranks" -eq 0 ]; then
+    (cd "$run" && timeout 120 "$@") >"$log" 2>&1 || code=$?
+  else
+    (cd "$run" && timeout 120 mpirun --bind-to none -np "$ranks" "$work/rank-exit.sh" "$@") >"$log" 2>&1 || code=$?
+  fi
+  fail() { cat "$log"; echo "case $id: $*"; exit 1; }
+  [ "$code" -ne 124 ] || fail "no end within 120 s (a hang)"
+  [ "$code" -ne 0 ] || fail "exit code 0"
+  for f in "$CODES"/*; do
+    [ -e "$f" ] || continue
+    [ "$(cat "$f")" -ne 0 ] || fail "rank $(basename "$f") exited 0"
+  done
+  local errors
+  errors=$(grep -E "error: |^mpirun\.sh: |^train\.sbatch: " "$log" || true)
+  [ "$(printf '%s\n' "$errors" | grep -c .)" -eq 1 ] || fail "expected exactly one error line, got: $errors"
+  printf "%s\n" "$errors" | grep -qE -e "$pattern" || fail "the error line does not match /$pattern/"
+  ! grep -qE "HDF5-DIAG|Traceback|terminate called|egmentation fault|core dumped|what\(\)|Assertion" "$log" \
+    || fail "a crash or library noise"
+  [ "$(snapshot)" = "$before" ] || { diff <(echo "$before") <(snapshot) || true; fail "files changed or were left behind"; }
+  echo "$id: exit $code: $errors"
+}
+
+# --- fixtures -------------------------------------------------------------------------------------
+"$bin/myriad-data" synthetic --output "$fix/good.h5" --size 64 --num-classes 5 --input-shape 1x16x16 \
+  --log-level warn
+train_args=(--input-shape 1x16x16 --backbone smallcnn --embedding-size 32 --batch-size 8 --workers 1
+            --threads 1 --device cpu --log-level warn)
+mpirun --bind-to none -np 2 "$bin/myriad-train" --data "$fix/good.h5" "${train_args[@]}" --max-steps 4 \
+  --checkpoint-every 4 --run-dir "$fix/trained" >/dev/null
+ckpt="$fix/trained/checkpoints"
+step=$(cat "$ckpt/LATEST")
+"$py" - "$fix" <<'EOF'
+import sys, h5py, numpy as np, shutil, pickle, struct, gzip
+fix = sys.argv[1]
+def variant(name, edit):
+    shutil.copy(f"{fix}/good.h5", f"{fix}/{name}.h5")
+    with h5py.File(f"{fix}/{name}.h5", "r+") as f:
+        edit(f)
+def no_labels(f): del f["labels"]
+def label_out_of_range(f): f["labels"][3] = 7
+def float_labels(f):
+    labels = f["labels"][...].astype(np.float32); del f["labels"]; f["labels"] = labels
+def wrong_channels(f):
+    images = f["images"][...]; del f["images"]; f["images"] = np.repeat(images, 2, axis=3)
+def few_labels(f):
+    labels = f["labels"][:10]; del f["labels"]; f["labels"] = labels
+variant("no-labels", no_labels)
+variant("label-7", label_out_of_range)
+variant("float-labels", float_labels)
+variant("two-channels", wrong_channels)
+variant("few-labels", few_labels)
+data = open(f"{fix}/good.h5", "rb").read()
+open(f"{fix}/truncated.h5", "wb").write(data[: len(data) // 2])
+open(f"{fix}/text.h5", "w").write("not an HDF5 file\n")
+# .bin verification sets: one that runs a command when Python unpickles it, and a cut one.
+class Exploit:
+    def __reduce__(self):
+        import os
+        return (os.system, ("touch /tmp/myriad-pwned",))
+open(f"{fix}/exploit.bin", "wb").write(pickle.dumps(([b"a", b"b"], [Exploit()]), protocol=2))
+good_bin = pickle.dumps(([b"\xff\xd8\xff" + bytes(50)] * 4, [True, False]), protocol=2)
+open(f"{fix}/cut.bin", "wb").write(good_bin[:40])
+# IDX: a wrong magic; a header promising more images than the file holds.
+open(f"{fix}/bad-magic.idx", "wb").write(b"\x00\x01\x08\x03" + struct.pack(">III", 2, 4, 4) + bytes(32))
+open(f"{fix}/labels.idx", "wb").write(b"\x00\x00\x08\x01" + struct.pack(">I", 2) + bytes([0, 1]))
+open(f"{fix}/short.idx.gz", "wb").write(gzip.compress(b"\x00\x00\x08\x03" + struct.pack(">III", 100, 28, 28) + bytes(784)))
+EOF
+"$make_image_tree" "$fix/corrupt-tree" 2 3 corrupt >/dev/null
+rm -f "$fix/corrupt-tree.expected.h5"
+have_rec=yes
+"$make_recordio" "$fix/rec" 8 >/dev/null 2>&1 || have_rec=no
+if [ "$have_rec" = yes ]; then
+  rm -f "$fix/rec-expected.h5"
+  cp "$fix/rec.rec" "$fix/bad-magic.rec"
+  cp "$fix/rec.idx" "$fix/bad-magic.idx.txt"
+  # The magic word of the third record (its offset from the index) is damaged.
+  offset=$(awk 'NR == 3 { print $2 }' "$fix/rec.idx")
+  printf '\x00\x00\x00\x00' | dd of="$fix/bad-magic.rec" bs=1 seek="$offset" conv=notrunc status=none
+  head -c "$(( $(stat -c %s "$fix/rec.rec") - 100 ))" "$fix/rec.rec" >"$fix/cut.rec"
+  cp "$fix/rec.idx" "$fix/cut.idx"
+fi
+# Checkpoints: copies with one thing wrong each.
+damaged() { cp -r "$ckpt" "$fix/$1"; }
+damaged ckpt-no-shard && rm "$fix/ckpt-no-shard/$step/classifier-00001.h5"
+damaged ckpt-flipped && printf 'X' | dd of="$fix/ckpt-flipped/$step/classifier-00000.h5" bs=1 seek=3000 conv=notrunc status=none
+damaged ckpt-cut-manifest && head -c 200 "$ckpt/$step/manifest.json" >"$fix/ckpt-cut-manifest/$step/manifest.json"
+printf 'localhost slots=2\n' >"$fix/hosts"
+printf '# no hosts here\n\n' >"$fix/no-hosts"
+echo "a file, not a directory" >"$fix/file"
+
+# train [OPTION VALUE...]: a myriad-train command line, the options given replacing the defaults.
+train() {
+  local defaults=(--data "$fix/good.h5" "${train_args[@]}" --max-steps 2 --run-dir "$run/r")
+  local command=("$bin/myriad-train") i
+  for ((i = 0; i < ${#defaults[@]}; i += 2)); do
+    [[ " $* " == *" ${defaults[i]} "* ]] || command+=("${defaults[i]}" "${defaults[i + 1]}")
+  done
+  echo "${command[@]}" "$@"
+}
+
+# --- command-line options and configuration files ---------------------------------------------------
+expect O1 2 "unrecognised option '--bogus'" $(train --bogus)
+expect O2 2 "the argument \('many'\) for option '--log-every' is invalid" $(train --log-every many)
+expect O3 2 "unknown --backbone 'resnet9000'" $(train --backbone resnet9000)
+expect O4 2 "--precision must be fp32, bf16 or fp16, got 'fp8'" $(train --precision fp8)
+expect O5 2 "cannot open config file '.*/missing.ini'" $(train --config "$fix/missing.ini")
+printf 'batch-size = 8\nwarp-speed = 9\n' >"$fix/unknown-key.ini"
+expect O6 2 "config file '.*unknown-key.ini'.*warp-speed" $(train --config "$fix/unknown-key.ini")
+printf 'log-every = lots\n' >"$fix/bad-value.ini"
+expect O7 2 "config file '.*bad-value.ini'.*log-every" $(train --config "$fix/bad-value.ini")
+expect O8 2 "'3x112' is not an input shape" $(train --input-shape 3x112)
+expect O9 2 "--lr-schedule step needs --lr-steps" $(train --lr-schedule step)
+expect O10 2 "--sample-rate must be in \(0, 1\]" $(train --sample-rate 1.5)
+expect O11 2 "'12Q' is not a byte size" $(train --classifier-workspace 12Q)
+expect O12 0 "unknown command 'explode'" "$bin/myriad-ckpt" explode
+expect O13 0 "the option .--labels. is required but missing" "$bin/myriad-data" from-idx --images "$fix/short.idx.gz"
+expect O14 2 "--log-every must be positive" $(train --log-every 0)
+
+# --- data files ---------------------------------------------------------------------------------
+expect D1 2 "'.*/missing.h5' does not exist" $(train --data "$fix/missing.h5")
+expect D2 2 "text.h5' is not an HDF5 file" $(train --data "$fix/text.h5")
+expect D3 2 "cannot open HDF5 file '.*truncated.h5': truncated file" $(train --data "$fix/truncated.h5")
+expect D4 2 "no-labels.h5' is not a myriad image dataset: it needs /images and /labels" $(train --data "$fix/no-labels.h5")
+expect D5 2 "label 7 of image 3 is outside \[0, 5\)" $(train --data "$fix/label-7.h5")
+expect D6 2 "/labels are floating point" $(train --data "$fix/float-labels.h5")
+expect D7 2 "images have 2 channels; 1 or 3 are supported" $(train --data "$fix/two-channels.h5")
+expect D8 2 "64 images but 10 labels" $(train --data "$fix/few-labels.h5")
+expect D9 2 "holds 1x16x16 images but --input-shape is 3x16x16" $(train --input-shape 3x16x16)
+expect D10 2 "has no /issame|not a verification pairs file" $(train --eval-pairs "$fix/good.h5")
+expect D11 0 "imports posix.system.*refused" "$bin/myriad-data" from-bin --input "$fix/exploit.bin" --output "$run/lfw.h5"
+[ ! -e /tmp/myriad-pwned ] || { echo "D11: the pickle ran its command"; exit 1; }
+expect D12 0 "cut.bin' is truncated" "$bin/myriad-data" from-bin --input "$fix/cut.bin" --output "$run/lfw.h5"
+expect D13 0 "is not an IDX file" "$bin/myriad-data" from-idx --images "$fix/bad-magic.idx" --labels "$fix/labels.idx" --output "$run/x.h5"
+expect D14 0 "short.idx.gz' is truncated" "$bin/myriad-data" from-idx --images "$fix/short.idx.gz" --labels "$fix/labels.idx" --output "$run/x.h5"
+expect D15 0 "img_2.*corrupt or truncated" "$bin/myriad-data" from-folder --input "$fix/corrupt-tree" --output "$run/x.h5"
+if [ "$have_rec" = yes ]; then
+  expect D16 0 "cannot open the index '.*/nothing.idx'" "$bin/myriad-data" from-rec --rec "$fix/rec.rec" --idx "$fix/nothing.idx" --output "$run/x.h5"
+  expect D17 0 "is corrupt: no RecordIO magic" "$bin/myriad-data" from-rec --rec "$fix/bad-magic.rec" --idx "$fix/bad-magic.idx.txt" --output "$run/x.h5"
+  expect D18 0 "past the end|truncated" "$bin/myriad-data" from-rec --rec "$fix/cut.rec" --idx "$fix/cut.idx" --output "$run/x.h5"
+else
+  ids+=(D16 D17 D18)
+  echo "D16-D18: skipped (no Fashion-MNIST package for make_recordio)"
+fi
+
+# --- checkpoints --------------------------------------------------------------------------------
+expect C1 2 "checkpoint.*nowhere.*(missing|incomplete)" $(train --resume "$fix/nowhere")
+expect C2 2 "classifier-00001.h5' is missing" $(train --resume "$fix/ckpt-no-shard/$step")
+expect C3 2 "classifier-00000.h5' is corrupt: checksum" $(train --resume "$fix/ckpt-flipped/$step")
+expect C4 2 "manifest.json' is not valid JSON" $(train --resume "$fix/ckpt-cut-manifest/$step")
+expect C5 2 "has no backbone tensor|another backbone" $(train --resume "$ckpt/$step" --backbone mobilefacenet --input-shape 1x16x16)
+expect C6 2 "holds a classifier of 5 classes x 32, this run has 7 x 32" $(train --resume "$ckpt/$step" --num-classes 7)
+expect C7 2 "holds a classifier of 5 classes x 32, this run has 5 x 16" $(train --resume "$ckpt/$step" --embedding-size 16)
+expect C8 2 "backbone optimizer is sgd, this run's adamw" $(train --resume "$ckpt/$step" --optimizer adamw)
+expect C9 0 "is neither a checkpoint nor a directory of checkpoints" "$bin/myriad-ckpt" export-backbone "$fix" --output "$run/b.pt"
+expect C10 0 "--world-size must be positive" "$bin/myriad-ckpt" reshard "$ckpt" --world-size 0 --output "$run/re"
+
+# --- launchers ----------------------------------------------------------------------------------
+expect L1 0 "unknown option '--turbo'" "$launch" --turbo
+expect L2 0 "hostfile '.*/missing-hosts' is not readable" "$launch" --hostfile "$fix/missing-hosts" --exe "$bin/myriad-train"
+expect L3 0 "lists no hosts" "$launch" --hostfile "$fix/no-hosts" --exe "$bin/myriad-train"
+expect L4 0 "-n must be a positive number, not 'two'" "$launch" -n two --exe "$bin/myriad-train"
+expect L5 0 "'.*/good.h5' is not an executable" "$launch" --exe "$fix/good.h5"
+expect L6 0 "--hosts and --hostfile exclude each other" "$launch" --hosts a,b --hostfile "$fix/hosts"
+expect L7 0 "-n 3 is more than the 2 slots of" env -u OMPI_MCA_rmaps_base_oversubscribe "$launch" --hostfile "$fix/hosts" -n 3 --exe "$bin/myriad-train"
+expect L8 0 "--gpus-per-node must be a positive number, not '0'" "$launch" --gpus-per-node 0 --exe "$bin/myriad-train"
+expect L9 0 "cannot create the stop file '$fix/file/stop'" "$launch" --hostfile "$fix/hosts" --stop-file "$fix/file/stop" --exe "$bin/myriad-train"
+expect L10 0 "not inside a Slurm job" env -u SLURM_JOB_ID bash "$repo/launch/slurm/train.sbatch"
+
+# --- the run time -------------------------------------------------------------------------------
+expect R1 2 "cannot create the run directory '.*/file/run'" "$bin/myriad-train" --data "$fix/good.h5" "${train_args[@]}" --max-steps 2 --run-dir "$fix/file/run"
+expect R2 2 "checkpoint directory '.*/file/ckpt'" $(train --checkpoint-dir "$fix/file/ckpt")
+expect R3 2 "--num-classes 3 is smaller than the 5 classes" $(train --num-classes 3)
+# A full disk, stood in for by a file-size limit (SIGXFSZ ignored, as a full disk raises none):
+# the checkpoint at the end cannot be written. The run directory of a failed run is kept (its log
+# and metrics tell what happened); the checkpoint must leave nothing behind.
+mkdir -p "$work/full"
+code=0
+# Open MPI's shared-memory transport would need files beyond the limit itself: TCP instead.
+RANK_FILE_LIMIT=200 timeout 120 mpirun --bind-to none -np 2 --mca btl self,tcp -x RANK_FILE_LIMIT "$work/rank-exit.sh" \
+  $(train --checkpoint-every 2 --embedding-size 512 --run-dir "$work/full/r") >"$work/R4.log" 2>&1 || code=$?
+ids+=(R4)
+[ "$code" -ne 124 ] || { cat "$work/R4.log"; echo "R4: no end within 120 s (a hang)"; exit 1; }
+[ "$code" -ne 0 ] || { cat "$work/R4.log"; echo "R4: a full disk ended in exit 0"; exit 1; }
+[ "$(grep -cE "error: " "$work/R4.log")" -eq 1 ] && grep -qE "error: checkpoint at step 2 failed on rank .*(File too large|disk full|cannot write)" "$work/R4.log" \
+  || { cat "$work/R4.log"; echo "R4: expected one error line naming the failed write"; exit 1; }
+! grep -qE "HDF5-DIAG|egmentation fault|core dumped" "$work/R4.log" || { cat "$work/R4.log"; echo "R4: a crash"; exit 1; }
+[ -z "$(ls -A "$work/full/r/checkpoints" 2>/dev/null)" ] || { ls -la "$work/full/r/checkpoints"; echo "R4: a partial checkpoint was left"; exit 1; }
+echo "R4: exit $code: $(grep -E "error: " "$work/R4.log")"
+expect R5 2 "--precision fp16 needs GPUs" $(train --precision fp16)
+expect R6 2 "--device cuda was asked for, but not every rank sees a CUDA device" $(train --device cuda)
+
+# The documentation lists exactly these cases.
+documented=$(grep -oE '^\| [A-Z][0-9]+ \|' "$doc" | tr -d '| ' | sort)
+tested=$(printf '%s\n' "${ids[@]}" | sort)
+[ "$documented" = "$tested" ] || { diff <(echo "$documented") <(echo "$tested"); echo "docs/robustness.md and this test list different cases"; exit 1; }
+echo "bad input e2e: ${#ids[@]} cases OK"
