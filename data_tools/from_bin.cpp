@@ -11,8 +11,8 @@
 #include "myriad/data/image_codec.h"
 #include "myriad/data/verification_bin.h"
 #include "myriad/util/cli.h"
-#include "myriad/util/entry.h"
 #include "myriad/util/error.h"
+#include "myriad/util/exit_codes.h"
 #include "myriad/util/log.h"
 #include "myriad/util/parallel_for.h"
 

@@ -7,8 +7,8 @@
 #include "myriad/data/hdf5_image_dataset.h"
 #include "myriad/data/idx_file.h"
 #include "myriad/util/cli.h"
-#include "myriad/util/entry.h"
 #include "myriad/util/error.h"
+#include "myriad/util/exit_codes.h"
 #include "myriad/util/log.h"
 #include "myriad/util/progress.h"
 

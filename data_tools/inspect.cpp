@@ -10,8 +10,8 @@
 #include "myriad/data/image_codec.h"
 #include "myriad/train/evaluation.h"
 #include "myriad/util/cli.h"
-#include "myriad/util/entry.h"
 #include "myriad/util/error.h"
+#include "myriad/util/exit_codes.h"
 #include "myriad/util/progress.h"
 
 namespace myriad {

@@ -1,8 +1,8 @@
 // myriad-data: converts image collections into myriad's HDF5 format and inspects such files.
 
 #include "data_commands.h"
+#include "myriad/comm/entry.h"
 #include "myriad/util/cli.h"
-#include "myriad/util/entry.h"
 
 int main(int argc, char** argv) {
   return myriad::run_entry(argc, argv, [](myriad::ProcessContext& context, int argc, char** argv) {

@@ -63,8 +63,8 @@ const std::string& scratch_root() {
     struct stat info {};
     const char* tmp = std::getenv("TMPDIR");
     const std::string base = stat("/dev/shm", &info) == 0 && S_ISDIR(info.st_mode) ? "/dev/shm"
-                             : tmp != nullptr                                       ? tmp
-                                                                                    : "/tmp";
+                             : tmp != nullptr                                      ? tmp
+                                                                                   : "/tmp";
     auto* root = new std::string(base + "/myriad-fuzz-" + std::to_string(getpid()));
     std::atexit([] { remove_tree(scratch_root()); });
     return root;

@@ -51,7 +51,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int64_t offset = 0;
   try {
     for (int r = 0; r < world; ++r) {
-      const int64_t rows = r + 1 == world && in.flag() ? (classes >= offset ? classes - offset : 0) : in.number();
+      const int64_t rows =
+          r + 1 == world && in.flag() ? (classes >= offset ? classes - offset : 0) : in.number();
       const ShardEntry shard{shard_file_name(r), r, in.flag() ? offset : in.number(), rows};
       m.shards.push_back(shard);
       if (rows > 0 && offset <= std::numeric_limits<int64_t>::max() - rows) offset += rows;
@@ -90,16 +91,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::expect_clean([&] {
     const Manifest verified = verify_checkpoint(dir);
     int64_t delivered = 0;
-    read_class_rows(dir, verified, dataset, begin, end,
-                    [&](int64_t at, const torch::Tensor& rows) {
-                      // Blocks must be [n, D] float32 rows inside the range asked for.
-                      if (rows.dim() != 2 || rows.size(1) != verified.embedding_size ||
-                          rows.scalar_type() != torch::kFloat32 || at < 0 ||
-                          at + rows.size(0) > end - begin) {
-                        __builtin_trap();
-                      }
-                      delivered += rows.size(0);
-                    });
+    read_class_rows(dir, verified, dataset, begin, end, [&](int64_t at, const torch::Tensor& rows) {
+      // Blocks must be [n, D] float32 rows inside the range asked for.
+      if (rows.dim() != 2 || rows.size(1) != verified.embedding_size ||
+          rows.scalar_type() != torch::kFloat32 || at < 0 || at + rows.size(0) > end - begin) {
+        __builtin_trap();
+      }
+      delivered += rows.size(0);
+    });
   });
   return 0;
 }

@@ -115,8 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const DatasetInfo& info = dataset.info();
     // What the loader relies on once the dataset opened.
     if (info.height < 1 || info.width < 1 || info.height > kMaxImageSide ||
-        info.width > kMaxImageSide || (info.channels != 1 && info.channels != 3) ||
-        info.size < 0) {
+        info.width > kMaxImageSide || (info.channels != 1 && info.channels != 3) || info.size < 0) {
       __builtin_trap();
     }
     for (int64_t i = 0; i < std::min<int64_t>(info.size, 64); ++i) {

@@ -1,8 +1,8 @@
 // insightface's .bin verification sets: the restricted unpickler and the (images, issame) reader
 // on top of it.
 
-#include "fuzz_input.h"
 #include "myriad/data/pickle.h"
+#include "fuzz_input.h"
 #include "myriad/data/verification_bin.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

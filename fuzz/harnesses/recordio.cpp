@@ -1,9 +1,9 @@
 // MXNet RecordIO as myriad-data from-rec reads it: the .idx text, the .rec records (magic,
 // continuation flags, lengths), the image record header, and the image header behind it.
 
+#include "myriad/data/recordio.h"
 #include "fuzz_input.h"
 #include "myriad/data/image_codec.h"
-#include "myriad/data/recordio.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace myriad;

@@ -53,8 +53,7 @@ void CheckpointStore::check_writable() const {
   const std::string probe = (fs::path(root_) / ".tmp-probe").string();
   write_file_atomically(probe, "");
   fs::remove(probe, error);
-  MYRIAD_CHECK(!error, "cannot write to the checkpoint directory '{}': {}", root_,
-               error.message());
+  MYRIAD_CHECK(!error, "cannot write to the checkpoint directory '{}': {}", root_, error.message());
 }
 
 std::vector<std::string> CheckpointStore::complete() const {

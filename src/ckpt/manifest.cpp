@@ -111,7 +111,8 @@ std::map<std::string, FileEntry> file_entries_from_json(const nlohmann::json& j,
       MYRIAD_CHECK(!crc.empty() && crc.size() <= 8 &&
                        crc.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos,
                    "{}: the checksum of {} is not hexadecimal (up to 8 digits)", where, name);
-      files[name] = {integer(f, "bytes", where), static_cast<uint32_t>(std::stoul(crc, nullptr, 16))};
+      files[name] = {integer(f, "bytes", where),
+                     static_cast<uint32_t>(std::stoul(crc, nullptr, 16))};
       MYRIAD_CHECK(files[name].bytes >= 0, "{}: {} has a negative size", where, name);
     }
   } catch (const nlohmann::json::exception& e) {

@@ -1,5 +1,4 @@
 #include "myriad/ckpt/offline_tools.h"
-#include "myriad/util/atomic_output.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickler.h>
@@ -10,7 +9,8 @@
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/ckpt/checksum.h"
 #include "myriad/ckpt/class_rows.h"
-#include "myriad/classifier/class_partition.h"
+#include "myriad/util/atomic_output.h"
+#include "myriad/util/balanced_split.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hdf5_file.h"
 #include "myriad/util/log.h"
@@ -101,7 +101,11 @@ void merge_classifier(const std::string& checkpoint, const std::string& output) 
 
 void reshard_checkpoint(const std::string& checkpoint, const std::string& output, int world_size) {
   const Manifest old = verify_checkpoint(checkpoint);
-  const ClassPartition partition(old.num_classes, world_size);
+  MYRIAD_CHECK(world_size <= old.num_classes,
+               "{} classes cannot be split over {} ranks: every rank must own at least one class",
+               old.num_classes, world_size);
+  const std::vector<int64_t> sizes = balanced_counts(old.num_classes, world_size);
+  const std::vector<int64_t> offsets = offsets_of(sizes);
   MYRIAD_CHECK(!fs::exists(output), "'{}' exists already", output);
   AtomicOutput out(output);
   const std::string& temporary = out.temporary_path();
@@ -122,17 +126,17 @@ void reshard_checkpoint(const std::string& checkpoint, const std::string& output
     {
       Hdf5File file((fs::path(temporary) / name).string(), Hdf5File::Mode::kCreate);
       for (const std::string& dataset : datasets) {
-        file.create(dataset, torch::kFloat32, {partition.size(r), old.embedding_size}, 4096);
+        file.create(dataset, torch::kFloat32, {sizes[r], old.embedding_size}, 4096);
         read_class_rows(
-            checkpoint, old, dataset, partition.offset(r), partition.offset(r) + partition.size(r),
+            checkpoint, old, dataset, offsets[r], offsets[r] + sizes[r],
             [&](int64_t at, const torch::Tensor& rows) { file.write_rows(dataset, at, rows); });
       }
       file.set_attribute("/", "rank", static_cast<int64_t>(r));
-      file.set_attribute("/", "class_offset", partition.offset(r));
-      file.set_attribute("/", "rows", partition.size(r));
+      file.set_attribute("/", "class_offset", offsets[r]);
+      file.set_attribute("/", "rows", sizes[r]);
     }
-    manifest.shards.push_back({name, r, partition.offset(r), partition.size(r)});
-    progress.advance(partition.size(r));
+    manifest.shards.push_back({name, r, offsets[r], sizes[r]});
+    progress.advance(sizes[r]);
   }
   progress.finish();
   for (const auto& entry : fs::directory_iterator(temporary)) {

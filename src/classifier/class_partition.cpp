@@ -1,17 +1,9 @@
 #include "myriad/classifier/class_partition.h"
 
-#include <algorithm>
-
+#include "myriad/util/balanced_split.h"
 #include "myriad/util/error.h"
 
 namespace myriad {
-
-std::vector<int64_t> balanced_counts(int64_t total, int parts) {
-  MYRIAD_CHECK(parts > 0 && total >= 0, "cannot split {} items over {} parts", total, parts);
-  std::vector<int64_t> counts(parts, total / parts);
-  for (int r = 0; r < total % parts; ++r) ++counts[r];
-  return counts;
-}
 
 ClassPartition::ClassPartition(int64_t num_classes, int world_size) : num_classes_(num_classes) {
   MYRIAD_CHECK_COLLECTIVE(num_classes > 0, "the number of classes must be positive, got {}",
@@ -21,12 +13,7 @@ ClassPartition::ClassPartition(int64_t num_classes, int world_size) : num_classe
                           "one class",
                           num_classes, world_size);
   sizes_ = balanced_counts(num_classes, world_size);
-  offsets_.resize(sizes_.size());
-  int64_t offset = 0;
-  for (size_t r = 0; r < sizes_.size(); ++r) {
-    offsets_[r] = offset;
-    offset += sizes_[r];
-  }
+  offsets_ = offsets_of(sizes_);
 }
 
 int ClassPartition::owner(int64_t label) const {

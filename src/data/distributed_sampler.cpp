@@ -2,7 +2,7 @@
 
 #include <numeric>
 
-#include "myriad/classifier/class_partition.h"
+#include "myriad/util/balanced_split.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hash_random.h"
 

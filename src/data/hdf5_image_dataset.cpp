@@ -37,7 +37,8 @@ Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled, int64
   info_.size = shape.empty() ? 0 : shape[0];
   int64_t height = 0, width = 0, channels = 0;
   if (info_.encoded) {
-    MYRIAD_CHECK(shape.size() == 1, "'{}': encoded /images must be one byte string per image", path);
+    MYRIAD_CHECK(shape.size() == 1, "'{}': encoded /images must be one byte string per image",
+                 path);
     height = required_attribute(file_, "height");
     width = required_attribute(file_, "width");
     channels = required_attribute(file_, "channels");

@@ -52,8 +52,8 @@ ImageShape png_header(PngImage& png, const std::string& bytes, const std::string
                "{}: a PNG of {}x{} pixels is larger than myriad decodes ({} per side)", what,
                png.image.height, png.image.width, kMaxImageSide);
   return checked(
-      {static_cast<int>(png.image.height), static_cast<int>(png.image.width), colour ? 3 : 1}, "PNG",
-      what);
+      {static_cast<int>(png.image.height), static_cast<int>(png.image.width), colour ? 3 : 1},
+      "PNG", what);
 }
 
 }  // namespace

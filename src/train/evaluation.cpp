@@ -10,6 +10,7 @@
 #include "myriad/comm/communicator.h"
 #include "myriad/data/data_loader.h"
 #include "myriad/util/autocast.h"
+#include "myriad/util/balanced_split.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hdf5_file.h"
 

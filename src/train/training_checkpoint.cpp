@@ -1,5 +1,4 @@
 #include "myriad/train/training_checkpoint.h"
-#include "myriad/util/atomic_output.h"
 
 #include <chrono>
 #include <ctime>
@@ -15,6 +14,7 @@
 #include "myriad/model/backbone.h"
 #include "myriad/train/loss_scaler.h"
 #include "myriad/train/optimizer_state.h"
+#include "myriad/util/atomic_output.h"
 #include "myriad/util/error.h"
 #include "myriad/util/format.h"
 #include "myriad/util/hdf5_file.h"
@@ -245,7 +245,8 @@ void save_checkpoint(const ProcessContext& context, const CheckpointStore& store
     }
     if (const char* fault = std::getenv("MYRIAD_FAULT_ABORT_IN_SAVE");
         fault != nullptr && std::atoi(fault) == 1) {
-      // Testing hook: die like a killed job after the shards exist and before anything is published.
+      // Testing hook: die like a killed job after the shards exist and before anything is
+      // published.
       std::abort();
     }
 

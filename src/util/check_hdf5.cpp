@@ -27,8 +27,8 @@ std::string shortened(const std::string& desc) {
   const size_t end = desc.find('\'', at + key.size());
   const size_t colon = desc.find(':');
   return desc.substr(0, std::min(colon, at)) + ": " +
-         desc.substr(at + key.size(), end == std::string::npos ? std::string::npos
-                                                               : end - at - key.size());
+         desc.substr(at + key.size(),
+                     end == std::string::npos ? std::string::npos : end - at - key.size());
 }
 
 herr_t collect_frame(unsigned depth, const H5E_error2_t* frame, void* out) {

@@ -4,8 +4,6 @@
 #include <fstream>
 #include <iostream>
 
-#include "myriad/comm/process_context.h"
-#include "myriad/util/entry.h"
 #include "myriad/util/error.h"
 #include "myriad/util/log.h"
 
@@ -97,23 +95,6 @@ bool parse_command_line_and_config(int argc, char** argv, const po::options_desc
   }
   apply_logging_options(values);
   return true;
-}
-
-int run_sub_command(ProcessContext& context, int argc, char** argv, const std::string& usage,
-                    const std::vector<SubCommand>& commands) {
-  const bool help = argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h";
-  if (help) {
-    if (context.rank() == 0) {
-      std::cout << usage << "\n\ncommands:\n";
-      for (const SubCommand& c : commands) std::cout << "  " << c.name << "  " << c.summary << "\n";
-      std::cout << "\n`<command> --help` lists a command's options." << std::endl;
-    }
-    return argc < 2 ? kExitUsage : kExitOk;
-  }
-  for (const SubCommand& c : commands) {
-    if (argv[1] == std::string(c.name)) return c.run(context, argc - 1, argv + 1);
-  }
-  throw UsageError(str_format("unknown command '{}'", argv[1]));
 }
 
 int64_t parse_byte_size(const std::string& text) {

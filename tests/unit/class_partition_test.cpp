@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "myriad/classifier/class_partition.h"
+#include "myriad/util/balanced_split.h"
 #include "myriad/util/error.h"
 
 namespace myriad {

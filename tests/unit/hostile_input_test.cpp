@@ -54,8 +54,9 @@ TEST(HostileInput, RecordIoOffsetsAndLengthsBeyondTheFile) {
   write_bytes(rec, little_endian(0xced7230au) + little_endian((1u << 29) - 1) + std::string(16, 0));
   write_bytes(idx, "0\t0\n");
   const RecordIoReader reader(rec, idx);
-  EXPECT_NE(error_of([&] { reader.read(0); })
-                .find("part 0 of 536870911 bytes at byte 0 runs past the end of the file"),
+  EXPECT_NE(error_of([&] {
+              reader.read(0);
+            }).find("part 0 of 536870911 bytes at byte 0 runs past the end of the file"),
             std::string::npos);
 }
 
@@ -67,7 +68,8 @@ std::string png_chunk(const std::string& type, const std::string& data) {
 }
 
 TEST(HostileInput, ImageHeadersBeyondTheSideLimit) {
-  const std::string header = big_endian(65535) + big_endian(65535) + std::string("\x08\x02\0\0\0", 5);
+  const std::string header =
+      big_endian(65535) + big_endian(65535) + std::string("\x08\x02\0\0\0", 5);
   // libpng reads up to the first IDAT before it reports the header.
   const std::string png = std::string("\x89PNG\r\n\x1a\n", 8) + png_chunk("IHDR", header) +
                           png_chunk("IDAT", std::string("\x78\x9c\x03\x00\x00\x00\x00\x01", 8)) +
@@ -86,8 +88,9 @@ TEST(HostileInput, DatasetsDeclaredLargerThanWritten) {
     // 2^40 labels declared in a file of a few KiB: reading them would allocate 8 TiB.
     file.create("labels", torch::kInt64, {int64_t{1} << 40}, 1024);
   }
-  EXPECT_NE(error_of([&] { Hdf5File(path, Hdf5File::Mode::kRead).read("labels"); })
-                .find("declared larger than what was written"),
+  EXPECT_NE(error_of([&] {
+              Hdf5File(path, Hdf5File::Mode::kRead).read("labels");
+            }).find("declared larger than what was written"),
             std::string::npos);
   // A height attribute beyond int, which a cast would have made 16.
   {

@@ -145,8 +145,9 @@ TEST(Unpickle, DictsCallsStateAndPersistentIdsAreData) {
   const auto allow = [](const std::string& module, const std::string& name) {
     return module == "collections" && name == "OrderedDict";
   };
-  const std::string p = std::string("\x80\x02"
-                                    "ccollections\nOrderedDict\n)R(X") +
+  const std::string p = std::string(
+                            "\x80\x02"
+                            "ccollections\nOrderedDict\n)R(X") +
                         u32(1) + "aX" + u32(7) + "storageX" + u32(1) + "0" +
                         std::string("\x86Qu}X", 5) + u32(1) + "vG" +
                         std::string("\x3f\xf8\x00\x00\x00\x00\x00\x00", 8) + "sb.";
@@ -169,14 +170,19 @@ TEST(Unpickle, DictsCallsStateAndPersistentIdsAreData) {
 
 TEST(Unpickle, RefusesCyclesDeepNestingAndMalformedGlobals) {
   // l = []; l.append(l): the memo hands the list back to itself.
-  EXPECT_NE(error_of([] { unpickle(std::string("\x80\x02]q\x00h\x00" "a.", 9), "c"); }).find("a list contains itself"),
+  EXPECT_NE(error_of([] {
+              unpickle(std::string("\x80\x02]q\x00h\x00"
+                                   "a.",
+                                   9),
+                       "c");
+            }).find("a list contains itself"),
             std::string::npos);
   // Shared, but not cyclic: [x, x] is fine.
   const Pickle shared = unpickle(std::string("\x80\x02]q\x00h\x00h\x00\x86.", 11), "c");
   EXPECT_EQ(shared.root().items[0], shared.root().items[1]);
-  EXPECT_NE(error_of([] { unpickle("\x80\x02" + std::string(5000, ']') + std::string(4999, 'a') + ".",
-                                   "d"); })
-                .find("nested more than 1000 deep"),
+  EXPECT_NE(error_of([] {
+              unpickle("\x80\x02" + std::string(5000, ']') + std::string(4999, 'a') + ".", "d");
+            }).find("nested more than 1000 deep"),
             std::string::npos);
   // STACK_GLOBAL of a list and an int (a fuzzer found it dereferencing a null module).
   EXPECT_NE(error_of([] { unpickle("\x80\x04]K\x01\x93.", "g"); }).find("needs two strings"),

@@ -5,12 +5,8 @@
 
 namespace myriad {
 
-// The balanced split of `total` items over `parts` ranks: part r gets total/parts items, plus one
-// when r < total % parts, in rank order. Used for classes and for rows of a batch.
-std::vector<int64_t> balanced_counts(int64_t total, int parts);
-
-// Which rank owns which classes. Rank r owns the contiguous global range
-// [offset(r), offset(r) + size(r)).
+// Which rank owns which classes: the balanced split (util/balanced_split.h). Rank r owns the
+// contiguous global range [offset(r), offset(r) + size(r)).
 class ClassPartition {
  public:
   // C <= 0 or C < W is a collective error: every rank must own at least one class.

@@ -23,20 +23,6 @@ bool parse_command_line_and_config(int argc, char** argv, const po::options_desc
                                    po::variables_map& values, const std::string& usage, int rank,
                                    const std::string& config_option);
 
-class ProcessContext;
-
-// A `tool <command> [options]` executable: each command gets the arguments after its name.
-struct SubCommand {
-  const char* name;
-  const char* summary;
-  int (*run)(ProcessContext& context, int argc, char** argv);
-};
-
-// Dispatches argv[1] to its command; without one (or with --help) prints `usage` and the commands.
-// An unknown command is a UsageError.
-int run_sub_command(ProcessContext& context, int argc, char** argv, const std::string& usage,
-                    const std::vector<SubCommand>& commands);
-
 // "4096", "64K", "256M", "2G" (powers of 1024; a trailing B or iB is allowed). UsageError
 // otherwise.
 int64_t parse_byte_size(const std::string& text);

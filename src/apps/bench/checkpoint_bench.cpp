@@ -10,16 +10,16 @@
 
 #include "bench_commands.h"
 #include "myriad/ckpt/checkpoint_store.h"
-#include "myriad/train/training_checkpoint.h"
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/comm_factory.h"
 #include "myriad/comm/process_context.h"
 #include "myriad/model/backbone.h"
+#include "myriad/train/training_checkpoint.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/cli.h"
 #include "myriad/util/device.h"
-#include "myriad/util/entry.h"
 #include "myriad/util/error.h"
+#include "myriad/util/exit_codes.h"
 #include "myriad/util/format.h"
 #include "myriad/util/remove_tree.h"
 

@@ -4,8 +4,8 @@
 #include "myriad/comm/process_context.h"
 #include "myriad/util/atomic_output.h"
 #include "myriad/util/cli.h"
-#include "myriad/util/entry.h"
 #include "myriad/util/error.h"
+#include "myriad/util/exit_codes.h"
 #include "myriad/util/hdf5_file.h"
 #include "myriad/util/log.h"
 

@@ -15,8 +15,8 @@
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/cli.h"
 #include "myriad/util/device.h"
-#include "myriad/util/entry.h"
 #include "myriad/util/error.h"
+#include "myriad/util/exit_codes.h"
 #include "myriad/util/log.h"
 
 namespace myriad {

@@ -14,8 +14,8 @@
 #include "myriad/model/backbone.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/cli.h"
-#include "myriad/util/entry.h"
 #include "myriad/util/error.h"
+#include "myriad/util/exit_codes.h"
 
 namespace myriad {
 

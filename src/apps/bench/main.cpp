@@ -1,8 +1,8 @@
 // myriad-bench: benchmarks and parity checks, run under mpirun or srun.
 
 #include "bench_commands.h"
+#include "myriad/comm/entry.h"
 #include "myriad/util/cli.h"
-#include "myriad/util/entry.h"
 
 int main(int argc, char** argv) {
   return myriad::run_entry(argc, argv, [](myriad::ProcessContext& context, int argc, char** argv) {

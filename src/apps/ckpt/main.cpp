@@ -7,9 +7,9 @@
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/ckpt/checksum.h"
 #include "myriad/ckpt/offline_tools.h"
+#include "myriad/comm/entry.h"
 #include "myriad/comm/process_context.h"
 #include "myriad/util/cli.h"
-#include "myriad/util/entry.h"
 #include "myriad/util/error.h"
 
 namespace myriad {

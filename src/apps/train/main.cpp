@@ -1,10 +1,10 @@
 // myriad-train: one rank per GPU (or CPU process), started by mpirun or srun.
 
+#include "myriad/comm/entry.h"
 #include "myriad/comm/process_context.h"
 #include "myriad/train/train_config.h"
 #include "myriad/train/trainer.h"
 #include "myriad/util/cli.h"
-#include "myriad/util/entry.h"
 
 int main(int argc, char** argv) {
   return myriad::run_entry(argc, argv, [](myriad::ProcessContext& context, int argc, char** argv) {

@@ -1,18 +1,14 @@
 #pragma once
 
 #include <functional>
+#include <string>
+#include <vector>
+
+#include "myriad/util/exit_codes.h"
 
 namespace myriad {
 
 class ProcessContext;
-
-// Exit codes shared by every myriad executable.
-constexpr int kExitOk = 0;
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
-// A signal (SIGTERM, SIGUSR1, SIGINT) or --stop-at-step stopped training after a checkpoint was
-// written: rerun with --resume auto to continue (EX_TEMPFAIL of sysexits.h).
-constexpr int kExitStopped = 75;
 
 using EntryBody = std::function<int(ProcessContext& context, int argc, char** argv)>;
 
@@ -21,5 +17,17 @@ using EntryBody = std::function<int(ProcessContext& context, int argc, char** ar
 // kExitUsage or kExitFailure. Any other error is logged by the rank that hit it, which then calls
 // MPI_Abort so that no other rank is left waiting in a collective (a single process just exits).
 int run_entry(int argc, char** argv, const EntryBody& body);
+
+// A `tool <command> [options]` executable: each command gets the arguments after its name.
+struct SubCommand {
+  const char* name;
+  const char* summary;
+  int (*run)(ProcessContext& context, int argc, char** argv);
+};
+
+// Dispatches argv[1] to its command; without one (or with --help) rank 0 prints `usage` and the
+// commands. An unknown command is a UsageError.
+int run_sub_command(ProcessContext& context, int argc, char** argv, const std::string& usage,
+                    const std::vector<SubCommand>& commands);
 
 }  // namespace myriad

@@ -1,4 +1,4 @@
-#include "myriad/util/entry.h"
+#include "myriad/comm/entry.h"
 
 #include <c10/util/Exception.h>
 #include <mpi.h>
@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <iostream>
 #include <memory>
 #include <string>
 
@@ -65,6 +66,23 @@ int run_entry(int argc, char** argv, const EntryBody& body) {
   } catch (const std::exception& e) {
     return fail_rank(program, e.what(), context->size());
   }
+}
+
+int run_sub_command(ProcessContext& context, int argc, char** argv, const std::string& usage,
+                    const std::vector<SubCommand>& commands) {
+  const bool help = argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h";
+  if (help) {
+    if (context.rank() == 0) {
+      std::cout << usage << "\n\ncommands:\n";
+      for (const SubCommand& c : commands) std::cout << "  " << c.name << "  " << c.summary << "\n";
+      std::cout << "\n`<command> --help` lists a command's options." << std::endl;
+    }
+    return argc < 2 ? kExitUsage : kExitOk;
+  }
+  for (const SubCommand& c : commands) {
+    if (argv[1] == std::string(c.name)) return c.run(context, argc - 1, argv + 1);
+  }
+  throw UsageError(str_format("unknown command '{}'", argv[1]));
 }
 
 }  // namespace myriad
