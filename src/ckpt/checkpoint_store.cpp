@@ -132,6 +132,18 @@ Manifest verify_checkpoint(const std::string& directory, const std::vector<std::
   return manifest;
 }
 
+std::string resolve_checkpoint(const std::string& path) {
+  if (fs::exists(fs::path(path) / kManifestFile)) return path;
+  const CheckpointStore store(path);
+  if (const std::optional<std::string> latest = store.latest();
+      latest.has_value() && fs::exists(fs::path(*latest) / kManifestFile)) {
+    return *latest;
+  }
+  const std::vector<std::string> all = store.complete();
+  MYRIAD_CHECK(!all.empty(), "'{}' is neither a checkpoint nor a directory of checkpoints", path);
+  return all.front();
+}
+
 std::vector<std::string> resume_candidates(const std::string& resume,
                                            const CheckpointStore& store) {
   if (resume == "none") return {};

@@ -1,8 +1,5 @@
 #include "myriad/ckpt/offline_tools.h"
 
-#include <caffe2/serialize/inline_container.h>
-#include <torch/csrc/jit/serialization/pickler.h>
-
 #include <filesystem>
 #include <fstream>
 
@@ -33,49 +30,7 @@ std::vector<std::string> shard_datasets(const std::string& checkpoint, const Man
   return names;
 }
 
-// Writes `tensors` in torch.save's layout: a zip archive of data.pkl and one record per tensor
-// storage. Aggregates stay untagged (torch::pickle_save tags the dict with
-// torch.jit._pickle.restore_type_tag, which torch.load refuses by default since PyTorch 2.6).
-void save_for_torch_load(const c10::Dict<std::string, torch::Tensor>& tensors,
-                         const std::string& path) {
-  std::string pickle;
-  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.append(data, size); },
-                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
-                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
-                              /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(tensors);
-  pickler.stop();
-  caffe2::serialize::PyTorchStreamWriter writer(path);
-  const std::vector<torch::Tensor>& storages = pickler.tensorData();
-  for (size_t i = 0; i < storages.size(); ++i) {
-    const auto bytes = torch::jit::getWriteableTensorData(storages[i]);
-    writer.writeRecord("data/" + std::to_string(i), bytes.data(), bytes.sizeInBytes());
-  }
-  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
-  writer.writeEndOfFile();
-}
-
 }  // namespace
-
-void export_backbone(const std::string& checkpoint, const std::string& output) {
-  verify_checkpoint(checkpoint, {kReplicatedFile});
-  const Hdf5File file((fs::path(checkpoint) / kReplicatedFile).string(), Hdf5File::Mode::kRead);
-  // Dataset names follow the module's state-dict names; walk the manifest-independent listing.
-  c10::Dict<std::string, torch::Tensor> state;
-  for (const std::string& name : file.list("backbone"))
-    state.insert(name, file.read("backbone/" + name));
-  MYRIAD_CHECK(state.size() > 0, "'{}' holds no backbone tensors", checkpoint);
-  AtomicOutput out(output);
-  try {
-    save_for_torch_load(state, out.temporary_path());
-  } catch (const c10::Error& e) {
-    MYRIAD_THROW("cannot write '{}': {}", out.temporary_path(), e.what_without_backtrace());
-  }
-  out.commit();
-  log_info("wrote {}: {} backbone tensors (torch.load gives a dict of name -> tensor)", output,
-           state.size());
-}
 
 void merge_classifier(const std::string& checkpoint, const std::string& output) {
   const Manifest manifest = verify_checkpoint(checkpoint);

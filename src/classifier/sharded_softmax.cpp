@@ -1,6 +1,5 @@
 #include "myriad/classifier/sharded_softmax.h"
 
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
 #include <limits>
@@ -8,6 +7,7 @@
 #include "myriad/classifier/mixed_gemm.h"
 #include "myriad/classifier/partial_fc.h"
 #include "myriad/comm/communicator.h"
+#include "myriad/util/autocast.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hash_random.h"
 #include "myriad/util/phase_timer.h"
@@ -16,11 +16,6 @@
 namespace myriad {
 
 namespace {
-
-// The classifier picks its own precisions; an autocast region around it must not change them.
-struct NoAutocast {
-  c10::impl::ExcludeDispatchKeyGuard guard{c10::autocast_dispatch_keyset};
-};
 
 constexpr int64_t kNoTarget = -1;
 

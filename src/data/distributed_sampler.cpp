@@ -50,6 +50,10 @@ std::vector<int64_t> DistributedSampler::indices(const DataPosition& position, i
           perm.begin() + position.offset + offsets_[rank + 1]};
 }
 
+int64_t DistributedSampler::first_key(const DataPosition& position, int rank) const {
+  return position.epoch * size_ + position.offset + offsets_.at(rank);
+}
+
 DataPosition DistributedSampler::advance(const DataPosition& start, int64_t steps) const {
   // What is left of the start epoch, then whole epochs.
   const int64_t left = (size_ - start.offset) / global_batch_;

@@ -3,6 +3,7 @@
 #include <torch/autograd.h>
 
 #include "myriad/comm/communicator.h"
+#include "myriad/model/backbone.h"
 
 namespace myriad {
 
@@ -42,7 +43,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const torch::Tensor var =
         (stats.narrow(0, channels, channels) / count - mean.square()).clamp_min(0.0);
     const torch::Tensor inv_std = (var + eps).rsqrt();
-    {
+    if (!recomputing_activations()) {
       torch::NoGradGuard no_grad;
       module->running_mean.mul_(1.0 - momentum).add_(mean, momentum);
       module->running_var.mul_(1.0 - momentum)
@@ -99,6 +100,11 @@ BatchNormImpl::BatchNormImpl(int64_t features, double eps, double momentum)
 torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
   if (is_training() && sync != nullptr) {
     return SyncBatchNormFunction::apply(x, weight, bias, this, eps_, momentum_);
+  }
+  if (is_training() && recomputing_activations()) {
+    // The first pass of this batch updated the running statistics already.
+    return torch::batch_norm(x, weight, bias, {}, {}, true, momentum_, eps_,
+                             /*cudnn_enabled=*/true);
   }
   if (is_training()) {
     torch::NoGradGuard no_grad;

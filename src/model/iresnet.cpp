@@ -1,5 +1,7 @@
 #include "myriad/model/iresnet.h"
 
+#include <string>
+
 #include "myriad/model/batch_norm.h"
 #include "myriad/util/error.h"
 
@@ -16,6 +18,10 @@ BatchNorm batch_norm(int64_t channels) {
   return BatchNorm(channels, 1e-5);
 }
 
+torch::nn::PReLU prelu(int64_t channels) {
+  return torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(channels));
+}
+
 class BasicBlockImpl : public torch::nn::Module {
  public:
   // `positions`: pixels of the input, for the count of multiply-adds.
@@ -23,15 +29,14 @@ class BasicBlockImpl : public torch::nn::Module {
     bn1_ = register_module("bn1", batch_norm(in));
     conv1_ = register_module("conv1", conv(in, planes, 3, 1));
     bn2_ = register_module("bn2", batch_norm(planes));
-    prelu_ = register_module("prelu",
-                             torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(planes)));
+    prelu_ = register_module("prelu", prelu(planes));
     conv2_ = register_module("conv2", conv(planes, planes, 3, stride));
     bn3_ = register_module("bn3", batch_norm(planes));
     const int64_t out = positions / (stride * stride);
     multiply_adds_ = positions * conv1_->weight.numel() + out * conv2_->weight.numel();
     if (stride != 1 || in != planes) {
       torch::nn::Conv2d projection = conv(in, planes, 1, stride);
-      shortcut_ =
+      downsample_ =
           register_module("downsample", torch::nn::Sequential(projection, batch_norm(planes)));
       multiply_adds_ += out * projection->weight.numel();
     }
@@ -41,14 +46,14 @@ class BasicBlockImpl : public torch::nn::Module {
 
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor out = bn3_(conv2_(prelu_(bn2_(conv1_(bn1_(x))))));
-    return out + (shortcut_ ? shortcut_->forward(x) : x);
+    return out + (downsample_ ? downsample_->forward(x) : x);
   }
 
  private:
   BatchNorm bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr};
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
   torch::nn::PReLU prelu_{nullptr};
-  torch::nn::Sequential shortcut_{nullptr};
+  torch::nn::Sequential downsample_{nullptr};
   int64_t multiply_adds_ = 0;
 };
 TORCH_MODULE(BasicBlock);
@@ -61,31 +66,34 @@ IResNet::IResNet(const BackboneOptions& options, const std::vector<int64_t>& blo
     throw UsageError(str_format("{} needs an input height and width divisible by 16, got {}x{}",
                                 options.name, in.height, in.width));
   }
-  stem_ = register_module(
-      "stem",
-      torch::nn::Sequential(conv(in.channels, 64, 3, 1), batch_norm(64),
-                            torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(64))));
-  stages_ = register_module("stages", torch::nn::Sequential());
+  conv1_ = register_module("conv1", conv(in.channels, 64, 3, 1));
+  bn1_ = register_module("bn1", batch_norm(64));
+  prelu_ = register_module("prelu", prelu(64));
+  add_block("stem", {"conv1", "bn1", "prelu"});
   int64_t positions = in.height * in.width;
-  add_multiply_adds(positions * stem_[0]->as<torch::nn::Conv2d>()->weight.numel());
+  add_multiply_adds(positions * conv1_->weight.numel());
   const int64_t widths[4] = {64, 128, 256, 512};
   int64_t channels = 64;
   for (int stage = 0; stage < 4; ++stage) {
+    const std::string layer = "layer" + std::to_string(stage + 1);
+    layers_[stage] = register_module(layer, torch::nn::Sequential());
     for (int64_t b = 0; b < blocks[stage]; ++b) {
       const int64_t stride = b == 0 ? 2 : 1;
       BasicBlock block(channels, widths[stage], stride, positions);
       add_multiply_adds(block->multiply_adds());
       positions /= stride * stride;
-      stages_->push_back(block);
+      layers_[stage]->push_back(block);
+      add_block(layer + "." + std::to_string(b), {layer + "." + std::to_string(b)});
       channels = widths[stage];
     }
   }
-  bn_ = register_module("bn", batch_norm(512));
+  bn2_ = register_module("bn2", batch_norm(512));
   dropout_ = register_module("dropout", torch::nn::Dropout(options.dropout));
   fc_ = register_module(
       "fc", torch::nn::Linear(512 * (in.height / 16) * (in.width / 16), options.embedding_size));
   add_multiply_adds(fc_->weight.numel());
   features_ = register_module("features", BatchNorm(options.embedding_size, 1e-5));
+  add_block("head", {"bn2", "fc", "features"});
   torch::NoGradGuard no_grad;
   for (auto& module : modules(false)) {
     if (auto* c = module->as<torch::nn::Conv2d>()) c->weight.normal_(0.0, 0.1);
@@ -94,9 +102,41 @@ IResNet::IResNet(const BackboneOptions& options, const std::vector<int64_t>& blo
   features_->weight.set_requires_grad(false);
 }
 
-torch::Tensor IResNet::forward(const torch::Tensor& images) {
-  torch::Tensor x = bn_(stages_->forward(stem_->forward(images)));
-  return features_(fc_(dropout_(x.flatten(1))));
+Activations IResNet::forward_block(int64_t block, Activations in) {
+  if (block == 0) {
+    in.x = prelu_(bn1_(conv1_(in.x)));
+    return in;
+  }
+  if (block + 1 == num_blocks()) {
+    in.x = features_(fc_(dropout_(bn2_(in.x).flatten(1))));
+    return in;
+  }
+  int64_t unit = block - 1;
+  for (torch::nn::Sequential& layer : layers_) {
+    if (unit < static_cast<int64_t>(layer->size())) {
+      in.x = layer[unit]->as<BasicBlockImpl>()->forward(in.x);
+      return in;
+    }
+    unit -= static_cast<int64_t>(layer->size());
+  }
+  MYRIAD_THROW("an IResNet has no block {}", block);
+}
+
+std::string IResNet::legacy_name(const std::string& name) const {
+  static const std::pair<const char*, const char*> kStem[] = {
+      {"conv1.", "stem.0."}, {"bn1.", "stem.1."}, {"prelu.", "stem.2."}, {"bn2.", "bn."}};
+  for (const auto& [now, before] : kStem) {
+    if (name.rfind(now, 0) == 0) return before + name.substr(std::string(now).size());
+  }
+  // layerK.J.rest -> stages.N.rest, N counting the blocks of the stages before K.
+  if (name.rfind("layer", 0) != 0) return "";
+  const size_t dot = name.find('.');
+  const size_t second = name.find('.', dot + 1);
+  if (dot == std::string::npos || second == std::string::npos) return "";
+  const int stage = std::stoi(name.substr(5, dot - 5)) - 1;
+  int64_t index = std::stoll(name.substr(dot + 1, second - dot - 1));
+  for (int k = 0; k < stage; ++k) index += static_cast<int64_t>(layers_[k]->size());
+  return "stages." + std::to_string(index) + name.substr(second);
 }
 
 }  // namespace myriad

@@ -1,5 +1,7 @@
 #include "myriad/model/mobilefacenet.h"
 
+#include <string>
+
 #include "myriad/model/batch_norm.h"
 #include "myriad/util/error.h"
 
@@ -64,15 +66,19 @@ MobileFaceNet::MobileFaceNet(const BackboneOptions& options) {
   struct Stage {
     int64_t expansion, channels, repeats, stride;
   };
+  // Block b runs modules [block_starts_[b], block_starts_[b + 1]) of body_.
+  block_starts_.push_back(0);
   int64_t channels = 64;
   for (const Stage& s : {Stage{2, 64, 5, 2}, Stage{4, 128, 1, 2}, Stage{2, 128, 6, 1},
                          Stage{4, 128, 1, 2}, Stage{2, 128, 2, 1}}) {
     for (int64_t r = 0; r < s.repeats; ++r) {
+      block_starts_.push_back(static_cast<int64_t>(body_->size()));
       body_->push_back(
           Bottleneck(channels, s.channels, s.expansion, r == 0 ? s.stride : 1, positions, macs));
       channels = s.channels;
     }
   }
+  block_starts_.push_back(static_cast<int64_t>(body_->size()));
   macs += add_conv_block(body_, positions, 128, 512, 1, 1, 1, false);
   // Global depthwise convolution: one weight per position of the final map, one output position.
   torch::nn::Conv2d gdc(
@@ -85,6 +91,16 @@ MobileFaceNet::MobileFaceNet(const BackboneOptions& options) {
   body_->push_back(linear);
   body_->push_back(BatchNorm(options.embedding_size));
   add_multiply_adds(macs + gdc->weight.numel() + linear->weight.numel());
+  block_starts_.push_back(static_cast<int64_t>(body_->size()));
+  for (size_t b = 0; b + 1 < block_starts_.size(); ++b) {
+    std::vector<std::string> prefixes;
+    for (int64_t k = block_starts_[b]; k < block_starts_[b + 1]; ++k)
+      prefixes.push_back("body." + std::to_string(k));
+    add_block(b == 0                          ? "stem"
+              : b + 2 == block_starts_.size() ? "head"
+                                              : prefixes.front(),
+              prefixes);
+  }
   torch::NoGradGuard no_grad;
   for (auto& module : modules(false)) {
     if (auto* c = module->as<torch::nn::Conv2d>())
@@ -92,8 +108,13 @@ MobileFaceNet::MobileFaceNet(const BackboneOptions& options) {
   }
 }
 
-torch::Tensor MobileFaceNet::forward(const torch::Tensor& images) {
-  return body_->forward(images).flatten(1);
+Activations MobileFaceNet::forward_block(int64_t block, Activations in) {
+  for (auto module = body_->begin() + block_starts_.at(block);
+       module != body_->begin() + block_starts_.at(block + 1); ++module) {
+    in.x = module->forward(in.x);
+  }
+  if (block + 1 == num_blocks()) in.x = in.x.flatten(1);
+  return in;
 }
 
 }  // namespace myriad

@@ -9,6 +9,13 @@ namespace myriad {
 
 namespace {
 
+// The blocks of `features`: [first, last) of its modules each.
+struct ConvBlock {
+  const char* name;
+  int64_t first, last;
+};
+constexpr ConvBlock kConvBlocks[] = {{"conv1", 0, 4}, {"conv2", 4, 8}, {"conv3", 8, 11}};
+
 void add_conv_bn_relu(torch::nn::Sequential& layers, int64_t in, int64_t out) {
   layers->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1).bias(false)));
   layers->push_back(BatchNorm(out));
@@ -41,6 +48,12 @@ SmallCnn::SmallCnn(const BackboneOptions& options) {
       "fc", torch::nn::Linear(128 * (in.height / 4) * (in.width / 4), options.embedding_size));
   add_multiply_adds(fc_->weight.numel());
   embedding_ = register_module("embedding", BatchNorm(options.embedding_size));
+  for (const auto& [name, first, last] : kConvBlocks) {
+    std::vector<std::string> prefixes;
+    for (int64_t k = first; k < last; ++k) prefixes.push_back("features." + std::to_string(k));
+    add_block(name, prefixes);
+  }
+  add_block("head", {"fc", "embedding"});
   torch::NoGradGuard no_grad;
   for (auto& module : modules(false)) {
     if (auto* c = module->as<torch::nn::Conv2d>()) {
@@ -49,8 +62,15 @@ SmallCnn::SmallCnn(const BackboneOptions& options) {
   }
 }
 
-torch::Tensor SmallCnn::forward(const torch::Tensor& images) {
-  return embedding_(fc_(dropout_(features_->forward(images).flatten(1))));
+Activations SmallCnn::forward_block(int64_t block, Activations in) {
+  if (block + 1 == num_blocks()) {
+    in.x = embedding_(fc_(dropout_(in.x.flatten(1))));
+    return in;
+  }
+  const ConvBlock& b = kConvBlocks[block];
+  for (auto module = features_->begin() + b.first; module != features_->begin() + b.last; ++module)
+    in.x = module->forward(in.x);
+  return in;
 }
 
 }  // namespace myriad

@@ -18,11 +18,17 @@ namespace myriad {
 
 namespace {
 
-// Embeddings [n, D] float32 of images `indices`, optionally summed with those of the mirrored
-// images.
-torch::Tensor embed(Backbone& backbone, const ImageSource& source,
-                    const std::vector<int64_t>& indices, const EvalSetup& setup,
-                    bool add_mirrored) {
+double sum_over_ranks(double value, Communicator& comm) {
+  torch::Tensor t = torch::full({1}, value, torch::dtype(torch::kFloat64).device(comm.device()));
+  comm.all_reduce(t, ReduceOp::kSum);
+  return t.item<double>();
+}
+
+}  // namespace
+
+torch::Tensor embed_images(Backbone& backbone, const ImageSource& source,
+                           const std::vector<int64_t>& indices, const EvalSetup& setup,
+                           bool add_mirrored) {
   const DatasetInfo& info = source.info();
   const int64_t n = static_cast<int64_t>(indices.size());
   const int64_t image_size = static_cast<int64_t>(info.height) * info.width * info.channels;
@@ -48,50 +54,34 @@ torch::Tensor embed(Backbone& backbone, const ImageSource& source,
   return features;
 }
 
-// This rank's balanced slice of [0, size), and the number of batches every rank runs (the same on
-// all ranks, since each batch contains a collective).
-struct Slice {
-  int64_t begin = 0;
-  int64_t count = 0;
-  int64_t batches = 0;
-};
-
-Slice slice_for(int64_t size, const EvalSetup& setup) {
+EvalSlice eval_slice(int64_t size, const EvalSetup& setup) {
   const int world = setup.comm->size(), rank = setup.comm->rank();
   const std::vector<int64_t> counts = balanced_counts(size, world);
-  Slice s;
+  EvalSlice s;
   s.begin = std::accumulate(counts.begin(), counts.begin() + rank, int64_t{0});
   s.count = counts[rank];
   s.batches = (counts[0] + setup.batch_size - 1) / setup.batch_size;
   return s;
 }
 
-std::vector<int64_t> batch_indices(const Slice& s, int64_t batch, int64_t batch_size) {
+std::vector<int64_t> eval_batch(const EvalSlice& s, int64_t batch, int64_t batch_size) {
   std::vector<int64_t> indices;
   for (int64_t i = batch * batch_size; i < std::min(s.count, (batch + 1) * batch_size); ++i)
     indices.push_back(s.begin + i);
   return indices;
 }
 
-double sum_over_ranks(double value, Communicator& comm) {
-  torch::Tensor t = torch::full({1}, value, torch::dtype(torch::kFloat64).device(comm.device()));
-  comm.all_reduce(t, ReduceOp::kSum);
-  return t.item<double>();
-}
-
-}  // namespace
-
 ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoftmax& classifier,
                                            const ImageSource& data, const EvalSetup& setup) {
   const int64_t dim = classifier.options().embedding_size;
-  const Slice slice = slice_for(data.info().size, setup);
+  const EvalSlice slice = eval_slice(data.info().size, setup);
   double correct = 0;
   std::vector<torch::Tensor> knn_features;
   std::vector<int64_t> knn_labels;
   for (int64_t b = 0; b < slice.batches; ++b) {
-    const std::vector<int64_t> indices = batch_indices(slice, b, setup.batch_size);
+    const std::vector<int64_t> indices = eval_batch(slice, b, setup.batch_size);
     torch::Tensor features = indices.empty() ? torch::empty({0, dim}, torch::device(setup.device))
-                                             : embed(backbone, data, indices, setup, false);
+                                             : embed_images(backbone, data, indices, setup, false);
     const torch::Tensor predicted = classifier.predict(features).to(torch::kCPU, torch::kInt64);
     const int64_t* predicted_class = predicted.data_ptr<int64_t>();
     for (size_t i = 0; i < indices.size(); ++i) {
@@ -181,11 +171,11 @@ VerificationEval evaluate_verification(Backbone& backbone, const ImageSource& im
   MYRIAD_CHECK(images.info().size == 2 * static_cast<int64_t>(issame.size()),
                "{} has {} images for {} pairs", images.info().name, images.info().size,
                issame.size());
-  const Slice slice = slice_for(images.info().size, setup);
+  const EvalSlice slice = eval_slice(images.info().size, setup);
   std::vector<torch::Tensor> parts;
   for (int64_t b = 0; b < slice.batches; ++b) {
-    const std::vector<int64_t> indices = batch_indices(slice, b, setup.batch_size);
-    if (!indices.empty()) parts.push_back(embed(backbone, images, indices, setup, true));
+    const std::vector<int64_t> indices = eval_batch(slice, b, setup.batch_size);
+    if (!indices.empty()) parts.push_back(embed_images(backbone, images, indices, setup, true));
   }
   const int64_t dim = parts.empty() ? 0 : parts[0].size(1);
   const std::vector<int64_t> dims = setup.comm->all_gather_counts(dim);

@@ -1,5 +1,6 @@
 #include "myriad/train/train_config.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "myriad/util/cli.h"
@@ -53,7 +54,10 @@ po::options_description train_options(TrainConfig& c) {
       ("val-data", po::value(&c.val_data), "labelled HDF5 file for top-1 and kNN evaluation")
       ("eval-pairs", po::value(&c.eval_pairs)->multitoken(), "HDF5 verification pair files (10-fold accuracy, LFW protocol)")
       ("input-shape", po::value<std::string>()->default_value("3x112x112"), "image shape CxHxW the backbone takes")
-      ("backbone", po::value(&c.backbone)->default_value(c.backbone), "iresnet18, iresnet34, iresnet50, iresnet100, mobilefacenet or smallcnn")
+      ("backbone", po::value(&c.backbone)->default_value(c.backbone), "r18, r34, r50, r100, r200 (also called iresnet18 ... iresnet200), mbf, vit_t, vit_s, vit_b, vit_l, vit_h (insightface arcface_torch's networks, under its parameter names), mobilefacenet or smallcnn")
+      ("init-backbone", po::value(&c.init_backbone), "start the backbone from this torch.save state dict (an insightface model-zoo .pth, an arcface_torch checkpoint, or myriad-ckpt export-backbone's file); read as data, never run")
+      ("init-classifier", po::value(&c.init_classifier), "start the classifier from this HDF5 file of /weight [C, D] (myriad-ckpt merge-classifier writes one)")
+      ("activation-checkpointing", po::bool_switch(&c.activation_checkpointing), "keep only each block's input in forward and recompute it in backward: less memory, about a third more compute")
       ("embedding-size", po::value(&c.embedding_size)->default_value(c.embedding_size), "embedding dimension D")
       ("dropout", po::value(&c.dropout)->default_value(c.dropout), "dropout before the embedding layer")
       ("channels-last", po::value(&c.channels_last)->default_value(c.channels_last), "convolutions in channels-last (NHWC) layout: auto (on GPUs, where cuDNN's NHWC kernels are the fast ones), on or off")
@@ -77,6 +81,7 @@ po::options_description train_options(TrainConfig& c) {
       ("lr-steps", po::value<std::string>(), "steps at which the step schedule multiplies the rate by --lr-gamma (e.g. 10000,20000)")
       ("lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma), "factor of the step schedule")
       ("warmup-steps", po::value(&c.warmup_steps)->default_value(c.warmup_steps), "linear warmup from 0 to --lr")
+      ("warmup-epochs", po::value(&c.warmup_epochs)->default_value(0.0), "linear warmup over this many epochs (may be fractional); replaces --warmup-steps")
       ("precision", po::value(&c.precision)->default_value(c.precision), "fp32, bf16 (autocast) or fp16 (autocast and dynamic loss scaling)")
       ("sample-rate", po::value(&c.sample_rate)->default_value(c.sample_rate), "Partial FC: fraction of negative classes per step, in (0, 1]")
       ("grad-clip", po::value(&c.grad_clip)->default_value(0.0), "clip the backbone gradient's global norm to this (0: off)")
@@ -113,8 +118,8 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   if (c.classifier_weight_decay < 0.0) c.classifier_weight_decay = c.weight_decay;
 
   require(!c.run_dir.empty(), "--run-dir must not be empty");
-  require(one_of(c.backbone, {"iresnet18", "iresnet34", "iresnet50", "iresnet100", "mobilefacenet",
-                              "smallcnn"}),
+  require(std::find(backbone_names().begin(), backbone_names().end(), c.backbone) !=
+              backbone_names().end(),
           str_format("unknown --backbone '{}'", c.backbone));
   require(one_of(c.channels_last, {"auto", "on", "off"}),
           str_format("--channels-last must be auto, on or off, got '{}'", c.channels_last));
@@ -139,6 +144,9 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(c.lr_gamma > 0.0, "--lr-gamma must be positive");
   require(c.lr_schedule != "step" || !c.lr_steps.empty(), "--lr-schedule step needs --lr-steps");
   require(c.warmup_steps >= 0, "--warmup-steps must not be negative");
+  require(c.warmup_epochs >= 0.0, "--warmup-epochs must not be negative");
+  require(c.warmup_epochs == 0.0 || c.warmup_steps == 0,
+          "--warmup-epochs and --warmup-steps exclude each other");
   require(one_of(c.precision, {"fp32", "bf16", "fp16"}),
           str_format("--precision must be fp32, bf16 or fp16, got '{}'", c.precision));
   require(c.sample_rate > 0.0 && c.sample_rate <= 1.0, "--sample-rate must be in (0, 1]");
@@ -185,6 +193,33 @@ std::string config_as_ini(const po::variables_map& values) {
     out << "\n";
   }
   return out.str();
+}
+
+TrainConfig train_config_from_ini(const std::string& ini, const std::string& what) {
+  TrainConfig config;
+  const po::options_description options = train_options(config);
+  po::variables_map values;
+  std::istringstream in(ini);
+  try {
+    po::store(po::parse_config_file(in, options, /*allow_unregistered=*/true), values);
+    po::notify(values);
+    finish_train_config(values, config);
+  } catch (const po::error& e) {
+    MYRIAD_THROW("{}: a configuration myriad cannot read: {}", what, e.what());
+  } catch (const UsageError& e) {
+    MYRIAD_THROW("{}: a configuration myriad cannot read: {}", what, e.message());
+  }
+  return config;
+}
+
+BackboneOptions backbone_options(const TrainConfig& config) {
+  BackboneOptions b;
+  b.name = config.backbone;
+  b.input = config.input;
+  b.embedding_size = config.embedding_size;
+  b.dropout = config.dropout;
+  b.seed = config.seed;
+  return b;
 }
 
 }  // namespace myriad

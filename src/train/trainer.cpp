@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "myriad/data/hdf5_image_dataset.h"
 #include "myriad/data/synthetic_dataset.h"
 #include "myriad/model/batch_norm.h"
+#include "myriad/train/checkpoint_backbone.h"
 #include "myriad/train/gradient_sync.h"
 #include "myriad/train/loss_scaler.h"
 #include "myriad/train/lr_schedule.h"
@@ -24,6 +26,7 @@
 #include "myriad/util/autocast.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
+#include "myriad/util/hdf5_file.h"
 #include "myriad/util/log.h"
 #include "myriad/util/phase_timer.h"
 #include "myriad/util/remove_tree.h"
@@ -113,9 +116,12 @@ class Run {
 
  private:
   void evaluate(int64_t step, int64_t epoch, TrainResult& result);
+  void init_classifier();
   void resume();
   void checkpoint(int64_t steps_done, const DataPosition& next);
   void log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, double lr);
+  // The keys of this rank's samples of `batch` (Activations::keys).
+  torch::Tensor sample_keys(const Batch& batch) const;
 
   ProcessContext& context_;
   const TrainConfig& c_;
@@ -204,15 +210,17 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   }
 
   torch::manual_seed(c_.seed);
-  BackboneOptions b;
-  b.name = c_.backbone;
-  b.input = c_.input;
-  b.embedding_size = c_.embedding_size;
-  b.dropout = c_.dropout;
-  backbone_ = make_backbone(b);
+  backbone_ = make_backbone(backbone_options(c_));
+  if (!c_.init_backbone.empty()) {
+    // Rank 0 reads the file (it need not be on every node); the broadcast below hands it on.
+    on_every_rank(context, str_format("reading --init-backbone '{}'", c_.init_backbone), [&] {
+      if (context.rank() == 0) init_backbone(*backbone_, c_.init_backbone);
+    });
+  }
   backbone_->to(device_);
   backbone_->set_channels_last(c_.channels_last == "on" ||
                                (c_.channels_last == "auto" && device_.is_cuda()));
+  backbone_->set_activation_checkpointing(c_.activation_checkpointing);
   broadcast_module_state(*backbone_, comm_);
   if (c_.sync_bn) {
     // Its own communicator: fixed shapes, so no per-call agreement; ordered with the classifier's
@@ -228,6 +236,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   }
   classifier_ =
       std::make_unique<ShardedMarginSoftmax>(comm_, classifier_options(c_, classes_), device_);
+  if (!c_.init_classifier.empty()) init_classifier();
   optimizer_ = make_optimizer(c_, params_);
   backbone_step_ = dynamic_cast<SkippableStep*>(optimizer_.get());
   sync_ = std::make_unique<GradientSynchronizer>(params_, comms_.create(device_), c_.bucket_bytes);
@@ -236,7 +245,10 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
                                                   c_.seed);
   total_steps_ = c_.max_steps > 0 ? c_.max_steps : c_.epochs * sampler_->steps_per_epoch();
   schedule_.kind = c_.lr_schedule;
-  schedule_.warmup_steps = c_.warmup_steps;
+  schedule_.warmup_steps =
+      c_.warmup_epochs > 0
+          ? static_cast<int64_t>(std::llround(c_.warmup_epochs * sampler_->steps_per_epoch()))
+          : c_.warmup_steps;
   schedule_.total_steps = total_steps_;
   schedule_.power = c_.poly_power;
   schedule_.milestones = c_.lr_steps;
@@ -301,6 +313,26 @@ void Run::open_outputs() {
   }
 }
 
+// Each rank takes its rows of the --init-classifier file.
+void Run::init_classifier() {
+  const std::string& path = c_.init_classifier;
+  on_every_rank(context_, str_format("reading --init-classifier '{}'", path), [&] {
+    const Hdf5File file(path, Hdf5File::Mode::kRead);
+    MYRIAD_CHECK(file.has("weight"), "'{}' has no /weight (myriad-ckpt merge-classifier writes it)",
+                 path);
+    const std::vector<int64_t> shape = file.shape("weight");
+    MYRIAD_CHECK(shape == std::vector<int64_t>({classes_, c_.embedding_size}),
+                 "'{}' holds a classifier of {}, this run has {} classes x {}", path,
+                 c10::IntArrayRef(shape), classes_, c_.embedding_size);
+    const ClassPartition& partition = classifier_->partition();
+    const torch::Tensor rows = file.read_rows("weight", partition.offset(context_.rank()),
+                                              partition.size(context_.rank()));
+    torch::NoGradGuard no_grad;
+    classifier_->weight().copy_(rows);
+  });
+  log_info("classifier initialised from {}", path);
+}
+
 void Run::resume() {
   TrainingState state{backbone_.get(), optimizer_.get(), classifier_.get(), &scaler_, 0, {}, ""};
   resume_training(context_, c_.resume, store_, state);
@@ -313,6 +345,12 @@ void Run::checkpoint(int64_t steps_done, const DataPosition& next) {
                             &scaler_,        steps_done,       next,
                             config_ini_};
   save_checkpoint(context_, store_, state, c_.checkpoint_keep);
+}
+
+torch::Tensor Run::sample_keys(const Batch& batch) const {
+  const int64_t first = sampler_->first_key(batch.position, context_.rank());
+  return torch::arange(first, first + batch.labels.size(0),
+                       torch::dtype(torch::kInt64).device(device_));
 }
 
 void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, double lr) {
@@ -420,7 +458,7 @@ TrainResult Run::execute() {
     {
       std::unique_ptr<AutocastGuard> autocast;
       if (autocast_) autocast = std::make_unique<AutocastGuard>(device_, *autocast_);
-      features = backbone_->forward(backbone_->in_layout(images));
+      features = backbone_->forward(backbone_->in_layout(images), sample_keys(batch));
     }
     classifier_->set_loss_scale(fp16 ? scaler_.scale() : 1.0);
     const torch::Tensor loss = classifier_->forward(features, labels);

@@ -36,14 +36,6 @@ std::string dataset_name(const std::string& group, const std::string& name) {
   return group + "/" + name;
 }
 
-// The state dict of a module: parameters and buffers by name.
-std::vector<std::pair<std::string, torch::Tensor>> module_state(torch::nn::Module& module) {
-  std::vector<std::pair<std::string, torch::Tensor>> state;
-  for (const auto& item : module.named_parameters()) state.emplace_back(item.key(), item.value());
-  for (const auto& item : module.named_buffers()) state.emplace_back(item.key(), item.value());
-  return state;
-}
-
 void write_rows_in_blocks(Hdf5File& file, const std::string& name, const torch::Tensor& rows) {
   const int64_t block = rows_per_block(rows.numel() / std::max<int64_t>(1, rows.size(0)));
   file.create(name, torch::kFloat32, rows.sizes().vec(),
@@ -115,15 +107,17 @@ torch::Tensor state_like(const Hdf5File& file, const std::string& name, const to
   return torch::empty_like(p, torch::MemoryFormat::Preserve).copy_(saved);
 }
 
-void read_optimizer(const Hdf5File& file, torch::optim::Optimizer& optimizer,
-                    torch::nn::Module& module) {
+void read_optimizer(const Hdf5File& file, torch::optim::Optimizer& optimizer, Backbone& backbone) {
   const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
   const std::string saved = file.string_attribute("/", "backbone_optimizer").value_or("?");
   MYRIAD_CHECK_COLLECTIVE(saved == (adamw ? "adamw" : "sgd"),
                           "the checkpoint's backbone optimizer is {}, this run's {}", saved,
                           adamw ? "adamw" : "sgd");
-  for (const auto& item : module.named_parameters()) {
-    const std::string group = "optimizer_state/" + item.key();
+  for (const auto& item : backbone.named_parameters()) {
+    std::string group = "optimizer_state/" + item.key();
+    // A checkpoint from before insightface's names holds the state under the old ones.
+    if (!file.has(group) && !backbone.legacy_name(item.key()).empty())
+      group = "optimizer_state/" + backbone.legacy_name(item.key());
     const torch::Tensor& p = item.value();
     if (adamw && file.has(group + "/exp_avg")) {
       auto s = std::make_unique<torch::optim::AdamWParamState>();
@@ -158,7 +152,7 @@ std::vector<std::string> write_files(const ProcessContext& context, const std::s
     const std::string path = (fs::path(directory) / kReplicatedFile).string();
     {
       Hdf5File file(path, Hdf5File::Mode::kCreate);
-      for (const auto& [name, tensor] : module_state(*state.backbone)) {
+      for (const auto& [name, tensor] : state.backbone->state_dict()) {
         file.write(dataset_name("backbone", name), tensor.detach().cpu());
       }
       write_optimizer(file, *state.optimizer, *state.backbone);
@@ -190,6 +184,13 @@ std::vector<std::string> write_files(const ProcessContext& context, const std::s
 }
 
 }  // namespace
+
+StateDict read_backbone_state(const Hdf5File& replicated) {
+  StateDict state;
+  for (const std::string& name : replicated.list("backbone"))
+    state.emplace_back(name, replicated.read(dataset_name("backbone", name)));
+  return state;
+}
 
 void save_checkpoint(const ProcessContext& context, const CheckpointStore& store,
                      const TrainingState& state, int keep) {
@@ -314,20 +315,8 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
   const torch::Device device = classifier.device();
   const Hdf5File replicated((fs::path(directory) / kReplicatedFile).string(),
                             Hdf5File::Mode::kRead);
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& [name, tensor] : module_state(*state.backbone)) {
-      const std::string dataset = dataset_name("backbone", name);
-      MYRIAD_CHECK_COLLECTIVE(replicated.has(dataset),
-                              "checkpoint '{}' has no backbone tensor '{}': another backbone?",
-                              directory, name);
-      const torch::Tensor saved = replicated.read(dataset);
-      MYRIAD_CHECK_COLLECTIVE(saved.sizes() == tensor.sizes(),
-                              "backbone tensor '{}' is {} in the checkpoint, {} here", name,
-                              saved.sizes(), tensor.sizes());
-      tensor.copy_(saved);
-    }
-  }
+  state.backbone->load_state_dict(read_backbone_state(replicated),
+                                  str_format("checkpoint '{}'", directory));
   read_optimizer(replicated, *state.optimizer, *state.backbone);
   state.step = manifest.step;
   state.position = manifest.position;

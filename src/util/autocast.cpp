@@ -47,6 +47,11 @@ void set_autocast(torch::DeviceType type, bool enabled, torch::ScalarType dtype)
 
 }  // namespace
 
+std::optional<torch::ScalarType> active_autocast(torch::DeviceType type) {
+  if (!autocast_enabled(type)) return std::nullopt;
+  return autocast_dtype(type);
+}
+
 AutocastGuard::AutocastGuard(const torch::Device& device, torch::ScalarType dtype)
     : type_(device.type()),
       was_enabled_(autocast_enabled(device.type())),

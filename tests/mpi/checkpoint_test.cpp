@@ -12,11 +12,13 @@
 #include "mpi_test.h"
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/ckpt/offline_tools.h"
-#include "myriad/train/training_checkpoint.h"
+#include "myriad/ckpt/torch_file.h"
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/model/backbone.h"
+#include "myriad/train/checkpoint_backbone.h"
 #include "myriad/train/gradient_sync.h"
 #include "myriad/train/optimizer_state.h"
+#include "myriad/train/training_checkpoint.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hdf5_file.h"
 #include "myriad/util/remove_tree.h"
@@ -34,12 +36,15 @@ struct Model {
   std::shared_ptr<Backbone> backbone;
   std::unique_ptr<torch::optim::SGD> optimizer;
   std::unique_ptr<ShardedMarginSoftmax> classifier;
+  int64_t dim = 0;
 
   TrainingState state() {
     TrainingState s;
     s.backbone = backbone.get();
     s.optimizer = optimizer.get();
     s.classifier = classifier.get();
+    // What myriad-ckpt export-backbone builds the backbone from.
+    s.config = str_format("backbone = smallcnn\ninput-shape = 1x8x8\nembedding-size = {}\n", dim);
     return s;
   }
 };
@@ -68,6 +73,7 @@ class CheckpointTest : public BackendTest {
                    OptimizerKind classifier_optimizer = OptimizerKind::kSgd) {
     torch::manual_seed(seed);
     Model m;
+    m.dim = dim;
     BackboneOptions b;
     b.name = "smallcnn";
     b.input = {1, 8, 8};
@@ -142,7 +148,6 @@ TEST_P(CheckpointTest, SameRanksRestoreEverythingExactly) {
   TrainingState s = saved.state();
   s.step = 17;
   s.position = {1, 48};
-  s.config = "lr = 0.1\n";
   const CheckpointStore store(root_);
   save_checkpoint(context(), store, s, 2);
   EXPECT_EQ(store.latest(), store.directory_for(17));
@@ -183,21 +188,25 @@ TEST_P(CheckpointTest, OtherWorldSizesTakeTheirRowsFromWhicheverShardsHoldThem) 
     reshard_checkpoint(store.directory_for(3), more, world() + 1);
     reshard_checkpoint(store.directory_for(3), one, 1);
     merge_classifier(store.directory_for(3), merged);
-    // The export, read back by LibTorch's own torch.load-format reader: every parameter and
-    // buffer, by state-dict name.
+    // The export, read back by LibTorch's own torch.load-format reader and by myriad's: every
+    // parameter and buffer, by state-dict name, in state-dict order.
     const std::string exported = root_ + "/backbone.pt";
     export_backbone(store.directory_for(3), exported);
     std::ifstream in(exported, std::ios::binary);
     const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
                                   std::istreambuf_iterator<char>());
     const c10::Dict<c10::IValue, c10::IValue> state = torch::pickle_load(bytes).toGenericDict();
-    auto expected = saved.backbone->named_parameters();
-    for (const auto& buffer : saved.backbone->named_buffers())
-      expected.insert(buffer.key(), buffer.value());
-    EXPECT_EQ(state.size(), expected.size());
-    for (const auto& item : expected) {
-      ASSERT_TRUE(state.contains(item.key())) << item.key();
-      EXPECT_TRUE(torch::equal(state.at(item.key()).toTensor(), item.value().cpu())) << item.key();
+    const StateDict expected = saved.backbone->state_dict();
+    const StateDict read_back = read_torch_state_dict(exported);
+    ASSERT_EQ(state.size(), expected.size());
+    ASSERT_EQ(read_back.size(), expected.size());
+    auto entry = state.begin();
+    for (size_t i = 0; i < expected.size(); ++i, ++entry) {
+      const auto& [name, tensor] = expected[i];
+      EXPECT_EQ(entry->key().toStringRef(), name);
+      EXPECT_TRUE(torch::equal(entry->value().toTensor(), tensor.cpu())) << name;
+      EXPECT_EQ(read_back[i].first, name);
+      EXPECT_TRUE(torch::equal(read_back[i].second, tensor.cpu())) << name;
     }
   }
   context().all_true(true);

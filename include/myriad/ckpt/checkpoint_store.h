@@ -43,6 +43,10 @@ class CheckpointStore {
 Manifest verify_checkpoint(const std::string& directory,
                            const std::vector<std::string>& files = {});
 
+// A checkpoint directory as given, or in a directory of checkpoints the one LATEST names (else the
+// complete one of the highest step). An Error when `path` is neither.
+std::string resolve_checkpoint(const std::string& path);
+
 // The checkpoints --resume may continue from, in order of preference, unverified: "none" gives
 // none; "auto" the one LATEST names, then the other complete ones from the highest step down;
 // anything else is that checkpoint directory alone. Verification is the load's job

@@ -4,12 +4,9 @@
 
 namespace myriad {
 
-// Offline operations on a checkpoint directory (myriad-ckpt). Each verifies the checkpoint first
-// and writes its output under a temporary name, renamed into place when complete.
-
-// The backbone's parameters and buffers as a state dict that PyTorch's torch.load reads
-// ({name: tensor}, saved with torch::pickle_save; no code runs on load).
-void export_backbone(const std::string& checkpoint, const std::string& output);
+// Offline operations on a checkpoint's classifier (myriad-ckpt; export-backbone is in
+// train/checkpoint_backbone.h). Each verifies the checkpoint first and writes its output under a
+// temporary name, renamed into place when complete.
 
 // All classifier shards as one HDF5 file: /weight [C, D] float32 in class order, with attributes
 // num_classes, embedding_size and step.

@@ -30,6 +30,10 @@ class DistributedSampler {
   int64_t dataset_size() const { return size_; }
   // Dataset indices rank `rank` reads for the global batch at `position`.
   std::vector<int64_t> indices(const DataPosition& position, int rank) const;
+  // The key of the first sample `rank` reads at `position` (the rest follow in order): its place
+  // in the run's stream of samples, unique over the run and the same whatever the number of
+  // ranks. It keys per-sample randomness (Activations::keys).
+  int64_t first_key(const DataPosition& position, int rank) const;
   // The position `steps` global batches after `start` (a batch never spans two epochs).
   DataPosition advance(const DataPosition& start, int64_t steps) const;
 

@@ -2,9 +2,13 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "myriad/util/state_dict.h"
 
 namespace myriad {
 
@@ -22,12 +26,58 @@ struct BackboneOptions {
   InputShape input;
   int64_t embedding_size = 512;
   double dropout = 0.0;
+  // Seed of the keyed randomness of ViT's token masking and drop path (see Activations::keys).
+  uint64_t seed = 0;
 };
 
-// A network mapping images [B, C, H, W] to embeddings [B, D]. Replicated on every rank.
+// What one block of a backbone hands to the next.
+struct Activations {
+  torch::Tensor x;
+  // Per-sample keys (int64 [B]) of the keyed randomness of stochastic layers (ViT's masking and
+  // drop path): a sample's random draws depend on its key only, so W ranks draw what 1 rank draws
+  // for the same global batch. Training passes the samples' global indices; undefined keys (or
+  // eval mode) draw nothing.
+  torch::Tensor keys;
+  // ViT with masking: the order that puts kept and masked tokens back (int64 [B, tokens]), from
+  // the first block to the last. Undefined otherwise.
+  torch::Tensor restore;
+};
+
+// A network mapping images [B, C, H, W] to embeddings [B, D], replicated on every rank, or cut
+// into consecutive stages (pipeline parallelism). It is a sequence of blocks: block 0 takes the
+// images, the last one gives the embedding, and each owns the state-dict entries of the modules
+// it runs (in_block), so a stage can hold exactly its blocks' parameters.
+//
+// Parameter and buffer names, shapes and state-dict order are insightface arcface_torch's for the
+// networks it has (r18 ... r200, mbf, vit_t ... vit_h), so that its checkpoints load here and
+// exported ones load there with load_state_dict(strict=True).
 class Backbone : public torch::nn::Module {
  public:
-  virtual torch::Tensor forward(const torch::Tensor& images) = 0;
+  // Every block in order.
+  torch::Tensor forward(const torch::Tensor& images, const torch::Tensor& keys = {});
+  // Blocks [begin, end) on `in`. With activation checkpointing, in training, the blocks between
+  // the first and the last keep only their input and run again in backward.
+  Activations forward_blocks(Activations in, int64_t begin, int64_t end);
+
+  int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
+  // "layer3.12", for logs.
+  const std::string& block_name(int64_t block) const { return blocks_.at(block).name; }
+  // Whether state-dict entry `name` belongs to block `block`.
+  bool in_block(const std::string& name, int64_t block) const;
+  // The block holding state-dict entry `name`.
+  int64_t block_of(const std::string& name) const;
+
+  // Parameters and buffers as PyTorch's state_dict() orders them: module by module in
+  // registration order (depth first), each module's parameters, then its buffers.
+  StateDict state_dict();
+  // Copies `source` into this backbone's state, converting dtypes. Strict, as PyTorch's
+  // load_state_dict(strict=True): every entry present (under its legacy name, too), nothing extra,
+  // the same shapes; otherwise one Error from `what` listing what is missing, extra and of another
+  // shape.
+  void load_state_dict(const StateDict& source, const std::string& what);
+  // The name checkpoints written before myriad took insightface's names gave state-dict entry
+  // `name`; empty when it is the same or the network is newer than the rename.
+  virtual std::string legacy_name(const std::string& name) const { return ""; }
 
   // Stores the 4-D weights (convolutions) channels-last, or back in the default layout. With
   // channels-last weights and inputs, cuDNN runs its NHWC kernels, the fast ones for bf16 and fp16
@@ -37,24 +87,49 @@ class Backbone : public torch::nn::Module {
   // `images` in the layout this backbone computes in (callers pass inputs through it).
   torch::Tensor in_layout(const torch::Tensor& images) const;
 
-  // Multiply-adds of the convolutions and linear layers in one image's forward pass: a training
-  // step costs about 3 x 2 x this many floating-point operations per image.
+  // Recompute the middle blocks in backward instead of keeping their activations (training only).
+  // Batch norm inside them updates its running statistics once, in the first pass.
+  void set_activation_checkpointing(bool on) { checkpointing_ = on; }
+  bool activation_checkpointing() const { return checkpointing_; }
+
+  // Multiply-adds of the convolutions, linear layers and attention in one image's forward pass: a
+  // training step costs about 3 x 2 x this many floating-point operations per image.
   int64_t multiply_adds() const { return multiply_adds_; }
 
+  // Block `block` on `in` (one block: the unit of pipeline stages and of checkpointing).
+  virtual Activations forward_block(int64_t block, Activations in) = 0;
+
  protected:
+  // Declares the next block: `name` for logs, and the state-dict names it owns (an entry belongs
+  // to the block of the first prefix it equals or extends by a ".").
+  void add_block(std::string name, std::vector<std::string> prefixes);
   // Constructors count each convolution and linear layer: its output positions (H x W; 1 for a
   // linear layer) times its weight's size (a dot product over the fan-in per output channel).
   void add_multiply_adds(int64_t n) { multiply_adds_ += n; }
 
  private:
+  struct Block {
+    std::string name;
+    std::vector<std::string> prefixes;
+  };
+  std::vector<Block> blocks_;
   bool channels_last_ = false;
+  bool checkpointing_ = false;
   int64_t multiply_adds_ = 0;
 };
 
-// The names make_backbone accepts.
+// The names make_backbone accepts: insightface's (r18, r34, r50, r100, r200, mbf, vit_t, vit_s,
+// vit_b, vit_l, vit_h) and myriad's own (iresnet18 ... iresnet200 as the same networks,
+// mobilefacenet, smallcnn).
 const std::vector<std::string>& backbone_names();
+// insightface's name of a backbone ("iresnet50" -> "r50"); the name itself when it has none.
+std::string insightface_name(const std::string& name);
 
 // An unknown name, or an input shape the network cannot take, is a UsageError.
 std::shared_ptr<Backbone> make_backbone(const BackboneOptions& options);
+
+// True while blocks run again under activation checkpointing: batch norm then leaves its running
+// statistics alone, which the first pass already updated.
+bool recomputing_activations();
 
 }  // namespace myriad

@@ -39,6 +39,24 @@ struct EvalSetup {
   int64_t knn_limit = 20000;
 };
 
+// The raw (unnormalised) embeddings [n, D], float32 on setup.device, of images `indices` of
+// `source`, plus those of the mirror images when `add_mirrored` (insightface's flip test-time
+// augmentation). Images are read, decoded and normalised as training's (x / 127.5 - 1).
+torch::Tensor embed_images(Backbone& backbone, const ImageSource& source,
+                           const std::vector<int64_t>& indices, const EvalSetup& setup,
+                           bool add_mirrored);
+
+// This rank's balanced slice of a set of `size` images, and how many batches every rank runs (the
+// same on all ranks, since each batch contains a collective).
+struct EvalSlice {
+  int64_t begin = 0;
+  int64_t count = 0;
+  int64_t batches = 0;
+};
+EvalSlice eval_slice(int64_t size, const EvalSetup& setup);
+// The image indices of batch `batch` of `slice` (empty once this rank's slice is done).
+std::vector<int64_t> eval_batch(const EvalSlice& slice, int64_t batch, int64_t batch_size);
+
 // Top-1 of the classifier and kNN top-1 of the embeddings on a labelled set. Each rank
 // evaluates a balanced slice; collective. The backbone must be in eval mode.
 ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoftmax& classifier,

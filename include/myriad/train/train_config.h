@@ -20,6 +20,9 @@ struct TrainConfig {
   std::vector<std::string> eval_pairs;
   InputShape input;
   std::string backbone = "iresnet50";
+  std::string init_backbone;    // a torch.save state dict to start the backbone from
+  std::string init_classifier;  // an HDF5 /weight [C, D] to start the classifier from
+  bool activation_checkpointing = false;
   int64_t embedding_size = 512;
   double dropout = 0.0;
   bool sync_bn = false;
@@ -43,6 +46,7 @@ struct TrainConfig {
   std::vector<int64_t> lr_steps;
   double lr_gamma = 0.1;
   int64_t warmup_steps = 0;
+  double warmup_epochs = 0.0;  // > 0: warmup_steps from the steps per epoch
   std::string precision = "fp32";
   MarginConfig margin;
   double sample_rate = 1.0;
@@ -74,5 +78,12 @@ void finish_train_config(const boost::program_options::variables_map& values, Tr
 
 // The effective configuration as an INI file that --config reads back.
 std::string config_as_ini(const boost::program_options::variables_map& values);
+
+// A configuration saved as config_as_ini wrote it (RUN_DIR/config.ini, a checkpoint's manifest),
+// validated. A bad one is an Error naming `what`.
+TrainConfig train_config_from_ini(const std::string& ini, const std::string& what);
+
+// The backbone `config` describes.
+BackboneOptions backbone_options(const TrainConfig& config);
 
 }  // namespace myriad

@@ -9,10 +9,12 @@
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/data/distributed_sampler.h"
 #include "myriad/util/error.h"
+#include "myriad/util/state_dict.h"
 
 namespace myriad {
 
 class Backbone;
+class Hdf5File;
 class DynamicLossScaler;
 class ProcessContext;
 class ShardedMarginSoftmax;
@@ -27,6 +29,10 @@ struct TrainingState {
   DataPosition position;                // of the next batch
   std::string config;                   // effective configuration (INI)
 };
+
+// The backbone tensors of a checkpoint's replicated.h5, by their names there (names from before
+// myriad took insightface's are kept: Backbone::load_state_dict maps them).
+StateDict read_backbone_state(const Hdf5File& replicated);
 
 // Writes `state` as checkpoint `state.step` of `store` (collective): rank 0 the replicated state,
 // every rank its classifier shard and random state, all into a temporary directory that is

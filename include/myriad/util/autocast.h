@@ -1,6 +1,9 @@
 #pragma once
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/types.h>
+
+#include <optional>
 
 namespace myriad {
 
@@ -18,6 +21,16 @@ class AutocastGuard {
   torch::DeviceType type_;
   bool was_enabled_;
   torch::ScalarType was_dtype_;
+};
+
+// The dtype autocast computes in on `type` devices here, or nothing when it is off.
+std::optional<torch::ScalarType> active_autocast(torch::DeviceType type);
+
+// Suspends autocast for the enclosed operations, which then run in their inputs' dtypes (the
+// classifier's chosen precisions, ViT's float32 attention).
+class NoAutocast {
+ private:
+  c10::impl::ExcludeDispatchKeyGuard guard_{c10::autocast_dispatch_keyset};
 };
 
 }  // namespace myriad

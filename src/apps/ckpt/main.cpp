@@ -9,6 +9,7 @@
 #include "myriad/ckpt/offline_tools.h"
 #include "myriad/comm/entry.h"
 #include "myriad/comm/process_context.h"
+#include "myriad/train/checkpoint_backbone.h"
 #include "myriad/util/cli.h"
 #include "myriad/util/error.h"
 
@@ -17,20 +18,6 @@ namespace myriad {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A checkpoint directory, or a checkpoint root: then the checkpoint LATEST names, or the complete
-// one of the highest step when there is no LATEST.
-std::string checkpoint_of(const std::string& path) {
-  if (fs::exists(fs::path(path) / kManifestFile)) return path;
-  const CheckpointStore store(path);
-  if (const std::optional<std::string> latest = store.latest();
-      latest.has_value() && fs::exists(fs::path(*latest) / kManifestFile)) {
-    return *latest;
-  }
-  const std::vector<std::string> all = store.complete();
-  MYRIAD_CHECK(!all.empty(), "'{}' is neither a checkpoint nor a directory of checkpoints", path);
-  return all.front();
-}
 
 struct Arguments {
   std::string checkpoint;  // a checkpoint directory (resolved by checkpoint_of)
@@ -54,7 +41,7 @@ std::optional<Arguments> parse(int argc, char** argv, const std::string& title,
   po::variables_map values;
   if (!parse_command_line(argc, argv, options, values, usage, context.rank(), &positional))
     return std::nullopt;
-  args.checkpoint = checkpoint_of(args.checkpoint);
+  args.checkpoint = resolve_checkpoint(args.checkpoint);
   return args;
 }
 
@@ -97,7 +84,7 @@ int run_inspect(ProcessContext& context, int argc, char** argv) {
 int run_export_backbone(ProcessContext& context, int argc, char** argv) {
   const auto args =
       parse(argc, argv, "export-backbone options", {},
-            "file for torch.load: a dict of backbone parameter and buffer tensors",
+            "file for torch.load: the backbone's state dict under insightface's names",
             "usage: myriad-ckpt export-backbone CHECKPOINT --output backbone.pt", context);
   if (args) export_backbone(args->checkpoint, args->output);
   return kExitOk;
@@ -136,7 +123,8 @@ int main(int argc, char** argv) {
         "usage: myriad-ckpt <command> CHECKPOINT [options]   (docs/checkpoint-format.md)",
         {{"inspect", "manifest, shards, sizes, and whether every checksum is valid",
           myriad::run_inspect},
-         {"export-backbone", "the backbone's weights as a file torch.load reads",
+         {"export-backbone",
+          "the backbone's state dict for torch.load and arcface_torch's load_state_dict",
           myriad::run_export_backbone},
          {"merge-classifier", "all classifier shards as one HDF5 [C, D]",
           myriad::run_merge_classifier},
