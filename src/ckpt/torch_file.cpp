@@ -54,9 +54,11 @@ constexpr uint32_t kZip64Locator = 0x07064b50;
 constexpr uint32_t kZip64End = 0x06064b50;
 
 struct Entry {
+  std::string name;
   uint64_t data = 0;  // offset of the stored bytes
-  uint64_t size = 0;
+  uint64_t size = 0;  // in the file
   uint32_t crc = 0;
+  bool stored = true;  // neither compressed nor encrypted: what torch.save writes
 };
 
 // Little-endian fields of a byte range read from the file.
@@ -120,8 +122,8 @@ class File {
   uint64_t size_ = 0;
 };
 
-// The archive's entries by name. torch.save stores every record uncompressed; anything else is
-// refused rather than decompressed.
+// The archive's entries by name. torch.save stores every record uncompressed; compressed or
+// encrypted entries are listed, and refused if read (read_entry), never decompressed.
 std::map<std::string, Entry> read_directory(const File& file, const std::string& what) {
   MYRIAD_CHECK(file.size() >= 22, "{} is not a torch.save file: {} bytes", what, file.size());
   const uint64_t tail_start = file.size() > 65557 ? file.size() - 65557 : 0;
@@ -184,11 +186,9 @@ std::map<std::string, Entry> read_directory(const File& file, const std::string&
       }
       x += 4 + length;
     }
-    MYRIAD_CHECK((flags & 1) == 0, "{}: entry '{}' is encrypted", what, name);
-    MYRIAD_CHECK(method == 0 && compressed == e.size,
-                 "{}: entry '{}' is compressed (method {}); torch.save stores its records as they "
-                 "are",
-                 what, name, method);
+    e.name = name;
+    e.stored = (flags & 1) == 0 && method == 0 && compressed == e.size;
+    e.size = compressed;
     const Fields header(file.read(local, 30), what);
     MYRIAD_CHECK(header.get(0, 4) == kLocalHeader, "{} is corrupt: entry '{}' has no local header",
                  what, name);
@@ -199,6 +199,20 @@ std::map<std::string, Entry> read_directory(const File& file, const std::string&
     at += 46 + name_length + extra_length + comment_length;
   }
   return entries;
+}
+
+// The bytes of a stored entry, checked against its checksum.
+std::string read_entry(const File& file, const Entry& entry, const std::string& what) {
+  MYRIAD_CHECK(
+      entry.stored,
+      "{}: entry '{}' is compressed or encrypted; torch.save stores its records as they are", what,
+      entry.name);
+  const std::string bytes = file.read(entry.data, entry.size);
+  const uint32_t crc = static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+  MYRIAD_CHECK(crc == entry.crc, "{}: entry '{}' fails its checksum (a corrupt file)", what,
+               entry.name);
+  return bytes;
 }
 
 // --- the pickle ---------------------------------------------------------------------------------
@@ -325,11 +339,7 @@ class TensorReader {
     MYRIAD_CHECK(numel >= 0 && static_cast<uint64_t>(numel) * element == entry->second.size,
                  "{}: storage {} of {} elements of {} bytes has a record of {} bytes", where, key,
                  numel, element, entry->second.size);
-    const std::string bytes = file_.read(entry->second.data, entry->second.size);
-    const uint32_t crc = static_cast<uint32_t>(
-        crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
-    MYRIAD_CHECK(crc == entry->second.crc, "{}: record data/{} fails its checksum (corrupt file)",
-                 where, key);
+    const std::string bytes = read_entry(file_, entry->second, what_);
     torch::Tensor t = torch::empty({numel}, torch::dtype(dtype));
     if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
     storages_[key] = t;
@@ -372,12 +382,11 @@ StateDict read_torch_state_dict(const std::string& path) {
                "state_dict() with torch.save",
                what);
   if (const auto order = entries.find(prefix + "byteorder"); order != entries.end()) {
-    MYRIAD_CHECK(
-        file.read(order->second.data, std::min<uint64_t>(order->second.size, 16)) == "little",
-        "{} was written on a big-endian machine", what);
+    MYRIAD_CHECK(read_entry(file, order->second, what) == "little",
+                 "{} was written on a big-endian machine", what);
   }
-  const Pickle pickle = unpickle(file.read(pickle_entry->data, pickle_entry->size),
-                                 what + " (data.pkl)", allowed_global);
+  const Pickle pickle =
+      unpickle(read_entry(file, *pickle_entry, what), what + " (data.pkl)", allowed_global);
   const PickleValue* dict = &pickle.root();
   MYRIAD_CHECK(is_dict(*dict), "{} holds a {}, not a state dict", what, dict->kind_name());
   // An arcface_torch training checkpoint holds the backbone's state dict under this key.

@@ -10,7 +10,7 @@ make_recordio=$3
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 launch="$repo/launch/mpirun.sh"
 doc="$repo/docs/robustness.md"
-py=$(python_with h5py numpy)
+py=$(python_with h5py numpy torch)
 
 fix="$work/fixtures"  # inputs, made once; compared byte for byte after every case
 run="$work/run"       # where every case runs and writes; must stay empty
@@ -112,6 +112,14 @@ good_bin = pickle.dumps(([b"\xff\xd8\xff" + bytes(50)] * 4, [True, False]), prot
 open(f"{fix}/cut.bin", "wb").write(good_bin[:40])
 # IDX: a wrong magic; a header promising more images than the file holds.
 open(f"{fix}/bad-magic.idx", "wb").write(b"\x00\x01\x08\x03" + struct.pack(">III", 2, 4, 4) + bytes(32))
+# torch.save files for --init-backbone: one whose pickle runs a command when torch.load (without
+# weights_only) reads it, the legacy format, a TorchScript archive, and weights of another network.
+import torch, collections
+torch.save({"conv.weight": torch.zeros(2), "payload": Exploit()}, f"{fix}/exploit.pth")
+torch.save({"w": torch.zeros(2)}, f"{fix}/legacy.pth", _use_new_zipfile_serialization=False)
+torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), f"{fix}/script.pt")
+torch.save(collections.OrderedDict([("features.0.weight", torch.zeros(32, 1, 3, 3)),
+                                    ("head.weight", torch.zeros(3))]), f"{fix}/other-net.pth")
 open(f"{fix}/labels.idx", "wb").write(b"\x00\x00\x08\x01" + struct.pack(">I", 2) + bytes([0, 1]))
 open(f"{fix}/short.idx.gz", "wb").write(gzip.compress(b"\x00\x00\x08\x03" + struct.pack(">III", 100, 28, 28) + bytes(784)))
 EOF
@@ -177,6 +185,11 @@ expect D7 2 "images have 2 channels; 1 or 3 are supported" $(train --data "$fix/
 expect D8 2 "64 images but 10 labels" $(train --data "$fix/few-labels.h5")
 expect D9 2 "holds 1x16x16 images but --input-shape is 3x16x16" $(train --input-shape 3x16x16)
 expect D10 2 "has no /issame|not a verification pairs file" $(train --eval-pairs "$fix/good.h5")
+expect D19 2 "'.*exploit.pth' \(data.pkl\) imports posix.system at byte [0-9]+, which is refused" $(train --init-backbone "$fix/exploit.pth")
+[ ! -e /tmp/myriad-pwned ] || { echo "D19: the pickle ran its command"; exit 1; }
+expect D20 2 "legacy.pth' is not a zip-format torch.save file: the legacy format" $(train --init-backbone "$fix/legacy.pth")
+expect D21 2 "script.pt' is a TorchScript archive \(torch.jit.save\), not a state dict" $(train --init-backbone "$fix/script.pt")
+expect D22 2 "other-net.pth' does not fit this backbone: [0-9]+ missing \(features.1.weight, .*\), 1 unexpected \(head.weight\)" $(train --init-backbone "$fix/other-net.pth")
 expect D11 0 "imports posix.system.*refused" "$bin/myriad-data" from-bin --input "$fix/exploit.bin" --output "$run/lfw.h5"
 [ ! -e /tmp/myriad-pwned ] || { echo "D11: the pickle ran its command"; exit 1; }
 expect D12 0 "cut.bin' is truncated" "$bin/myriad-data" from-bin --input "$fix/cut.bin" --output "$run/lfw.h5"
@@ -197,7 +210,7 @@ expect C1 2 "checkpoint.*nowhere.*(missing|incomplete)" $(train --resume "$fix/n
 expect C2 2 "classifier-00001.h5' is missing" $(train --resume "$fix/ckpt-no-shard/$step")
 expect C3 2 "classifier-00000.h5' is corrupt: checksum" $(train --resume "$fix/ckpt-flipped/$step")
 expect C4 2 "manifest.json' is not valid JSON" $(train --resume "$fix/ckpt-cut-manifest/$step")
-expect C5 2 "has no backbone tensor|another backbone" $(train --resume "$ckpt/$step" --backbone mobilefacenet --input-shape 1x16x16)
+expect C5 2 "checkpoint '.*step-000000004' does not fit this backbone: [0-9]+ missing \(body.0.weight, .*[0-9]+ unexpected \(embedding.bias" $(train --resume "$ckpt/$step" --backbone mobilefacenet)
 expect C6 2 "holds a classifier of 5 classes x 32, this run has 7 x 32" $(train --resume "$ckpt/$step" --num-classes 7)
 expect C7 2 "holds a classifier of 5 classes x 32, this run has 5 x 16" $(train --resume "$ckpt/$step" --embedding-size 16)
 expect C8 2 "backbone optimizer is sgd, this run's adamw" $(train --resume "$ckpt/$step" --optimizer adamw)

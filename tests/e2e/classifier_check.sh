@@ -13,9 +13,10 @@ for n in 1 3; do
   run "$n" "$bin/myriad-bench" classifier-check --input "$work/case.h5" --output "$work/out$n.h5" \
     --margin combined --m1 1.1 --m2 0.3 --m3 0.1 --device cpu
 done
-# Gradients are about 1e-3; summation order differs between world sizes by float32 rounding.
+# Gradients reach 10 in magnitude; the summation order differs between world sizes (and BLAS
+# blocking between shard shapes), within float32 rounding: about 2e-7 of the largest value.
 for dataset in /loss /grad_features /grad_weight; do
-  "$bin/h5check" equal "$work/out1.h5" "$work/out3.h5" "$dataset" --delta 1e-6
+  "$bin/h5check" equal "$work/out1.h5" "$work/out3.h5" "$dataset" --delta 1e-5
 done
 
 set +e

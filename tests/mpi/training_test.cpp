@@ -9,6 +9,7 @@
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/model/backbone.h"
 #include "myriad/model/batch_norm.h"
+#include "myriad/model/vit.h"
 #include "myriad/train/gradient_sync.h"
 #include "myriad/train/loss_scaler.h"
 #include "support/optimizer_check.h"
@@ -163,6 +164,68 @@ TEST_P(TrainingTest, SyncBatchNormUsesGlobalStatistics) {
   torch::Tensor weight_grad = bn->weight.grad().clone();
   comm().all_reduce(weight_grad);
   EXPECT_LE(relative_error(weight_grad, local->weight.grad()), 1e-4);
+}
+
+// ViT's token masking and drop path draw from the samples' keys: on W ranks, each running its
+// slice of the global batch with its samples' keys, forward and the summed gradients are those of
+// one process running the whole batch (SyncBN for the head's batch norms). High rates make the
+// randomness matter; other keys must change the result, or the check could not fail.
+TEST_P(TrainingTest, VitOnWRanksComputesWhatOneRankComputes) {
+  const ExactFloat32 exact;
+  VitConfig config;
+  config.dim = 32;
+  config.depth = 3;
+  config.heads = 4;
+  config.mlp_ratio = 2;
+  config.drop_path = 0.5;
+  config.mask_ratio = 0.3;
+  config.patch = 4;
+  BackboneOptions o;
+  o.name = "vit";
+  o.input = {3, 16, 16};
+  o.embedding_size = 8;
+  o.seed = 11;
+  const auto make_vit = [&] {
+    torch::manual_seed(23);
+    return std::make_shared<Vit>(o, config);
+  };
+  const int64_t per_rank = 3, n = per_rank * world();
+  const int64_t begin = per_rank * rank();
+  torch::manual_seed(5);
+  const torch::Tensor images = torch::randn({n, 3, 16, 16});
+  const torch::Tensor keys = torch::arange(1000, 1000 + n, torch::kInt64);
+  const torch::Tensor projection = torch::randn({n, 8});
+
+  for (const bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "activation checkpointing" : "plain");
+    auto net = make_vit();
+    net->to(device());
+    net->set_activation_checkpointing(checkpointing);
+    auto comm_bn = environment().comms->create(device());
+    set_batch_norm_sync(*net, comm_bn.get());
+    GradientSynchronizer sync(trainable(*net), environment().comms->create(device()), 4096);
+    const torch::Tensor features = net->forward(images.slice(0, begin, begin + per_rank).to(device()),
+                                                keys.slice(0, begin, begin + per_rank).to(device()));
+    (features * projection.slice(0, begin, begin + per_rank).to(device())).sum().backward();
+    sync.finish();
+
+    auto reference = make_vit();
+    const torch::Tensor all = reference->forward(images, keys);
+    (all * projection).sum().backward();
+    EXPECT_LE(relative_error(comm().all_gather(features.detach()).cpu(), all.detach()), 1e-5);
+    std::vector<torch::Tensor> flat;
+    for (const torch::Tensor& p : trainable(*reference)) flat.push_back(p.grad().reshape(-1));
+    const double scale = torch::cat(flat).norm().item<double>();
+    const auto mine = trainable(*net);
+    const auto theirs = trainable(*reference);
+    for (size_t k = 0; k < mine.size(); ++k) {
+      EXPECT_LE((mine[k].grad().cpu() - theirs[k].grad()).norm().item<double>(), 1e-5 * scale)
+          << "parameter " << k;
+    }
+    torch::NoGradGuard no_grad;
+    const torch::Tensor other = make_vit()->forward(images, keys + n);
+    EXPECT_GT(relative_error(other, all.detach()), 1e-3) << "other keys, the same result";
+  }
 }
 
 TEST_P(TrainingTest, EveryRankSkipsWhenOneRankOverflows) {
