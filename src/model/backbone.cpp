@@ -40,35 +40,41 @@ thread_local bool recomputing = false;
 // first drew, and autocast is restored to what it was.
 class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
  public:
+  // Only `in.x` is an input of the graph: the keys and the token order travel as saved data
+  // (LibTorch's autograd functions take no undefined tensors as inputs).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               Backbone* net, int64_t block, const torch::Tensor& keys,
-                               const torch::Tensor& restore) {
+                               Backbone* net, int64_t block, const Activations* in) {
     const std::optional<torch::ScalarType> autocast = active_autocast(x.device().type());
     ctx->saved_data["net"] = reinterpret_cast<int64_t>(net);
     ctx->saved_data["block"] = block;
     ctx->saved_data["autocast"] = autocast ? static_cast<int64_t>(*autocast) : int64_t{-1};
-    ctx->save_for_backward({x, keys, restore});
+    ctx->saved_data["keys"] = in->keys;
+    ctx->saved_data["restore"] = in->restore;
+    ctx->save_for_backward({x});
     torch::NoGradGuard no_grad;
-    return net->forward_block(block, {x, keys, restore}).x;
+    return net->forward_block(block, {x, in->keys, in->restore}).x;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* net = reinterpret_cast<Backbone*>(ctx->saved_data["net"].toInt());
-    const std::vector<torch::Tensor> saved = ctx->get_saved_variables();
-    const torch::Tensor x = saved[0].detach().requires_grad_(saved[0].requires_grad());
+    const torch::Tensor saved = ctx->get_saved_variables()[0];
+    const torch::Tensor x = saved.detach().requires_grad_(saved.requires_grad());
     const int64_t autocast = ctx->saved_data["autocast"].toInt();
     torch::Tensor y;
     {
       torch::AutoGradMode grad_mode(true);
       std::unique_ptr<AutocastGuard> guard;
       if (autocast >= 0) {
-        guard =
-            std::make_unique<AutocastGuard>(x.device(), static_cast<torch::ScalarType>(autocast));
+        guard = std::make_unique<AutocastGuard>(x.device(),
+                                                static_cast<torch::ScalarType>(autocast));
       }
       recomputing = true;
       try {
-        y = net->forward_block(ctx->saved_data["block"].toInt(), {x, saved[1], saved[2]}).x;
+        y = net->forward_block(ctx->saved_data["block"].toInt(),
+                               {x, ctx->saved_data["keys"].toTensor(),
+                                ctx->saved_data["restore"].toTensor()})
+                .x;
       } catch (...) {
         recomputing = false;
         throw;
@@ -77,7 +83,7 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     }
     torch::autograd::backward({y}, {grads[0]});
     return {x.requires_grad() ? x.grad() : torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};
+            torch::Tensor()};
   }
 };
 
@@ -100,7 +106,7 @@ Activations Backbone::forward_blocks(Activations in, int64_t begin, int64_t end)
     const bool checkpoint = checkpointing_ && is_training() && torch::GradMode::is_enabled() &&
                             b > 0 && b + 1 < num_blocks();
     if (checkpoint) {
-      in.x = CheckpointedBlock::apply(in.x, this, b, in.keys, in.restore);
+      in.x = CheckpointedBlock::apply(in.x, this, b, &in);
     } else {
       in = forward_block(b, std::move(in));
     }

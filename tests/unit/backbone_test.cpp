@@ -98,6 +98,62 @@ TEST(Backbone, ChannelsLastComputesTheSameFunction) {
   }
 }
 
+// A backbone cut anywhere between blocks computes the whole network: what pipeline stages rely on.
+// Every state-dict entry belongs to a block.
+TEST(Backbone, BlocksComposeToTheWholeNetwork) {
+  const std::pair<const char*, InputShape> nets[] = {{"r18", {3, 32, 32}},
+                                                     {"mbf", {3, 112, 112}},
+                                                     {"vit_t", {3, 18, 18}},
+                                                     {"mobilefacenet", {3, 32, 32}},
+                                                     {"smallcnn", {1, 16, 16}}};
+  for (const auto& [name, shape] : nets) {
+    torch::manual_seed(4);
+    auto net = build(name, shape, 16);
+    net->eval();
+    torch::NoGradGuard no_grad;
+    for (const auto& [entry, tensor] : net->state_dict()) {
+      EXPECT_GE(net->block_of(entry), 0) << name << " " << entry;
+    }
+    const torch::Tensor images = torch::randn({2, shape.channels, shape.height, shape.width});
+    const torch::Tensor whole = net->forward(images);
+    for (const int64_t cut : {int64_t{1}, net->num_blocks() / 2, net->num_blocks() - 1}) {
+      const Activations middle = net->forward_blocks({images, {}, {}}, 0, cut);
+      const torch::Tensor joined = net->forward_blocks(middle, cut, net->num_blocks()).x;
+      EXPECT_TRUE(torch::allclose(joined, whole, 1e-5, 1e-6)) << name << " cut at " << cut;
+    }
+  }
+  EXPECT_EQ(build("r50", {3, 112, 112})->num_blocks(), 2 + 3 + 4 + 14 + 3);
+  EXPECT_EQ(build("vit_t", {3, 112, 112})->num_blocks(), 2 + 12);
+}
+
+// Activation checkpointing recomputes blocks in backward: the same gradients, and batch norm's
+// running statistics updated once per batch, not twice.
+TEST(Backbone, ActivationCheckpointingKeepsGradientsAndStatistics) {
+  const torch::Tensor images = torch::randn({4, 3, 32, 32});
+  const torch::Tensor projection = torch::randn({4, 16});
+  std::vector<std::shared_ptr<Backbone>> nets;
+  for (const bool checkpointing : {false, true}) {
+    torch::manual_seed(8);
+    auto net = build("r18", {3, 32, 32}, 16);
+    net->set_activation_checkpointing(checkpointing);
+    (net->forward(images) * projection).sum().backward();
+    nets.push_back(net);
+  }
+  const auto plain = nets[0]->named_parameters();
+  const auto recomputed = nets[1]->named_parameters();
+  for (const auto& item : plain) {
+    if (!item.value().requires_grad()) continue;
+    EXPECT_TRUE(torch::allclose(item.value().grad(), recomputed[item.key()].grad(), 1e-4, 1e-6))
+        << item.key();
+  }
+  const auto a = nets[0]->named_buffers();
+  const auto b = nets[1]->named_buffers();
+  for (const auto& item : a) {
+    EXPECT_TRUE(torch::allclose(item.value(), b[item.key()])) << item.key();
+  }
+  EXPECT_EQ(b["layer2.0.bn1.num_batches_tracked"].item<int64_t>(), 1);
+}
+
 TEST(Backbone, BadNamesAndShapesAreUsageErrors) {
   EXPECT_THROW(build("resnet9000", {3, 112, 112}), UsageError);
   EXPECT_THROW(build("iresnet50", {3, 100, 100}), UsageError);

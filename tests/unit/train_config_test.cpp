@@ -98,10 +98,23 @@ TEST(TrainConfig, ShippedConfigurationsParse) {
   }
   EXPECT_GE(count, 3);
   const TrainConfig r50 = parse({"--config", MYRIAD_SOURCE_DIR "/configs/ms1mv3_r50.ini"});
-  EXPECT_EQ(r50.backbone, "iresnet50");
+  EXPECT_EQ(r50.backbone, "r50");
+  EXPECT_DOUBLE_EQ(r50.warmup_epochs, 2.0);
   EXPECT_EQ(r50.eval_pairs.size(), 3u);
   EXPECT_EQ(r50.margin.type, MarginType::kArcFace);
   EXPECT_DOUBLE_EQ(r50.margin.m2, 0.5);
+  // arcface_torch's ViT recipe: AdamW, CosFace, Partial FC 0.3, warmup then linear decay.
+  const TrainConfig vit = parse({"--config", MYRIAD_SOURCE_DIR "/configs/webface42m_vit_t.ini"});
+  EXPECT_EQ(vit.backbone, "vit_t");
+  EXPECT_EQ(vit.optimizer, "adamw");
+  EXPECT_DOUBLE_EQ(vit.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(vit.weight_decay, 0.1);
+  EXPECT_EQ(vit.margin.type, MarginType::kCosFace);
+  EXPECT_DOUBLE_EQ(vit.margin.m3, 0.4);
+  EXPECT_DOUBLE_EQ(vit.sample_rate, 0.3);
+  EXPECT_DOUBLE_EQ(vit.warmup_epochs * 10, static_cast<double>(vit.epochs));
+  EXPECT_EQ(vit.lr_schedule, "poly");
+  EXPECT_DOUBLE_EQ(vit.poly_power, 1.0);
 }
 
 TEST(LrSchedule, WarmupThenPolyCosineOrStep) {
