@@ -7,6 +7,7 @@
 #include "myriad/comm/mpi_communicator.h"
 #include "myriad/comm/nccl_communicator.h"
 #include "myriad/comm/process_context.h"
+#include "myriad/util/check_mpi.h"
 #include "myriad/util/error.h"
 
 namespace myriad {
@@ -16,16 +17,38 @@ CommFactory::CommFactory(const ProcessContext& context)
 
 CommFactory::~CommFactory() = default;
 
-std::unique_ptr<Communicator> CommFactory::create(const torch::Device& device) const {
-  if (device.is_cpu()) return std::make_unique<MpiCommunicator>(context_.world());
+namespace {
+
+std::unique_ptr<Communicator> create_over(MPI_Comm comm, const torch::Device& device) {
+  if (device.is_cpu()) return std::make_unique<MpiCommunicator>(comm);
   MYRIAD_CHECK(device.is_cuda(), "no communicator moves tensors on {}", device.str());
 #ifdef MYRIAD_WITH_NCCL
   return std::make_unique<NcclCommunicator>(
-      context_.world(),
-      device.has_index() ? device : torch::Device(torch::kCUDA, c10::cuda::current_device()));
+      comm, device.has_index() ? device : torch::Device(torch::kCUDA, c10::cuda::current_device()));
 #else
   MYRIAD_THROW("CUDA tensors need the NCCL backend, which this build of myriad does not have");
 #endif
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> CommFactory::create(const torch::Device& device) const {
+  return create_over(context_.world(), device);
+}
+
+std::unique_ptr<Communicator> CommFactory::create_split(const torch::Device& device, int color,
+                                                        int key) const {
+  MPI_Comm split = MPI_COMM_NULL;
+  MYRIAD_CHECK_MPI(MPI_Comm_split(context_.world(), color, key, &split));
+  // Communicators duplicate what they are given; the split itself is not kept.
+  try {
+    std::unique_ptr<Communicator> comm = create_over(split, device);
+    MYRIAD_CHECK_MPI(MPI_Comm_free(&split));
+    return comm;
+  } catch (...) {
+    MPI_Comm_free(&split);
+    throw;
+  }
 }
 
 Communicator& CommFactory::for_device(const torch::Device& device) {

@@ -223,6 +223,127 @@ void Communicator::barrier() {
   barrier_impl();
 }
 
+namespace {
+
+// A point-to-point description: role, problem, tensor count, then per tensor whether it is
+// defined, its dtype, rank and sizes (-1: any, on the receiving side).
+constexpr int64_t kSendRole = 1;
+constexpr int64_t kRecvRole = 2;
+constexpr int64_t kMaxP2pTensors = 8;
+constexpr int64_t kTensorWords = 3 + kMaxSignatureDims;
+constexpr int64_t kP2pWords = 3 + kMaxP2pTensors * kTensorWords;
+constexpr int kP2pTag = 0x6d70;  // "mp"
+
+int64_t* slot(std::vector<int64_t>& d, int64_t i) {
+  return d.data() + 3 + i * kTensorWords;
+}
+const int64_t* slot(const std::vector<int64_t>& d, int64_t i) {
+  return d.data() + 3 + i * kTensorWords;
+}
+
+std::string tensors_text(const std::vector<int64_t>& d) {
+  std::string text;
+  for (int64_t i = 0; i < std::min(d[2], kMaxP2pTensors); ++i) {
+    const int64_t* t = slot(d, i);
+    text += i == 0 ? "" : ", ";
+    if (t[0] == 0) {
+      text += "none";
+      continue;
+    }
+    text += t[1] < 0 ? "any dtype" : c10::toString(static_cast<c10::ScalarType>(t[1]));
+    if (t[2] >= 0) {
+      text += " [";
+      for (int64_t k = 0; k < t[2] && k < kMaxSignatureDims; ++k)
+        text += (k ? ", " : "") + std::to_string(t[3 + k]);
+      text += "]";
+    }
+  }
+  return "(" + text + ")";
+}
+
+}  // namespace
+
+std::vector<int64_t> Communicator::agree_with_peer(const std::vector<int64_t>& mine, int peer,
+                                                   const char* what) const {
+  MYRIAD_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+               "{}: rank {} of {} cannot exchange with rank {}", what, rank_, size_, peer);
+  std::vector<int64_t> theirs(kP2pWords, 0);
+  MYRIAD_CHECK_MPI(MPI_Sendrecv(mine.data(), kP2pWords, MPI_INT64_T, peer, kP2pTag, theirs.data(),
+                                kP2pWords, MPI_INT64_T, peer, kP2pTag, control_,
+                                MPI_STATUS_IGNORE));
+  const bool sending = mine[0] == kSendRole;
+  const std::vector<int64_t>& sent = sending ? mine : theirs;
+  const std::vector<int64_t>& expected = sending ? theirs : mine;
+  const int sender = sending ? rank_ : peer, receiver = sending ? peer : rank_;
+  MYRIAD_CHECK(theirs[0] != mine[0], "{}: ranks {} and {} both {} each other", what, rank_, peer,
+               sending ? "send to" : "wait to receive from");
+  MYRIAD_CHECK(mine[1] == 0 && theirs[1] == 0,
+               "{}: rank {} cannot send {} to rank {}: a tensor that is not contiguous, not on the "
+               "communicator's device, of a dtype it cannot move, or of more than {} dimensions",
+               what, sender, tensors_text(sent), receiver, kMaxSignatureDims);
+  bool agree = sent[2] == expected[2];
+  for (int64_t i = 0; agree && i < sent[2]; ++i) {
+    agree = slot(sent, i)[0] == 0 || slot(expected, i)[1] < 0 ||
+            slot(sent, i)[1] == slot(expected, i)[1];
+  }
+  MYRIAD_CHECK(agree, "{}: rank {} sends {} to rank {}, which expects {}", what, sender,
+               tensors_text(sent), receiver, tensors_text(expected));
+  return theirs;
+}
+
+void Communicator::send(const std::vector<torch::Tensor>& tensors, int peer) {
+  MYRIAD_CHECK(static_cast<int64_t>(tensors.size()) <= kMaxP2pTensors,
+               "send: {} tensors at once, at most {}", tensors.size(), kMaxP2pTensors);
+  std::vector<int64_t> mine(kP2pWords, 0);
+  mine[0] = kSendRole;
+  mine[2] = static_cast<int64_t>(tensors.size());
+  std::vector<torch::Tensor> defined;
+  const torch::Device expected = device();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const torch::Tensor& t = tensors[i];
+    int64_t* d = slot(mine, static_cast<int64_t>(i));
+    if (!t.defined()) continue;
+    d[0] = 1;
+    d[1] = static_cast<int64_t>(t.scalar_type());
+    d[2] = t.dim();
+    for (int64_t k = 0; k < t.dim() && k < kMaxSignatureDims; ++k) d[3 + k] = t.size(k);
+    const bool well_formed =
+        is_communicable_dtype(t.scalar_type()) && t.device().type() == expected.type() &&
+        (!expected.has_index() || t.device().index() == expected.index()) && t.is_contiguous() &&
+        t.dim() <= kMaxSignatureDims;
+    if (!well_formed) mine[1] = 1;
+    defined.push_back(t);
+  }
+  agree_with_peer(mine, peer, "send");
+  if (!defined.empty()) send_impl(defined, peer);
+}
+
+std::vector<torch::Tensor> Communicator::recv(const std::vector<torch::ScalarType>& dtypes,
+                                              int peer) {
+  MYRIAD_CHECK(static_cast<int64_t>(dtypes.size()) <= kMaxP2pTensors,
+               "recv: {} tensors at once, at most {}", dtypes.size(), kMaxP2pTensors);
+  std::vector<int64_t> mine(kP2pWords, 0);
+  mine[0] = kRecvRole;
+  mine[2] = static_cast<int64_t>(dtypes.size());
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    int64_t* d = slot(mine, static_cast<int64_t>(i));
+    d[0] = 1;
+    d[1] = dtypes[i] == torch::ScalarType::Undefined ? -1 : static_cast<int64_t>(dtypes[i]);
+    d[2] = -1;
+  }
+  const std::vector<int64_t> theirs = agree_with_peer(mine, peer, "recv");
+  std::vector<torch::Tensor> tensors(dtypes.size()), defined;
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    const int64_t* d = slot(theirs, static_cast<int64_t>(i));
+    if (d[0] == 0) continue;
+    tensors[i] = torch::empty(std::vector<int64_t>(d + 3, d + 3 + d[2]),
+                              torch::dtype(static_cast<torch::ScalarType>(d[1])).device(device()));
+    defined.push_back(tensors[i]);
+  }
+  if (!defined.empty()) recv_impl(defined, peer);
+  return tensors;
+}
+
 std::vector<int64_t> Communicator::all_gather_counts(int64_t local) const {
   std::vector<int64_t> counts(size_);
   MYRIAD_CHECK_MPI(MPI_Allgather(&local, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, control_));

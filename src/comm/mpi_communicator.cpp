@@ -61,6 +61,16 @@ class RowUnits {
 };
 
 constexpr int64_t kMaxElementsPerCall = int64_t{1} << 30;
+constexpr int kDataTag = 0x6d64;  // "md": point-to-point data
+
+// `bytes` at `data` in messages of at most kMaxElementsPerCall bytes (MPI counts are ints).
+template <class Call>
+void in_messages(void* data, int64_t bytes, Call call) {
+  auto* base = static_cast<char*>(data);
+  for (int64_t start = 0; start < bytes; start += kMaxElementsPerCall) {
+    call(base + start, static_cast<int>(std::min(kMaxElementsPerCall, bytes - start)));
+  }
+}
 
 }  // namespace
 
@@ -125,12 +135,9 @@ void MpiCommunicator::reduce_scatter_impl(const torch::Tensor& input, torch::Ten
 }
 
 void MpiCommunicator::broadcast_impl(torch::Tensor& tensor, int root) {
-  auto* base = static_cast<char*>(tensor.data_ptr());
-  const int64_t bytes = tensor.numel() * tensor.element_size();
-  for (int64_t start = 0; start < bytes; start += kMaxElementsPerCall) {
-    const int count = static_cast<int>(std::min(kMaxElementsPerCall, bytes - start));
-    MYRIAD_CHECK_MPI(MPI_Bcast(base + start, count, MPI_BYTE, root, comm_));
-  }
+  in_messages(tensor.data_ptr(), tensor.numel() * tensor.element_size(), [&](char* at, int count) {
+    MYRIAD_CHECK_MPI(MPI_Bcast(at, count, MPI_BYTE, root, comm_));
+  });
 }
 
 void MpiCommunicator::gather_impl(const torch::Tensor& input, torch::Tensor& output,
@@ -149,6 +156,22 @@ void MpiCommunicator::scatter_impl(const torch::Tensor& input, torch::Tensor& ou
   units.layout(counts, sizes, displs);
   MYRIAD_CHECK_MPI(MPI_Scatterv(input.data_ptr(), sizes.data(), displs.data(), units.type(),
                                 output.data_ptr(), sizes[rank()], units.type(), root, comm_));
+}
+
+void MpiCommunicator::send_impl(const std::vector<torch::Tensor>& tensors, int peer) {
+  for (const torch::Tensor& t : tensors) {
+    in_messages(t.data_ptr(), t.numel() * t.element_size(), [&](char* at, int count) {
+      MYRIAD_CHECK_MPI(MPI_Send(at, count, MPI_BYTE, peer, kDataTag, comm_));
+    });
+  }
+}
+
+void MpiCommunicator::recv_impl(const std::vector<torch::Tensor>& tensors, int peer) {
+  for (const torch::Tensor& t : tensors) {
+    in_messages(t.data_ptr(), t.numel() * t.element_size(), [&](char* at, int count) {
+      MYRIAD_CHECK_MPI(MPI_Recv(at, count, MPI_BYTE, peer, kDataTag, comm_, MPI_STATUS_IGNORE));
+    });
+  }
 }
 
 void MpiCommunicator::barrier_impl() {

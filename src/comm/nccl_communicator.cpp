@@ -220,6 +220,26 @@ void NcclCommunicator::scatter_impl(const torch::Tensor& input, torch::Tensor& o
   NCCL_CALL(ncclGroupEnd());
 }
 
+void NcclCommunicator::send_impl(const std::vector<torch::Tensor>& tensors, int peer) {
+  c10::cuda::CUDAGuard guard(device_);
+  const cudaStream_t stream = begin();
+  NCCL_CALL(ncclGroupStart());
+  for (const torch::Tensor& t : tensors) {
+    NCCL_CALL(ncclSend(t.data_ptr(), t.numel(), nccl_type(t.scalar_type()), peer, comm_, stream));
+  }
+  NCCL_CALL(ncclGroupEnd());
+}
+
+void NcclCommunicator::recv_impl(const std::vector<torch::Tensor>& tensors, int peer) {
+  c10::cuda::CUDAGuard guard(device_);
+  const cudaStream_t stream = begin();
+  NCCL_CALL(ncclGroupStart());
+  for (const torch::Tensor& t : tensors) {
+    NCCL_CALL(ncclRecv(t.data_ptr(), t.numel(), nccl_type(t.scalar_type()), peer, comm_, stream));
+  }
+  NCCL_CALL(ncclGroupEnd());
+}
+
 void NcclCommunicator::barrier_impl() {
   c10::cuda::CUDAGuard guard(device_);
   const cudaStream_t stream = begin();

@@ -5,8 +5,8 @@ namespace myriad {
 ResidentBatch::ResidentBatch(Batch first, std::shared_ptr<const DistributedSampler> sampler,
                              const torch::Device& device)
     : batch_(std::move(first)), sampler_(std::move(sampler)) {
-  batch_.images = batch_.images.to(device);
-  batch_.labels = batch_.labels.to(device);
+  if (batch_.images.defined()) batch_.images = batch_.images.to(device);
+  if (batch_.labels.defined()) batch_.labels = batch_.labels.to(device);
 }
 
 Batch ResidentBatch::next() {

@@ -31,31 +31,41 @@ torch::Tensor embed_images(Backbone& backbone, const ImageSource& source,
                            bool add_mirrored) {
   const DatasetInfo& info = source.info();
   const int64_t n = static_cast<int64_t>(indices.size());
-  const int64_t image_size = static_cast<int64_t>(info.height) * info.width * info.channels;
-  std::vector<uint8_t> pixels(static_cast<size_t>(n * image_size));
-  source.read(indices, pixels.data());
-  torch::Tensor images =
-      torch::empty({(add_mirrored ? 2 : 1) * n, info.channels, info.height, info.width});
-  float* out = images.data_ptr<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels, false,
-                    out + i * image_size);
-    if (add_mirrored) {
-      normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels, true,
-                      out + (n + i) * image_size);
+  torch::Tensor images;
+  if (setup.reads_images) {
+    const int64_t image_size = static_cast<int64_t>(info.height) * info.width * info.channels;
+    std::vector<uint8_t> pixels(static_cast<size_t>(n * image_size));
+    source.read(indices, pixels.data());
+    images = torch::empty({(add_mirrored ? 2 : 1) * n, info.channels, info.height, info.width});
+    float* out = images.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels, false,
+                      out + i * image_size);
+      if (add_mirrored) {
+        normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels,
+                        true, out + (n + i) * image_size);
+      }
     }
+    images = images.to(setup.device);
   }
   torch::NoGradGuard no_grad;
-  std::unique_ptr<AutocastGuard> autocast;
-  if (setup.autocast) autocast = std::make_unique<AutocastGuard>(setup.device, *setup.autocast);
-  torch::Tensor features =
-      backbone.forward(backbone.in_layout(images.to(setup.device))).to(torch::kFloat32);
-  if (add_mirrored) features = features.narrow(0, 0, n) + features.narrow(0, n, n);
+  torch::Tensor features;
+  if (setup.forward) {
+    features = setup.forward(images);
+  } else {
+    std::unique_ptr<AutocastGuard> autocast;
+    if (setup.autocast) autocast = std::make_unique<AutocastGuard>(setup.device, *setup.autocast);
+    features = backbone.forward(backbone.in_layout(images));
+  }
+  features = features.to(torch::kFloat32);
+  if (add_mirrored && features.size(0) == 2 * n)
+    features = features.narrow(0, 0, n) + features.narrow(0, n, n);
   return features;
 }
 
 EvalSlice eval_slice(int64_t size, const EvalSetup& setup) {
-  const int world = setup.comm->size(), rank = setup.comm->rank();
+  const int world = setup.replicas > 0 ? setup.replicas : setup.comm->size();
+  const int rank = setup.replicas > 0 ? setup.replica : setup.comm->rank();
   const std::vector<int64_t> counts = balanced_counts(size, world);
   EvalSlice s;
   s.begin = std::accumulate(counts.begin(), counts.begin() + rank, int64_t{0});
@@ -84,7 +94,9 @@ ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoft
                                              : embed_images(backbone, data, indices, setup, false);
     const torch::Tensor predicted = classifier.predict(features).to(torch::kCPU, torch::kInt64);
     const int64_t* predicted_class = predicted.data_ptr<int64_t>();
-    for (size_t i = 0; i < indices.size(); ++i) {
+    // Past the last pipeline stage's ranks the batch has no embeddings: they score nothing.
+    const size_t rows = static_cast<size_t>(features.size(0));
+    for (size_t i = 0; i < rows; ++i) {
       const int64_t label = data.label(indices[i]);
       correct += predicted_class[i] == label ? 1 : 0;
       if (indices[i] < setup.knn_limit) {
@@ -175,7 +187,9 @@ VerificationEval evaluate_verification(Backbone& backbone, const ImageSource& im
   std::vector<torch::Tensor> parts;
   for (int64_t b = 0; b < slice.batches; ++b) {
     const std::vector<int64_t> indices = eval_batch(slice, b, setup.batch_size);
-    if (!indices.empty()) parts.push_back(embed_images(backbone, images, indices, setup, true));
+    if (indices.empty()) continue;
+    const torch::Tensor features = embed_images(backbone, images, indices, setup, true);
+    if (features.size(0) > 0) parts.push_back(features);
   }
   const int64_t dim = parts.empty() ? 0 : parts[0].size(1);
   const std::vector<int64_t> dims = setup.comm->all_gather_counts(dim);

@@ -104,13 +104,15 @@ void GradientSynchronizer::on_gradient(size_t param, const torch::Tensor& grad) 
   Slot& slot = slots_[param];
   Bucket& bucket = *buckets_[slot.bucket];
   torch::Tensor view = slot_view(param);
-  // A parameter used twice in the graph receives its gradient in parts.
+  // Later passes (micro-batches) add to the first.
   if (slot.received) {
     view.add_(grad);
-    return;
+  } else {
+    view.copy_(grad);
+    slot.received = true;
   }
-  view.copy_(grad);
-  slot.received = true;
+  if (!last_pass_ || slot.counted) return;
+  slot.counted = true;
   if (--bucket.pending == 0) launch(bucket);
 }
 
@@ -157,7 +159,8 @@ void GradientSynchronizer::finish() {
     b->launched = false;
     b->pending = static_cast<int64_t>(b->params.size());
   }
-  for (Slot& slot : slots_) slot.received = false;
+  for (Slot& slot : slots_) slot.received = slot.counted = false;
+  last_pass_ = true;
 }
 
 std::vector<torch::Tensor> GradientSynchronizer::buffers() const {
@@ -186,10 +189,7 @@ GradientSyncStats GradientSynchronizer::last_stats() {
   return stats;
 }
 
-namespace {
-
-// Broadcasts `tensors` from rank 0 in one collective per dtype.
-void broadcast_coalesced(const std::vector<torch::Tensor>& tensors, Communicator& comm) {
+void broadcast_tensors(const std::vector<torch::Tensor>& tensors, Communicator& comm) {
   std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;
   for (const torch::Tensor& t : tensors) by_dtype[t.scalar_type()].push_back(t);
   for (auto& [dtype, group] : by_dtype) {
@@ -204,19 +204,6 @@ void broadcast_coalesced(const std::vector<torch::Tensor>& tensors, Communicator
       offset += t.numel();
     }
   }
-}
-
-}  // namespace
-
-void broadcast_module_state(torch::nn::Module& module, Communicator& comm) {
-  std::vector<torch::Tensor> state = module.parameters();
-  for (const torch::Tensor& b : module.buffers()) state.push_back(b);
-  broadcast_coalesced(state, comm);
-}
-
-void broadcast_buffers(torch::nn::Module& module, Communicator& comm) {
-  const std::vector<torch::Tensor> buffers = module.buffers();
-  if (!buffers.empty()) broadcast_coalesced(buffers, comm);
 }
 
 }  // namespace myriad

@@ -37,4 +37,35 @@ void set_param_state(torch::optim::Optimizer& optimizer, const torch::Tensor& pa
   optimizer.state()[state_key(param)] = std::move(state);
 }
 
+bool optimizer_holds(torch::optim::Optimizer& optimizer, const torch::Tensor& param) {
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return true;
+    }
+  }
+  return false;
+}
+
+std::vector<NamedParamState> named_param_states(torch::optim::Optimizer& optimizer,
+                                                torch::nn::Module& module) {
+  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
+  std::vector<NamedParamState> states;
+  for (const auto& item : module.named_parameters()) {
+    torch::optim::OptimizerParamState* state = find_param_state(optimizer, item.value());
+    if (state == nullptr) continue;
+    NamedParamState named{item.key(), {}, 0};
+    if (adamw) {
+      const auto& s = static_cast<torch::optim::AdamWParamState&>(*state);
+      named.tensors = {{"exp_avg", s.exp_avg()}, {"exp_avg_sq", s.exp_avg_sq()}};
+      named.step = s.step();
+    } else {
+      const auto& s = static_cast<torch::optim::SGDParamState&>(*state);
+      if (!s.momentum_buffer().defined()) continue;
+      named.tensors = {{"momentum_buffer", s.momentum_buffer()}};
+    }
+    states.push_back(std::move(named));
+  }
+  return states;
+}
+
 }  // namespace myriad

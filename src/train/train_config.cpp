@@ -64,7 +64,12 @@ po::options_description train_options(TrainConfig& c) {
       ("sync-bn", po::bool_switch(&c.sync_bn), "batch norm over the global batch (SyncBN): training does not depend on how the batch is split")
       ("num-classes", po::value(&c.num_classes)->default_value(0), "classes C (default: the data's num_classes attribute)")
       ("synthetic-size", po::value(&c.synthetic_size)->default_value(0), "images of --data synthetic (default: 64 per class, at least one epoch of 100 steps)")
-      ("batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "samples per rank and step")
+      ("batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "samples per replica and step: per rank with one pipeline stage")
+      ("micro-batches", po::value(&c.micro_batches)->default_value(c.micro_batches), "micro-batches per step: gradient accumulation, and what pipeline stages overlap (must divide --batch-size)")
+      ("pipeline-stages", po::value(&c.pipeline_stages)->default_value(c.pipeline_stages), "cut the backbone into this many consecutive stages on neighbouring ranks (must divide the ranks; docs/pipeline.md)")
+      ("pipeline-split", po::value(&c.pipeline_split), "the first block of each stage after the first, e.g. 26,52,78 (default: the fastest cut, from a profile of every block)")
+      ("pipeline-profile", po::bool_switch(&c.pipeline_profile), "log every block's profiled time and memory, and the cut's predicted stage times (also with one stage)")
+      ("pipeline-memory", po::value<std::string>()->default_value("0"), "memory a stage may use per GPU (e.g. 70G; 0: what the device has left after the classifier)")
       ("epochs", po::value(&c.epochs)->default_value(c.epochs), "passes over the training data")
       ("max-steps", po::value(&c.max_steps)->default_value(0), "stop after this many steps (0: --epochs decides)")
       ("optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "sgd or adamw, for the backbone and the classifier")
@@ -111,6 +116,7 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   c.margin = margin_from_options(values);
   c.classifier_workspace = parse_byte_size(values["classifier-workspace"].as<std::string>());
   c.bucket_bytes = parse_byte_size(values["bucket-size"].as<std::string>());
+  c.pipeline_memory = parse_byte_size(values["pipeline-memory"].as<std::string>());
   if (values.count("lr-steps") > 0)
     c.lr_steps = parse_step_list(values["lr-steps"].as<std::string>());
   c.random_flip = !values["no-flip"].as<bool>();
@@ -128,6 +134,13 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(c.num_classes >= 0, "--num-classes must be positive");
   require(c.synthetic_size >= 0, "--synthetic-size must be positive");
   require(c.batch_size > 0, "--batch-size must be positive");
+  require(c.micro_batches > 0, "--micro-batches must be positive");
+  require(c.batch_size % c.micro_batches == 0,
+          str_format("--micro-batches {} does not divide --batch-size {}", c.micro_batches,
+                     c.batch_size));
+  require(c.pipeline_stages > 0, "--pipeline-stages must be positive");
+  require(c.pipeline_split.empty() || c.pipeline_stages > 1,
+          "--pipeline-split needs --pipeline-stages 2 or more");
   require(c.epochs > 0, "--epochs must be positive");
   require(c.max_steps >= 0, "--max-steps must not be negative");
   require(one_of(c.optimizer, {"sgd", "adamw"}),

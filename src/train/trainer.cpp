@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "myriad/train/lr_schedule.h"
 #include "myriad/train/metrics_log.h"
 #include "myriad/train/multi_tensor_optimizer.h"
+#include "myriad/train/pipeline.h"
 #include "myriad/train/training_checkpoint.h"
 #include "myriad/util/atomic_output.h"
 #include "myriad/util/autocast.h"
@@ -115,13 +117,18 @@ class Run {
   TrainResult execute();
 
  private:
+  void build_pipeline();
+  std::vector<int64_t> choose_cut();
   void evaluate(int64_t step, int64_t epoch, TrainResult& result);
   void init_classifier();
   void resume();
   void checkpoint(int64_t steps_done, const DataPosition& next);
   void log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, double lr);
-  // The keys of this rank's samples of `batch` (Activations::keys).
+  nlohmann::json log_pipeline(double step_seconds);
+  // The keys of this replica's samples of `batch` (Activations::keys).
   torch::Tensor sample_keys(const Batch& batch) const;
+  // The ranks holding this rank's pipeline stage (all ranks with one stage).
+  Communicator& stage_comm() { return stage_comm_ ? *stage_comm_ : comm_; }
 
   ProcessContext& context_;
   const TrainConfig& c_;
@@ -133,7 +140,10 @@ class Run {
   std::vector<std::pair<std::shared_ptr<const ImageSource>, std::vector<bool>>> pairs_;
   int64_t classes_ = 0;
   std::shared_ptr<Backbone> backbone_;
-  std::vector<torch::Tensor> params_;
+  PipelineLayout layout_;
+  std::unique_ptr<Communicator> stage_comm_;  // with several stages
+  std::unique_ptr<PipelineEngine> engine_;
+  std::vector<torch::Tensor> params_;  // this stage's trainable parameters
   std::unique_ptr<ShardedMarginSoftmax> classifier_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   SkippableStep* backbone_step_ = nullptr;  // optimizer_'s step
@@ -174,7 +184,9 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   if (c_.deterministic) use_deterministic_algorithms();
   if (c_.precision != "fp32")
     autocast_ = c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat16;
-  const int64_t global_batch = c_.batch_size * context.size();
+  layout_ = pipeline_layout(context.size(), context.rank(), c_.pipeline_stages, c_.micro_batches);
+  // --batch-size is per replica: a pipeline's stages share their replica's batch.
+  const int64_t global_batch = c_.batch_size * layout_.replicas;
 
   if (c_.data == "synthetic" || c_.data == "synthetic-resident") {
     classes_ = c_.num_classes > 0 ? c_.num_classes : 1000;
@@ -209,40 +221,19 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
     pairs_.emplace_back(std::move(images), std::move(issame));
   }
 
-  torch::manual_seed(c_.seed);
-  backbone_ = make_backbone(backbone_options(c_));
-  if (!c_.init_backbone.empty()) {
-    // Rank 0 reads the file (it need not be on every node); the broadcast below hands it on.
-    on_every_rank(context, str_format("reading --init-backbone '{}'", c_.init_backbone), [&] {
-      if (context.rank() == 0) init_backbone(*backbone_, c_.init_backbone);
-    });
-  }
-  backbone_->to(device_);
-  backbone_->set_channels_last(c_.channels_last == "on" ||
-                               (c_.channels_last == "auto" && device_.is_cuda()));
-  backbone_->set_activation_checkpointing(c_.activation_checkpointing);
-  broadcast_module_state(*backbone_, comm_);
-  if (c_.sync_bn) {
-    // Its own communicator: fixed shapes, so no per-call agreement; ordered with the classifier's
-    // collectives by the stream both use.
-    batch_norm_comm_ = comms_.create(device_);
-    batch_norm_comm_->set_checks(false);
-    set_batch_norm_sync(*backbone_, batch_norm_comm_.get());
-  }
-  // Dropout differs between ranks, as in any data-parallel run.
-  torch::manual_seed(c_.seed + 1000003 * static_cast<uint64_t>(context.rank() + 1));
-  for (const torch::Tensor& p : backbone_->parameters()) {
-    if (p.requires_grad()) params_.push_back(p);
-  }
+  // The classifier first: a pipeline's cut must fit beside it in each GPU's memory.
   classifier_ =
       std::make_unique<ShardedMarginSoftmax>(comm_, classifier_options(c_, classes_), device_);
   if (!c_.init_classifier.empty()) init_classifier();
+  build_pipeline();
   optimizer_ = make_optimizer(c_, params_);
   backbone_step_ = dynamic_cast<SkippableStep*>(optimizer_.get());
-  sync_ = std::make_unique<GradientSynchronizer>(params_, comms_.create(device_), c_.bucket_bytes);
+  // Gradients are summed among the ranks that hold the same stage.
+  sync_ = std::make_unique<GradientSynchronizer>(
+      params_, comms_.create_split(device_, layout_.stage, layout_.replica), c_.bucket_bytes);
 
-  sampler_ = std::make_shared<DistributedSampler>(data_->info().size, global_batch, context.size(),
-                                                  c_.seed);
+  sampler_ = std::make_shared<DistributedSampler>(data_->info().size, global_batch,
+                                                  layout_.replicas, c_.seed);
   total_steps_ = c_.max_steps > 0 ? c_.max_steps : c_.epochs * sampler_->steps_per_epoch();
   schedule_.kind = c_.lr_schedule;
   schedule_.warmup_steps =
@@ -256,17 +247,25 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   resume();
   if (context.rank() == 0 && stop_file_.clear_if_stale())
     log_warn("removed the stop request '{}': it is from before this run", stop_file_.path());
-  LoaderOptions lo;
-  lo.start = start_position_;
-  lo.workers = c_.workers;
-  lo.prefetch = c_.prefetch;
-  lo.random_flip = c_.random_flip;
-  lo.seed = c_.seed;
-  lo.rank = context.rank();
-  lo.pin_memory = device_.is_cuda();
-  loader_ = std::make_unique<DataLoader>(data_, sampler_, lo);
-  if (c_.data == "synthetic-resident")
-    loader_ = std::make_unique<ResidentBatch>(loader_->next(), sampler_, device_);
+  if (layout_.first()) {
+    LoaderOptions lo;
+    lo.start = start_position_;
+    lo.workers = c_.workers;
+    lo.prefetch = c_.prefetch;
+    lo.random_flip = c_.random_flip;
+    lo.seed = c_.seed;
+    lo.rank = layout_.replica;
+    lo.pin_memory = device_.is_cuda();
+    loader_ = std::make_unique<DataLoader>(data_, sampler_, lo);
+    if (c_.data == "synthetic-resident")
+      loader_ = std::make_unique<ResidentBatch>(loader_->next(), sampler_, device_);
+  } else {
+    // Only the first stage reads data; the others follow its positions.
+    Batch positions;
+    positions.position = start_position_;
+    positions.next = sampler_->advance(start_position_, 1);
+    loader_ = std::make_unique<ResidentBatch>(positions, sampler_, device_);
+  }
 
   int64_t backbone_params = 0;
   for (const torch::Tensor& p : backbone_->parameters()) backbone_params += p.numel();
@@ -278,9 +277,118 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       sync_->bucket_count(), classes_, classifier_->partition().size(context.rank()),
       c_.margin.describe());
   log_info(
-      "data {} ({} images {}x{}x{}), global batch {} ({} per rank), {} steps per epoch, {} steps",
+      "data {} ({} images {}x{}x{}), global batch {} ({} per {}), {} steps per epoch, {} steps",
       data_->info().name, data_->info().size, data_->info().channels, data_->info().height,
-      data_->info().width, global_batch, c_.batch_size, sampler_->steps_per_epoch(), total_steps_);
+      data_->info().width, global_batch, c_.batch_size, layout_.stages > 1 ? "replica" : "rank",
+      sampler_->steps_per_epoch(), total_steps_);
+}
+
+// The backbone, whole on every rank, and this rank's stage of it on the device (all of it with
+// one stage), its optimizer's parameters and its communicators.
+void Run::build_pipeline() {
+  torch::manual_seed(c_.seed);
+  backbone_ = make_backbone(backbone_options(c_));
+  if (!c_.init_backbone.empty()) {
+    // Every rank reads the file, as it opens the data: every stage takes its blocks from it.
+    on_every_rank(context_, str_format("reading --init-backbone '{}'", c_.init_backbone),
+                  [&] { init_backbone(*backbone_, c_.init_backbone); });
+  }
+  backbone_->set_activation_checkpointing(c_.activation_checkpointing);
+  layout_.cut = choose_cut();
+  if (layout_.stages > 1) {
+    stage_comm_ = comms_.create_split(device_, layout_.stage, layout_.replica);
+    engine_ = std::make_unique<PipelineEngine>(
+        layout_, *backbone_, comms_.create_split(device_, layout_.replica, layout_.stage), device_,
+        autocast_, c_.embedding_size);
+  } else {
+    engine_ = std::make_unique<PipelineEngine>(layout_, *backbone_, nullptr, device_, autocast_,
+                                               c_.embedding_size);
+  }
+  engine_->place_stage();
+  backbone_->set_channels_last(c_.channels_last == "on" ||
+                               (c_.channels_last == "auto" && device_.is_cuda()));
+  std::vector<torch::Tensor> state;
+  for (auto& [name, tensor] : engine_->stage_state()) state.push_back(tensor);
+  broadcast_tensors(state, stage_comm());
+  if (c_.sync_bn) {
+    // Its own communicator: fixed shapes, so no per-call agreement; ordered with the classifier's
+    // collectives by the stream both use.
+    batch_norm_comm_ = comms_.create_split(device_, layout_.stage, layout_.replica);
+    batch_norm_comm_->set_checks(false);
+    set_batch_norm_sync(*backbone_, batch_norm_comm_.get());
+  }
+  // Dropout differs between ranks, as in any data-parallel run.
+  torch::manual_seed(c_.seed + 1000003 * static_cast<uint64_t>(context_.rank() + 1));
+  params_ = engine_->stage_parameters();
+}
+
+// The first block of every stage: all blocks with one stage; a hand cut (--pipeline-split); or
+// the fastest cut that fits in memory under the profile rank 0 takes of every block.
+std::vector<int64_t> Run::choose_cut() {
+  const int64_t blocks = backbone_->num_blocks();
+  const int stages = layout_.stages;
+  MYRIAD_CHECK_COLLECTIVE(blocks >= stages,
+                          "--pipeline-stages {}: backbone {} has only {} blocks to cut", stages,
+                          c_.backbone, blocks);
+  std::vector<int64_t> cut = {0, blocks};
+  if (!c_.pipeline_split.empty()) cut = parse_pipeline_split(c_.pipeline_split, stages, blocks);
+  const bool profile = c_.pipeline_profile || (stages > 1 && c_.pipeline_split.empty());
+  if (!profile) return cut;
+
+  const int64_t micro_batch = c_.batch_size / c_.micro_batches;
+  torch::Tensor table = torch::zeros({blocks, 3}, torch::kFloat64);
+  if (context_.rank() == 0) {
+    torch::manual_seed(c_.seed);
+    const Activations sample{
+        torch::randn({micro_batch, c_.input.channels, c_.input.height, c_.input.width}),
+        torch::arange(micro_batch, torch::kInt64), torch::Tensor()};
+    const double state_factor = c_.optimizer == "adamw" ? 4.0 : 3.0;
+    const std::vector<BlockCost> costs =
+        profile_blocks(*backbone_, sample, device_, autocast_, state_factor);
+    for (int64_t b = 0; b < blocks; ++b) {
+      table[b][0] = costs[b].seconds;
+      table[b][1] = costs[b].activation_bytes;
+      table[b][2] = costs[b].state_bytes;
+    }
+  }
+  // One profile for all: every rank computes the same cut from it.
+  comms_.mpi().broadcast(table, 0);
+  std::vector<BlockCost> costs(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) {
+    costs[b] = {table[b][0].item<double>(), table[b][1].item<double>(), table[b][2].item<double>()};
+  }
+  const std::vector<int64_t> in_flight = gpipe_in_flight(stages, c_.micro_batches);
+  double memory = static_cast<double>(c_.pipeline_memory);
+  if (memory <= 0) {
+    const DeviceMemory device = device_memory(device_);
+    memory = device.total > 0 ? 0.9 * static_cast<double>(device.free) -
+                                    static_cast<double>(c_.classifier_workspace)
+                              : std::numeric_limits<double>::infinity();
+  }
+  if (c_.pipeline_split.empty() && stages > 1) {
+    const std::optional<StageCut> best = balance_stages(costs, in_flight, memory);
+    MYRIAD_CHECK_COLLECTIVE(
+        best.has_value(),
+        "no cut of {}'s {} blocks into {} stages fits in {} per GPU with {} micro-batches in "
+        "flight: use more stages, more micro-batches, or --activation-checkpointing",
+        c_.backbone, blocks, stages, format_bytes(memory), c_.micro_batches);
+    cut = best->cut;
+  }
+  const StageCut chosen = evaluate_cut(costs, cut, in_flight);
+  if (c_.pipeline_profile) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      log_info("block {} {}: {:.2f} ms forward+backward, {} activations, {} state", b,
+               backbone_->block_name(b), 1e3 * costs[b].seconds,
+               format_bytes(costs[b].activation_bytes), format_bytes(costs[b].state_bytes));
+    }
+  }
+  for (int s = 0; s < stages; ++s) {
+    log_info(
+        "pipeline stage {}: blocks [{}, {}) ({} to {}), predicted {:.2f} ms per micro-batch, {}", s,
+        cut[s], cut[s + 1], backbone_->block_name(cut[s]), backbone_->block_name(cut[s + 1] - 1),
+        1e3 * chosen.stage_seconds[s], format_bytes(chosen.stage_bytes[s]));
+  }
+  return cut;
 }
 
 void Run::open_outputs() {
@@ -334,21 +442,32 @@ void Run::init_classifier() {
 }
 
 void Run::resume() {
-  TrainingState state{backbone_.get(), optimizer_.get(), classifier_.get(), &scaler_, 0, {}, ""};
+  TrainingState state;
+  state.backbone = backbone_.get();
+  state.optimizer = optimizer_.get();
+  state.classifier = classifier_.get();
+  state.scaler = &scaler_;
   resume_training(context_, c_.resume, store_, state);
   start_step_ = state.step;
   start_position_ = state.position;
 }
 
 void Run::checkpoint(int64_t steps_done, const DataPosition& next) {
-  const TrainingState state{backbone_.get(), optimizer_.get(), classifier_.get(),
-                            &scaler_,        steps_done,       next,
-                            config_ini_};
+  TrainingState state;
+  state.backbone = backbone_.get();
+  state.optimizer = optimizer_.get();
+  state.classifier = classifier_.get();
+  state.scaler = &scaler_;
+  state.step = steps_done;
+  state.position = next;
+  state.config = config_ini_;
+  // The backbone is saved whole: rank 0 takes the other stages' parts first.
+  state.other_stage_states = engine_->gather_for_save(*optimizer_);
   save_checkpoint(context_, store_, state, c_.checkpoint_keep);
 }
 
 torch::Tensor Run::sample_keys(const Batch& batch) const {
-  const int64_t first = sampler_->first_key(batch.position, context_.rank());
+  const int64_t first = sampler_->first_key(batch.position, layout_.replica);
   return torch::arange(first, first + batch.labels.size(0),
                        torch::dtype(torch::kInt64).device(device_));
 }
@@ -357,7 +476,7 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
   const double loss_value = loss.item<double>();
   const auto now = Clock::now();
   const double elapsed = seconds_between(window_start_, now);
-  const double samples_per_sec = window_steps_ * c_.batch_size * context_.size() / elapsed;
+  const double samples_per_sec = window_steps_ * c_.batch_size * layout_.replicas / elapsed;
   std::map<std::string, double> phases = timer_.totals();
   timer_.reset();
   const GradientSyncStats sync = sync_->last_stats();
@@ -381,6 +500,7 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
       sync.all_reduce_ms, phases["optimizer"], tflops,
       memory > 0 ? " | peak memory " + format_bytes(static_cast<double>(memory)) : "",
       duration_text(eta));
+  const nlohmann::json pipeline = log_pipeline(elapsed / window_steps_);
   metrics_->write({{"kind", "train"},
                    {"step", step + 1},
                    {"epoch", epoch},
@@ -399,10 +519,43 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
                    {"backbone_tflops_per_gpu", tflops},
                    {"eta_sec", eta},
                    {"peak_memory_bytes", memory},
+                   {"pipeline", pipeline},
                    {"elapsed_sec", seconds_between(run_start_, now)}});
   window_start_ = Clock::now();
   window_steps_ = 0;
   window_data_seconds_ = 0.0;
+}
+
+// With several stages or micro-batches: what each stage computed (busy, not waiting), the bubble
+// that leaves against GPipe's (P - 1) / (M + P - 1), and the bytes sent between stages; logged by
+// rank 0, recorded in the metrics. Collective.
+nlohmann::json Run::log_pipeline(double step_seconds) {
+  const PipelineTimes mine = engine_->take_times();
+  if (layout_.stages == 1 && layout_.micro_batches == 1) return nullptr;
+  torch::Tensor all = torch::tensor({mine.busy_seconds / std::max<int64_t>(mine.steps, 1),
+                                     mine.bytes_sent / std::max<int64_t>(mine.steps, 1)},
+                                    torch::kFloat64);
+  all = comms_.mpi().all_gather(all.view({1, 2})).view({layout_.replicas, layout_.stages, 2});
+  const torch::Tensor per_stage = all.mean(0);  // over replicas
+  std::vector<double> busy_ms;
+  std::string busy_text;
+  for (int s = 0; s < layout_.stages; ++s) {
+    busy_ms.push_back(1e3 * per_stage[s][0].item<double>());
+    busy_text += str_format("{}{:.1f}", s == 0 ? "" : ", ", busy_ms.back());
+  }
+  const double mean_busy = per_stage.select(1, 0).mean().item<double>();
+  const double bubble = std::max(0.0, 1.0 - mean_busy / step_seconds);
+  const double ideal = static_cast<double>(layout_.stages - 1) /
+                       static_cast<double>(layout_.micro_batches + layout_.stages - 1);
+  const double bytes = per_stage.select(1, 1).sum().item<double>();
+  log_info(
+      "pipeline: {} stage(s) x {} micro-batches, stages busy {} ms of {:.1f} ms per step: bubble "
+      "{:.0f}% (GPipe's (P-1)/(M+P-1) = {:.0f}%), {} sent between stages per replica and step",
+      layout_.stages, layout_.micro_batches, busy_text, 1e3 * step_seconds, 100.0 * bubble,
+      100.0 * ideal, format_bytes(bytes));
+  return {{"stages", layout_.stages}, {"micro_batches", layout_.micro_batches},
+          {"stage_busy_ms", busy_ms}, {"bubble", bubble},
+          {"gpipe_bubble", ideal},    {"bytes_per_step", bytes}};
 }
 
 void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {
@@ -413,6 +566,11 @@ void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {
   setup.device = device_;
   setup.batch_size = c_.eval_batch_size;
   setup.autocast = autocast_;
+  // Through this rank's stage (the whole backbone with one stage); every replica a slice.
+  setup.replicas = layout_.replicas;
+  setup.replica = layout_.replica;
+  setup.reads_images = layout_.first();
+  setup.forward = [this](const torch::Tensor& images) { return engine_->infer(images); };
   nlohmann::json record = {{"kind", "eval"}, {"step", step}, {"epoch", epoch}};
   if (val_) {
     const ClassificationEval e = evaluate_classification(*backbone_, *classifier_, *val_, setup);
@@ -449,22 +607,27 @@ TrainResult Run::execute() {
     classifier_->optimizer().set_lr(c_.classifier_lr * factor);
 
     timer_.mark("forward");
-    const torch::Tensor images = batch.images.to(device_, /*non_blocking=*/true);
-    const torch::Tensor labels = batch.labels.to(device_, /*non_blocking=*/true);
-    // DDP's rule: BN running statistics follow rank 0. SyncBN computes them from the global batch,
-    // so they already agree.
-    if (!c_.sync_bn) broadcast_buffers(*backbone_, comm_);
-    torch::Tensor features;
-    {
-      std::unique_ptr<AutocastGuard> autocast;
-      if (autocast_) autocast = std::make_unique<AutocastGuard>(device_, *autocast_);
-      features = backbone_->forward(backbone_->in_layout(images), sample_keys(batch));
-    }
+    // The first stage loaded the replica's batch; the classifier needs its labels on the last.
+    const torch::Tensor labels = engine_->route_labels(
+        layout_.first() ? batch.labels.to(device_, /*non_blocking=*/true) : torch::Tensor());
+    // DDP's rule: BN running statistics follow the first replica. SyncBN computes them from the
+    // global batch, so they already agree.
+    if (!c_.sync_bn) broadcast_tensors(engine_->stage_buffers(), stage_comm());
+    // The backbone, micro-batch by micro-batch through this rank's stage: the replica's
+    // embeddings on the last stage, none elsewhere.
+    const torch::Tensor features = engine_->forward(
+        layout_.first() ? batch.images.to(device_, /*non_blocking=*/true) : torch::Tensor(),
+        layout_.first() ? sample_keys(batch) : torch::Tensor());
     classifier_->set_loss_scale(fp16 ? scaler_.scale() : 1.0);
-    const torch::Tensor loss = classifier_->forward(features, labels);
+    const torch::Tensor loss = classifier_->forward(
+        features,
+        layout_.last() ? labels : torch::empty({0}, torch::dtype(torch::kInt64).device(device_)));
 
     timer_.mark("backward");
+    // The classifier's backward gives the embeddings' gradient; the backbone's follows,
+    // micro-batch by micro-batch, its gradients summed over them and (in the last) over replicas.
     (fp16 ? loss * scaler_.scale() : loss).backward();
+    engine_->backward(features, *sync_);
     timer_.mark("communication");
     sync_->finish();
     timer_.mark("optimizer");
@@ -472,7 +635,14 @@ TrainResult Run::execute() {
     // any of them is not finite.
     const torch::Tensor overflow =
         fp16 ? scaler_.unscale(sync_->buffers(), comm_) : torch::Tensor();
-    if (c_.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params_, c_.grad_clip);
+    if (c_.grad_clip > 0) {
+      // The norm of the whole backbone's gradient, summed over the stages.
+      const double norm = engine_->gradient_norm(params_);
+      if (norm > c_.grad_clip) {
+        torch::NoGradGuard no_grad;
+        for (const torch::Tensor& p : params_) p.grad().mul_(c_.grad_clip / (norm + 1e-6));
+      }
+    }
     backbone_step_->step_unless(overflow);
     sync_->clear_gradients();
     timer_.stop();

@@ -74,25 +74,13 @@ void set_rng_state(const torch::Device& device, const torch::Tensor& state) {
   generator.set_state(state);
 }
 
-// The backbone optimizer's per-parameter state, by parameter name.
-void write_optimizer(Hdf5File& file, torch::optim::Optimizer& optimizer,
-                     torch::nn::Module& module) {
-  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
+// The backbone optimizer's per-parameter states, by parameter name.
+void write_optimizer(Hdf5File& file, bool adamw, const std::vector<NamedParamState>& states) {
   file.set_attribute("/", "backbone_optimizer", std::string(adamw ? "adamw" : "sgd"));
-  for (const auto& item : module.named_parameters()) {
-    torch::optim::OptimizerParamState* state = find_param_state(optimizer, item.value());
-    if (state == nullptr) continue;
-    const std::string group = "optimizer_state/" + item.key();
-    if (adamw) {
-      const auto& s = static_cast<torch::optim::AdamWParamState&>(*state);
-      file.write(group + "/exp_avg", s.exp_avg().cpu());
-      file.write(group + "/exp_avg_sq", s.exp_avg_sq().cpu());
-      file.set_attribute(group + "/exp_avg", "step", static_cast<int64_t>(s.step()));
-    } else {
-      const auto& s = static_cast<torch::optim::SGDParamState&>(*state);
-      if (s.momentum_buffer().defined())
-        file.write(group + "/momentum_buffer", s.momentum_buffer().cpu());
-    }
+  for (const NamedParamState& state : states) {
+    const std::string group = "optimizer_state/" + state.param;
+    for (const auto& [name, tensor] : state.tensors) file.write(group + "/" + name, tensor.cpu());
+    if (adamw) file.set_attribute(group + "/exp_avg", "step", state.step);
   }
 }
 
@@ -114,6 +102,8 @@ void read_optimizer(const Hdf5File& file, torch::optim::Optimizer& optimizer, Ba
                           "the checkpoint's backbone optimizer is {}, this run's {}", saved,
                           adamw ? "adamw" : "sgd");
   for (const auto& item : backbone.named_parameters()) {
+    // A pipeline stage's optimizer holds its own blocks' parameters only.
+    if (!optimizer_holds(optimizer, item.value())) continue;
     std::string group = "optimizer_state/" + item.key();
     // A checkpoint from before insightface's names holds the state under the old ones.
     if (!file.has(group) && !backbone.legacy_name(item.key()).empty())
@@ -155,7 +145,12 @@ std::vector<std::string> write_files(const ProcessContext& context, const std::s
       for (const auto& [name, tensor] : state.backbone->state_dict()) {
         file.write(dataset_name("backbone", name), tensor.detach().cpu());
       }
-      write_optimizer(file, *state.optimizer, *state.backbone);
+      std::vector<NamedParamState> optimizer_states =
+          named_param_states(*state.optimizer, *state.backbone);
+      optimizer_states.insert(optimizer_states.end(), state.other_stage_states.begin(),
+                              state.other_stage_states.end());
+      write_optimizer(file, dynamic_cast<torch::optim::AdamW*>(state.optimizer) != nullptr,
+                      optimizer_states);
       file.set_attribute("/", "step", state.step);
       file.set_attribute("/", "epoch", state.position.epoch);
       file.set_attribute("/", "epoch_offset", state.position.offset);

@@ -32,6 +32,16 @@ int64_t peak_device_memory(const torch::Device& device) {
   return 0;
 }
 
+int64_t allocated_device_memory(const torch::Device& device) {
+#ifdef MYRIAD_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[0].current;
+  }
+#endif
+  return 0;
+}
+
 void reset_peak_device_memory(const torch::Device& device) {
 #ifdef MYRIAD_WITH_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());

@@ -100,7 +100,9 @@ class CheckpointTest : public BackendTest {
     m.optimizer->zero_grad();
     m.classifier->forward(m.backbone->forward(images), labels).backward();
     m.optimizer->step();
-    broadcast_module_state(*m.backbone, comm());
+    std::vector<torch::Tensor> state = m.backbone->parameters();
+    for (const torch::Tensor& b : m.backbone->buffers()) state.push_back(b);
+    broadcast_tensors(state, comm());
     for (torch::Tensor p : m.backbone->parameters()) comm().broadcast(momentum(m, p), 0);
   }
 

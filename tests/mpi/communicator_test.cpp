@@ -1,6 +1,7 @@
 // Every collective, for every dtype, on both backends, at whatever rank count the binary runs
 // with. Expected values are computed from the rank and the world size alone.
 
+#include <functional>
 #include <numeric>
 #include <tuple>
 #include <vector>
@@ -298,6 +299,85 @@ TEST_P(CommunicatorTest, DifferentCollectivesOnDifferentRanksAreDetected) {
     }
   });
   EXPECT_NE(message.find("different collective"), std::string::npos) << message;
+}
+
+// Sub-communicators by colour (what pipeline stages are built on): ranks of a colour reduce among
+// themselves only, in the order of their keys.
+TEST_P(CommunicatorTest, SplitCommunicatorsReduceWithinTheirGroup) {
+  const int color = rank() % 2;
+  auto group = environment().comms->create_split(device(), color, -rank());
+  int members = 0, below = 0;
+  for (int r = 0; r < world(); ++r) {
+    if (r % 2 != color) continue;
+    ++members;
+    if (r > rank()) ++below;  // keys are -rank: the highest rank comes first
+  }
+  EXPECT_EQ(group->size(), members);
+  EXPECT_EQ(group->rank(), below);
+  torch::Tensor t = torch::full({3}, static_cast<double>(rank() + 1), torch::device(device()));
+  group->all_reduce(t);
+  double expected = 0;
+  for (int r = color; r < world(); r += 2) expected += r + 1;
+  EXPECT_DOUBLE_EQ(t[0].item<double>(), expected);
+}
+
+// Point to point along a chain: each rank sends its neighbour activations, their keys and an
+// absent tensor, and takes its other neighbour's; shapes are learnt by the receiver.
+TEST_P(CommunicatorTest, PointToPointMovesTensorsBetweenNeighbours) {
+  if (world() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const auto options = torch::device(device());
+  for (int phase = 0; phase < 2; ++phase) {
+    // Even ranks send first, odd ranks receive first: no rank waits on one that waits on it.
+    const bool sending = (rank() + phase) % 2 == 0;
+    const int peer = sending ? rank() + 1 : rank() - 1;
+    if (peer < 0 || peer >= world()) continue;
+    if (sending) {
+      comm().send({torch::full({2, rank() + 1, 3}, rank() + 0.5, options.dtype(torch::kFloat32)),
+                   torch::arange(rank(), rank() + 4, options.dtype(torch::kInt64)), torch::Tensor()},
+                  peer);
+    } else {
+      const std::vector<torch::Tensor> got =
+          comm().recv({torch::kFloat32, torch::kInt64, torch::kInt64}, peer);
+      ASSERT_EQ(got.size(), 3u);
+      EXPECT_EQ(got[0].sizes(), (std::vector<int64_t>{2, peer + 1, 3}));
+      EXPECT_TRUE(torch::all(got[0].eq(peer + 0.5)).item<bool>());
+      EXPECT_TRUE(torch::equal(got[1].cpu(), torch::arange(peer, peer + 4, torch::kInt64)));
+      EXPECT_FALSE(got[2].defined());
+    }
+  }
+}
+
+// A pair that disagrees fails on both ranks, whichever side is wrong, and moves no data.
+TEST_P(CommunicatorTest, PointToPointDisagreementsFailOnBothRanks) {
+  if (world() < 2 || rank() > 1) GTEST_SKIP() << "ranks 0 and 1";
+  const auto options = torch::device(device());
+  const int peer = 1 - rank();
+  const auto error = [&](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return e.message();
+    }
+    return std::string();
+  };
+  // Another dtype than the receiver expects.
+  std::string message = error([&] {
+    if (rank() == 0) comm().send({torch::ones({4}, options.dtype(torch::kFloat32))}, peer);
+    if (rank() == 1) comm().recv({torch::kFloat64}, peer);
+  });
+  EXPECT_NE(message.find("rank 0 sends (Float [4]) to rank 1, which expects (Double)"),
+            std::string::npos)
+      << message;
+  // Both ranks sending: an error, not two ranks waiting forever.
+  message = error([&] { comm().send({torch::ones({2}, options)}, peer); });
+  EXPECT_NE(message.find("both send to each other"), std::string::npos) << message;
+  // A tensor the sender cannot move (not contiguous).
+  message = error([&] {
+    if (rank() == 0) comm().send({torch::ones({4, 4}, options).t()}, peer);
+    if (rank() == 1) comm().recv({torch::kFloat32}, peer);
+  });
+  EXPECT_NE(message.find("rank 0 cannot send (Float [4, 4]) to rank 1"), std::string::npos)
+      << message;
 }
 
 TEST_P(CommunicatorTest, BarrierReturnsOnEveryRank) {

@@ -204,8 +204,9 @@ TEST_P(TrainingTest, VitOnWRanksComputesWhatOneRankComputes) {
     auto comm_bn = environment().comms->create(device());
     set_batch_norm_sync(*net, comm_bn.get());
     GradientSynchronizer sync(trainable(*net), environment().comms->create(device()), 4096);
-    const torch::Tensor features = net->forward(images.slice(0, begin, begin + per_rank).to(device()),
-                                                keys.slice(0, begin, begin + per_rank).to(device()));
+    const torch::Tensor features =
+        net->forward(images.slice(0, begin, begin + per_rank).to(device()),
+                     keys.slice(0, begin, begin + per_rank).to(device()));
     (features * projection.slice(0, begin, begin + per_rank).to(device())).sum().backward();
     sync.finish();
 
@@ -252,7 +253,9 @@ TEST_P(TrainingTest, MultiTensorOptimizersMatchLibTorch) {
 
 TEST_P(TrainingTest, BroadcastMakesReplicasIdentical) {
   auto net = make_net(100 + rank());
-  broadcast_module_state(*net, comm());
+  std::vector<torch::Tensor> state = net->parameters();
+  for (const torch::Tensor& b : net->buffers()) state.push_back(b);
+  broadcast_tensors(state, comm());
   auto rank0 = make_net(100);
   const auto a = net->parameters();
   const auto b = rank0->parameters();

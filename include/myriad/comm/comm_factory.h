@@ -24,6 +24,11 @@ class CommFactory {
   // A new communicator of its own for `device` (a collective call), for traffic that runs
   // concurrently with the shared one, such as gradient buckets on their own CUDA stream.
   std::unique_ptr<Communicator> create(const torch::Device& device) const;
+  // A communicator of its own among the ranks that pass the same `color`, ranked by `key` (a
+  // collective call over all ranks): MPI_Comm_split, and for CUDA an NCCL communicator over it by
+  // ncclCommInitRank, which every NCCL that myriad supports has (ncclCommSplit needs 2.18).
+  std::unique_ptr<Communicator> create_split(const torch::Device& device, int color,
+                                             int key) const;
 
  private:
   const ProcessContext& context_;

@@ -62,6 +62,18 @@ class Communicator {
   // Returns when every rank has arrived and the work it queued before has finished.
   void barrier();
 
+  // Point to point: `tensors` (contiguous, on this communicator's device) go to rank `peer`, which
+  // takes them with recv; on GPUs they move in one NCCL group, ordered with the current stream. An
+  // undefined tensor is sent as nothing, and arrives undefined. Before any data moves the two
+  // ranks exchange what they are about to do over MPI, as collectives agree on their arguments:
+  // the receiver learns the shapes, and a pair that disagrees (other dtypes or another number of
+  // tensors, two ranks both sending, a malformed tensor) is an Error on both ranks, never a hang or
+  // corrupt memory.
+  void send(const std::vector<torch::Tensor>& tensors, int peer);
+  // What `peer` sends: one tensor per entry of `dtypes`, which the sent tensors must have
+  // (torch::ScalarType::Undefined: any dtype, taken from the sender).
+  std::vector<torch::Tensor> recv(const std::vector<torch::ScalarType>& dtypes, int peer);
+
   // One integer per rank, exchanged over MPI with no device synchronisation.
   std::vector<int64_t> all_gather_counts(int64_t local) const;
 
@@ -87,10 +99,16 @@ class Communicator {
   virtual void scatter_impl(const torch::Tensor& input, torch::Tensor& output,
                             const std::vector<int64_t>& counts, int root) = 0;
   virtual void barrier_impl() = 0;
+  // Defined tensors only, already agreed on by both ranks.
+  virtual void send_impl(const std::vector<torch::Tensor>& tensors, int peer) = 0;
+  virtual void recv_impl(const std::vector<torch::Tensor>& tensors, int peer) = 0;
 
  private:
   struct Call;
   void agree(const Call& call) const;
+  // The pairwise agreement of send and recv: returns the peer's description of its tensors.
+  std::vector<int64_t> agree_with_peer(const std::vector<int64_t>& mine, int peer,
+                                       const char* what) const;
   torch::Tensor gather_rows(const char* name, const torch::Tensor& input,
                             const std::vector<int64_t>& counts, bool equal);
   torch::Tensor reduce_rows(const char* name, const torch::Tensor& input,

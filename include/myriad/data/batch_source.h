@@ -26,7 +26,9 @@ class BatchSource {
 
 // The same batch every step, kept on the training device, with positions that advance as a
 // loader's would: the trainer's own speed with no loading or host-to-device copy at all, as
-// benchmarks measure it (`--data synthetic-resident`).
+// benchmarks measure it (`--data synthetic-resident`). A batch without images and labels gives
+// the positions alone: what a rank that reads no data (a pipeline stage after the first) follows
+// for its logs and checkpoints.
 class ResidentBatch final : public BatchSource {
  public:
   ResidentBatch(Batch first, std::shared_ptr<const DistributedSampler> sampler,

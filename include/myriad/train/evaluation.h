@@ -2,6 +2,7 @@
 
 #include <torch/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,17 +38,26 @@ struct EvalSetup {
   std::optional<torch::ScalarType> autocast;
   // kNN uses the first `knn_limit` samples of the set (the gallery is gathered on every rank).
   int64_t knn_limit = 20000;
+  // Pipeline stages (docs/pipeline.md): a set is split over `replicas` (every rank of a replica
+  // takes the same images), only the first stage reads images (`reads_images`), and `forward`
+  // takes a batch of images through the stages: the embeddings on the last stage, [0, D]
+  // elsewhere. Unset, every rank is a replica of its own and runs the backbone.
+  int replicas = 0;
+  int replica = 0;
+  bool reads_images = true;
+  std::function<torch::Tensor(const torch::Tensor& images)> forward;
 };
 
 // The raw (unnormalised) embeddings [n, D], float32 on setup.device, of images `indices` of
 // `source`, plus those of the mirror images when `add_mirrored` (insightface's flip test-time
-// augmentation). Images are read, decoded and normalised as training's (x / 127.5 - 1).
+// augmentation). Images are read, decoded and normalised as training's (x / 127.5 - 1). With
+// pipeline stages, ranks before the last get [0, D].
 torch::Tensor embed_images(Backbone& backbone, const ImageSource& source,
                            const std::vector<int64_t>& indices, const EvalSetup& setup,
                            bool add_mirrored);
 
-// This rank's balanced slice of a set of `size` images, and how many batches every rank runs (the
-// same on all ranks, since each batch contains a collective).
+// This rank's (or its replica's) balanced slice of a set of `size` images, and how many batches
+// every rank runs (the same on all ranks, since each batch contains a collective).
 struct EvalSlice {
   int64_t begin = 0;
   int64_t count = 0;

@@ -34,7 +34,11 @@ class GradientSynchronizer {
   GradientSynchronizer(const GradientSynchronizer&) = delete;
   GradientSynchronizer& operator=(const GradientSynchronizer&) = delete;
 
-  // After loss.backward(): every parameter's .grad then holds the sum over ranks.
+  // Before the backward of each micro-batch of a step (gradient accumulation): gradients of
+  // every pass are summed into the buckets, and only the `last` pass launches the all-reduces, one
+  // per bucket and step, not one per micro-batch. A step of one backward needs no call.
+  void begin_pass(bool last) { last_pass_ = last; }
+  // After the last backward: every parameter's .grad then holds the sum over passes and ranks.
   void finish();
   // The buckets' flat buffers, which hold every gradient after finish(): a multi-tensor pass over
   // these (loss-scale unscaling) touches all gradients in a few launches.
@@ -50,7 +54,8 @@ class GradientSynchronizer {
   struct Slot {
     size_t bucket;
     int64_t offset;
-    bool received = false;
+    bool received = false;  // a gradient arrived in some pass of this step
+    bool counted = false;   // ... in the last pass, where buckets count down to their launch
   };
   torch::Tensor slot_view(size_t param) const;
   void on_gradient(size_t param, const torch::Tensor& grad);
@@ -62,15 +67,14 @@ class GradientSynchronizer {
   std::vector<unsigned> hooks_;
   std::unique_ptr<Communicator> comm_;
   torch::Device device_;
+  bool last_pass_ = true;
   struct CudaState;
   std::unique_ptr<CudaState> cuda_;
 };
 
-// Copies rank 0's parameters and buffers into every rank's `module` (collective).
-void broadcast_module_state(torch::nn::Module& module, Communicator& comm);
-
-// Copies rank 0's buffers (batch-norm statistics) into every rank's `module`, coalesced into one
-// broadcast per dtype; run before each step so that replicas stay identical.
-void broadcast_buffers(torch::nn::Module& module, Communicator& comm);
+// Copies rank 0's `tensors` into every rank's (collective), coalesced into one broadcast per
+// dtype: a module's parameters and buffers at the start, so that replicas start identical, and
+// its buffers (batch-norm statistics) before each step, so that they stay identical.
+void broadcast_tensors(const std::vector<torch::Tensor>& tensors, Communicator& comm);
 
 }  // namespace myriad

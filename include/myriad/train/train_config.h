@@ -29,7 +29,12 @@ struct TrainConfig {
   std::string channels_last = "auto";  // auto: on GPUs
   int64_t num_classes = 0;             // 0: from the training data's num_classes attribute
   int64_t synthetic_size = 0;
-  int64_t batch_size = 128;  // per rank
+  int64_t batch_size = 128;  // per replica: per rank with one pipeline stage
+  int micro_batches = 1;
+  int pipeline_stages = 1;
+  std::string pipeline_split;  // "a,b,...": the first blocks of stages 1 ... P-1
+  bool pipeline_profile = false;
+  int64_t pipeline_memory = 0;  // bytes per GPU for a stage; 0: what the device has left
   int64_t epochs = 1;
   int64_t max_steps = 0;  // 0: epochs decide
   std::string optimizer = "sgd";

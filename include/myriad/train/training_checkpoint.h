@@ -8,6 +8,7 @@
 
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/data/distributed_sampler.h"
+#include "myriad/train/optimizer_state.h"
 #include "myriad/util/error.h"
 #include "myriad/util/state_dict.h"
 
@@ -21,13 +22,17 @@ class ShardedMarginSoftmax;
 
 // Everything a run needs to continue exactly where it stopped.
 struct TrainingState {
+  // The whole backbone. With pipeline stages, rank 0 holds every stage's parameters and buffers
+  // when it saves (PipelineEngine::gather_for_save), and each rank loads all of them.
   Backbone* backbone = nullptr;
-  torch::optim::Optimizer* optimizer = nullptr;  // the backbone's
+  torch::optim::Optimizer* optimizer = nullptr;  // the backbone's (a pipeline stage's: its blocks')
   ShardedMarginSoftmax* classifier = nullptr;
   DynamicLossScaler* scaler = nullptr;  // fp16 runs only
   int64_t step = 0;                     // steps done
   DataPosition position;                // of the next batch
   std::string config;                   // effective configuration (INI)
+  // The optimizer states of the other pipeline stages' parameters (rank 0, for a save).
+  std::vector<NamedParamState> other_stage_states;
 };
 
 // The backbone tensors of a checkpoint's replicated.h5, by their names there (names from before

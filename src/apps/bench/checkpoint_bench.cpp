@@ -97,7 +97,7 @@ int run_checkpoint_bench(ProcessContext& context, int argc, char** argv) {
   for (torch::Tensor& p : backbone->parameters()) p.mutable_grad() = torch::zeros_like(p);
   optimizer.step();
   ShardedMarginSoftmax classifier(comms.for_device(device), o, device);
-  TrainingState state{backbone.get(), &optimizer, &classifier, nullptr, 1, {}, ""};
+  TrainingState state{backbone.get(), &optimizer, &classifier, nullptr, 1, {}, "", {}};
   synchronize_device(device);
 
   // A fresh root of its own, so that nothing else in --dir is touched.

@@ -1,0 +1,45 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace myriad {
+
+// What one block of a backbone costs a pipeline stage (measured by profile_blocks).
+struct BlockCost {
+  double seconds = 0.0;           // forward + backward of one micro-batch
+  double activation_bytes = 0.0;  // kept from forward to backward, per micro-batch in flight
+  double state_bytes = 0.0;       // parameters, gradients and optimizer state
+};
+
+// A cut of the blocks into consecutive stages: stage s holds blocks [cut[s], cut[s + 1]).
+struct StageCut {
+  std::vector<int64_t> cut;
+  std::vector<double> stage_seconds;  // per micro-batch
+  std::vector<double> stage_bytes;    // state, plus activations of the micro-batches in flight
+};
+
+// The cost of stage [begin, end) holding `in_flight` micro-batches' activations.
+double stage_seconds(const std::vector<BlockCost>& costs, int64_t begin, int64_t end);
+double stage_bytes(const std::vector<BlockCost>& costs, int64_t begin, int64_t end,
+                   int64_t in_flight);
+
+// The contiguous cut into `in_flight.size()` non-empty stages that minimises the slowest stage's
+// time, among the cuts whose every stage s fits in `memory_bytes` with in_flight[s] micro-batches
+// of activations (dynamic programming over (stages, blocks): exact, O(P N^2)). Among cuts of the
+// same slowest time, the smallest total of squared stage times wins, then the earliest cut. None
+// when no cut fits.
+std::optional<StageCut> balance_stages(const std::vector<BlockCost>& costs,
+                                       const std::vector<int64_t>& in_flight, double memory_bytes);
+
+// The stage times and memory of a given cut (--pipeline-split, or for logging).
+StageCut evaluate_cut(const std::vector<BlockCost>& costs, const std::vector<int64_t>& cut,
+                      const std::vector<int64_t>& in_flight);
+
+// "a,b,..." (--pipeline-split): the first block of stages 1 ... P-1, as a cut of `blocks` into
+// `stages`. A list that does not give every stage a block, in order, is a UsageError.
+std::vector<int64_t> parse_pipeline_split(const std::string& text, int stages, int64_t blocks);
+
+}  // namespace myriad

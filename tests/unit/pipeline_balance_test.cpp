@@ -1,0 +1,94 @@
+// The pipeline balancer against brute force: on random synthetic cost models, its cut is the best
+// of all contiguous cuts under the same model (the slowest stage, then the sum of squares), with
+// and without a memory limit; and hand cuts are checked.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "myriad/train/pipeline_balance.h"
+#include "myriad/util/error.h"
+
+namespace myriad {
+namespace {
+
+// Every cut of n blocks into p non-empty stages, by recursion over the stage starts.
+void every_cut(int64_t n, int p, std::vector<int64_t>& cut,
+               const std::function<void(const std::vector<int64_t>&)>& visit) {
+  if (static_cast<int>(cut.size()) == p) {
+    cut.push_back(n);
+    visit(cut);
+    cut.pop_back();
+    return;
+  }
+  const int64_t remaining = p - static_cast<int64_t>(cut.size());
+  for (int64_t start = cut.back() + 1; start <= n - remaining; ++start) {
+    cut.push_back(start);
+    every_cut(n, p, cut, visit);
+    cut.pop_back();
+  }
+}
+
+TEST(PipelineBalance, EqualsTheBestOfAllContiguousCuts) {
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<double> time(0.1, 5.0), bytes(1.0, 100.0);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t n = 3 + trial % 9;
+    const int p = 1 + trial % std::min<int64_t>(4, n);
+    std::vector<BlockCost> costs(static_cast<size_t>(n));
+    for (BlockCost& c : costs) c = {time(gen), bytes(gen), bytes(gen)};
+    std::vector<int64_t> in_flight(static_cast<size_t>(p));
+    for (int s = 0; s < p; ++s) in_flight[s] = 1 + (trial + s) % 4;
+    // Half the trials under a memory limit that rules some cuts out.
+    const double limit = trial % 2 == 0 ? std::numeric_limits<double>::infinity() : 400.0;
+
+    double best_slowest = std::numeric_limits<double>::infinity(), best_squares = 0;
+    std::vector<int64_t> start = {0};
+    every_cut(n, p, start, [&](const std::vector<int64_t>& cut) {
+      const StageCut c = evaluate_cut(costs, cut, in_flight);
+      if (*std::max_element(c.stage_bytes.begin(), c.stage_bytes.end()) > limit) return;
+      const double slowest = *std::max_element(c.stage_seconds.begin(), c.stage_seconds.end());
+      double squares = 0;
+      for (double t : c.stage_seconds) squares += t * t;
+      if (slowest < best_slowest || (slowest == best_slowest && squares < best_squares)) {
+        best_slowest = slowest;
+        best_squares = squares;
+      }
+    });
+    const std::optional<StageCut> got = balance_stages(costs, in_flight, limit);
+    if (best_slowest == std::numeric_limits<double>::infinity()) {
+      EXPECT_FALSE(got.has_value()) << "trial " << trial;
+      continue;
+    }
+    ASSERT_TRUE(got.has_value()) << "trial " << trial;
+    ASSERT_EQ(got->cut.size(), static_cast<size_t>(p + 1));
+    EXPECT_EQ(got->cut.front(), 0);
+    EXPECT_EQ(got->cut.back(), n);
+    const double slowest = *std::max_element(got->stage_seconds.begin(), got->stage_seconds.end());
+    EXPECT_NEAR(slowest, best_slowest, 1e-12) << "trial " << trial;
+    for (double b : got->stage_bytes) EXPECT_LE(b, limit);
+  }
+}
+
+TEST(PipelineBalance, AUniformModelIsCutEvenly) {
+  const std::vector<BlockCost> costs(12, BlockCost{1.0, 0.0, 0.0});
+  const std::optional<StageCut> cut =
+      balance_stages(costs, {4, 4, 4}, std::numeric_limits<double>::infinity());
+  ASSERT_TRUE(cut.has_value());
+  EXPECT_EQ(cut->cut, (std::vector<int64_t>{0, 4, 8, 12}));
+}
+
+TEST(PipelineBalance, HandSplitsMustGiveEveryStageABlock) {
+  EXPECT_EQ(parse_pipeline_split("3,7", 3, 10), (std::vector<int64_t>{0, 3, 7, 10}));
+  EXPECT_THROW(parse_pipeline_split("3", 3, 10), UsageError);     // two stages given
+  EXPECT_THROW(parse_pipeline_split("7,3", 3, 10), UsageError);   // not increasing
+  EXPECT_THROW(parse_pipeline_split("0,5", 3, 10), UsageError);   // stage 0 has no block
+  EXPECT_THROW(parse_pipeline_split("5,10", 3, 10), UsageError);  // the last has none
+  EXPECT_THROW(parse_pipeline_split("5,x", 3, 10), UsageError);
+}
+
+}  // namespace
+}  // namespace myriad
