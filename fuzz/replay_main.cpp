@@ -3,6 +3,9 @@
 // and every earlier finding stays fixed.
 //
 //   fuzz-replay-NAME PATH...   (files, or directories of them)
+//
+// An input that runs longer than kSecondsPerInput ends the replay by SIGALRM: a hang that fuzzing
+// found (libFuzzer's -timeout) must stay fixed too.
 
 #include <algorithm>
 #include <cstdint>
@@ -13,7 +16,14 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+namespace {
+// Twice scripts/fuzz.sh's -timeout, for slower machines; a finding of libFuzzer's took 70 s here.
+constexpr unsigned kSecondsPerInput = 20;
+}  // namespace
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
@@ -38,7 +48,9 @@ int main(int argc, char** argv) {
     // A crash names the input through the last line printed.
     std::printf("%s\n", path.c_str());
     std::fflush(stdout);
+    alarm(kSecondsPerInput);
     LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    alarm(0);
   }
   std::printf("replayed %zu inputs\n", inputs.size());
   return inputs.empty() ? 1 : 0;

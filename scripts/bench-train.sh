@@ -19,8 +19,10 @@
 #
 # Prints, per run: samples/s (all GPUs and per GPU), step time and its phases (data, forward,
 # backward, exposed communication, optimizer), the backbone's achieved TFLOP/s per GPU (2 FLOPs a
-# multiply-add, training = 3 x forward), peak GPU memory and weak scaling against 1 GPU; appends
-# the same to OUT/results.tsv. NVLink multicast stays off unless the caller set the variables.
+# multiply-add, training = 3 x forward), peak GPU memory (the most of any rank, and every rank's)
+# and weak scaling against 1 GPU; with pipeline stages or micro-batches (options after --), the
+# bubble against GPipe's (P-1)/(M+P-1) and each stage's measured and predicted ms per micro-batch.
+# Appends the same to OUT/results.tsv. NVLink multicast stays off unless the caller set the variables.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -65,7 +67,7 @@ forward=(-x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISA
 [ -n "${LD_LIBRARY_PATH:-}" ] && forward+=(-x LD_LIBRARY_PATH)
 
 results=$out/results.tsv
-[ -s "$results" ] || printf 'label\tbackbone\tprecision\tgpus\tsamples_per_s\tper_gpu\tstep_ms\tdata_ms\tforward_ms\tbackward_ms\tcommunication_ms\toptimizer_ms\ttflops_per_gpu\tpeak_gib\tweak_scaling\n' >"$results"
+[ -s "$results" ] || printf 'label\tbackbone\tprecision\tgpus\tsamples_per_s\tper_gpu\tstep_ms\tdata_ms\tforward_ms\tbackward_ms\tcommunication_ms\toptimizer_ms\ttflops_per_gpu\tpeak_gib\tweak_scaling\tpeak_gib_per_rank\tbubble\tgpipe_bubble\tstage_ms\tpredicted_stage_ms\n' >"$results"
 
 status=0
 IFS=, read -r -a backbone_list <<<"$backbones"
@@ -92,18 +94,26 @@ r = [json.loads(l) for l in open(path) if '"kind":"train"' in l][-1]
 t = r["time_ms"]
 per_gpu = r["samples_per_sec"] / gpus
 weak = f"{100 * per_gpu / one:.1f}%" if one > 0 and gpus > 1 else ""
+ranks = ",".join(f"{b / 2**30:.1f}" for b in r.get("peak_memory_bytes_per_rank", []))
+p = r.get("pipeline") or {}
+per_micro = ",".join(f"{ms / p['micro_batches']:.1f}" for ms in p.get("stage_busy_ms", []))
+predicted = ",".join(f"{ms:.1f}" for ms in p.get("predicted_stage_ms", []))
+bubble = [f"{p['bubble']:.3f}", f"{p['gpipe_bubble']:.3f}"] if p else ["", ""]
 print("\t".join([f"{r['samples_per_sec']:.0f}", f"{per_gpu:.0f}", f"{r['step_ms']:.1f}", f"{t['data']:.1f}",
                  f"{t['forward']:.1f}", f"{t['backward']:.1f}", f"{t['communication']:.1f}",
                  f"{t['optimizer']:.1f}", f"{r['backbone_tflops_per_gpu']:.1f}",
-                 f"{r['peak_memory_bytes'] / 2**30:.1f}", weak]))
+                 f"{r['peak_memory_bytes'] / 2**30:.1f}", weak, ranks] + bubble + [per_micro, predicted]))
 PY
 )
       [ "$n" -eq 1 ] && one_gpu=$(cut -f2 <<<"$line")
       printf '%s\t%s\t%s\t%s\t%s\n' "$label" "$backbone" "$precision" "$n" "$line" >>"$results"
-      IFS=$'\t' read -r sps pg step data_ms fwd bwd comm opt tf mem weak <<<"$line"
-      printf '%-11s %-4s %d GPU(s): %6s samples/s (%s per GPU), %s ms/step: data %s, forward %s, backward %s, communication %s, optimizer %s | %s TFLOP/s per GPU | peak %s GiB%s\n' \
-        "$backbone" "$precision" "$n" "$sps" "$pg" "$step" "$data_ms" "$fwd" "$bwd" "$comm" "$opt" "$tf" "$mem" \
-        "${weak:+ | weak scaling $weak}"
+      # Fields may be empty: a separator that is not white space keeps them apart.
+      IFS=$'\037' read -r sps pg step data_ms fwd bwd comm opt tf mem weak ranks bubble gpipe stage_ms predicted \
+        <<<"$(tr '\t' '\037' <<<"$line")"
+      printf '%-11s %-4s %d GPU(s): %6s samples/s (%s per GPU), %s ms/step: data %s, forward %s, backward %s, communication %s, optimizer %s | %s TFLOP/s per GPU | peak %s GiB (ranks: %s)%s%s\n' \
+        "$backbone" "$precision" "$n" "$sps" "$pg" "$step" "$data_ms" "$fwd" "$bwd" "$comm" "$opt" "$tf" "$mem" "$ranks" \
+        "${weak:+ | weak scaling $weak}" \
+        "${bubble:+ | bubble $bubble (GPipe $gpipe), stage ms per micro-batch $stage_ms (predicted ${predicted:-none})}"
     done
   done
 done

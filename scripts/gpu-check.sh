@@ -8,7 +8,10 @@
 # naive, max-classes, loader (JPEG bytes from HDF5), train (scripts/bench-train.sh), checkpoint
 # (save/load GB/s at C = 10M, resume across world sizes), deterministic (bit-for-bit resume with
 # --deterministic), launch (launch/mpirun.sh, one rank per GPU), preempt (SIGUSR1 to
-# launch/mpirun.sh during a checkpoint of several seconds, then a resume) (default: all).
+# launch/mpirun.sh during a checkpoint of several seconds, then a resume), backbones (the training
+# benchmark of insightface's r200, mbf and ViTs), pipeline (2 stages against data parallelism for
+# vit_h and r200 at the same global batch, and the largest batch per replica of each)
+# (default: all).
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX.
 # --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
@@ -19,14 +22,14 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps_args=()
 tests=()
 out=${OUT:-$repo/build/gpu-check}
-only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,train,checkpoint,deterministic,launch,preempt
+only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,train,checkpoint,deterministic,launch,preempt,backbones,pipeline
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --tests) tests=(-R "$2"); shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -252,6 +255,47 @@ if wants preempt; then
   note "preempt: resumed ($(grep -o 'resumed from [^ ]* (step [0-9]*' "$out/preempt.txt" | tail -n 1)), exit $code," \
     "last step $(tail -n 1 "$run/metrics.jsonl" | grep -o '"step":[0-9]*' | cut -d: -f2) of 200"
   [ "$code" -eq 0 ] || status=1
+fi
+if wants backbones; then
+  # insightface's other networks in the benchmark of the speed issue (bf16, 256 images per GPU).
+  two=1; [ "$gpus" -ge 2 ] && two=1,2
+  "$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-backbones" --gpus "$two" --precisions bf16 \
+    --backbones r200,mbf,vit_t,vit_s,vit_b,vit_l,vit_h 2>&1 | tee -a "$summary" || status=1
+fi
+if wants pipeline && [ "$gpus" -ge 2 ]; then
+  # The same global batch of 512 on 2 GPUs: 2 replicas of 256 (P = 1), or one replica of 512 cut
+  # into 2 stages with M = 4, 8 and 16 micro-batches (docs/pipeline.md).
+  bench=("$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-pipeline" --gpus 2 --precisions bf16
+         --backbones vit_h,r200)
+  "${bench[@]}" --batch-size 256 --label "P=1" 2>&1 | tee -a "$summary" || status=1
+  for m in 4 8 16; do
+    "${bench[@]}" --batch-size 512 --label "P=2 M=$m" -- --pipeline-stages 2 --micro-batches "$m" 2>&1 \
+      | tee -a "$summary" || status=1
+  done
+  # The largest batch per replica that trains (a few steps) with P = 1 on one GPU and with P = 2
+  # on two (M = 8): doubling from 256 until a run fails (8192 at most), then halving the gap once.
+  # PIPELINE_LARGEST names the networks (default: vit_h r200).
+  fits() { # NET STAGES BATCH
+    local stages=$1 net=$2 batch=$3
+    local extra=(); [ "$stages" -gt 1 ] && extra=(-- --pipeline-stages "$stages" --micro-batches 8)
+    "$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-largest" --gpus "$stages" --precisions bf16 \
+      --backbones "$net" --steps 4 --batch-size "$batch" --label "largest P=$stages" "${extra[@]}" >/dev/null 2>&1
+  }
+  for net in ${PIPELINE_LARGEST:-vit_h r200}; do
+    for stages in 1 2; do
+      ok=0 bad=256
+      while [ "$bad" -le 8192 ] && fits "$stages" "$net" "$bad"; do ok=$bad; bad=$((bad * 2)); done
+      if [ "$bad" -gt 8192 ]; then
+        note "largest batch per replica, $net, P = $stages: at least $ok (the most tried)"
+        continue
+      fi
+      mid=$(( (ok + bad) / 16 * 8 ))
+      if [ "$mid" -gt "$ok" ] && [ "$mid" -lt "$bad" ]; then
+        if fits "$stages" "$net" "$mid"; then ok=$mid; else bad=$mid; fi
+      fi
+      note "largest batch per replica, $net, P = $stages: $ok trains, $bad does not (bf16, no activation checkpointing)"
+    done
+  done
 fi
 note "gpu-check status: $status"
 exit $status

@@ -355,6 +355,7 @@ double PipelineEngine::gradient_norm(const std::vector<torch::Tensor>& params) {
 }
 
 std::vector<NamedParamState> PipelineEngine::gather_for_save(torch::optim::Optimizer& optimizer) {
+  // Sent through pipe_ itself: a save's traffic is not the step's (take_times).
   std::vector<NamedParamState> gathered;
   if (layout_.stages == 1 || layout_.replica != 0) return gathered;
   const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
@@ -371,7 +372,7 @@ std::vector<NamedParamState> PipelineEngine::gather_for_save(torch::optim::Optim
         mine.emplace(state.param, std::move(state));
       for (const auto& [name, tensor] : whole) {
         if (!in_blocks(backbone_, name, begin, end)) continue;
-        send({tensor.detach().contiguous()}, 0);
+        pipe_->send({tensor.detach().contiguous()}, 0);
         if (!tensor.requires_grad()) continue;
         const auto it = mine.find(name);
         const int64_t step = it == mine.end() ? -1 : it->second.step;
@@ -379,7 +380,7 @@ std::vector<NamedParamState> PipelineEngine::gather_for_save(torch::optim::Optim
         message[0] = torch::full({1}, step, torch::dtype(torch::kInt64).device(device_));
         for (size_t k = 0; it != mine.end() && k < it->second.tensors.size(); ++k)
           message[k + 1] = it->second.tensors[k].second.contiguous();
-        send(message, 0);
+        pipe_->send(message, 0);
       }
       continue;
     }

@@ -88,8 +88,8 @@ std::vector<int64_t> parse_pipeline_split(const std::string& text, int stages, i
   cut.push_back(blocks);
   if (static_cast<int>(cut.size()) != stages + 1) {
     throw UsageError(str_format(
-        "--pipeline-split '{}' gives {} stages, --pipeline-stages is {}: it lists where stages 1 "
-        "... {} start",
+        "--pipeline-split '{}' gives {} stages, --pipeline-stages is {}: it lists the first block "
+        "of every stage but the first, {} number(s)",
         text, cut.size() - 1, stages, stages - 1));
   }
   for (size_t s = 0; s + 1 < cut.size(); ++s) {

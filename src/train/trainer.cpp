@@ -2,12 +2,18 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
+#include <memory>
 #include <optional>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/comm_factory.h"
@@ -143,6 +149,9 @@ class Run {
   PipelineLayout layout_;
   std::unique_ptr<Communicator> stage_comm_;  // with several stages
   std::unique_ptr<PipelineEngine> engine_;
+  // The balancer's forward + backward ms per micro-batch of each stage (when it profiled), which
+  // the pipeline log sets beside the measured ones.
+  std::vector<double> predicted_stage_ms_;
   std::vector<torch::Tensor> params_;  // this stage's trainable parameters
   std::unique_ptr<ShardedMarginSoftmax> classifier_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -369,12 +378,14 @@ std::vector<int64_t> Run::choose_cut() {
     const std::optional<StageCut> best = balance_stages(costs, in_flight, memory);
     MYRIAD_CHECK_COLLECTIVE(
         best.has_value(),
-        "no cut of {}'s {} blocks into {} stages fits in {} per GPU with {} micro-batches in "
-        "flight: use more stages, more micro-batches, or --activation-checkpointing",
-        c_.backbone, blocks, stages, format_bytes(memory), c_.micro_batches);
+        "no cut of {}'s {} blocks into {} stages fits in {} per GPU, with the activations of all "
+        "{} micro-batches of {} samples held: use more stages, a smaller --batch-size, or "
+        "--activation-checkpointing",
+        c_.backbone, blocks, stages, format_bytes(memory), c_.micro_batches, micro_batch);
     cut = best->cut;
   }
   const StageCut chosen = evaluate_cut(costs, cut, in_flight);
+  for (const double seconds : chosen.stage_seconds) predicted_stage_ms_.push_back(1e3 * seconds);
   if (c_.pipeline_profile) {
     for (int64_t b = 0; b < blocks; ++b) {
       log_info("block {} {}: {:.2f} ms forward+backward, {} activations, {} state", b,
@@ -489,7 +500,9 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
   // The backbone's rate per GPU, counted as 2 x multiply-adds and training as 3 x forward.
   const double tflops = 6.0 * static_cast<double>(backbone_->multiply_adds()) * samples_per_sec /
                         context_.size() / 1e12;
-  const int64_t memory = peak_device_memory(device_);
+  // Every rank's peak: a pipeline's stages hold different blocks, so rank 0's says little.
+  const std::vector<int64_t> peaks = comm_.all_gather_counts(peak_device_memory(device_));
+  const int64_t memory = *std::max_element(peaks.begin(), peaks.end());
   log_info(
       "step {}/{} epoch {} loss {:.4f} lr {:.4g} | {:.1f} samples/s | {:.1f} ms/step: data {:.1f}, "
       "forward "
@@ -498,7 +511,9 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
       step + 1, total_steps_, epoch, loss_value, lr, samples_per_sec, step_ms, data_ms,
       phases["forward"], phases["backward"], phases["communication"], 100.0 * hidden,
       sync.all_reduce_ms, phases["optimizer"], tflops,
-      memory > 0 ? " | peak memory " + format_bytes(static_cast<double>(memory)) : "",
+      memory > 0 ? " | peak memory " + format_bytes(static_cast<double>(memory)) +
+                       (peaks.size() > 1 ? " (the most of any rank)" : "")
+                 : "",
       duration_text(eta));
   const nlohmann::json pipeline = log_pipeline(elapsed / window_steps_);
   metrics_->write({{"kind", "train"},
@@ -519,6 +534,7 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
                    {"backbone_tflops_per_gpu", tflops},
                    {"eta_sec", eta},
                    {"peak_memory_bytes", memory},
+                   {"peak_memory_bytes_per_rank", peaks},
                    {"pipeline", pipeline},
                    {"elapsed_sec", seconds_between(run_start_, now)}});
   window_start_ = Clock::now();
@@ -538,10 +554,15 @@ nlohmann::json Run::log_pipeline(double step_seconds) {
   all = comms_.mpi().all_gather(all.view({1, 2})).view({layout_.replicas, layout_.stages, 2});
   const torch::Tensor per_stage = all.mean(0);  // over replicas
   std::vector<double> busy_ms;
-  std::string busy_text;
+  std::string busy_text, per_micro_batch_text, predicted_text;
   for (int s = 0; s < layout_.stages; ++s) {
+    const char* separator = s == 0 ? "" : ", ";
     busy_ms.push_back(1e3 * per_stage[s][0].item<double>());
-    busy_text += str_format("{}{:.1f}", s == 0 ? "" : ", ", busy_ms.back());
+    busy_text += str_format("{}{:.1f}", separator, busy_ms.back());
+    per_micro_batch_text +=
+        str_format("{}{:.2f}", separator, busy_ms.back() / layout_.micro_batches);
+    if (!predicted_stage_ms_.empty())
+      predicted_text += str_format("{}{:.2f}", separator, predicted_stage_ms_[s]);
   }
   const double mean_busy = per_stage.select(1, 0).mean().item<double>();
   const double bubble = std::max(0.0, 1.0 - mean_busy / step_seconds);
@@ -549,13 +570,17 @@ nlohmann::json Run::log_pipeline(double step_seconds) {
                        static_cast<double>(layout_.micro_batches + layout_.stages - 1);
   const double bytes = per_stage.select(1, 1).sum().item<double>();
   log_info(
-      "pipeline: {} stage(s) x {} micro-batches, stages busy {} ms of {:.1f} ms per step: bubble "
-      "{:.0f}% (GPipe's (P-1)/(M+P-1) = {:.0f}%), {} sent between stages per replica and step",
-      layout_.stages, layout_.micro_batches, busy_text, 1e3 * step_seconds, 100.0 * bubble,
-      100.0 * ideal, format_bytes(bytes));
-  return {{"stages", layout_.stages}, {"micro_batches", layout_.micro_batches},
-          {"stage_busy_ms", busy_ms}, {"bubble", bubble},
-          {"gpipe_bubble", ideal},    {"bytes_per_step", bytes}};
+      "pipeline: {} stage(s) x {} micro-batches, stages busy {} ms of {:.1f} ms per step ({} ms "
+      "per micro-batch{}): bubble {:.0f}% (GPipe's (P-1)/(M+P-1) = {:.0f}%), {} sent between "
+      "stages per replica and step",
+      layout_.stages, layout_.micro_batches, busy_text, 1e3 * step_seconds, per_micro_batch_text,
+      predicted_text.empty() ? "" : "; predicted " + predicted_text, 100.0 * bubble, 100.0 * ideal,
+      format_bytes(bytes));
+  nlohmann::json record = {{"stages", layout_.stages}, {"micro_batches", layout_.micro_batches},
+                           {"stage_busy_ms", busy_ms}, {"bubble", bubble},
+                           {"gpipe_bubble", ideal},    {"bytes_per_step", bytes}};
+  if (!predicted_stage_ms_.empty()) record["predicted_stage_ms"] = predicted_stage_ms_;
+  return record;
 }
 
 void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {

@@ -1,9 +1,12 @@
 #include "myriad/util/hdf5_file.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include <unistd.h>
 
@@ -274,23 +277,75 @@ torch::Tensor Hdf5File::read_rows(const std::string& name, int64_t begin, int64_
 
 namespace {
 
-// Selects the listed rows (ascending) of a dataset's file space; consecutive rows become one
-// hyperslab each.
-void select_rows(hid_t file_space, const std::vector<int64_t>& dims,
-                 const std::vector<int64_t>& rows, const std::string& where) {
-  MYRIAD_CHECK_HDF5(H5Sselect_none(file_space), "selecting rows of " + where);
-  std::vector<hsize_t> start(dims.size(), 0), extent(dims.begin(), dims.end());
+// The listed rows (ascending, inside [0, dims[0])) as runs of consecutive rows: {first, count}.
+std::vector<std::pair<hsize_t, hsize_t>> row_runs(const std::vector<int64_t>& dims,
+                                                  const std::vector<int64_t>& rows,
+                                                  const std::string& where) {
+  std::vector<std::pair<hsize_t, hsize_t>> runs;
   for (size_t i = 0; i < rows.size();) {
     size_t j = i + 1;
     while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
     MYRIAD_CHECK(rows[i] >= 0 && rows[j - 1] < dims[0] && (i == 0 || rows[i] > rows[i - 1]),
                  "row list for {} must be ascending and inside [0, {})", where, dims[0]);
-    start[0] = static_cast<hsize_t>(rows[i]);
-    extent[0] = static_cast<hsize_t>(j - i);
-    MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space, H5S_SELECT_OR, start.data(), nullptr,
+    runs.emplace_back(static_cast<hsize_t>(rows[i]), static_cast<hsize_t>(j - i));
+    i = j;
+  }
+  return runs;
+}
+
+// Reads the listed rows of `dataset` into `out` (`row_bytes` of memory per row, as
+// `memory_type`). libhdf5 1.10 maps a selection to chunks by visiting every chunk of the
+// selection's bounding box, so one selection of rows far apart in a dataset of small chunks costs
+// time in proportion to the rows between them (minutes for a file that declares 2^40 rows of one
+// row per chunk). Rows whose bounding box holds few chunks are read in one call; otherwise each
+// run of consecutive rows is read on its own, at a cost in proportion to the rows asked for.
+void read_listed_rows(hid_t dataset, hid_t memory_type, const std::vector<int64_t>& dims,
+                      const std::vector<int64_t>& rows, char* out, size_t row_bytes,
+                      const std::string& where) {
+  const std::vector<std::pair<hsize_t, hsize_t>> runs = row_runs(dims, rows, where);
+  hsize_t chunk_rows = static_cast<hsize_t>(dims[0]);
+  Handle plist(H5Dget_create_plist(dataset), H5Pclose);
+  MYRIAD_CHECK_HDF5(plist.get(), "reading the layout of " + where);
+  if (H5Pget_layout(plist.get()) == H5D_CHUNKED) {
+    std::vector<hsize_t> chunk(dims.size());
+    MYRIAD_CHECK_HDF5(H5Pget_chunk(plist.get(), static_cast<int>(chunk.size()), chunk.data()),
+                      "reading the chunks of " + where);
+    chunk_rows = std::max<hsize_t>(chunk[0], 1);
+  }
+  const hsize_t first = runs.front().first, last = runs.back().first + runs.back().second - 1;
+  const bool one_read = last / chunk_rows - first / chunk_rows < 64 * runs.size();
+  std::vector<hsize_t> start(dims.size(), 0), extent(dims.begin(), dims.end());
+  Handle file_space(H5Dget_space(dataset), H5Sclose);
+  MYRIAD_CHECK_HDF5(file_space.get(), "reading the shape of " + where);
+  const auto read = [&](hsize_t rows_read, char* into) {
+    extent[0] = rows_read;
+    Handle memory_space(H5Screate_simple(static_cast<int>(extent.size()), extent.data(), nullptr),
+                        H5Sclose);
+    MYRIAD_CHECK_HDF5(
+        H5Dread(dataset, memory_type, memory_space.get(), file_space.get(), H5P_DEFAULT, into),
+        "reading " + where);
+  };
+  if (one_read) {
+    MYRIAD_CHECK_HDF5(H5Sselect_none(file_space.get()), "selecting rows of " + where);
+    for (const auto& [row, count] : runs) {
+      start[0] = row;
+      extent[0] = count;
+      MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_OR, start.data(), nullptr,
+                                            extent.data(), nullptr),
+                        "selecting rows of " + where);
+    }
+    read(rows.size(), out);
+    return;
+  }
+  size_t done = 0;
+  for (const auto& [row, count] : runs) {
+    start[0] = row;
+    extent[0] = count;
+    MYRIAD_CHECK_HDF5(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr,
                                           extent.data(), nullptr),
                       "selecting rows of " + where);
-    i = j;
+    read(count, out + done * row_bytes);
+    done += count;
   }
 }
 
@@ -311,15 +366,8 @@ torch::Tensor Hdf5File::read_row_list(const std::string& name,
   MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
   check_stored(dataset.get(), bytes, where(name));
   torch::Tensor out = torch::empty(out_shape, type);
-  Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
-  select_rows(file_space.get(), dims, rows, where(name));
-  const std::vector<hsize_t> memory_dims = dims_of(out_shape);
-  Handle memory_space(
-      H5Screate_simple(static_cast<int>(memory_dims.size()), memory_dims.data(), nullptr),
-      H5Sclose);
-  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), native_type(type), memory_space.get(), file_space.get(),
-                            H5P_DEFAULT, out.data_ptr()),
-                    "reading " + where(name));
+  read_listed_rows(dataset.get(), native_type(type), dims, rows, static_cast<char*>(out.data_ptr()),
+                   static_cast<size_t>(bytes) / rows.size(), where(name));
   return out;
 }
 
@@ -461,17 +509,23 @@ std::vector<std::string> Hdf5File::read_bytes_list(const std::string& name,
   Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
   MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
   Handle type(H5Tvlen_create(H5T_NATIVE_UINT8), H5Tclose);
-  Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
-  select_rows(file_space.get(), dims, rows, where(name));
+  std::vector<hvl_t> buffers(rows.size(), hvl_t{0, nullptr});
   const hsize_t extent[1] = {rows.size()};
   Handle memory_space(H5Screate_simple(1, extent, nullptr), H5Sclose);
-  std::vector<hvl_t> buffers(rows.size());
-  MYRIAD_CHECK_HDF5(H5Dread(dataset.get(), type.get(), memory_space.get(), file_space.get(),
-                            H5P_DEFAULT, buffers.data()),
-                    "reading " + where(name));
+  // What libhdf5 allocated is freed however the reads end (rows may take several reads).
+  const auto reclaim = [&] {
+    H5Dvlen_reclaim(type.get(), memory_space.get(), H5P_DEFAULT, buffers.data());
+  };
+  try {
+    read_listed_rows(dataset.get(), type.get(), dims, rows, reinterpret_cast<char*>(buffers.data()),
+                     sizeof(hvl_t), where(name));
+  } catch (...) {
+    reclaim();
+    throw;
+  }
   for (size_t i = 0; i < rows.size(); ++i)
     items[i].assign(static_cast<const char*>(buffers[i].p), buffers[i].len);
-  H5Dvlen_reclaim(type.get(), memory_space.get(), H5P_DEFAULT, buffers.data());
+  reclaim();
   return items;
 }
 

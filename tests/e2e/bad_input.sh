@@ -205,6 +205,18 @@ else
   echo "D16-D18: skipped (no Fashion-MNIST package for make_recordio)"
 fi
 
+# --- pipeline stages and micro-batches ---------------------------------------------------------------
+expect P1 3 "--pipeline-stages 2 does not divide the 3 ranks" $(train --pipeline-stages 2)
+expect P2 2 "--pipeline-stages must be positive" $(train --pipeline-stages 0)
+expect P3 2 "--micro-batches 3 does not divide --batch-size 8" $(train --micro-batches 3)
+expect P4 2 "--micro-batches must be positive" $(train --micro-batches 0)
+expect P5 2 "--pipeline-split '9' gives stage 1 no block: .* within the backbone's 4 blocks" $(train --pipeline-stages 2 --pipeline-split 9)
+expect P6 2 "--pipeline-split '0' gives stage 0 no block" $(train --pipeline-stages 2 --pipeline-split 0)
+expect P7 2 "--pipeline-split '1,2' gives 3 stages, --pipeline-stages is 2" $(train --pipeline-stages 2 --pipeline-split 1,2)
+expect P8 2 "--pipeline-split must be a comma list of block numbers, got 'x'" $(train --pipeline-stages 2 --pipeline-split x)
+expect P9 5 "--pipeline-stages 5: backbone smallcnn has only 4 blocks to cut" $(train --pipeline-stages 5)
+expect P10 2 "no cut of smallcnn's 4 blocks into 2 stages fits in 1.00 KiB per GPU" $(train --pipeline-stages 2 --pipeline-memory 1K)
+
 # --- checkpoints --------------------------------------------------------------------------------
 expect C1 2 "checkpoint.*nowhere.*(missing|incomplete)" $(train --resume "$fix/nowhere")
 expect C2 2 "classifier-00001.h5' is missing" $(train --resume "$fix/ckpt-no-shard/$step")

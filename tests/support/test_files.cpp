@@ -2,14 +2,19 @@
 
 #include <gtest/gtest.h>
 #include <png.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <stdexcept>
 
 #include "myriad/util/error.h"
+#include "myriad/util/remove_tree.h"
 
 namespace myriad::testing {
 
@@ -65,8 +70,25 @@ std::string error_of(const std::function<void()>& work) {
   return "";
 }
 
+namespace {
+
+// One directory per test process, removed when the process exits, so that what the tests write
+// does not pile up in the temporary directory.
+const std::string& temp_directory() {
+  static const std::string* path = [] {
+    auto* made = new std::string(::testing::TempDir() + "/myriad_" + std::to_string(getpid()));
+    MYRIAD_CHECK(mkdir(made->c_str(), 0700) == 0 || errno == EEXIST, "cannot create '{}': {}",
+                 *made, std::strerror(errno));
+    std::atexit([] { remove_tree(temp_directory()); });
+    return made;
+  }();
+  return *path;
+}
+
+}  // namespace
+
 std::string temp_file(const std::string& name) {
-  return ::testing::TempDir() + "/myriad_" + std::to_string(getpid()) + "_" + name;
+  return temp_directory() + "/" + name;
 }
 
 }  // namespace myriad::testing

@@ -22,7 +22,7 @@ std::string random_bytes(size_t n, uint32_t seed);
 // The message of the myriad::Error `work` throws, or "" when it throws none.
 std::string error_of(const std::function<void()>& work);
 
-// A unique path under the test temporary directory.
+// A path in this process's directory under the test temporary directory (removed at exit).
 std::string temp_file(const std::string& name);
 
 }  // namespace myriad::testing
