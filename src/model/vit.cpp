@@ -12,28 +12,24 @@
 namespace myriad {
 
 std::optional<VitConfig> vit_config(const std::string& name) {
-  VitConfig c;
-  if (name == "vit_t") return c;
-  if (name == "vit_s") {
-    c.dim = 512;
-    return c;
-  }
-  if (name == "vit_b") {
-    c.dim = 512;
-    c.depth = 24;
-    return c;
-  }
-  if (name == "vit_l") {
-    c.dim = 768;
-    c.depth = 24;
-    c.drop_path = 0.05;
-    c.mask_ratio = 0.05;
-    return c;
-  }
-  if (name == "vit_h") {
-    c.dim = 1024;
-    c.depth = 48;
-    c.mask_ratio = 0.0;
+  struct Row {
+    const char* name;
+    int64_t dim, depth;
+    double drop_path, mask_ratio;
+  };
+  // arcface_torch's table (vit_l is its vit_l_dp005_mask_005).
+  static constexpr Row kRows[] = {{"vit_t", 256, 12, 0.1, 0.1},
+                                  {"vit_s", 512, 12, 0.1, 0.1},
+                                  {"vit_b", 512, 24, 0.1, 0.1},
+                                  {"vit_l", 768, 24, 0.05, 0.05},
+                                  {"vit_h", 1024, 48, 0.1, 0.0}};
+  for (const Row& row : kRows) {
+    if (name != row.name) continue;
+    VitConfig c;
+    c.dim = row.dim;
+    c.depth = row.depth;
+    c.drop_path = row.drop_path;
+    c.mask_ratio = row.mask_ratio;
     return c;
   }
   return std::nullopt;

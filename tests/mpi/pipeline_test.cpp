@@ -36,6 +36,16 @@ class PipelineTest : public BackendTest {
     return l;
   }
 
+  // The classifier over all ranks, for 16-dimensional embeddings.
+  ShardedMarginSoftmax make_classifier(int64_t classes,
+                                       WeightUpdate update = WeightUpdate::kAccumulateGrad) {
+    ShardedSoftmaxOptions o;
+    o.num_classes = classes;
+    o.embedding_size = 16;
+    o.update = update;
+    return ShardedMarginSoftmax(comm(), o, device());
+  }
+
   std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
     std::vector<torch::Tensor> out;
     for (const torch::Tensor& p : params)
@@ -67,11 +77,7 @@ TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
     const std::vector<torch::Tensor> params = engine.stage_parameters();
     GradientSynchronizer sync(params, environment().comms->create_split(device(), rank(), 0),
                               1 << 20);
-    ShardedSoftmaxOptions o;
-    o.num_classes = 11;
-    o.embedding_size = 16;
-    o.update = WeightUpdate::kAccumulateGrad;
-    ShardedMarginSoftmax classifier(comm(), o, device());
+    ShardedMarginSoftmax classifier = make_classifier(11);
     const torch::Tensor routed =
         engine.route_labels(l.first() ? labels.to(device()) : torch::Tensor());
     const torch::Tensor features = engine.forward(l.first() ? images.to(device()) : torch::Tensor(),
@@ -94,7 +100,8 @@ TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
     const torch::Tensor all = torch::cat(parts);
     const torch::Tensor weight =
         comm().all_gather(classifier.weight(), classifier.partition().sizes()).cpu();
-    const ReferenceResult ref = reference_softmax(all.detach(), labels, weight, o.margin);
+    const ReferenceResult ref =
+        reference_softmax(all.detach(), labels, weight, classifier.options().margin);
     all.backward(ref.grad_features.to(torch::kFloat32));
     EXPECT_LE(relative_error(loss, ref.loss), 1e-5);
 
@@ -123,14 +130,17 @@ TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
 }
 
 // Micro-batches are gradient accumulation: on a backbone without batch statistics (batch norm
-// in eval mode) four micro-batches give the gradients of one batch, summed over replicas once.
+// in eval mode), three SGD steps of four micro-batches each give the losses and parameters of
+// three steps of one batch (a gradient summed over micro-batches more than once, or all-reduced
+// per micro-batch, or scaled by M, would not).
 TEST_P(PipelineTest, MicroBatchesAccumulateTheGradientOfTheBatch) {
-  const int64_t per_rank = 8;
+  const int64_t per_rank = 8, steps = 3;
   torch::manual_seed(9);
-  const torch::Tensor images = torch::randn({per_rank * world(), 1, 16, 16});
-  const torch::Tensor labels = torch::randint(0, 13, {per_rank * world()}, torch::kInt64);
+  const torch::Tensor images = torch::randn({steps, per_rank * world(), 1, 16, 16});
+  const torch::Tensor labels = torch::randint(0, 13, {steps, per_rank * world()}, torch::kInt64);
   const int64_t begin = per_rank * rank();
-  std::vector<std::vector<torch::Tensor>> grads;
+  std::vector<std::vector<double>> losses;
+  std::vector<std::vector<torch::Tensor>> parameters;
   for (const int micro_batches : {1, 4}) {
     auto net = make_net("smallcnn");
     net->eval();  // running statistics: no batch statistics
@@ -138,24 +148,34 @@ TEST_P(PipelineTest, MicroBatchesAccumulateTheGradientOfTheBatch) {
     l.cut = {0, net->num_blocks()};
     PipelineEngine engine(l, *net, nullptr, device(), std::nullopt, 16);
     engine.place_stage();
-    GradientSynchronizer sync(engine.stage_parameters(), environment().comms->create(device()),
-                              4096);
-    ShardedSoftmaxOptions o;
-    o.num_classes = 13;
-    o.embedding_size = 16;
-    o.update = WeightUpdate::kAccumulateGrad;
-    ShardedMarginSoftmax classifier(comm(), o, device());
-    const torch::Tensor features =
-        engine.forward(images.narrow(0, begin, per_rank).to(device()),
-                       torch::arange(begin, begin + per_rank, torch::kInt64).to(device()));
-    classifier.forward(features, labels.narrow(0, begin, per_rank).to(device())).backward();
-    engine.backward(features, sync);
-    sync.finish();
-    grads.emplace_back();
-    for (const torch::Tensor& p : engine.stage_parameters()) grads.back().push_back(p.grad().cpu());
+    const std::vector<torch::Tensor> params = engine.stage_parameters();
+    GradientSynchronizer sync(params, environment().comms->create(device()), 4096);
+    torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+    ShardedMarginSoftmax classifier = make_classifier(13, WeightUpdate::kFused);
+    losses.emplace_back();
+    for (int64_t step = 0; step < steps; ++step) {
+      const torch::Tensor features =
+          engine.forward(images[step].narrow(0, begin, per_rank).to(device()),
+                         torch::arange(begin, begin + per_rank, torch::kInt64).to(device()));
+      const torch::Tensor loss =
+          classifier.forward(features, labels[step].narrow(0, begin, per_rank).to(device()));
+      losses.back().push_back(loss.item<double>());
+      loss.backward();
+      engine.backward(features, sync);
+      sync.finish();
+      optimizer.step();
+      sync.clear_gradients();
+    }
+    parameters.emplace_back();
+    for (const torch::Tensor& p : params) parameters.back().push_back(p.detach().cpu());
+    parameters.back().push_back(classifier.weight().detach().cpu());
   }
-  for (size_t k = 0; k < grads[0].size(); ++k) {
-    EXPECT_LE(relative_error(grads[1][k], grads[0][k]), 1e-5) << "parameter " << k;
+  for (int64_t step = 0; step < steps; ++step) {
+    EXPECT_NEAR(losses[1][step], losses[0][step], 1e-5 * std::abs(losses[0][step]))
+        << "step " << step;
+  }
+  for (size_t k = 0; k < parameters[0].size(); ++k) {
+    EXPECT_LE(relative_error(parameters[1][k], parameters[0][k]), 1e-5) << "parameter " << k;
   }
 }
 
