@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "myriad/data/image_codec.h"
@@ -72,7 +73,11 @@ Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled, int64
   const std::optional<int64_t> classes = file_.int_attribute("/", "num_classes");
   const int64_t max_label =
       labels_.empty() ? -1 : *std::max_element(labels_.begin(), labels_.end());
-  info_.num_classes = classes.value_or(max_label + 1);
+  // Without the attribute the classes are 0 ... the largest label (which must leave room for + 1).
+  MYRIAD_CHECK(classes || max_label < std::numeric_limits<int64_t>::max(),
+               "'{}': label {} is too large, and there is no num_classes attribute", path,
+               max_label);
+  info_.num_classes = classes ? *classes : max_label + 1;
   MYRIAD_CHECK(info_.num_classes > 0 || labels_.empty(), "'{}': num_classes is {}", path,
                info_.num_classes);
   for (size_t i = 0; i < labels_.size(); ++i) {

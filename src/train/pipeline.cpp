@@ -61,6 +61,18 @@ void wait_for(const torch::Device& device) {
   synchronize_device(device);
 }
 
+// Activations go between stages as dense buffers whose order the receiver knows. A channels-last
+// backbone's [N, C, H, W] maps travel as their [N, H, W, C] view, which is dense without a copy
+// (and comes back as a channels-last view), rather than being transposed twice per transfer.
+torch::Tensor to_wire(const Backbone& backbone, const torch::Tensor& x) {
+  if (!x.defined()) return x;
+  return backbone.channels_last() && x.dim() == 4 ? x.permute({0, 2, 3, 1}).contiguous()
+                                                  : x.contiguous();
+}
+torch::Tensor from_wire(const Backbone& backbone, const torch::Tensor& x) {
+  return backbone.channels_last() && x.dim() == 4 ? x.permute({0, 3, 1, 2}) : x;
+}
+
 }  // namespace
 
 std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sample,
@@ -75,8 +87,8 @@ std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sam
   for (auto& [name, tensor] : backbone.state_dict()) homes.emplace(name, tensor.device());
 
   std::vector<BlockCost> costs(static_cast<size_t>(backbone.num_blocks()));
-  Activations in{sample.x.to(device), sample.keys.defined() ? sample.keys.to(device) : sample.keys,
-                 sample.restore};
+  Activations in{backbone.in_layout(sample.x.to(device)),
+                 sample.keys.defined() ? sample.keys.to(device) : sample.keys, sample.restore};
   for (int64_t b = 0; b < backbone.num_blocks(); ++b) {
     move_blocks(backbone, b, b + 1, device);
     const auto run = [&](bool keep_graph) {
@@ -273,7 +285,7 @@ torch::Tensor PipelineEngine::forward(const torch::Tensor& images, const torch::
       // The activations come in the dtype the previous stage computed them in.
       std::vector<torch::Tensor> got = pipe_->recv(
           {torch::ScalarType::Undefined, torch::kInt64, torch::kInt64}, layout_.stage - 1);
-      in = {got[0].requires_grad_(true), got[1], got[2]};
+      in = {from_wire(backbone_, got[0]).requires_grad_(true), got[1], got[2]};
       micro_batches_[m].input = in.x;
     }
     Activations out;
@@ -289,7 +301,7 @@ torch::Tensor PipelineEngine::forward(const torch::Tensor& images, const torch::
       embeddings.push_back(micro_batches_[m].output.detach());
     } else {
       micro_batches_[m].output = out.x;
-      send({out.x.contiguous(), out.keys, out.restore}, layout_.stage + 1);
+      send({to_wire(backbone_, out.x), out.keys, out.restore}, layout_.stage + 1);
     }
   }
   ++steps_;
@@ -314,12 +326,13 @@ void PipelineEngine::backward(const torch::Tensor& embeddings, GradientSynchroni
     MicroBatch& mb = micro_batches_[m];
     const torch::Tensor grad =
         layout_.last() ? grads[m]
-                       : pipe_->recv({torch::ScalarType::Undefined}, layout_.stage + 1)[0];
+                       : from_wire(backbone_, pipe_->recv({torch::ScalarType::Undefined},
+                                                          layout_.stage + 1)[0]);
     sync.begin_pass(m == 0);
     clock_->start();
     torch::autograd::backward({mb.output}, {grad});
     clock_->stop();
-    if (!layout_.first()) send({mb.input.grad()}, layout_.stage - 1);
+    if (!layout_.first()) send({to_wire(backbone_, mb.input.grad())}, layout_.stage - 1);
   }
   micro_batches_.clear();
 }
@@ -332,7 +345,7 @@ torch::Tensor PipelineEngine::infer(const torch::Tensor& images) {
   } else {
     std::vector<torch::Tensor> got = pipe_->recv(
         {torch::ScalarType::Undefined, torch::kInt64, torch::kInt64}, layout_.stage - 1);
-    in = {got[0], got[1], got[2]};
+    in = {from_wire(backbone_, got[0]), got[1], got[2]};
   }
   Activations out;
   {
@@ -341,7 +354,7 @@ torch::Tensor PipelineEngine::infer(const torch::Tensor& images) {
     out = backbone_.forward_blocks(std::move(in), layout_.begin_block(), layout_.end_block());
   }
   if (layout_.last()) return out.x.to(torch::kFloat32);
-  pipe_->send({out.x.contiguous(), out.keys, out.restore}, layout_.stage + 1);
+  pipe_->send({to_wire(backbone_, out.x), out.keys, out.restore}, layout_.stage + 1);
   return torch::empty({0, embedding_size_}, torch::dtype(torch::kFloat32).device(device_));
 }
 

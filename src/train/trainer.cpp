@@ -303,6 +303,9 @@ void Run::build_pipeline() {
                   [&] { init_backbone(*backbone_, c_.init_backbone); });
   }
   backbone_->set_activation_checkpointing(c_.activation_checkpointing);
+  // Before the profile, which must time the layout that trains.
+  backbone_->set_channels_last(c_.channels_last == "on" ||
+                               (c_.channels_last == "auto" && device_.is_cuda()));
   layout_.cut = choose_cut();
   if (layout_.stages > 1) {
     stage_comm_ = comms_.create_split(device_, layout_.stage, layout_.replica);
@@ -314,8 +317,6 @@ void Run::build_pipeline() {
                                                c_.embedding_size);
   }
   engine_->place_stage();
-  backbone_->set_channels_last(c_.channels_last == "on" ||
-                               (c_.channels_last == "auto" && device_.is_cuda()));
   std::vector<torch::Tensor> state;
   for (auto& [name, tensor] : engine_->stage_state()) state.push_back(tensor);
   broadcast_tensors(state, stage_comm());

@@ -83,6 +83,25 @@ for case in "r18 3x32x32" "vit_t 3x18x18"; do
     "$net, 4 ranks with P = 2 against 2 ranks"
 done
 
+# Channels-last maps between stages (sent as their dense NHWC view), and evaluation through the
+# stages: 2 stages against 1 rank, the losses and the evaluation's top-1 and kNN top-1.
+"$bin/myriad-data" synthetic --output "$work/val.h5" --size 96 --num-classes 40 --input-shape 3x32x32 \
+  --log-level warn >/dev/null
+for ranks in 1 2; do
+  train "$ranks" r18 3x32x32 "$work/eval-$ranks" --pipeline-stages "$ranks" --channels-last on \
+    --val-data "$work/val.h5"
+done
+same_losses "$work/eval-1" "$work/eval-2" "r18 channels-last, 2 ranks with P = 2 against 1 rank" 1e-5
+"$py" - "$work/eval-1" "$work/eval-2" <<'PY'
+import sys, json
+evals = [[json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"eval"' in l] for run in sys.argv[1:]]
+assert len(evals[0]) == 1 and len(evals[1]) == 1, evals
+a, b = evals[0][0], evals[1][0]
+assert a["samples"] == b["samples"] == 96, (a, b)
+assert a["top1"] == b["top1"] and a["knn_top1"] == b["knn_top1"], (a, b)
+print(f"evaluation through 2 stages: top-1 {b['top1']:.4f}, kNN top-1 {b['knn_top1']:.4f}, as 1 rank")
+PY
+
 # Resume across P and W: stopped at step 2 of 5 with one layout, resumed with another, against
 # runs of the resumed layout from the start.
 resume() { # WHAT FROM_RANKS FROM_OPTIONS TO_RANKS TO_OPTIONS

@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "myriad/data/hdf5_image_dataset.h"
@@ -102,6 +103,20 @@ TEST(HostileInput, DatasetsDeclaredLargerThanWritten) {
     writer.set_attribute("/", "channels", int64_t{3});
   }
   EXPECT_NE(error_of([&] { Hdf5ImageDataset dataset(path); }).find("image size 4294967312x16"),
+            std::string::npos);
+}
+
+// The largest int64 as a label and no num_classes attribute: counting the classes as the largest
+// label + 1 overflowed (a fuzzing finding, fuzz/regressions/hdf5_dataset/largest-int64-label).
+TEST(HostileInput, ALabelWithNoRoomForOneMoreClass) {
+  const std::string path = temp_file("largest-label.h5");
+  {
+    Hdf5File file(path, Hdf5File::Mode::kCreate);
+    file.write("images", torch::zeros({2, 2, 2, 1}, torch::kUInt8));
+    file.write("labels", torch::tensor({int64_t{0}, std::numeric_limits<int64_t>::max()}));
+  }
+  EXPECT_NE(error_of([&] { Hdf5ImageDataset dataset(path); })
+                .find("label 9223372036854775807 is too large, and there is no num_classes"),
             std::string::npos);
 }
 
