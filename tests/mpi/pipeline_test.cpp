@@ -59,6 +59,7 @@ class PipelineTest : public BackendTest {
 // process running the micro-batches through the whole network: the loss, every stage's
 // gradients, and the batch-norm statistics.
 TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
+  const ExactFloat32 exact;
   for (const std::string name : {"smallcnn", "vit_t"}) {
     SCOPED_TRACE(name);
     const int64_t batch = 8, micro_batches = 4;
@@ -134,6 +135,7 @@ TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
 // three steps of one batch (a gradient summed over micro-batches more than once, or all-reduced
 // per micro-batch, or scaled by M, would not).
 TEST_P(PipelineTest, MicroBatchesAccumulateTheGradientOfTheBatch) {
+  const ExactFloat32 exact;
   const int64_t per_rank = 8, steps = 3;
   torch::manual_seed(9);
   const torch::Tensor images = torch::randn({steps, per_rank * world(), 1, 16, 16});

@@ -40,26 +40,6 @@ class TrainingTest : public BackendTest {
   }
 };
 
-// Plain fp32 on the GPU while it lives: cuDNN convolutions default to TF32, whose 10-bit mantissa
-// puts a GPU gradient ~1e-3 away from the CPU reference.
-class ExactFloat32 {
- public:
-  ExactFloat32()
-      : cudnn_(at::globalContext().allowTF32CuDNN()),
-        cublas_(at::globalContext().allowTF32CuBLAS()) {
-    at::globalContext().setAllowTF32CuDNN(false);
-    at::globalContext().setAllowTF32CuBLAS(false);
-  }
-  ~ExactFloat32() {
-    at::globalContext().setAllowTF32CuDNN(cudnn_);
-    at::globalContext().setAllowTF32CuBLAS(cublas_);
-  }
-
- private:
-  bool cudnn_;
-  bool cublas_;
-};
-
 // One step of backbone + sharded classifier on W ranks, gradients summed by the bucketed
 // synchroniser (tiny buckets, so there are many), against one process running the whole batch
 // through an identical backbone whose batch norm sees the whole batch too. Both layouts; the step
