@@ -76,8 +76,11 @@ if wants tests; then
     if [ "$gpus" -ge 2 ]; then
       ctest --test-dir "$repo/build" -V -j 4 --timeout 300 "${tests[@]}"
     else
-      ctest --test-dir "$repo/build" -V -j 4 --timeout 300 "${tests[@]}" -E '^e2e\.' &&
-        CUDA_VISIBLE_DEVICES= ctest --test-dir "$repo/build" -V -j 4 --timeout 300 "${tests[@]}" -E '^(unit|mpi|fuzz)'
+      local failed=0
+      ctest --test-dir "$repo/build" -V -j 4 --timeout 300 "${tests[@]}" -E '^e2e\.' || failed=1
+      CUDA_VISIBLE_DEVICES= ctest --test-dir "$repo/build" -V -j 4 --timeout 300 "${tests[@]}" \
+        -E '^(unit|mpi|fuzz)' || failed=1
+      return "$failed"
     fi
   }
   if gpu_tests >"$out/ctest.log" 2>&1; then

@@ -90,35 +90,40 @@ TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
     engine.backward(features, sync);
     sync.finish();
 
-    // The reference: the whole network, one process, the same micro-batches.
+    // The reference: the whole network, one process, the same micro-batches, on the same device
+    // (so that what differs is the pipeline, not a GPU's kernels against a CPU's), and the
+    // classifier's loss and gradient in float64.
     auto reference = make_net(name);
+    reference->to(device());
     std::vector<torch::Tensor> parts;
     for (int64_t m = 0; m < micro_batches; ++m) {
       const int64_t size = batch / micro_batches;
-      parts.push_back(
-          reference->forward(images.narrow(0, m * size, size), keys.narrow(0, m * size, size)));
+      parts.push_back(reference->forward(images.narrow(0, m * size, size).to(device()),
+                                         keys.narrow(0, m * size, size).to(device())));
     }
     const torch::Tensor all = torch::cat(parts);
     const torch::Tensor weight =
         comm().all_gather(classifier.weight(), classifier.partition().sizes()).cpu();
     const ReferenceResult ref =
-        reference_softmax(all.detach(), labels, weight, classifier.options().margin);
-    all.backward(ref.grad_features.to(torch::kFloat32));
+        reference_softmax(all.detach().cpu(), labels, weight, classifier.options().margin);
+    all.backward(ref.grad_features.to(all.options()));
     EXPECT_LE(relative_error(loss, ref.loss), 1e-5);
 
     std::vector<torch::Tensor> flat;
     for (const torch::Tensor& p : trainable(reference->parameters()))
-      flat.push_back(p.grad().reshape(-1));
+      flat.push_back(p.grad().reshape(-1).cpu());
     const double scale = torch::cat(flat).norm().item<double>();
     const auto theirs = reference->named_parameters();
     int64_t compared = 0;
     for (const auto& [entry, tensor] : engine.stage_state()) {
       if (tensor.requires_grad()) {
-        EXPECT_LE((tensor.grad().cpu() - theirs[entry].grad()).norm().item<double>(), 1e-5 * scale)
+        EXPECT_LE((tensor.grad().cpu() - theirs[entry].grad().cpu()).norm().item<double>(),
+                  1e-5 * scale)
             << entry;
         ++compared;
       } else if (entry.find("running_mean") != std::string::npos) {
-        EXPECT_TRUE(torch::allclose(tensor.cpu(), reference->named_buffers()[entry], 1e-5, 1e-6))
+        EXPECT_TRUE(
+            torch::allclose(tensor.cpu(), reference->named_buffers()[entry].cpu(), 1e-5, 1e-6))
             << entry;
       }
     }
