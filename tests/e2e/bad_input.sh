@@ -17,7 +17,9 @@ run="$work/run"       # where every case runs and writes; must stay empty
 mkdir -p "$fix" "$run"
 export OMPI_MCA_rmaps_base_oversubscribe=1
 
-# Every rank's exit code goes to $work/codes/RANK (a rank killed by MPI_Abort leaves none).
+# Every rank's exit code goes to $work/codes/RANK (a rank killed by MPI_Abort leaves none), written
+# under another name and renamed: mpirun kills the other ranks' wrappers as soon as one rank fails,
+# possibly between creating the file and writing the code, which left an empty file.
 # With RANK_FILE_LIMIT set, each rank (not mpirun) may write files of that many KiB at most, and
 # gets EFBIG as from a full disk instead of SIGXFSZ.
 cat >"$work/rank-exit.sh" <<'EOF'
@@ -28,7 +30,8 @@ if [ -n "${RANK_FILE_LIMIT:-}" ]; then
 fi
 "$@"
 code=$?
-echo "$code" >"$CODES/${OMPI_COMM_WORLD_RANK:-0}"
+rank=${OMPI_COMM_WORLD_RANK:-0}
+echo "$code" >"$CODES/.$rank" && mv "$CODES/.$rank" "$CODES/$rank"
 exit "$code"
 EOF
 chmod +x "$work/rank-exit.sh"
