@@ -307,10 +307,10 @@ void Communicator::send(const std::vector<torch::Tensor>& tensors, int peer) {
     d[1] = static_cast<int64_t>(t.scalar_type());
     d[2] = t.dim();
     for (int64_t k = 0; k < t.dim() && k < kMaxSignatureDims; ++k) d[3 + k] = t.size(k);
-    const bool well_formed =
-        is_communicable_dtype(t.scalar_type()) && t.device().type() == expected.type() &&
-        (!expected.has_index() || t.device().index() == expected.index()) && t.is_contiguous() &&
-        t.dim() <= kMaxSignatureDims;
+    const bool well_formed = is_communicable_dtype(t.scalar_type()) &&
+                             t.device().type() == expected.type() &&
+                             (!expected.has_index() || t.device().index() == expected.index()) &&
+                             t.is_contiguous() && t.dim() <= kMaxSignatureDims;
     if (!well_formed) mine[1] = 1;
     defined.push_back(t);
   }

@@ -66,14 +66,14 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
       torch::AutoGradMode grad_mode(true);
       std::unique_ptr<AutocastGuard> guard;
       if (autocast >= 0) {
-        guard = std::make_unique<AutocastGuard>(x.device(),
-                                                static_cast<torch::ScalarType>(autocast));
+        guard =
+            std::make_unique<AutocastGuard>(x.device(), static_cast<torch::ScalarType>(autocast));
       }
       recomputing = true;
       try {
-        y = net->forward_block(ctx->saved_data["block"].toInt(),
-                               {x, ctx->saved_data["keys"].toTensor(),
-                                ctx->saved_data["restore"].toTensor()})
+        y = net->forward_block(
+                   ctx->saved_data["block"].toInt(),
+                   {x, ctx->saved_data["keys"].toTensor(), ctx->saved_data["restore"].toTensor()})
                 .x;
       } catch (...) {
         recomputing = false;

@@ -332,9 +332,10 @@ TEST_P(CommunicatorTest, PointToPointMovesTensorsBetweenNeighbours) {
     const int peer = sending ? rank() + 1 : rank() - 1;
     if (peer < 0 || peer >= world()) continue;
     if (sending) {
-      comm().send({torch::full({2, rank() + 1, 3}, rank() + 0.5, options.dtype(torch::kFloat32)),
-                   torch::arange(rank(), rank() + 4, options.dtype(torch::kInt64)), torch::Tensor()},
-                  peer);
+      comm().send(
+          {torch::full({2, rank() + 1, 3}, rank() + 0.5, options.dtype(torch::kFloat32)),
+           torch::arange(rank(), rank() + 4, options.dtype(torch::kInt64)), torch::Tensor()},
+          peer);
     } else {
       const std::vector<torch::Tensor> got =
           comm().recv({torch::kFloat32, torch::kInt64, torch::kInt64}, peer);

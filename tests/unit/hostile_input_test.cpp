@@ -115,8 +115,9 @@ TEST(HostileInput, ALabelWithNoRoomForOneMoreClass) {
     file.write("images", torch::zeros({2, 2, 2, 1}, torch::kUInt8));
     file.write("labels", torch::tensor({int64_t{0}, std::numeric_limits<int64_t>::max()}));
   }
-  EXPECT_NE(error_of([&] { Hdf5ImageDataset dataset(path); })
-                .find("label 9223372036854775807 is too large, and there is no num_classes"),
+  EXPECT_NE(error_of([&] {
+              Hdf5ImageDataset dataset(path);
+            }).find("label 9223372036854775807 is too large, and there is no num_classes"),
             std::string::npos);
 }
 

@@ -27,8 +27,7 @@ class CommFactory {
   // A communicator of its own among the ranks that pass the same `color`, ranked by `key` (a
   // collective call over all ranks): MPI_Comm_split, and for CUDA an NCCL communicator over it by
   // ncclCommInitRank, which every NCCL that myriad supports has (ncclCommSplit needs 2.18).
-  std::unique_ptr<Communicator> create_split(const torch::Device& device, int color,
-                                             int key) const;
+  std::unique_ptr<Communicator> create_split(const torch::Device& device, int color, int key) const;
 
  private:
   const ProcessContext& context_;
