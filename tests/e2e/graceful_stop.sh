@@ -77,8 +77,9 @@ for how in term usr1; do
 done
 
 # The wrapper: it runs mpirun in a session of its own and turns the signal into the stop file, so
-# the result must not depend on whether this mpirun forwards signals.
-steps=400
+# the result must not depend on whether this mpirun forwards signals. The ranks look at the stop
+# file once a second; at 2-3 ms a step, 400 steps once ended before the request was seen.
+steps=3000
 for forward in default none; do
   for signal in USR1 TERM INT; do
     run="$work/wrapped-$signal-$forward"
