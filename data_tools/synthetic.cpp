@@ -22,14 +22,14 @@ namespace myriad {
 int run_synthetic(ProcessContext& context, int argc, char** argv) {
   po::options_description options("synthetic options");
   std::string output, shape_text;
-  int64_t size = 0, classes = 0;
+  int64_t size = 10000, classes = 100;
   int quality = 0;
   uint64_t seed = 0;
   // clang-format off
   options.add_options()
       ("output", po::value(&output)->required(), "HDF5 file to write")
-      ("size", po::value(&size)->default_value(10000), "images")
-      ("num-classes", po::value(&classes)->default_value(100), "classes")
+      ("size", count_option(&size), "images (e.g. 1600K)")
+      ("num-classes", count_option(&classes), "classes (e.g. 100K)")
       ("input-shape", po::value(&shape_text)->default_value("3x112x112"), "CxHxW")
       ("jpeg-quality", po::value(&quality)->default_value(0), "store JPEG bytes of this quality (1-100); 0: raw pixels")
       ("seed", po::value(&seed)->default_value(0), "seed");

@@ -44,7 +44,7 @@ fi
 targets=()
 for h in "${harnesses[@]}"; do targets+=("fuzz-$h"); done
 echo "[fuzz] building ${targets[*]}"
-cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
+cmake --build "$build" -j "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" --target "${targets[@]}"
 
 # Leaks are findings; the only suppressions allowed are for libraries' own globals (none needed
 # so far: fuzz/lsan.supp is empty).

@@ -53,7 +53,7 @@ rank_counts=()
 for n in 1 2 3 4 8; do [ "$n" -le "$gpus" ] && rank_counts+=("$n"); done
 
 start=$(date +%s)
-if ! "$repo/scripts/setup.sh" "${deps_args[@]}" --jobs "$(nproc)" -- \
+if ! "$repo/scripts/setup.sh" "${deps_args[@]}" --jobs "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)" -- \
     -DMYRIAD_MPI_TEST_RANKS="$(IFS=';'; echo "${rank_counts[*]}")" \
     -DMPIEXEC_PREFLAGS="$(IFS=';'; echo "${forward[*]}")" >"$out/build.log" 2>&1; then
   note "BUILD FAILED (build.log)"; tail -n 60 "$out/build.log"; exit 1

@@ -19,7 +19,8 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps_dir=""
 build_dir="$repo/build"
 build_type=Release
-jobs=$(nproc 2>/dev/null || echo 2)
+# All cores, whatever OMP_NUM_THREADS (which nproc honours) a cluster shell sets.
+jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2)
 tests=ON
 extra_cmake=()
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "collective_signature.h"
+#include "myriad/comm/hang_watchdog.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/error.h"
 #include "tensor_rows.h"
@@ -117,6 +118,7 @@ void Communicator::agree(const Call& call) const {
 }
 
 void Communicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  const WaitScope wait("all_reduce", backend(), size_);
   Call call{"all_reduce", tensor};
   call.in_place = true;
   call.op = static_cast<int64_t>(op);
@@ -126,6 +128,7 @@ void Communicator::all_reduce(torch::Tensor& tensor, ReduceOp op) {
 
 torch::Tensor Communicator::gather_rows(const char* name, const torch::Tensor& input,
                                         const std::vector<int64_t>& counts, bool equal) {
+  const WaitScope wait(name, backend(), size_);
   Call call{name, input};
   call.rule = equal ? ShapeRule::kSameShape : ShapeRule::kSameRowShape;
   call.counts = equal ? nullptr : &counts;
@@ -151,6 +154,7 @@ torch::Tensor Communicator::all_gather(const torch::Tensor& input,
 torch::Tensor Communicator::reduce_rows(const char* name, const torch::Tensor& input,
                                         const std::vector<int64_t>& counts, bool equal,
                                         ReduceOp op) {
+  const WaitScope wait(name, backend(), size_);
   Call call{name, input};
   call.op = static_cast<int64_t>(op);
   call.rule = equal ? ShapeRule::kSameShape : ShapeRule::kSameRowShape;
@@ -178,6 +182,7 @@ torch::Tensor Communicator::reduce_scatter(const torch::Tensor& input,
 }
 
 void Communicator::broadcast(torch::Tensor& tensor, int root) {
+  const WaitScope wait("broadcast", backend(), size_);
   Call call{"broadcast", tensor};
   call.in_place = true;
   call.root = root;
@@ -187,6 +192,7 @@ void Communicator::broadcast(torch::Tensor& tensor, int root) {
 
 torch::Tensor Communicator::gather(const torch::Tensor& input, const std::vector<int64_t>& counts,
                                    int root) {
+  const WaitScope wait("gather", backend(), size_);
   Call call{"gather", input};
   call.rule = ShapeRule::kSameRowShape;
   call.counts = &counts;
@@ -203,6 +209,7 @@ torch::Tensor Communicator::gather(const torch::Tensor& input, const std::vector
 
 torch::Tensor Communicator::scatter(const torch::Tensor& input, const std::vector<int64_t>& counts,
                                     int root) {
+  const WaitScope wait("scatter", backend(), size_);
   Call call{"scatter", input};
   call.rule = ShapeRule::kSameRowShape;
   call.counts = &counts;
@@ -220,6 +227,7 @@ torch::Tensor Communicator::scatter(const torch::Tensor& input, const std::vecto
 }
 
 void Communicator::barrier() {
+  const WaitScope wait("barrier", backend(), size_);
   barrier_impl();
 }
 
@@ -292,6 +300,7 @@ std::vector<int64_t> Communicator::agree_with_peer(const std::vector<int64_t>& m
 }
 
 void Communicator::send(const std::vector<torch::Tensor>& tensors, int peer) {
+  const WaitScope wait("send", backend(), 2);
   MYRIAD_CHECK(static_cast<int64_t>(tensors.size()) <= kMaxP2pTensors,
                "send: {} tensors at once, at most {}", tensors.size(), kMaxP2pTensors);
   std::vector<int64_t> mine(kP2pWords, 0);
@@ -320,6 +329,7 @@ void Communicator::send(const std::vector<torch::Tensor>& tensors, int peer) {
 
 std::vector<torch::Tensor> Communicator::recv(const std::vector<torch::ScalarType>& dtypes,
                                               int peer) {
+  const WaitScope wait("recv", backend(), 2);
   MYRIAD_CHECK(static_cast<int64_t>(dtypes.size()) <= kMaxP2pTensors,
                "recv: {} tensors at once, at most {}", dtypes.size(), kMaxP2pTensors);
   std::vector<int64_t> mine(kP2pWords, 0);
@@ -345,6 +355,7 @@ std::vector<torch::Tensor> Communicator::recv(const std::vector<torch::ScalarTyp
 }
 
 std::vector<int64_t> Communicator::all_gather_counts(int64_t local) const {
+  const WaitScope wait("all_gather_counts", "mpi", size_);
   std::vector<int64_t> counts(size_);
   MYRIAD_CHECK_MPI(MPI_Allgather(&local, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, control_));
   return counts;

@@ -5,6 +5,7 @@
 
 #include <exception>
 
+#include "myriad/comm/hang_watchdog.h"
 #include "myriad/util/check_cuda.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/check_nccl.h"
@@ -71,9 +72,13 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, torch::Device device)
   int version = 0;
   ncclGetVersion(&version);
   log_debug("NCCL {} communicator ready on {} ({} ranks)", version, device_.str(), size());
+  // ncclCommAbort may be called from another thread; it releases a host blocked on NCCL's work.
+  watchdog_abort_ =
+      HangWatchdog::instance().register_abort([comm = comm_] { ncclCommAbort(comm); });
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  if (watchdog_abort_ >= 0) HangWatchdog::instance().unregister_abort(watchdog_abort_);
   if (comm_ == nullptr || aborted_) return;
   // While an error unwinds, peers may be gone; destroying would wait for them.
   if (std::uncaught_exceptions() > 0) {
@@ -87,6 +92,8 @@ void NcclCommunicator::check(ncclResult_t rc, const char* expr, const char* file
   if (rc == ncclSuccess) return;
   const std::string detail = std::string(ncclGetErrorString(rc)) + ": " + ncclGetLastError(comm_);
   if (!aborted_) {
+    HangWatchdog::instance().unregister_abort(watchdog_abort_);
+    watchdog_abort_ = -1;
     ncclCommAbort(comm_);
     aborted_ = true;
   }

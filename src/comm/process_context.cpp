@@ -3,6 +3,11 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "myriad/comm/hang_watchdog.h"
 #include "myriad/util/check_cuda.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/error.h"
@@ -11,6 +16,37 @@
 namespace myriad {
 
 namespace {
+
+// "0-2,5" for {0, 1, 2, 5}, with `prefix` before each number.
+std::string ranges_text(const std::vector<int>& sorted, const std::string& prefix) {
+  std::string text;
+  for (size_t i = 0; i < sorted.size();) {
+    size_t j = i;
+    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
+    text += (text.empty() ? "" : ",") + prefix + std::to_string(sorted[i]);
+    if (j > i) text += "-" + std::to_string(sorted[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+// "cpu", "cuda:0-3" or, for devices of several kinds, each one.
+std::string devices_text(const std::vector<std::string>& devices) {
+  std::vector<int> indices;
+  for (const std::string& d : devices) {
+    if (d.rfind("cuda:", 0) != 0) {
+      const bool same = std::all_of(devices.begin(), devices.end(),
+                                    [&](const std::string& other) { return other == d; });
+      if (same) return d;
+      std::string all;
+      for (const std::string& each : devices) all += (all.empty() ? "" : ",") + each;
+      return all;
+    }
+    indices.push_back(std::stoi(d.substr(5)));
+  }
+  std::sort(indices.begin(), indices.end());
+  return ranges_text(indices, "cuda:");
+}
 
 const char* thread_level_name(int level) {
   switch (level) {
@@ -69,6 +105,7 @@ ProcessContext::~ProcessContext() {
 }
 
 bool ProcessContext::all_true(bool local) const {
+  const WaitScope wait("an agreement of all ranks", "mpi", size_);
   int value = local ? 1 : 0;
   int result = 0;
   MYRIAD_CHECK_MPI(MPI_Allreduce(&value, &result, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD));
@@ -76,6 +113,7 @@ bool ProcessContext::all_true(bool local) const {
 }
 
 std::vector<std::string> ProcessContext::all_gather_strings(const std::string& local) const {
+  const WaitScope wait("an exchange of all ranks' results", "mpi", size_);
   const int length = static_cast<int>(local.size());
   std::vector<int> lengths(size_);
   MYRIAD_CHECK_MPI(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD));
@@ -87,6 +125,32 @@ std::vector<std::string> ProcessContext::all_gather_strings(const std::string& l
   std::vector<std::string> strings(size_);
   for (int r = 0; r < size_; ++r) strings[r] = all.substr(displacements[r], lengths[r]);
   return strings;
+}
+
+std::string describe_placement(const std::vector<std::string>& hosts,
+                               const std::vector<std::string>& devices) {
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<std::vector<int>, std::vector<std::string>>> by_host;
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    auto& [ranks, host_devices] = by_host[hosts[r]];
+    if (ranks.empty()) order.push_back(hosts[r]);
+    ranks.push_back(static_cast<int>(r));
+    host_devices.push_back(devices[r]);
+  }
+  std::string text =
+      str_format("{} rank{} on {} host{}:", hosts.size(), hosts.size() == 1 ? "" : "s",
+                 order.size(), order.size() == 1 ? "" : "s");
+  for (size_t h = 0; h < order.size(); ++h) {
+    const auto& [ranks, host_devices] = by_host[order[h]];
+    text += str_format("{} {} rank{} {} on {}", h == 0 ? "" : ",", order[h],
+                       ranks.size() == 1 ? "" : "s", ranges_text(ranks, ""),
+                       devices_text(host_devices));
+  }
+  return text;
+}
+
+std::string ProcessContext::placement(const torch::Device& device) const {
+  return describe_placement(all_gather_strings(hostname_), all_gather_strings(device.str()));
 }
 
 bool ProcessContext::all_ranks_have_gpu() const {

@@ -17,6 +17,7 @@ namespace myriad {
 struct GradientSynchronizer::Bucket {
   std::vector<size_t> params;
   torch::Tensor flat;
+  torch::Tensor wire;  // flat in --grad-comm-dtype, when that is narrower
   int64_t pending = 0;
   bool launched = false;
   double host_ms = 0.0;  // CPU: the all-reduce's duration
@@ -40,9 +41,13 @@ struct GradientSynchronizer::CudaState {};
 #endif
 
 GradientSynchronizer::GradientSynchronizer(std::vector<torch::Tensor> params,
-                                           std::unique_ptr<Communicator> comm, int64_t bucket_bytes)
+                                           std::unique_ptr<Communicator> comm, int64_t bucket_bytes,
+                                           torch::ScalarType wire_dtype)
     : params_(std::move(params)), comm_(std::move(comm)), device_(comm_->device()) {
   MYRIAD_CHECK(bucket_bytes > 0, "the bucket size must be positive");
+  MYRIAD_CHECK(wire_dtype == torch::kFloat32 || wire_dtype == torch::kBFloat16 ||
+                   wire_dtype == torch::kFloat16,
+               "gradients travel as float32, bfloat16 or float16, not {}", wire_dtype);
   // Every rank must bucket the same parameters the same way; one check here lets the buckets'
   // all-reduces skip the per-call agreement.
   uint64_t layout = 0;
@@ -77,6 +82,8 @@ GradientSynchronizer::GradientSynchronizer(std::vector<torch::Tensor> params,
   for (auto& b : buckets_) {
     b->flat.zero_();
     b->pending = static_cast<int64_t>(b->params.size());
+    if (b->flat.scalar_type() == torch::kFloat32 && wire_dtype != torch::kFloat32)
+      b->wire = torch::empty_like(b->flat, b->flat.options().dtype(wire_dtype));
   }
 #ifdef MYRIAD_WITH_CUDA
   if (device_.is_cuda()) cuda_ = std::make_unique<CudaState>(device_);
@@ -125,15 +132,25 @@ void GradientSynchronizer::launch(Bucket& bucket) {
     bucket.ready.block(cuda_->stream);
     c10::cuda::CUDAStreamGuard guard(cuda_->stream);
     bucket.start.record(cuda_->stream);
-    comm_->all_reduce(bucket.flat, ReduceOp::kSum);
+    all_reduce(bucket);
     bucket.done.record(cuda_->stream);
     return;
   }
 #endif
   const auto start = std::chrono::steady_clock::now();
-  comm_->all_reduce(bucket.flat, ReduceOp::kSum);
+  all_reduce(bucket);
   bucket.host_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+void GradientSynchronizer::all_reduce(Bucket& bucket) {
+  if (!bucket.wire.defined()) {
+    comm_->all_reduce(bucket.flat, ReduceOp::kSum);
+    return;
+  }
+  bucket.wire.copy_(bucket.flat);
+  comm_->all_reduce(bucket.wire, ReduceOp::kSum);
+  bucket.flat.copy_(bucket.wire);
 }
 
 void GradientSynchronizer::finish() {

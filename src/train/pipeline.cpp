@@ -358,13 +358,20 @@ torch::Tensor PipelineEngine::infer(const torch::Tensor& images) {
   return torch::empty({0, embedding_size_}, torch::dtype(torch::kFloat32).device(device_));
 }
 
-double PipelineEngine::gradient_norm(const std::vector<torch::Tensor>& params) {
-  torch::Tensor squares = torch::zeros({1}, torch::dtype(torch::kFloat64).device(device_));
-  for (const torch::Tensor& p : params) {
-    if (p.grad().defined()) squares += p.grad().to(torch::kFloat64).square().sum();
-  }
-  if (layout_.stages > 1) pipe_->all_reduce(squares, ReduceOp::kSum);
-  return std::sqrt(squares.item<double>());
+torch::Tensor PipelineEngine::clip_gradient_norm(const std::vector<torch::Tensor>& gradients,
+                                                 double max_norm) {
+  std::vector<torch::Tensor> squares;
+  for (const torch::Tensor& g : gradients)
+    squares.push_back(at::linalg_vector_norm(g, 2, c10::nullopt, false, torch::kFloat64).square());
+  torch::Tensor sum = squares.empty()
+                          ? torch::zeros({1}, torch::dtype(torch::kFloat64).device(device_))
+                          : torch::stack(squares).sum().reshape({1});
+  if (layout_.stages > 1) pipe_->all_reduce(sum, ReduceOp::kSum);
+  const torch::Tensor norm = sum.sqrt();
+  const torch::Tensor factor = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  torch::NoGradGuard no_grad;
+  for (const torch::Tensor& g : gradients) g.mul_(factor.to(g.scalar_type()));
+  return norm;
 }
 
 std::vector<NamedParamState> PipelineEngine::gather_for_save(torch::optim::Optimizer& optimizer) {

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "myriad/util/cli.h"
+#include "myriad/util/device.h"
 #include "myriad/util/error.h"
 
 namespace myriad {
@@ -59,41 +60,42 @@ po::options_description train_options(TrainConfig& c) {
       ("init-classifier", po::value(&c.init_classifier), "start the classifier from this HDF5 file of /weight [C, D] (myriad-ckpt merge-classifier writes one)")
       ("activation-checkpointing", po::bool_switch(&c.activation_checkpointing), "keep only each block's input in forward and recompute it in backward: less memory, about a third more compute")
       ("embedding-size", po::value(&c.embedding_size)->default_value(c.embedding_size), "embedding dimension D")
-      ("dropout", po::value(&c.dropout)->default_value(c.dropout), "dropout before the embedding layer")
+      ("dropout", real_option(&c.dropout), "dropout before the embedding layer")
       ("channels-last", po::value(&c.channels_last)->default_value(c.channels_last), "convolutions in channels-last (NHWC) layout: auto (on GPUs, where cuDNN's NHWC kernels are the fast ones), on or off")
       ("sync-bn", po::bool_switch(&c.sync_bn), "batch norm over the global batch (SyncBN): training does not depend on how the batch is split")
-      ("num-classes", po::value(&c.num_classes)->default_value(0), "classes C (default: the data's num_classes attribute)")
-      ("synthetic-size", po::value(&c.synthetic_size)->default_value(0), "images of --data synthetic (default: 64 per class, at least one epoch of 100 steps)")
-      ("batch-size", po::value(&c.batch_size)->default_value(c.batch_size), "samples per replica and step: per rank with one pipeline stage")
+      ("num-classes", count_option(&c.num_classes), "classes C (default: the data's num_classes attribute)")
+      ("synthetic-size", count_option(&c.synthetic_size), "images of --data synthetic (default: 64 per class, at least one epoch of 100 steps)")
+      ("batch-size", count_option(&c.batch_size), "samples per replica and step: per rank with one pipeline stage")
       ("micro-batches", po::value(&c.micro_batches)->default_value(c.micro_batches), "micro-batches per step: gradient accumulation, and what pipeline stages overlap (must divide --batch-size)")
       ("pipeline-stages", po::value(&c.pipeline_stages)->default_value(c.pipeline_stages), "cut the backbone into this many consecutive stages on neighbouring ranks (must divide the ranks; docs/pipeline.md)")
       ("pipeline-split", po::value(&c.pipeline_split), "the first block of each stage after the first, e.g. 26,52,78 (default: the fastest cut, from a profile of every block)")
       ("pipeline-profile", po::bool_switch(&c.pipeline_profile), "log every block's profiled time and memory, and the cut's predicted stage times (also with one stage)")
       ("pipeline-memory", po::value<std::string>()->default_value("0"), "memory a stage may use per GPU (e.g. 70G; 0: what the device has left after the classifier)")
-      ("epochs", po::value(&c.epochs)->default_value(c.epochs), "passes over the training data")
-      ("max-steps", po::value(&c.max_steps)->default_value(0), "stop after this many steps (0: --epochs decides)")
+      ("epochs", count_option(&c.epochs), "passes over the training data")
+      ("max-steps", count_option(&c.max_steps), "stop after this many steps (0: --epochs decides)")
       ("optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "sgd or adamw, for the backbone and the classifier")
-      ("lr", po::value(&c.lr)->default_value(c.lr), "peak learning rate")
-      ("weight-decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "weight decay")
-      ("momentum", po::value(&c.momentum)->default_value(c.momentum), "SGD momentum")
+      ("lr", real_option(&c.lr), "peak learning rate")
+      ("weight-decay", real_option(&c.weight_decay), "weight decay")
+      ("momentum", real_option(&c.momentum), "SGD momentum")
       ("nesterov", po::bool_switch(&c.nesterov), "Nesterov momentum")
       ("classifier-lr", po::value(&c.classifier_lr)->default_value(0.0), "peak learning rate of the classifier (default: --lr)")
       ("classifier-weight-decay", po::value(&c.classifier_weight_decay)->default_value(-1.0), "classifier weight decay (default: --weight-decay)")
       ("classifier-state-dtype", po::value(&c.classifier_state_dtype)->default_value(c.classifier_state_dtype), "classifier optimizer state: fp32 or bf16")
       ("classifier-workspace", po::value<std::string>()->default_value("2G"), "memory budget of the classifier's chunks (e.g. 512M, 8G)")
       ("lr-schedule", po::value(&c.lr_schedule)->default_value(c.lr_schedule), "poly, cosine or step, after the warmup")
-      ("poly-power", po::value(&c.poly_power)->default_value(c.poly_power), "exponent of the poly schedule")
+      ("poly-power", real_option(&c.poly_power), "exponent of the poly schedule")
       ("lr-steps", po::value<std::string>(), "steps at which the step schedule multiplies the rate by --lr-gamma (e.g. 10000,20000)")
-      ("lr-gamma", po::value(&c.lr_gamma)->default_value(c.lr_gamma), "factor of the step schedule")
-      ("warmup-steps", po::value(&c.warmup_steps)->default_value(c.warmup_steps), "linear warmup from 0 to --lr")
-      ("warmup-epochs", po::value(&c.warmup_epochs)->default_value(0.0), "linear warmup over this many epochs (may be fractional); replaces --warmup-steps")
-      ("precision", po::value(&c.precision)->default_value(c.precision), "fp32, bf16 (autocast) or fp16 (autocast and dynamic loss scaling)")
-      ("sample-rate", po::value(&c.sample_rate)->default_value(c.sample_rate), "Partial FC: fraction of negative classes per step, in (0, 1]")
-      ("grad-clip", po::value(&c.grad_clip)->default_value(0.0), "clip the backbone gradient's global norm to this (0: off)")
+      ("lr-gamma", real_option(&c.lr_gamma), "factor of the step schedule")
+      ("warmup-steps", count_option(&c.warmup_steps), "linear warmup from 0 to --lr")
+      ("warmup-epochs", real_option(&c.warmup_epochs), "linear warmup over this many epochs (may be fractional); replaces --warmup-steps")
+      ("precision", po::value(&c.precision)->default_value(c.precision), "auto (bf16 on GPUs of compute capability 8.0 or later, fp32 on the CPU and older GPUs), fp32, bf16 (autocast) or fp16 (autocast and dynamic loss scaling)")
+      ("sample-rate", real_option(&c.sample_rate), "Partial FC: fraction of negative classes per step, in (0, 1]")
+      ("grad-clip", real_option(&c.grad_clip), "clip the backbone gradient's global norm to this (0: off)")
       ("bucket-size", po::value<std::string>()->default_value("25M"), "gradient all-reduce bucket size (bytes, e.g. 25M)")
-      ("log-every", po::value(&c.log_every)->default_value(c.log_every), "log and record metrics every this many steps")
-      ("eval-every", po::value(&c.eval_every)->default_value(0), "evaluate every this many steps (0: at the end only)")
-      ("eval-batch-size", po::value(&c.eval_batch_size)->default_value(c.eval_batch_size), "samples per rank and evaluation batch")
+      ("grad-comm-dtype", po::value(&c.grad_comm_dtype)->default_value(c.grad_comm_dtype), "dtype of the gradient all-reduce: fp32, or bf16/fp16 to halve the bytes on slow links between hosts (summed in that dtype, then cast back)")
+      ("log-every", count_option(&c.log_every), "log and record metrics every this many steps")
+      ("eval-every", count_option(&c.eval_every), "evaluate every this many steps (0: at the end only)")
+      ("eval-batch-size", count_option(&c.eval_batch_size), "samples per rank and evaluation batch")
       ("seed", po::value(&c.seed)->default_value(0), "seed of initialisation, sampling and augmentation")
       ("deterministic", po::bool_switch(&c.deterministic), "deterministic cuDNN and cuBLAS: a run repeats bit for bit on the same GPUs and ranks (slower)")
       ("threads", po::value(&c.threads)->default_value(0), "CPU threads per rank for LibTorch (0: cores over ranks on the node)")
@@ -102,10 +104,11 @@ po::options_description train_options(TrainConfig& c) {
       ("no-flip", po::bool_switch(), "no random horizontal flip")
       ("device", po::value(&c.device)->default_value(c.device), "auto, cpu or cuda")
       ("checkpoint-dir", po::value(&c.checkpoint_dir), "where checkpoints go (default: RUN_DIR/checkpoints)")
-      ("checkpoint-every", po::value(&c.checkpoint_every)->default_value(0), "write a checkpoint every this many steps, and at the end (0: only when stopped by a signal)")
+      ("checkpoint-every", count_option(&c.checkpoint_every), "write a checkpoint every this many steps, and at the end (0: only when stopped by a signal)")
       ("checkpoint-keep", po::value(&c.checkpoint_keep)->default_value(c.checkpoint_keep), "how many checkpoints to keep")
       ("resume", po::value(&c.resume)->default_value(c.resume), "none, auto (the newest valid checkpoint of --checkpoint-dir; fresh when there is none) or a checkpoint directory")
-      ("stop-at-step", po::value(&c.stop_at_step)->default_value(0), "checkpoint and exit (code 75) after this step, as a signal would (0: off)");
+      ("stop-at-step", count_option(&c.stop_at_step), "checkpoint and exit (code 75) after this step, as a signal would (0: off)")
+      ("hang-timeout", real_option(&c.hang_timeout), "seconds a rank may wait on the others in one collective, or go without starting a step, before it logs what it waited for and aborts the whole job (0: off; docs/multi-node.md)");
   // clang-format on
   add_margin_options(options);
   return options;
@@ -160,8 +163,8 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(c.warmup_epochs >= 0.0, "--warmup-epochs must not be negative");
   require(c.warmup_epochs == 0.0 || c.warmup_steps == 0,
           "--warmup-epochs and --warmup-steps exclude each other");
-  require(one_of(c.precision, {"fp32", "bf16", "fp16"}),
-          str_format("--precision must be fp32, bf16 or fp16, got '{}'", c.precision));
+  require(one_of(c.precision, {"auto", "fp32", "bf16", "fp16"}),
+          str_format("--precision must be auto, fp32, bf16 or fp16, got '{}'", c.precision));
   require(c.sample_rate > 0.0 && c.sample_rate <= 1.0, "--sample-rate must be in (0, 1]");
   require(c.grad_clip >= 0.0, "--grad-clip must not be negative");
   require(c.bucket_bytes > 0, "--bucket-size must be positive");
@@ -177,6 +180,9 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(c.checkpoint_keep > 0, "--checkpoint-keep must be positive");
   require(!c.resume.empty(), "--resume must be none, auto or a checkpoint directory");
   require(c.stop_at_step >= 0, "--stop-at-step must not be negative");
+  require(c.hang_timeout >= 0, "--hang-timeout must not be negative");
+  require(one_of(c.grad_comm_dtype, {"fp32", "bf16", "fp16"}),
+          str_format("--grad-comm-dtype must be fp32, bf16 or fp16, got '{}'", c.grad_comm_dtype));
 }
 
 std::string config_as_ini(const po::variables_map& values) {
@@ -223,6 +229,11 @@ TrainConfig train_config_from_ini(const std::string& ini, const std::string& wha
     MYRIAD_THROW("{}: a configuration myriad cannot read: {}", what, e.message());
   }
   return config;
+}
+
+std::string resolve_precision(const std::string& precision, const torch::Device& device) {
+  if (precision != "auto") return precision;
+  return has_fast_bfloat16(device) ? "bf16" : "fp32";
 }
 
 BackboneOptions backbone_options(const TrainConfig& config) {

@@ -17,6 +17,7 @@
 
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/comm_factory.h"
+#include "myriad/comm/hang_watchdog.h"
 #include "myriad/comm/process_context.h"
 #include "myriad/data/data_loader.h"
 #include "myriad/data/hdf5_image_dataset.h"
@@ -38,6 +39,7 @@
 #include "myriad/util/log.h"
 #include "myriad/util/phase_timer.h"
 #include "myriad/util/remove_tree.h"
+#include "myriad/util/run_lock.h"
 #include "myriad/util/stop_signal.h"
 
 namespace myriad {
@@ -95,9 +97,7 @@ ShardedSoftmaxOptions classifier_options(const TrainConfig& c, int64_t classes) 
   o.num_classes = classes;
   o.embedding_size = c.embedding_size;
   o.margin = c.margin;
-  o.gemm_dtype = c.precision == "bf16"   ? torch::kBFloat16
-                 : c.precision == "fp16" ? torch::kFloat16
-                                         : torch::kFloat32;
+  o.gemm_dtype = parse_float_dtype(c.precision);
   o.workspace_bytes = c.classifier_workspace;
   o.sample_rate = c.sample_rate;
   o.seed = c.seed;
@@ -108,7 +108,7 @@ ShardedSoftmaxOptions classifier_options(const TrainConfig& c, int64_t classes) 
   o.optimizer.weight_decay = c.classifier_weight_decay;
   o.optimizer.momentum = c.momentum;
   o.optimizer.nesterov = c.nesterov;
-  o.optimizer.state_dtype = c.classifier_state_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  o.optimizer.state_dtype = parse_float_dtype(c.classifier_state_dtype);
   return o;
 }
 
@@ -137,10 +137,12 @@ class Run {
   Communicator& stage_comm() { return stage_comm_ ? *stage_comm_ : comm_; }
 
   ProcessContext& context_;
-  const TrainConfig& c_;
+  TrainConfig c_;  // as given, with --precision resolved for the device
   torch::Device device_;
   CommFactory comms_;
   Communicator& comm_;
+  // Rank 0's, from before the resume reads a checkpoint until everything else is gone.
+  std::optional<RunLock> lock_;
   std::shared_ptr<const ImageSource> data_;
   std::shared_ptr<const ImageSource> val_;
   std::vector<std::pair<std::shared_ptr<const ImageSource>, std::vector<bool>>> pairs_;
@@ -188,11 +190,11 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       timer_(device_, true),
       store_(config.checkpoint_dir),
       stop_file_(default_stop_file(config.run_dir)) {
+  c_.precision = resolve_precision(c_.precision, device_);
   MYRIAD_CHECK_COLLECTIVE(c_.precision != "fp16" || device_.is_cuda(),
                           "--precision fp16 needs GPUs");
   if (c_.deterministic) use_deterministic_algorithms();
-  if (c_.precision != "fp32")
-    autocast_ = c_.precision == "bf16" ? torch::kBFloat16 : torch::kFloat16;
+  if (c_.precision != "fp32") autocast_ = parse_float_dtype(c_.precision);
   layout_ = pipeline_layout(context.size(), context.rank(), c_.pipeline_stages, c_.micro_batches);
   // --batch-size is per replica: a pipeline's stages share their replica's batch.
   const int64_t global_batch = c_.batch_size * layout_.replicas;
@@ -239,7 +241,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   backbone_step_ = dynamic_cast<SkippableStep*>(optimizer_.get());
   // Gradients are summed among the ranks that hold the same stage.
   sync_ = std::make_unique<GradientSynchronizer>(
-      params_, comms_.create_split(device_, layout_.stage, layout_.replica), c_.bucket_bytes);
+      params_, comms_.create_split(device_, layout_.stage, layout_.replica), c_.bucket_bytes,
+      parse_float_dtype(c_.grad_comm_dtype));
 
   sampler_ = std::make_shared<DistributedSampler>(data_->info().size, global_batch,
                                                   layout_.replicas, c_.seed);
@@ -253,6 +256,10 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   schedule_.power = c_.poly_power;
   schedule_.milestones = c_.lr_steps;
   schedule_.gamma = c_.lr_gamma;
+  // One job per run directory: a second one is refused here, before it reads or writes there.
+  on_every_rank(context, "locking the run directory", [&] {
+    if (context.rank() == 0) lock_.emplace(c_.run_dir, c_.checkpoint_dir);
+  });
   resume();
   if (context.rank() == 0 && stop_file_.clear_if_stale())
     log_warn("removed the stop request '{}': it is from before this run", stop_file_.path());
@@ -278,13 +285,16 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
 
   int64_t backbone_params = 0;
   for (const torch::Tensor& p : backbone_->parameters()) backbone_params += p.numel();
+  const std::string placement = context.placement(device_);
   log_info(
-      "myriad-train: {} rank(s) on {}, {} (backbone {}, {:.1f}M parameters, {:.2f}G multiply-adds "
-      "per image, {}, {} gradient buckets), {} classes ({} per rank), {}",
-      context.size(), device_.str(), c_.precision, c_.backbone, backbone_params / 1e6,
-      backbone_->multiply_adds() / 1e9, backbone_->channels_last() ? "channels-last" : "NCHW",
-      sync_->bucket_count(), classes_, classifier_->partition().size(context.rank()),
-      c_.margin.describe());
+      "myriad-train: {}; {}{} (backbone {}, {:.1f}M parameters, {:.2f}G multiply-adds per image, "
+      "{}, "
+      "{} gradient buckets{}), {} classes ({} per rank), {}",
+      placement, c_.precision, config.precision == "auto" ? " (--precision auto)" : "", c_.backbone,
+      backbone_params / 1e6, backbone_->multiply_adds() / 1e9,
+      backbone_->channels_last() ? "channels-last" : "NCHW", sync_->bucket_count(),
+      c_.grad_comm_dtype == "fp32" ? "" : ", all-reduced in " + c_.grad_comm_dtype, classes_,
+      classifier_->partition().size(context.rank()), c_.margin.describe());
   log_info(
       "data {} ({} images {}x{}x{}), global batch {} ({} per {}), {} steps per epoch, {} steps",
       data_->info().name, data_->info().size, data_->info().channels, data_->info().height,
@@ -406,8 +416,9 @@ std::vector<int64_t> Run::choose_cut() {
 void Run::open_outputs() {
   namespace fs = std::filesystem;
   // What this start creates is removed again if the start fails: a refused run leaves nothing.
-  const bool new_run_dir = !fs::exists(c_.run_dir);
-  const bool new_checkpoint_dir = !fs::exists(store_.root());
+  const bool new_run_dir = lock_ && lock_->created_run_dir();
+  const bool new_checkpoint_dir =
+      !fs::exists(store_.root()) || (lock_ && lock_->created_checkpoint_dir());
   try {
     on_every_rank(context_, "opening the run's outputs", [&] {
       if (context_.rank() == 0) {
@@ -465,6 +476,7 @@ void Run::resume() {
 }
 
 void Run::checkpoint(int64_t steps_done, const DataPosition& next) {
+  const LocalWork work("a checkpoint");
   TrainingState state;
   state.backbone = backbone_.get();
   state.optimizer = optimizer_.get();
@@ -586,6 +598,7 @@ nlohmann::json Run::log_pipeline(double step_seconds) {
 
 void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {
   if (!val_ && pairs_.empty()) return;
+  const LocalWork work("an evaluation");
   backbone_->eval();
   EvalSetup setup;
   setup.comm = &comm_;
@@ -625,6 +638,7 @@ TrainResult Run::execute() {
   backbone_->train();
   run_start_ = window_start_ = Clock::now();
   for (int64_t step = start_step_; step < total_steps_; ++step) {
+    HangWatchdog::instance().step_started(step);
     const auto wait_start = Clock::now();
     Batch batch = loader_->next();
     window_data_seconds_ += seconds_between(wait_start, Clock::now());
@@ -661,14 +675,7 @@ TrainResult Run::execute() {
     // any of them is not finite.
     const torch::Tensor overflow =
         fp16 ? scaler_.unscale(sync_->buffers(), comm_) : torch::Tensor();
-    if (c_.grad_clip > 0) {
-      // The norm of the whole backbone's gradient, summed over the stages.
-      const double norm = engine_->gradient_norm(params_);
-      if (norm > c_.grad_clip) {
-        torch::NoGradGuard no_grad;
-        for (const torch::Tensor& p : params_) p.grad().mul_(c_.grad_clip / (norm + 1e-6));
-      }
-    }
+    if (c_.grad_clip > 0) engine_->clip_gradient_norm(sync_->buffers(), c_.grad_clip);
     backbone_step_->step_unless(overflow);
     sync_->clear_gradients();
     timer_.stop();
@@ -718,6 +725,11 @@ TrainResult train(ProcessContext& context, const TrainConfig& config,
                                             context.local_size());
   torch::set_num_threads(threads);
   install_stop_handlers();
+  // From here on a rank that waits on dead peers ends the job, whatever it is doing.
+  HangWatchdog::instance().start(config.hang_timeout);
+  struct StopWatchdog {
+    ~StopWatchdog() { HangWatchdog::instance().stop(); }
+  } stop_watchdog;
   Run run(context, config, config_ini);
   run.open_outputs();
   // Libraries started by the run (CUDA, NCCL, the MPI transports) may install handlers of their

@@ -1,8 +1,12 @@
 #include "myriad/util/cli.h"
 
 #include <cctype>
+#include <cmath>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
+#include <limits>
+#include <sstream>
 
 #include "myriad/util/error.h"
 #include "myriad/util/log.h"
@@ -115,6 +119,48 @@ int64_t parse_byte_size(const std::string& text) {
   throw UsageError(str_format("'{}' is not a byte size (e.g. 4096, 64K, 256M, 2G)", text));
 }
 
+namespace {
+
+// A count with parse_count's suffixes; a malformed one is boost's error naming the option.
+class CountValue : public po::typed_value<int64_t> {
+ public:
+  explicit CountValue(int64_t* store) : po::typed_value<int64_t>(store) {}
+  void xparse(boost::any& value, const std::vector<std::string>& tokens) const override {
+    if (tokens.size() != 1) throw po::invalid_option_value(tokens.empty() ? "" : tokens.back());
+    try {
+      value = parse_count(tokens[0]);
+    } catch (const UsageError&) {
+      throw po::invalid_option_value(tokens[0]);
+    }
+  }
+};
+
+// The shortest decimal that reads back as `value`.
+std::string shortest_text(double value) {
+  if (value == std::floor(value) && std::fabs(value) < 1e15)
+    return std::to_string(static_cast<int64_t>(value));
+  for (int digits = 1; digits < 17; ++digits) {
+    std::ostringstream out;
+    out << std::setprecision(digits) << value;
+    if (std::stod(out.str()) == value) return out.str();
+  }
+  std::ostringstream out;
+  out << std::setprecision(17) << value;
+  return out.str();
+}
+
+}  // namespace
+
+po::typed_value<int64_t>* count_option(int64_t* store) {
+  auto* option = new CountValue(store);
+  option->default_value(*store);
+  return option;
+}
+
+po::typed_value<double>* real_option(double* store) {
+  return po::value(store)->default_value(*store, shortest_text(*store));
+}
+
 int64_t parse_count(const std::string& text) {
   size_t digits = 0;
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
@@ -126,6 +172,10 @@ int64_t parse_count(const std::string& text) {
   if (unit == "G" || unit == "g") multiplier = 1000 * 1000 * 1000;
   if (digits == 0 || multiplier == 0) {
     throw UsageError(str_format("'{}' is not a count (e.g. 1000, 500K, 8M)", text));
+  }
+  const int64_t limit = std::numeric_limits<int64_t>::max() / multiplier;
+  if (digits > 18 || std::stoll(text.substr(0, digits)) > limit) {
+    throw UsageError(str_format("'{}' is too large a count", text));
   }
   return std::stoll(text.substr(0, digits)) * multiplier;
 }

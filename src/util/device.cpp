@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 
+#include "myriad/util/error.h"
+
 #ifdef MYRIAD_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -66,6 +68,26 @@ void release_cached_memory(const torch::Device& device) {
 #ifdef MYRIAD_WITH_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
+}
+
+bool has_fast_bfloat16(const torch::Device& device) {
+#ifdef MYRIAD_WITH_CUDA
+  if (device.is_cuda()) {
+    int major = 0;
+    MYRIAD_CHECK_CUDA(
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device.index()));
+    return major >= 8;
+  }
+#endif
+  (void)device;
+  return false;
+}
+
+torch::ScalarType parse_float_dtype(const std::string& name) {
+  if (name == "fp32" || name == "float32") return torch::kFloat32;
+  if (name == "bf16" || name == "bfloat16") return torch::kBFloat16;
+  if (name == "fp16" || name == "float16") return torch::kFloat16;
+  throw UsageError(str_format("unknown floating-point type '{}' (fp32, bf16, fp16)", name));
 }
 
 void use_deterministic_algorithms() {

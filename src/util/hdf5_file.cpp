@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -12,6 +13,11 @@
 
 #include "myriad/util/check_hdf5.h"
 #include "myriad/util/error.h"
+
+// H5Pset_file_locking came with HDF5 1.10.7 and 1.12.1 (not 1.12.0).
+#if H5_VERSION_GE(1, 12, 1) || (H5_VERS_MAJOR == 1 && H5_VERS_MINOR == 10 && H5_VERS_RELEASE >= 7)
+#define MYRIAD_HDF5_FILE_LOCKING_PROPERTY 1
+#endif
 
 namespace myriad {
 
@@ -28,6 +34,11 @@ std::unique_lock<std::recursive_mutex> hdf5_lock() {
     // file is closed by its Hdf5File, so the clean-up is not needed.
     H5dont_atexit();
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+#ifndef MYRIAD_HDF5_FILE_LOCKING_PROPERTY
+    // The only switch older libraries have (see file_access), read at every open; a value the
+    // user set stays.
+    setenv("HDF5_USE_FILE_LOCKING", "FALSE", 0);
+#endif
   });
   static const bool threadsafe = [] {
     hbool_t safe = 0;
@@ -52,6 +63,25 @@ class Handle {
   hid_t id_;
   herr_t (*close_)(hid_t);
 };
+
+// How every file is opened: without HDF5's file locks. myriad never reads a file that another
+// process writes at the same time (checkpoints are written under a temporary name and renamed
+// into place), so the locks protect nothing, and file systems without lock support (NFS without
+// a lock daemon answers flock() with ENOLCK) would refuse every open. HDF5_USE_FILE_LOCKING in
+// the environment still overrides this. The caller closes the list.
+hid_t file_access() {
+  const hid_t access = H5Pcreate(H5P_FILE_ACCESS);
+  MYRIAD_CHECK(access >= 0, "cannot create an HDF5 file access list: {}",
+               detail::hdf5_error_stack());
+#ifdef MYRIAD_HDF5_FILE_LOCKING_PROPERTY
+  if (H5Pset_file_locking(access, false, true) < 0) {
+    const std::string stack = detail::hdf5_error_stack();
+    H5Pclose(access);
+    MYRIAD_THROW("cannot turn HDF5's file locking off: {}", stack);
+  }
+#endif
+  return access;
+}
 
 hid_t native_type(torch::ScalarType dtype) {
   switch (dtype) {
@@ -120,7 +150,8 @@ std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) {
 Hdf5File::Hdf5File(const std::string& path, Mode mode) : path_(path) {
   auto lock = hdf5_lock();
   if (mode == Mode::kCreate) {
-    file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    const Handle access(file_access(), H5Pclose);
+    file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get());
     MYRIAD_CHECK(file_ >= 0, "cannot create HDF5 file '{}': {}", path, detail::hdf5_error_stack());
     return;
   }
@@ -129,7 +160,8 @@ Hdf5File::Hdf5File(const std::string& path, Mode mode) : path_(path) {
                "'{}' is not {}", path, mode == Mode::kRead ? "readable" : "writable");
   MYRIAD_CHECK(H5Fis_hdf5(path.c_str()) > 0,
                "'{}' is not an HDF5 file (or is truncated or corrupt)", path);
-  file_ = H5Fopen(path.c_str(), mode == Mode::kRead ? H5F_ACC_RDONLY : H5F_ACC_RDWR, H5P_DEFAULT);
+  const Handle access(file_access(), H5Pclose);
+  file_ = H5Fopen(path.c_str(), mode == Mode::kRead ? H5F_ACC_RDONLY : H5F_ACC_RDWR, access.get());
   MYRIAD_CHECK(file_ >= 0, "cannot open HDF5 file '{}': {}", path, detail::hdf5_error_stack());
 }
 

@@ -10,8 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <iterator>
-#include <sstream>
+#include <optional>
+#include <string>
+
+#include "myriad/util/process_info.h"
 
 namespace myriad {
 
@@ -27,19 +29,10 @@ double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// This process's start, in seconds since the epoch: field 22 of /proc/self/stat counts clock
-// ticks since boot, and /proc/stat's btime is the boot.
+// This process's start, in seconds since the epoch: its start in clock ticks since boot, and
+// /proc/stat's btime is the boot.
 double process_start() {
-  std::ifstream stat("/proc/self/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
-  const size_t close = text.rfind(')');
-  std::istringstream fields(close == std::string::npos ? "" : text.substr(close + 2));
-  std::string field;
-  unsigned long long ticks = 0;
-  for (int k = 3; k <= 22 && fields >> field; ++k) {
-    if (k == 22) ticks = std::strtoull(field.c_str(), nullptr, 10);
-  }
+  const std::optional<uint64_t> ticks = process_start_ticks(static_cast<int>(getpid()));
   std::ifstream boot("/proc/stat");
   std::string key;
   long long btime = 0;
@@ -49,11 +42,11 @@ double process_start() {
       break;
     }
   }
-  if (ticks == 0 || btime == 0) {
+  if (!ticks || *ticks == 0 || btime == 0) {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
         .count();
   }
-  return static_cast<double>(btime) + static_cast<double>(ticks) / sysconf(_SC_CLK_TCK);
+  return static_cast<double>(btime) + static_cast<double>(*ticks) / sysconf(_SC_CLK_TCK);
 }
 
 }  // namespace

@@ -163,7 +163,7 @@ train() {
 expect O1 2 "unrecognised option '--bogus'" $(train --bogus)
 expect O2 2 "the argument \('many'\) for option '--log-every' is invalid" $(train --log-every many)
 expect O3 2 "unknown --backbone 'resnet9000'" $(train --backbone resnet9000)
-expect O4 2 "--precision must be fp32, bf16 or fp16, got 'fp8'" $(train --precision fp8)
+expect O4 2 "--precision must be auto, fp32, bf16 or fp16, got 'fp8'" $(train --precision fp8)
 expect O5 2 "cannot open config file '.*/missing.ini'" $(train --config "$fix/missing.ini")
 printf 'batch-size = 8\nwarp-speed = 9\n' >"$fix/unknown-key.ini"
 expect O6 2 "config file '.*unknown-key.ini'.*warp-speed" $(train --config "$fix/unknown-key.ini")
@@ -243,6 +243,7 @@ expect L7 0 "-n 3 is more than the 2 slots of" env -u OMPI_MCA_rmaps_base_oversu
 expect L8 0 "--gpus-per-node must be a positive number, not '0'" "$launch" --gpus-per-node 0 --exe "$bin/myriad-train"
 expect L9 0 "cannot create the stop file '$fix/file/stop'" "$launch" --hostfile "$fix/hosts" --stop-file "$fix/file/stop" --exe "$bin/myriad-train"
 expect L10 0 "not inside a Slurm job" env -u SLURM_JOB_ID bash "$repo/launch/slurm/train.sbatch"
+expect L11 0 "--grace must be a positive number of seconds, not '0'" "$launch" --grace 0 --exe "$bin/myriad-train"
 
 # --- the run time -------------------------------------------------------------------------------
 expect R1 2 "cannot create the run directory '.*/file/run'" "$bin/myriad-train" --data "$fix/good.h5" "${train_args[@]}" --max-steps 2 --run-dir "$fix/file/run"
@@ -266,6 +267,15 @@ ids+=(R4)
 echo "R4: exit $code: $(grep -E "error: " "$work/R4.log")"
 expect R5 2 "--precision fp16 needs GPUs" $(train --precision fp16)
 expect R6 2 "--device cuda was asked for, but not every rank sees a CUDA device" $(train --device cuda)
+# Run directories held by another job: one on another host, alive (a heartbeat just now), and a
+# lock file that names no holder, as fresh.
+mkdir -p "$fix/held" "$fix/garbled"
+printf '{"host":"node-elsewhere","pid":4242,"since":%s}\n' "$(date +%s)" >"$fix/held/LOCK"
+expect R7 2 "the run directory '.*/held' is in use by another job \(host node-elsewhere, pid 4242, since .*; last heartbeat [0-9]+ s ago\)" \
+  $(train --run-dir "$fix/held" --resume auto)
+echo "not a lock record" >"$fix/garbled/LOCK"
+expect R8 2 "the run directory '.*/garbled' is in use by another job \(a lock file that names no holder; last heartbeat" \
+  $(train --run-dir "$fix/garbled")
 
 # The documentation lists exactly these cases.
 documented=$(grep -oE '^\| [A-Z][0-9]+ \|' "$doc" | tr -d '| ' | sort)

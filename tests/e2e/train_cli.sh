@@ -36,7 +36,7 @@ expect_failure() {
   grep -q -- "$pattern" <<<"$output" || { echo "$output"; echo "error does not mention '$pattern'"; exit 1; }
 }
 expect_failure 2 "unrecognised option '--epochz'" --epochz 3
-expect_failure 2 "precision must be fp32, bf16 or fp16" --precision fp8
+expect_failure 2 "precision must be auto, fp32, bf16 or fp16" --precision fp8
 expect_failure 1 "'$work/missing.h5' does not exist" --data "$work/missing.h5" --input-shape 1x16x16
 echo "not hdf5" >"$work/garbage.h5"
 expect_failure 1 "is not an HDF5 file" --data "$work/garbage.h5"

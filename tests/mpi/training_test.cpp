@@ -2,6 +2,7 @@
 // the bucketed synchroniser equal the single-process gradient of the whole batch, SyncBN makes
 // the forward independent of the split, every rank agrees to skip an overflowing step.
 
+#include <cmath>
 #include <limits>
 #include <numeric>
 
@@ -43,7 +44,8 @@ class TrainingTest : public BackendTest {
 // One step of backbone + sharded classifier on W ranks, gradients summed by the bucketed
 // synchroniser (tiny buckets, so there are many), against one process running the whole batch
 // through an identical backbone whose batch norm sees the whole batch too. Both layouts; the step
-// runs twice, so that a gradient added to the previous step's sum would show.
+// runs twice, so that a gradient added to the previous step's sum would show. The gradients also
+// travel compressed (--grad-comm-dtype), within that type's rounding.
 TEST_P(TrainingTest, SummedGradientsEqualTheSingleProcessGradient) {
   const ExactFloat32 exact;
   const std::vector<int64_t> counts = [&] {
@@ -57,13 +59,22 @@ TEST_P(TrainingTest, SummedGradientsEqualTheSingleProcessGradient) {
   const torch::Tensor images = torch::randn({n, 1, 8, 8});
   const torch::Tensor labels = torch::randint(0, 13, {n}, torch::kInt64);
 
-  for (const bool channels_last : {false, true}) {
-    SCOPED_TRACE(channels_last ? "channels-last" : "NCHW");
+  struct Case {
+    bool channels_last;
+    torch::ScalarType wire;
+    double tolerance;  // of the whole gradient's norm
+  };
+  // bf16 keeps 8 bits of mantissa, fp16 11: each rank's part and the sum round once or twice.
+  for (const Case& c : {Case{false, torch::kFloat32, 1e-5}, Case{true, torch::kFloat32, 1e-5},
+                        Case{false, torch::kBFloat16, 1e-2}, Case{false, torch::kFloat16, 2e-3}}) {
+    const bool channels_last = c.channels_last;
+    SCOPED_TRACE(std::string(channels_last ? "channels-last" : "NCHW") + ", gradients sent as " +
+                 c10::toString(c.wire));
     auto net = make_net(17);
     net->set_channels_last(channels_last);
     auto comm_bn = environment().comms->create(device());
     set_batch_norm_sync(*net, comm_bn.get());
-    GradientSynchronizer sync(trainable(*net), environment().comms->create(device()), 256);
+    GradientSynchronizer sync(trainable(*net), environment().comms->create(device()), 256, c.wire);
     EXPECT_GT(sync.bucket_count(), 2);
     ShardedSoftmaxOptions o;
     o.num_classes = 13;
@@ -100,11 +111,17 @@ TEST_P(TrainingTest, SummedGradientsEqualTheSingleProcessGradient) {
     std::vector<torch::Tensor> flat;
     for (const torch::Tensor& p : theirs) flat.push_back(p.grad().reshape(-1));
     const double scale = torch::cat(flat).norm().item<double>();
+    double squared_error = 0.0;
     for (size_t k = 0; k < mine.size(); ++k) {
       const double error = (mine[k].grad().cpu() - theirs[k].grad()).norm().item<double>();
-      EXPECT_LE(error, 1e-5 * scale) << "parameter " << k << " of " << mine.size();
+      squared_error += error * error;
+      EXPECT_LE(error, c.tolerance * scale) << "parameter " << k << " of " << mine.size();
       // The gradient is the parameter's own layout, not a transposed copy.
       EXPECT_EQ(mine[k].grad().strides(), mine[k].strides()) << "parameter " << k;
+    }
+    // A compressed all-reduce really rounds (float32 differs from the reference by far less).
+    if (c.wire != torch::kFloat32) {
+      EXPECT_GT(std::sqrt(squared_error), 1e-6 * scale);
     }
     // Averaging instead of summing would be off by the world size.
     if (world() > 1) {

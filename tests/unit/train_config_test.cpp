@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "myriad/train/lr_schedule.h"
 #include "myriad/train/train_config.h"
@@ -61,10 +62,46 @@ TEST(TrainConfig, BadValuesAreUsageErrors) {
                                                      {"--unknown-option", "1"},
                                                      {"--epochs", "many"},
                                                      {"--device", "tpu"},
-                                                     {"--margin", "arcface", "--m3", "0.1"}};
+                                                     {"--margin", "arcface", "--m3", "0.1"},
+                                                     {"--num-classes", "10X"},
+                                                     {"--max-steps", "99999999999G"},
+                                                     {"--hang-timeout", "-1"},
+                                                     {"--grad-comm-dtype", "int8"}};
   for (const auto& args : bad) {
     EXPECT_THROW(parse(args), UsageError) << args[0];
   }
+}
+
+// Counts take size suffixes in myriad-train as in myriad-bench; a saved configuration keeps the
+// number.
+TEST(TrainConfig, CountsTakeSizeSuffixes) {
+  std::string ini;
+  const TrainConfig c = parse({"--num-classes", "10M", "--batch-size", "1K", "--max-steps", "2k",
+                               "--synthetic-size", "3G", "--checkpoint-every", "500"},
+                              &ini);
+  EXPECT_EQ(c.num_classes, 10000000);
+  EXPECT_EQ(c.batch_size, 1000);
+  EXPECT_EQ(c.max_steps, 2000);
+  EXPECT_EQ(c.synthetic_size, 3000000000);
+  EXPECT_EQ(c.checkpoint_every, 500);
+  EXPECT_NE(ini.find("num-classes = 10000000\n"), std::string::npos) << ini;
+}
+
+// --help shows defaults as a user writes them.
+TEST(TrainConfig, HelpPrintsDefaultsAsWritten) {
+  TrainConfig config;
+  std::ostringstream help;
+  help << train_options(config);
+  for (const char* expected : {"(=0.1)", "(=0.0005)", "(=0.9)", "(=600)", "(=auto)", "(=fp32)"})
+    EXPECT_NE(help.str().find(expected), std::string::npos) << expected << " in\n" << help.str();
+  EXPECT_EQ(help.str().find("0000000"), std::string::npos) << help.str();
+}
+
+TEST(TrainConfig, PrecisionAutoIsFp32OnTheCpu) {
+  EXPECT_EQ(parse({}).precision, "auto");
+  EXPECT_EQ(resolve_precision("auto", torch::kCPU), "fp32");
+  for (const char* given : {"fp32", "bf16", "fp16"})
+    EXPECT_EQ(resolve_precision(given, torch::kCPU), given);
 }
 
 TEST(TrainConfig, EffectiveConfigurationReadsBack) {

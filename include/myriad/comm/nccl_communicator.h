@@ -11,7 +11,8 @@ namespace myriad {
 // CUDA tensors over NCCL, on one GPU per rank. The unique id travels by MPI_Bcast. Every
 // operation is enqueued on LibTorch's current CUDA stream, so it is ordered with the caller's
 // kernels and needs no extra synchronisation. When an NCCL call fails the communicator is
-// aborted (ncclCommAbort), so no rank stays blocked inside NCCL, and an Error is thrown.
+// aborted (ncclCommAbort), so no rank stays blocked inside NCCL, and an Error is thrown. The hang
+// watchdog aborts it too before it ends the job.
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(MPI_Comm comm, torch::Device device);
@@ -46,6 +47,7 @@ class NcclCommunicator final : public Communicator {
   torch::Device device_;
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
+  int watchdog_abort_ = -1;  // HangWatchdog::register_abort's id
 };
 
 }  // namespace myriad

@@ -39,6 +39,9 @@ class ProcessContext {
   bool all_true(bool local) const;
   // Every rank's string, in rank order (a collective call).
   std::vector<std::string> all_gather_strings(const std::string& local) const;
+  // Where every rank runs, for the start-up log: "4 ranks on 2 hosts: a ranks 0-1 on cuda:0-1, b
+  // ranks 2-3 on cuda:0-1" (describe_placement of every rank's host and `device`). Collective.
+  std::string placement(const torch::Device& device) const;
 
  private:
   int rank_ = 0;
@@ -48,6 +51,11 @@ class ProcessContext {
   int thread_level_ = 0;
   std::string hostname_;
 };
+
+// Ranks by host, in order of each host's first rank, with the ranks and devices as ranges:
+// hosts[r] and devices[r] ("cpu", "cuda:1") are rank r's.
+std::string describe_placement(const std::vector<std::string>& hosts,
+                               const std::vector<std::string>& devices);
 
 // Runs `work` on every rank and agrees on the outcome: if it failed on any rank, every rank raises
 // one collective `Raised` naming the first failing rank and its error. For work whose failure may

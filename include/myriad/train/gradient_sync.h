@@ -26,10 +26,15 @@ struct GradientSyncStats {
 // parameter's strides: no copy). clear_gradients() drops those views before the next backward, so
 // that autograd hands each new gradient over instead of adding it to the old sum. On the CPU the
 // all-reduces run inline. Construction checks that every rank registers the same parameters.
+//
+// `wire_dtype` (--grad-comm-dtype) compresses the all-reduce, as arcface_torch's fp16 hook does:
+// a float32 bucket is cast to it, summed in it, and cast back, on the communication stream. It
+// halves the bytes on slow links between hosts at the price of bf16's (or fp16's) rounding of the
+// sum; an fp16 overflow shows as a non-finite gradient, which fp16 training's loss scaler skips.
 class GradientSynchronizer {
  public:
   GradientSynchronizer(std::vector<torch::Tensor> params, std::unique_ptr<Communicator> comm,
-                       int64_t bucket_bytes);
+                       int64_t bucket_bytes, torch::ScalarType wire_dtype = torch::kFloat32);
   ~GradientSynchronizer();
   GradientSynchronizer(const GradientSynchronizer&) = delete;
   GradientSynchronizer& operator=(const GradientSynchronizer&) = delete;
@@ -60,6 +65,8 @@ class GradientSynchronizer {
   torch::Tensor slot_view(size_t param) const;
   void on_gradient(size_t param, const torch::Tensor& grad);
   void launch(Bucket& bucket);
+  // The bucket's sum over ranks, in place, through its wire buffer when it has one.
+  void all_reduce(Bucket& bucket);
 
   std::vector<torch::Tensor> params_;
   std::vector<Slot> slots_;

@@ -97,8 +97,11 @@ class PipelineEngine {
   // evaluation: one batch through every stage, [batch, D] float32 on the last, [0, D] elsewhere.
   torch::Tensor infer(const torch::Tensor& images);
 
-  // The global norm of the backbone's gradient: each stage's `params`, summed over the stages.
-  double gradient_norm(const std::vector<torch::Tensor>& params);
+  // Clips the backbone's gradient to a global 2-norm of at most `max_norm` (as PyTorch's
+  // clip_grad_norm_: a factor min(1, max_norm / (norm + 1e-6))), all on the device: no host
+  // synchronisation. `gradients` hold this stage's gradients (GradientSynchronizer::buffers());
+  // the norm sums over the stages. Returns the norm before clipping, a float64 [1] tensor.
+  torch::Tensor clip_gradient_norm(const std::vector<torch::Tensor>& gradients, double max_norm);
 
   // Before a save, rank 0 (replica 0, stage 0) takes the other stages' parameters, buffers (into
   // its backbone) and optimizer states (returned) from replica 0's ranks; elsewhere nothing

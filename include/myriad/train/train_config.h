@@ -1,5 +1,6 @@
 #pragma once
 
+#include <torch/types.h>
 #include <boost/program_options.hpp>
 
 #include <cstdint>
@@ -51,12 +52,13 @@ struct TrainConfig {
   std::vector<int64_t> lr_steps;
   double lr_gamma = 0.1;
   int64_t warmup_steps = 0;
-  double warmup_epochs = 0.0;  // > 0: warmup_steps from the steps per epoch
-  std::string precision = "fp32";
+  double warmup_epochs = 0.0;      // > 0: warmup_steps from the steps per epoch
+  std::string precision = "auto";  // resolve_precision() makes it fp32, bf16 or fp16
   MarginConfig margin;
   double sample_rate = 1.0;
   double grad_clip = 0.0;
   int64_t bucket_bytes = int64_t{25} << 20;
+  std::string grad_comm_dtype = "fp32";  // of the gradient all-reduce: fp32, bf16 or fp16
   int64_t log_every = 50;
   int64_t eval_every = 0;  // 0: evaluate at the end only
   int64_t eval_batch_size = 256;
@@ -72,6 +74,7 @@ struct TrainConfig {
   int checkpoint_keep = 3;
   std::string resume = "none";
   int64_t stop_at_step = 0;
+  double hang_timeout = 600.0;  // seconds; 0: off
 };
 
 // The options of myriad-train, bound to fields of `config` (margin options included).
@@ -87,6 +90,10 @@ std::string config_as_ini(const boost::program_options::variables_map& values);
 // A configuration saved as config_as_ini wrote it (RUN_DIR/config.ini, a checkpoint's manifest),
 // validated. A bad one is an Error naming `what`.
 TrainConfig train_config_from_ini(const std::string& ini, const std::string& what);
+
+// --precision on `device`: auto is bf16 on GPUs that compute in it at full speed, fp32 elsewhere;
+// anything else stays as given.
+std::string resolve_precision(const std::string& precision, const torch::Device& device);
 
 // The backbone `config` describes.
 BackboneOptions backbone_options(const TrainConfig& config);

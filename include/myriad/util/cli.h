@@ -30,4 +30,12 @@ int64_t parse_byte_size(const std::string& text);
 // "1000000", "1M", "8M", "500K", "1G" (powers of 1000). UsageError otherwise.
 int64_t parse_count(const std::string& text);
 
+// An option of a count bound to `store`, taking parse_count's suffixes: --num-classes 10M. Its
+// default is `store`'s value.
+po::typed_value<int64_t>* count_option(int64_t* store);
+
+// An option of a real number bound to `store`, whose default (`store`'s value) --help prints as
+// written: 0.1, not 0.10000000000000001.
+po::typed_value<double>* real_option(double* store);
+
 }  // namespace myriad

@@ -3,6 +3,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <string>
 
 namespace myriad {
 
@@ -25,6 +26,14 @@ DeviceMemory device_memory(const torch::Device& device);
 
 // Returns the allocator's cached blocks to the device (between benchmark cases).
 void release_cached_memory(const torch::Device& device);
+
+// Whether `device` computes in bfloat16 at full speed: a CUDA GPU of compute capability 8.0
+// (Ampere) or later. False on the CPU, where autocast to bfloat16 is slower than float32.
+bool has_fast_bfloat16(const torch::Device& device);
+
+// The floating-point type an option names: fp32, bf16 or fp16 (or float32, bfloat16, float16);
+// anything else is a UsageError.
+torch::ScalarType parse_float_dtype(const std::string& name);
 
 // Puts cuDNN and cuBLAS in their deterministic modes (no autotuning, fixed cuBLAS workspace) so
 // that a run repeats bit for bit on the same GPUs. Call it before the first GEMM.

@@ -25,13 +25,6 @@ namespace myriad {
 
 namespace {
 
-torch::ScalarType parse_gemm_dtype(const std::string& name) {
-  if (name == "fp32" || name == "float32") return torch::kFloat32;
-  if (name == "bf16" || name == "bfloat16") return torch::kBFloat16;
-  if (name == "fp16" || name == "float16") return torch::kFloat16;
-  throw UsageError(str_format("unknown dtype '{}' (fp32, bf16, fp16)", name));
-}
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -192,13 +185,13 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
   o.num_classes = parse_count(classes_text);
   o.embedding_size = dim;
   o.margin = margin_from_options(values);
-  o.gemm_dtype = parse_gemm_dtype(dtype_name);
+  o.gemm_dtype = parse_float_dtype(dtype_name);
   o.workspace_bytes = parse_byte_size(workspace_text);
   o.sample_rate = sample_rate;
   o.optimizer.lr = 0.1;
   o.optimizer.momentum = 0.9;
   o.optimizer.weight_decay = 5e-4;
-  o.optimizer.state_dtype = parse_gemm_dtype(state_name);
+  o.optimizer.state_dtype = parse_float_dtype(state_name);
   if (o.optimizer.state_dtype == torch::kFloat16)
     throw UsageError("--momentum-dtype must be fp32 or bf16");
 

@@ -80,7 +80,7 @@ int run(ProcessContext& context, int argc, char** argv) {
       ("data", po::value(&o.data)->required(), "HDF5 images (docs/data-format.md), labelled or a verification pairs file")
       ("output", po::value(&o.output)->required(), "HDF5 file to write: /embeddings [N, D] float32, L2-normalised, /indices, and /labels or /issame when the data has them")
       ("flip", po::bool_switch(&o.flip), "add the raw embedding of each image's mirror image before normalising (insightface's flip test)")
-      ("batch-size", po::value(&o.batch_size)->default_value(o.batch_size), "images per rank and batch")
+      ("batch-size", count_option(&o.batch_size), "images per rank and batch")
       ("precision", po::value(&o.precision)->default_value(o.precision), "fp32, bf16 or fp16 (autocast)")
       ("device", po::value(&o.device)->default_value(o.device), "auto, cpu or cuda")
       ("threads", po::value(&o.threads)->default_value(0), "CPU threads per rank for LibTorch (0: cores over ranks on the node)");

@@ -1,0 +1,119 @@
+#include "myriad/train/step_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "myriad/train/train_config.h"
+
+namespace myriad {
+
+namespace {
+
+// Seconds to move `bytes` through a collective of bus factor `factor`; nothing with one rank.
+double collective_seconds(double bytes, double factor, double busbw, double latency) {
+  if (factor <= 0.0 || bytes <= 0.0) return 0.0;
+  return latency + bytes * factor / busbw;
+}
+
+}  // namespace
+
+double all_reduce_bus_factor(int64_t ranks) {
+  return ranks > 1 ? 2.0 * static_cast<double>(ranks - 1) / static_cast<double>(ranks) : 0.0;
+}
+
+double all_gather_bus_factor(int64_t ranks) {
+  return ranks > 1 ? static_cast<double>(ranks - 1) / static_cast<double>(ranks) : 0.0;
+}
+
+StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_classes,
+                     int64_t backbone_params) {
+  StepShape s;
+  s.ranks = ranks;
+  s.batch_per_rank = config.batch_size;
+  s.num_classes = num_classes;
+  s.embedding_size = config.embedding_size;
+  s.sample_rate = config.sample_rate;
+  s.gemm_bytes = config.precision == "fp32" ? 4 : 2;
+  const int64_t states = config.optimizer == "adamw" ? 2 : 1;
+  s.classifier_states = states;
+  s.classifier_state_bytes = config.classifier_state_dtype == "bf16" ? 2 : 4;
+  s.classifier_workspace = config.classifier_workspace;
+  s.backbone_params = backbone_params;
+  s.backbone_states = states;
+  s.grad_comm_bytes = config.grad_comm_dtype == "fp32" ? 4 : 2;
+  s.bucket_bytes = config.bucket_bytes;
+  return s;
+}
+
+StepCost predict_step(const StepShape& s, const StepRates& rates) {
+  StepCost c;
+  const int64_t batch = s.ranks * s.batch_per_rank;
+  const double b = static_cast<double>(batch);
+  const double d = static_cast<double>(s.embedding_size);
+  const double g = static_cast<double>(s.gemm_bytes);
+  const int64_t shard = (s.num_classes + s.ranks - 1) / s.ranks;
+  c.class_rows = std::min<int64_t>(
+      shard, static_cast<int64_t>(std::ceil(static_cast<double>(shard) * s.sample_rate)));
+  const double rows = static_cast<double>(c.class_rows);
+  c.plan = plan_chunks(c.class_rows, batch, s.embedding_size, s.gemm_bytes, s.classifier_workspace);
+  const double passes = c.plan.cache ? 1.0 : 2.0;  // over the rows, and over the logits
+
+  c.classifier_flops = (c.plan.cache ? 3.0 : 4.0) * 2.0 * b * d * rows;
+  const double per_logit = 4.0 * (passes + 2.0) + g;
+  const double per_weight =
+      (4.0 + g) * passes + 8.0 + 8.0 +
+      2.0 * static_cast<double>(s.classifier_states * s.classifier_state_bytes);
+  c.classifier_traffic = rows * b * per_logit + rows * d * per_weight;
+  c.classifier_gemm = c.classifier_flops / rates.gemm_flops;
+  c.classifier_memory = c.classifier_traffic / rates.memory_bandwidth;
+  c.backbone = s.backbone_seconds;
+
+  const double params = static_cast<double>(s.backbone_params);
+  c.grad_all_reduce_bytes = params * static_cast<double>(s.grad_comm_bytes);
+  const double reduce = all_reduce_bus_factor(s.ranks);
+  const double gather = all_gather_bus_factor(s.ranks);
+  // One all-reduce per bucket.
+  const double buckets = std::ceil(c.grad_all_reduce_bytes / static_cast<double>(s.bucket_bytes));
+  c.grad_all_reduce =
+      collective_seconds(c.grad_all_reduce_bytes, reduce, rates.all_reduce_busbw, 0.0) +
+      (reduce > 0.0 ? buckets * rates.collective_latency : 0.0);
+  const double last_bucket =
+      collective_seconds(std::min(c.grad_all_reduce_bytes, static_cast<double>(s.bucket_bytes)),
+                         reduce, rates.all_reduce_busbw, rates.collective_latency);
+  c.exposed_all_reduce = std::max(last_bucket, c.grad_all_reduce - 2.0 / 3.0 * c.backbone);
+  // Forward gathers float32 features and int64 labels; backward reduce-scatters the features'
+  // float32 gradient.
+  c.feature_bytes = b * (4.0 * d + 8.0);
+  c.feature_comm =
+      collective_seconds(c.feature_bytes, gather, rates.all_gather_busbw,
+                         rates.collective_latency) +
+      collective_seconds(b * 4.0 * d, gather, rates.all_gather_busbw, rates.collective_latency);
+  // The per-sample max, then the rescaled sum of exponentials with the target logit.
+  c.stats_bytes = b * 4.0 * 3.0;
+  c.stats_comm =
+      collective_seconds(b * 4.0, reduce, rates.all_reduce_busbw, rates.collective_latency) +
+      collective_seconds(b * 8.0, reduce, rates.all_reduce_busbw, rates.collective_latency);
+  c.step = c.backbone + c.classifier() + c.communication();
+
+  c.classifier_weight_memory = static_cast<double>(shard) * d * 4.0;
+  c.classifier_state_memory = static_cast<double>(shard) * d *
+                              static_cast<double>(s.classifier_states * s.classifier_state_bytes);
+  // What a chunk's rows hold at the peak, as measured (docs/benchmarks.md: 24.9 and 42.0 GiB on
+  // 2 H200s at C = 8M): logits and GEMM rows, and the logits' gradient; plan_chunks budgets the
+  // rows' float32 gradient too, which the fused update never holds for a whole chunk. Then the
+  // gathered features (float32 and GEMM copies), their gradient and the labels.
+  const double per_row = static_cast<double>(
+      chunk_cached_bytes_per_row(batch, s.embedding_size, s.gemm_bytes) + s.gemm_bytes * batch);
+  c.workspace_memory =
+      static_cast<double>(c.plan.chunk_rows) * per_row + b * d * (8.0 + g) + b * 8.0;
+  // Weights and gradients (their buckets) in float32, the optimizer state, and a compressed copy
+  // of the buckets when the all-reduce is narrower than float32.
+  c.backbone_state_memory = params * 4.0 * static_cast<double>(2 + s.backbone_states) +
+                            (s.grad_comm_bytes < 4 ? c.grad_all_reduce_bytes : 0.0);
+  c.activation_memory = s.activation_bytes;
+  c.total_memory = c.classifier_weight_memory + c.classifier_state_memory + c.workspace_memory +
+                   c.backbone_state_memory + c.activation_memory;
+  return c;
+}
+
+}  // namespace myriad
