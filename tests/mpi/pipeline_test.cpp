@@ -177,8 +177,11 @@ TEST_P(PipelineTest, MicroBatchesAccumulateTheGradientOfTheBatch) {
     for (const torch::Tensor& p : params) parameters.back().push_back(p.detach().cpu());
     parameters.back().push_back(classifier.weight().detach().cpu());
   }
+  // The losses pass the parameters' float32 noise through ArcFace's scale of 64: at 3 ranks on
+  // an AMD EPYC the third step's differed by 1.4e-5 relative (the parameters by less than 1e-5).
+  // Accumulating wrongly changes them by 10-60%.
   for (int64_t step = 0; step < steps; ++step) {
-    EXPECT_NEAR(losses[1][step], losses[0][step], 1e-5 * std::abs(losses[0][step]))
+    EXPECT_NEAR(losses[1][step], losses[0][step], 1e-4 * std::abs(losses[0][step]))
         << "step " << step;
   }
   for (size_t k = 0; k < parameters[0].size(); ++k) {

@@ -119,6 +119,11 @@ cluster_up() {
     ip -n "$CLUSTER_SWITCH" link add "port$k" type veth peer name eth0 netns "$ns"
     ip -n "$CLUSTER_SWITCH" link set "port$k" master br0 up
     ip -n "$ns" link set lo up
+    # A connection with data in flight to a host that went silent fails after tcp_retries2
+    # retransmissions: Linux's default 15 takes about 15 minutes, and mpirun then waits that long
+    # for a cut host's daemon after the ranks ended. 5 is about 13 s. Each namespace has its own
+    # value; docs/multi-node.md ("A cut link") gives the cluster setting.
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2=5
     ip -n "$ns" addr add "$subnet.$((k + 1))/24" dev eth0
     ip -n "$ns" link set eth0 up
     # The holder: enters the namespace, takes the host name and the hosts file, and sleeps.
