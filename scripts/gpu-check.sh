@@ -6,7 +6,8 @@
 #
 # LIST is a comma list of: tests, collectives, classifier (the peer's shapes), momentum-bf16,
 # naive, max-classes, loader (JPEG bytes from HDF5), train (scripts/bench-train.sh), checkpoint
-# (save/load GB/s at C = 10M, resume across world sizes), deterministic (bit-for-bit resume with
+# (save/load GB/s at C = 5M per GPU against the disk's raw rate, the cost of asynchronous and
+# synchronous checkpoints to training, resume across world sizes), deterministic (bit-for-bit resume with
 # --deterministic), launch (launch/mpirun.sh, one rank per GPU), preempt (SIGUSR1 to
 # launch/mpirun.sh during a checkpoint of several seconds, then a resume), backbones (the training
 # benchmark of insightface's r200, mbf and ViTs), pipeline (2 stages against data parallelism for
@@ -90,6 +91,14 @@ if wants tests; then
   fi
   grep -aE "Test #|NCCL tests|PASSED  \]|SKIPPED \] [0-9]+ tests" "$out/ctest.log" | sed 's/^[0-9]*: //' \
     | tee -a "$summary"
+  # Asynchronous checkpoints on the GPU: written from pinned buffers on a copy stream, they must
+  # resume to the losses of synchronous ones, bit for bit (--deterministic).
+  if ranks=$(( gpus >= 2 ? 2 : 1 )) device=cuda bash "$repo/tests/e2e/async_checkpoint.sh" "$bin" \
+    "$repo/build/tests/libslow_io_shim.so" --identical-only >"$out/async-checkpoint-gpu.txt" 2>&1; then
+    note "async checkpoints on GPUs: $(grep -E 'resumed from|hold what' "$out/async-checkpoint-gpu.txt" | tr '\n' ' ')"
+  else
+    status=1; note "ASYNC CHECKPOINTS ON GPUS FAILED: $(tail -n 3 "$out/async-checkpoint-gpu.txt")"
+  fi
 fi
 
 if wants collectives; then
@@ -165,16 +174,21 @@ if wants train; then
     --backbones iresnet18,iresnet34,mobilefacenet,smallcnn 2>&1 | tee -a "$summary" || status=1
 fi
 if wants checkpoint; then
-  # Save and load of C = 10M, D = 512 (weight and momentum: 41 GB) with iresnet50, on local disk,
-  # on every GPU of the node.
-  for n in "$gpus"; do
-    [ "$n" -ge 2 ] || continue
-    log="$out/checkpoint-bench-np$n.txt"
-    mpirun -np "$n" --bind-to none "${forward[@]}" "$bin/myriad-bench" checkpoint --dir "${TMPDIR:-/tmp}" \
-      --num-classes 10M --embedding-size 512 >"$log" 2>&1 || status=1
-    note "checkpoint C=10M, $n GPUs:"
-    grep -E "^(size|save|load):|written to|error" "$log" | tee -a "$summary"
-  done
+  # Save and load of C = 5M per GPU, D = 512 (weight and momentum: 20.5 GB a GPU) with iresnet50,
+  # on local disk, with every GPU of the node, against the file system's raw rate.
+  classes="$(( 5 * gpus ))M"
+  log="$out/checkpoint-bench-np$gpus.txt"
+  mpirun -np "$gpus" --bind-to none "${forward[@]}" "$bin/myriad-bench" checkpoint --dir "${TMPDIR:-/tmp}" \
+    --num-classes "$classes" --embedding-size 512 >"$log" 2>&1 || status=1
+  note "checkpoint C=$classes, $gpus GPU(s):"
+  grep -E "^(raw|size|save|load):|published in|error" "$log" | tee -a "$summary"
+  # What checkpoints cost training: iresnet50, bf16, the same C, one every 200 of 1000 steps,
+  # asynchronous and --checkpoint-sync, against none.
+  "$repo/scripts/bench-checkpoint.sh" --bin "$bin" --gpus "$gpus" --num-classes "$classes" --steps 1000 \
+    --every 200 --sync --dir "${TMPDIR:-/tmp}" --out "$out/bench-checkpoint" >"$out/bench-checkpoint.txt" 2>&1 \
+    || status=1
+  note "checkpoint cost (scripts/bench-checkpoint.sh):"
+  tee -a "$summary" <"$out/bench-checkpoint.txt"
   # Resume on another world size: 2 GPUs stopped at step 20, resumed on the node's GPUs (same
   # global batch, SyncBN), against 2 GPUs running through.
   if [ "$gpus" -ge 2 ]; then
@@ -259,7 +273,7 @@ if wants preempt; then
   code=$?
   ended=$(date +%s.%N)
   step=$(sed 's/step-0*//' "$run/checkpoints/LATEST" 2>/dev/null)
-  save=$(grep -o 'checkpoint at step [0-9]* written to .*' "$out/preempt.txt" | tail -n 1 | sed 's|written to [^:]*: ||')
+  save=$(grep -o 'checkpoint at step [0-9]* published in .*' "$out/preempt.txt" | tail -n 1 | sed 's|published in [^:]*: ||')
   note "preempt: SIGUSR1 to launch/mpirun.sh at step ~$(tail -n 1 "$run/metrics.jsonl" | grep -o '"step":[0-9]*' | cut -d: -f2)," \
     "exit $code after $(awk -v a="$signalled" -v b="$ended" 'BEGIN { printf "%.1f", b - a }') s, checkpoint step ${step:-none}; $save"
   [ "$code" -eq 75 ] || status=1

@@ -7,6 +7,7 @@
 #include "myriad/ckpt/checksum.h"
 #include "myriad/util/atomic_output.h"
 #include "myriad/util/error.h"
+#include "myriad/util/fault_point.h"
 #include "myriad/util/log.h"
 #include "myriad/util/remove_tree.h"
 
@@ -77,7 +78,7 @@ std::optional<std::string> CheckpointStore::latest() const {
   return (fs::path(root_) / name).string();
 }
 
-void CheckpointStore::publish(const std::string& temporary, int64_t step, int keep) const {
+void CheckpointStore::publish(const std::string& temporary, int64_t step) const {
   const std::string final_path = directory_for(step);
   const std::string stale = remove_tree(final_path);
   MYRIAD_CHECK(stale.empty(), "cannot replace '{}': {}", final_path, stale);
@@ -85,7 +86,12 @@ void CheckpointStore::publish(const std::string& temporary, int64_t step, int ke
   fs::rename(temporary, final_path, error);
   MYRIAD_CHECK(!error, "cannot rename '{}' to '{}': {}", temporary, final_path, error.message());
   sync_path(root_);
+  fault_point("publish", step);
   write_file_atomically((fs::path(root_) / kLatestFile).string(), step_name(step) + "\n");
+}
+
+void CheckpointStore::prune(int64_t step, int keep) const {
+  const std::string final_path = directory_for(step);
   // The one just published always stays, whatever its step: a run resumed from an older
   // checkpoint publishes below checkpoints it abandoned.
   std::vector<std::string> others = complete();

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "myriad/util/error.h"
+#include "myriad/util/file_io.h"
 
 namespace myriad {
 
@@ -60,6 +62,47 @@ uint32_t file_crc32(const std::string& path, int threads, int64_t block_bytes) {
                             static_cast<z_off_t>(std::min(block_bytes, size - b * block_bytes)));
   }
   return static_cast<uint32_t>(total);
+}
+
+uint32_t crc32_of(const void* data, int64_t bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* at = static_cast<const Bytef*>(data);
+  // zlib counts in 32 bits.
+  for (int64_t done = 0; done < bytes;) {
+    const auto n = static_cast<uInt>(std::min<int64_t>(bytes - done, int64_t{1} << 30));
+    crc = crc32(crc, at + done, n);
+    done += n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+uint32_t file_crc32(const std::string& path, std::vector<CrcRange> ranges) {
+  std::sort(ranges.begin(), ranges.end(),
+            [](const CrcRange& a, const CrcRange& b) { return a.offset < b.offset; });
+  const ReadOnlyFile file(path);
+  const int64_t size = file.size();
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::vector<unsigned char> buffer(1 << 20);
+  // Extends `crc` over [from, to) of the file.
+  const auto read_through = [&](int64_t from, int64_t to) {
+    for (; from < to;) {
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(buffer.size()), to - from);
+      read_at(file.fd(), buffer.data(), n, from, path);
+      crc = crc32(crc, buffer.data(), static_cast<uInt>(n));
+      from += n;
+    }
+  };
+  int64_t position = 0;
+  for (const CrcRange& r : ranges) {
+    MYRIAD_CHECK(r.offset >= position && r.offset + r.bytes <= size,
+                 "'{}': bytes [{}, {}) overlap another range or lie beyond its {} bytes", path,
+                 r.offset, r.offset + r.bytes, size);
+    read_through(position, r.offset);
+    crc = crc32_combine(crc, r.crc, static_cast<z_off_t>(r.bytes));
+    position = r.offset + r.bytes;
+  }
+  read_through(position, size);
+  return static_cast<uint32_t>(crc);
 }
 
 std::string crc32_hex(uint32_t crc) {

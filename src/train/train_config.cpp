@@ -106,6 +106,8 @@ po::options_description train_options(TrainConfig& c) {
       ("checkpoint-dir", po::value(&c.checkpoint_dir), "where checkpoints go (default: RUN_DIR/checkpoints)")
       ("checkpoint-every", count_option(&c.checkpoint_every), "write a checkpoint every this many steps, and at the end (0: only when stopped by a signal)")
       ("checkpoint-keep", po::value(&c.checkpoint_keep)->default_value(c.checkpoint_keep), "how many checkpoints to keep")
+      ("checkpoint-sync", po::bool_switch(&c.checkpoint_sync), "training waits until each checkpoint is on disk (default: a snapshot in host memory, written in the background)")
+      ("checkpoint-host-memory", po::value<std::string>()->default_value("auto"), "host memory per rank for checkpoint snapshots (e.g. 8G); a smaller one streams each checkpoint through it while training waits (auto: one whole snapshot)")
       ("resume", po::value(&c.resume)->default_value(c.resume), "none, auto (the newest valid checkpoint of --checkpoint-dir; fresh when there is none) or a checkpoint directory")
       ("stop-at-step", count_option(&c.stop_at_step), "checkpoint and exit (code 75) after this step, as a signal would (0: off)")
       ("hang-timeout", real_option(&c.hang_timeout), "seconds a rank may wait on the others in one collective, or go without starting a step, before it logs what it waited for and aborts the whole job (0: off; docs/multi-node.md)");
@@ -120,6 +122,13 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   c.classifier_workspace = parse_byte_size(values["classifier-workspace"].as<std::string>());
   c.bucket_bytes = parse_byte_size(values["bucket-size"].as<std::string>());
   c.pipeline_memory = parse_byte_size(values["pipeline-memory"].as<std::string>());
+  if (const std::string memory = values["checkpoint-host-memory"].as<std::string>();
+      memory != "auto") {
+    c.checkpoint_host_memory = parse_byte_size(memory);
+    // Two of the writer's smallest buffers (SnapshotWriter::buffer_bytes).
+    require(c.checkpoint_host_memory >= (int64_t{128} << 10),
+            "--checkpoint-host-memory must be at least 128K");
+  }
   if (values.count("lr-steps") > 0)
     c.lr_steps = parse_step_list(values["lr-steps"].as<std::string>());
   c.random_flip = !values["no-flip"].as<bool>();

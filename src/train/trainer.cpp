@@ -23,6 +23,7 @@
 #include "myriad/data/hdf5_image_dataset.h"
 #include "myriad/data/synthetic_dataset.h"
 #include "myriad/model/batch_norm.h"
+#include "myriad/train/async_checkpoint.h"
 #include "myriad/train/checkpoint_backbone.h"
 #include "myriad/train/gradient_sync.h"
 #include "myriad/train/loss_scaler.h"
@@ -127,6 +128,8 @@ class Run {
   std::vector<int64_t> choose_cut();
   void evaluate(int64_t step, int64_t epoch, TrainResult& result);
   void init_classifier();
+  // The state a checkpoint holds, as of now.
+  TrainingState training_state();
   void resume();
   void checkpoint(int64_t steps_done, const DataPosition& next);
   void log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, double lr);
@@ -170,6 +173,7 @@ class Run {
   PhaseTimer timer_;
   int64_t total_steps_ = 0;
   CheckpointStore store_;
+  std::optional<AsyncCheckpointer> checkpointer_;
   StopFile stop_file_;
   int64_t start_step_ = 0;
   DataPosition start_position_;
@@ -261,6 +265,12 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
     if (context.rank() == 0) lock_.emplace(c_.run_dir, c_.checkpoint_dir);
   });
   resume();
+  CheckpointOptions checkpoints;
+  checkpoints.keep = c_.checkpoint_keep;
+  checkpoints.sync = c_.checkpoint_sync;
+  checkpoints.host_memory = c_.checkpoint_host_memory;
+  checkpointer_.emplace(context_, store_, training_state(), checkpoints,
+                        [this](const nlohmann::json& record) { metrics_->write(record); });
   if (context.rank() == 0 && stop_file_.clear_if_stale())
     log_warn("removed the stop request '{}': it is from before this run", stop_file_.path());
   if (layout_.first()) {
@@ -464,12 +474,18 @@ void Run::init_classifier() {
   log_info("classifier initialised from {}", path);
 }
 
-void Run::resume() {
+TrainingState Run::training_state() {
   TrainingState state;
   state.backbone = backbone_.get();
   state.optimizer = optimizer_.get();
   state.classifier = classifier_.get();
   state.scaler = &scaler_;
+  state.config = config_ini_;
+  return state;
+}
+
+void Run::resume() {
+  TrainingState state = training_state();
   resume_training(context_, c_.resume, store_, state);
   start_step_ = state.step;
   start_position_ = state.position;
@@ -477,17 +493,12 @@ void Run::resume() {
 
 void Run::checkpoint(int64_t steps_done, const DataPosition& next) {
   const LocalWork work("a checkpoint");
-  TrainingState state;
-  state.backbone = backbone_.get();
-  state.optimizer = optimizer_.get();
-  state.classifier = classifier_.get();
-  state.scaler = &scaler_;
+  TrainingState state = training_state();
   state.step = steps_done;
   state.position = next;
-  state.config = config_ini_;
   // The backbone is saved whole: rank 0 takes the other stages' parts first.
   state.other_stage_states = engine_->gather_for_save(*optimizer_);
-  save_checkpoint(context_, store_, state, c_.checkpoint_keep);
+  checkpointer_->save(state);
 }
 
 torch::Tensor Run::sample_keys(const Batch& batch) const {
@@ -639,6 +650,8 @@ TrainResult Run::execute() {
   run_start_ = window_start_ = Clock::now();
   for (int64_t step = start_step_; step < total_steps_; ++step) {
     HangWatchdog::instance().step_started(step);
+    // A checkpoint's copy of the backbone is done before this step changes it.
+    checkpointer_->order_before_step();
     const auto wait_start = Clock::now();
     Batch batch = loader_->next();
     window_data_seconds_ += seconds_between(wait_start, Clock::now());
@@ -664,6 +677,8 @@ TrainResult Run::execute() {
         layout_.last() ? labels : torch::empty({0}, torch::dtype(torch::kInt64).device(device_)));
 
     timer_.mark("backward");
+    // The classifier's backward updates its rows: not before a checkpoint has copied them.
+    checkpointer_->order_before_backward();
     // The classifier's backward gives the embeddings' gradient; the backbone's follows,
     // micro-batch by micro-batch, its gradients summed over them and (in the last) over replicas.
     (fp16 ? loss * scaler_.scale() : loss).backward();
@@ -695,9 +710,16 @@ TrainResult Run::execute() {
     const bool stop = !context_.all_true(!stop_requested() && !stop_file_.requested() &&
                                          step + 1 != c_.stop_at_step);
     if (stop && context_.rank() == 0) stop_file_.clear();
+    // A checkpoint written in the background is published once every rank's files are durable.
+    checkpointer_->poll();
     const bool periodic = c_.checkpoint_every > 0 &&
                           ((step + 1) % c_.checkpoint_every == 0 || step + 1 == total_steps_);
     if (stop || periodic) checkpoint(step + 1, batch.next);
+    if (stop || step + 1 == total_steps_) {
+      // Exit 75, or the end, only with the last checkpoint durable.
+      const LocalWork work("a checkpoint");
+      checkpointer_->complete();
+    }
     if (stop && step + 1 < total_steps_) {
       const std::string why = stop_requested()         ? stop_signal_name()
                               : stop_file_.requested() ? "the stop request " + stop_file_.path()

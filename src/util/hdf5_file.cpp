@@ -80,6 +80,13 @@ hid_t file_access() {
     MYRIAD_THROW("cannot turn HDF5's file locking off: {}", stack);
   }
 #endif
+  // Objects of 64 KiB and more start on a page, so that the writes filling them (checkpoint
+  // shards written outside HDF5) are page-aligned.
+  if (H5Pset_alignment(access, hsize_t{64} << 10, 4096) < 0) {
+    const std::string stack = detail::hdf5_error_stack();
+    H5Pclose(access);
+    MYRIAD_THROW("cannot set HDF5's alignment: {}", stack);
+  }
   return access;
 }
 
@@ -405,6 +412,30 @@ torch::Tensor Hdf5File::read_row_list(const std::string& name,
 
 void Hdf5File::create(const std::string& name, torch::ScalarType dtype,
                       const std::vector<int64_t>& shape, int64_t chunk_rows) {
+  create_dataset(name, dtype, shape, [&](hid_t properties, const std::vector<hsize_t>& dims) {
+    if (chunk_rows <= 0 || dims.empty() || dims[0] == 0) return;
+    std::vector<hsize_t> chunk = dims;
+    chunk[0] = std::min<hsize_t>(chunk[0], static_cast<hsize_t>(chunk_rows));
+    for (hsize_t& c : chunk) c = std::max<hsize_t>(c, 1);
+    MYRIAD_CHECK_HDF5(H5Pset_chunk(properties, static_cast<int>(chunk.size()), chunk.data()),
+                      "chunking " + where(name));
+  });
+}
+
+int64_t Hdf5File::allocate(const std::string& name, torch::ScalarType dtype,
+                           const std::vector<int64_t>& shape) {
+  return create_dataset(name, dtype, shape, [&](hid_t properties, const std::vector<hsize_t>&) {
+    MYRIAD_CHECK_HDF5(H5Pset_layout(properties, H5D_CONTIGUOUS), "laying out " + where(name));
+    MYRIAD_CHECK_HDF5(H5Pset_alloc_time(properties, H5D_ALLOC_TIME_EARLY),
+                      "allocating " + where(name));
+    MYRIAD_CHECK_HDF5(H5Pset_fill_time(properties, H5D_FILL_TIME_NEVER),
+                      "allocating " + where(name));
+  });
+}
+
+int64_t Hdf5File::create_dataset(
+    const std::string& name, torch::ScalarType dtype, const std::vector<int64_t>& shape,
+    const std::function<void(hid_t, const std::vector<hsize_t>&)>& configure) {
   auto lock = hdf5_lock();
   const std::vector<hsize_t> dims = dims_of(shape);
   Handle space(dims.empty() ? H5Screate(H5S_SCALAR)
@@ -412,13 +443,7 @@ void Hdf5File::create(const std::string& name, torch::ScalarType dtype,
                H5Sclose);
   MYRIAD_CHECK_HDF5(space.get(), "describing " + where(name));
   Handle properties(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-  if (chunk_rows > 0 && !dims.empty() && dims[0] > 0) {
-    std::vector<hsize_t> chunk = dims;
-    chunk[0] = std::min<hsize_t>(chunk[0], static_cast<hsize_t>(chunk_rows));
-    for (hsize_t& c : chunk) c = std::max<hsize_t>(c, 1);
-    MYRIAD_CHECK_HDF5(H5Pset_chunk(properties.get(), static_cast<int>(chunk.size()), chunk.data()),
-                      "chunking " + where(name));
-  }
+  configure(properties.get(), dims);
   // Intermediate groups ("shards/0/weight") are created as needed.
   Handle links(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(links.get(), 1);
@@ -426,6 +451,16 @@ void Hdf5File::create(const std::string& name, torch::ScalarType dtype,
                             properties.get(), H5P_DEFAULT),
                  H5Dclose);
   MYRIAD_CHECK_HDF5(dataset.get(), "creating " + where(name));
+  const haddr_t offset = H5Dget_offset(dataset.get());
+  return offset == HADDR_UNDEF ? -1 : static_cast<int64_t>(offset);
+}
+
+int64_t Hdf5File::contiguous_offset(const std::string& name) const {
+  auto lock = hdf5_lock();
+  Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  const haddr_t offset = H5Dget_offset(dataset.get());
+  return offset == HADDR_UNDEF ? -1 : static_cast<int64_t>(offset);
 }
 
 void Hdf5File::write(const std::string& name, const torch::Tensor& tensor, int64_t chunk_rows) {

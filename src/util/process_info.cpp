@@ -30,4 +30,15 @@ std::optional<uint64_t> process_start_ticks(int pid) {
   return std::strtoull(field.c_str(), nullptr, 10);
 }
 
+std::optional<int64_t> available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    // "MemAvailable:   12345678 kB"
+    if (line.rfind("MemAvailable:", 0) == 0)
+      return std::strtoll(line.c_str() + 13, nullptr, 10) * 1024;
+  }
+  return std::nullopt;
+}
+
 }  // namespace myriad

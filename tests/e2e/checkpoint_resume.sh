@@ -73,7 +73,7 @@ echo "broken checkpoints: named, and auto fell back to step 5"
 # A job killed between writing its shards and publishing them.
 stopped 2 --batch-size 8 --run-dir "$work/killed" --stop-at-step 5
 set +e
-MYRIAD_FAULT_ABORT_IN_SAVE=1 train 2 --batch-size 8 --run-dir "$work/killed" --resume auto --stop-at-step 8 \
+MYRIAD_FAULT_KILL_AT=manifest train 2 --batch-size 8 --run-dir "$work/killed" --resume auto --stop-at-step 8 \
   >/dev/null 2>&1
 set -e
 ls -a "$work/killed/checkpoints" | grep -q "^.tmp-step-000000008$" || { ls -a "$work/killed/checkpoints"; exit 1; }

@@ -95,11 +95,11 @@ LD_PRELOAD=$shim MYRIAD_SLOW_FSYNC_SECONDS=4 MYRIAD_SLOW_FSYNC_MIN_BYTES=1800000
   -x MYRIAD_SLOW_FSYNC_MIN_BYTES -x MYRIAD_SLOW_READ_PATH -x MYRIAD_SLOW_READ_SECONDS \
   "$bin/myriad-train" --data synthetic --input-shape 1x16x16 --backbone smallcnn --embedding-size 32 \
   --num-classes 16384 --workers 1 --threads 1 --device cpu --batch-size 8 --max-steps 40 --log-every 10 \
-  --hang-timeout 2 --checkpoint-every 20 --val-data "$work/val.h5" --eval-every 20 --eval-batch-size 64 \
+  --hang-timeout 2 --checkpoint-every 20 --checkpoint-sync --val-data "$work/val.h5" --eval-every 20 --eval-batch-size 64 \
   --run-dir "$work/slow" >"$work/slow.log" 2>&1 || fail "the watchdog fired during legitimate work"
 grep -q "slow_io_shim: delaying fsync by 4 s" "$work/slow.log" || fail "no fsync was slowed"
 grep -q "slow_io_shim: delaying pread by 0.15 s" "$work/slow.log" || fail "no evaluation read was slowed"
-grep -Eq "checkpoint at step 20 written .* in ([4-9]|[1-9][0-9])\.[0-9] s" "$work/slow.log" \
+grep -Eq "checkpoint at step 20 published .* durable after ([4-9]|[1-9][0-9])\.[0-9] s" "$work/slow.log" \
   || fail "the checkpoint did not take longer than the timeout"
 grep -q '"kind":"eval"' "$work/slow/metrics.jsonl" || fail "no evaluation"
 echo "a checkpoint of 4 s, an evaluation of slow reads: no false alarm at --hang-timeout 2"

@@ -15,6 +15,7 @@
 #include "myriad/ckpt/torch_file.h"
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/model/backbone.h"
+#include "myriad/train/async_checkpoint.h"
 #include "myriad/train/checkpoint_backbone.h"
 #include "myriad/train/gradient_sync.h"
 #include "myriad/train/optimizer_state.h"

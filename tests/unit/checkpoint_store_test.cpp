@@ -163,7 +163,8 @@ void make_checkpoint(const std::string& directory, int64_t step) {
 // Saves like save_checkpoint does: into the temporary directory, then published.
 void save(const CheckpointStore& store, int64_t step, int keep) {
   make_checkpoint(store.temporary_for(step), step);
-  store.publish(store.temporary_for(step), step, keep);
+  store.publish(store.temporary_for(step), step);
+  store.prune(step, keep);
 }
 
 std::string fresh_root(const std::string& name) {

@@ -25,9 +25,12 @@ class CheckpointStore {
   // What LATEST names, if it exists.
   std::optional<std::string> latest() const;
 
-  // Renames the finished `temporary` into place, syncs the directory, points LATEST at it, and
-  // keeps it and the `keep` - 1 highest-step others. Rank 0 only.
-  void publish(const std::string& temporary, int64_t step, int keep) const;
+  // Renames the finished `temporary` into place, syncs the directory and points LATEST at it.
+  // Rank 0 only.
+  void publish(const std::string& temporary, int64_t step) const;
+  // Removes complete checkpoints but the one of `step` and the `keep` - 1 highest-step others.
+  // Rank 0 only; a failure is a warning.
+  void prune(int64_t step, int keep) const;
   // Removes temporary directories that a crashed save left behind.
   void remove_stale_temporaries() const;
   // Creates the root if needed and checks that a checkpoint can be written there, so that a run

@@ -72,6 +72,8 @@ struct TrainConfig {
   std::string checkpoint_dir;  // default: RUN_DIR/checkpoints
   int64_t checkpoint_every = 0;
   int checkpoint_keep = 3;
+  bool checkpoint_sync = false;        // training waits for each checkpoint to be on disk
+  int64_t checkpoint_host_memory = 0;  // bytes for snapshots; 0: one whole snapshot
   std::string resume = "none";
   int64_t stop_at_step = 0;
   double hang_timeout = 600.0;  // seconds; 0: off

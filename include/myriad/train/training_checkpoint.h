@@ -7,6 +7,7 @@
 #include <string>
 
 #include "myriad/ckpt/checkpoint_store.h"
+#include "myriad/ckpt/snapshot_writer.h"
 #include "myriad/data/distributed_sampler.h"
 #include "myriad/train/optimizer_state.h"
 #include "myriad/util/error.h"
@@ -39,13 +40,11 @@ struct TrainingState {
 // myriad took insightface's are kept: Backbone::load_state_dict maps them).
 StateDict read_backbone_state(const Hdf5File& replicated);
 
-// Writes `state` as checkpoint `state.step` of `store` (collective): rank 0 the replicated state,
-// every rank its classifier shard and random state, all into a temporary directory that is
-// synced, verified on every rank, given a manifest with sizes and checksums, and only then renamed
-// into place; LATEST follows, and only the newest `keep` checkpoints stay. If any rank fails, every
-// rank raises the same Error and the previous checkpoint stays the one in use.
-void save_checkpoint(const ProcessContext& context, const CheckpointStore& store,
-                     const TrainingState& state, int keep);
+// This rank's files of a checkpoint of `state`: rank 0's replicated.h5 (the backbone, its
+// optimizer state, the scaler and the data position), and every rank's shard of class rows with
+// its random state (docs/checkpoint-format.md). AsyncCheckpointer writes them.
+std::vector<SnapshotFile> checkpoint_files(const ProcessContext& context,
+                                           const TrainingState& state);
 
 // A checkpoint that fails verification on some rank (a missing, truncated or corrupt file, a bad
 // manifest), raised on every rank before anything was loaded.

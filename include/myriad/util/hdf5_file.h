@@ -4,6 +4,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,14 @@ class Hdf5File {
   void create(const std::string& name, torch::ScalarType dtype, const std::vector<int64_t>& shape,
               int64_t chunk_rows = 0);
   void write_rows(const std::string& name, int64_t begin, const torch::Tensor& rows);
+  // A dataset whose bytes are written outside HDF5: contiguous, its space taken in the file at
+  // once and never filled. Returns the file offset of its first byte (-1 when it has none), where
+  // the data goes in C order, in the native layout of `dtype`.
+  int64_t allocate(const std::string& name, torch::ScalarType dtype,
+                   const std::vector<int64_t>& shape);
+  // Where a contiguous dataset's bytes start in the file (C order, native layout); -1 for a
+  // chunked or compact one, or one with no space yet.
+  int64_t contiguous_offset(const std::string& name) const;
   // Drops rows beyond `rows` from a chunked dataset (a conversion that skipped bad records).
   void shrink_rows(const std::string& name, int64_t rows);
 
@@ -72,6 +81,11 @@ class Hdf5File {
 
  private:
   std::string where(const std::string& name) const;
+  // A new dataset with the creation properties `configure` sets (given the dimensions); the file
+  // offset of its data where it has one (contiguous and allocated), else -1.
+  int64_t create_dataset(const std::string& name, torch::ScalarType dtype,
+                         const std::vector<int64_t>& shape,
+                         const std::function<void(hid_t, const std::vector<hsize_t>&)>& configure);
   hid_t file_ = -1;
   std::string path_;
 };

@@ -12,4 +12,8 @@ namespace myriad {
 // not.
 std::optional<uint64_t> process_start_ticks(int pid);
 
+// The memory that new allocations may take without swapping (MemAvailable of /proc/meminfo), in
+// bytes; nullopt where the kernel does not say.
+std::optional<int64_t> available_memory_bytes();
+
 }  // namespace myriad

@@ -1,0 +1,14 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace myriad {
+
+// Crash testing: a rank whose $MYRIAD_FAULT_KILL_AT names `phase` ("write") or `phase@step`
+// ("write@8") sends itself SIGKILL when it gets there, after one line on stderr, as a node that
+// dies at that moment would. Tests use it to prove that no moment of a checkpoint loses the
+// previous one (tests/e2e/async_checkpoint.sh).
+void fault_point(const std::string& phase, int64_t step);
+
+}  // namespace myriad

@@ -1,0 +1,55 @@
+#include "myriad/util/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "myriad/util/error.h"
+
+namespace myriad {
+
+ReadOnlyFile::ReadOnlyFile(const std::string& path)
+    : path_(path), fd_(open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+  MYRIAD_CHECK(fd_ >= 0, "cannot open '{}': {}", path, std::strerror(errno));
+}
+
+ReadOnlyFile::~ReadOnlyFile() {
+  close(fd_);
+}
+
+int64_t ReadOnlyFile::size() const {
+  struct stat info {};
+  MYRIAD_CHECK(fstat(fd_, &info) == 0, "cannot stat '{}': {}", path_, std::strerror(errno));
+  return info.st_size;
+}
+
+void read_at(int fd, void* data, int64_t bytes, int64_t offset, const std::string& path) {
+  auto* at = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = pread(fd, at, static_cast<size_t>(bytes), offset);
+    if (n < 0 && errno == EINTR) continue;
+    MYRIAD_CHECK(n > 0, "cannot read '{}' at byte {}: {}", path, offset,
+                 n < 0 ? std::strerror(errno) : "the file ends there (truncated?)");
+    at += n;
+    bytes -= n;
+    offset += n;
+  }
+}
+
+void write_at(int fd, const void* data, int64_t bytes, int64_t offset, const std::string& path) {
+  const auto* at = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = pwrite(fd, at, static_cast<size_t>(bytes), offset);
+    if (n < 0 && errno == EINTR) continue;
+    MYRIAD_CHECK(n > 0, "cannot write '{}' at byte {}: {}", path, offset,
+                 n < 0 ? std::strerror(errno) : "no progress");
+    at += n;
+    bytes -= n;
+    offset += n;
+  }
+}
+
+}  // namespace myriad
