@@ -33,13 +33,16 @@ std::unique_lock<std::recursive_mutex> hdf5_lock() {
     // HDF5's own clean-up at exit crashes (1.10) on a file whose write failed (a full disk). Every
     // file is closed by its Hdf5File, so the clean-up is not needed.
     H5dont_atexit();
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 #ifndef MYRIAD_HDF5_FILE_LOCKING_PROPERTY
     // The only switch older libraries have (see file_access), read at every open; a value the
     // user set stays.
     setenv("HDF5_USE_FILE_LOCKING", "FALSE", 0);
 #endif
   });
+  // A thread-safe library keeps the error settings per thread: the data loader's workers and the
+  // checkpoint writers have their own.
+  thread_local const bool silenced = H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr) >= 0;
+  (void)silenced;
   static const bool threadsafe = [] {
     hbool_t safe = 0;
     return H5is_library_threadsafe(&safe) >= 0 && safe;
