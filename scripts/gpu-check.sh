@@ -120,7 +120,7 @@ classifier() {
   local log="$out/classifier-np$ranks-$name.txt"
   mpirun -np "$ranks" --bind-to none "${forward[@]}" "$bin/myriad-bench" classifier "$@" >"$log" 2>&1 || status=1
   note "classifier $name, $ranks rank(s):"
-  grep -E "^(step time|effective|peak memory|largest|# plan|phase)|error" "$log" | tee -a "$summary"
+  grep -E "^(step time|effective|floor|peak memory|largest|# plan|phase)|error" "$log" | tee -a "$summary"
 }
 
 if wants classifier; then
@@ -133,19 +133,35 @@ if wants classifier; then
       classifier "$n" "8M-b512-$state" --num-classes 8M --batch-size 512 --workspace 48G --momentum-dtype "$state" \
         --steps 10 --warmup 3 --profile
     done
+    # The shapes with bf16 weights (stochastic rounding) beside bf16 momentum.
+    if wants momentum-bf16; then
+      for shape in 1M:128 8M:128 8M:512; do
+        classifier "$n" "${shape/:/-b}-bf16-weights" --num-classes "${shape%:*}" --batch-size "${shape#*:}" \
+          --workspace 48G --momentum-dtype bf16 --weight-dtype bf16 --steps 10 --warmup 3 --profile
+      done
+    fi
     if wants naive; then
       classifier "$n" 8M-b128 --num-classes 8M --batch-size 128 --workspace 48G --steps 10 --warmup 3
       classifier "$n" 8M-b128-naive --num-classes 8M --batch-size 128 --naive --steps 10 --warmup 3
     fi
     if wants max-classes; then
-      classifier "$n" max-classes --num-classes 8M --batch-size 128 --momentum-dtype bf16 --workspace 4G \
-        --steps 5 --warmup 2 --find-max-classes
+      for weights in fp32 bf16; do
+        classifier "$n" "max-classes-$weights-weights" --num-classes 8M --batch-size 128 --momentum-dtype bf16 \
+          --weight-dtype "$weights" --workspace 4G --steps 5 --warmup 2 --find-max-classes
+      done
     fi
   done
   if wants max-classes; then
-    classifier 1 max-classes --num-classes 8M --batch-size 256 --momentum-dtype bf16 --workspace 4G \
-      --steps 5 --warmup 2 --find-max-classes
+    for weights in fp32 bf16; do
+      classifier 1 "max-classes-$weights-weights" --num-classes 8M --batch-size 256 --momentum-dtype bf16 \
+        --weight-dtype "$weights" --workspace 4G --steps 5 --warmup 2 --find-max-classes
+    done
   fi
+  # One GPU at the largest batch, against its floor.
+  for weights in fp32 bf16; do
+    classifier 1 "4M-b2048-$weights-weights" --num-classes 4M --batch-size 2048 --workspace 4G \
+      --momentum-dtype bf16 --weight-dtype "$weights" --steps 10 --warmup 3 --profile
+  done
 fi
 cores_per_rank=$(( $(nproc) / gpus ))
 if wants loader; then

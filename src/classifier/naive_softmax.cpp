@@ -15,10 +15,10 @@ NaiveShardedSoftmax::NaiveShardedSoftmax(Communicator& comm, const ShardedSoftma
       device_(device),
       partition_(options.num_classes, comm.size()) {
   const int64_t rows = partition_.size(comm.rank());
-  weight_ = hashed_normal_rows(partition_.offset(comm.rank()), rows, options.embedding_size,
-                               options.init_std, options.seed, device);
-  optimizer_ =
-      std::make_unique<ShardOptimizer>(options.optimizer, rows, options.embedding_size, device);
+  const int64_t first = partition_.offset(comm.rank());
+  weight_ = initial_shard(first, rows, options, device);
+  optimizer_ = std::make_unique<ShardOptimizer>(options.optimizer, rows, options.embedding_size,
+                                                device, first, options.seed);
 }
 
 torch::Tensor NaiveShardedSoftmax::step(const torch::Tensor& features,
@@ -47,22 +47,22 @@ torch::Tensor NaiveShardedSoftmax::step(const torch::Tensor& features,
         torch::full({batch}, -std::numeric_limits<float>::infinity(), xn.options());
     torch::Tensor row_sum = torch::zeros({batch}, xn.options());
     torch::Tensor target = torch::zeros({batch}, xn.options());
-    accumulate_chunk_stats(logits, y, 0, params, row_max, row_sum, target);
+    accumulate_chunk_stats(logits, torch::Tensor(), y, 0, params, row_max, row_sum, target);
     loss = (row_sum.log() + row_max - target).mean().reshape({1});
     const torch::Tensor coef = torch::full({1}, 1.0 / batch, xn.options());
-    logit_grad_all = chunk_logit_grad(logits, y, 0, row_max, row_sum.reciprocal(), coef, params,
-                                      options_.gemm_dtype);
+    logit_grad_all = chunk_logit_grad(logits, torch::Tensor(), y, 0, row_max, row_sum.reciprocal(),
+                                      coef, params, options_.gemm_dtype);
   }
   comm_.broadcast(loss, 0);
   const torch::Tensor logit_grad = comm_.scatter(logit_grad_all, partition_.sizes(), 0);
 
   torch::Tensor dxn = torch::zeros({batch, options_.embedding_size}, xn.options());
   gemm_f32_long_k(dxn, logit_grad, rows, true);
-  torch::Tensor weight_grad = torch::empty_like(weight_);
+  torch::Tensor weight_grad = torch::empty(weight_.sizes(), xn.options());
   gemm_f32(weight_grad, logit_grad, false, xg, false, false);
   optimizer_->begin_step();
   optimizer_->update_rows(weight_, torch::Tensor(), 0, weight_.size(0), weight_grad,
-                          params.normalized, 1.0);
+                          params.normalized ? RowGradient::kUnitRow : RowGradient::kRow, 1.0);
   comm_.reduce_scatter(dxn, counts);
   return loss;
 }

@@ -4,6 +4,7 @@
 
 #include "myriad/util/check_cuda.h"
 #include "myriad/util/error.h"
+#include "myriad/util/stochastic_round.h"
 
 #ifdef MYRIAD_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -32,7 +33,7 @@ void write_rows(torch::Tensor& t, const torch::Tensor& index, int64_t begin, int
 }
 
 #ifdef MYRIAD_WITH_CUDA
-cuda::ElementType state_type(torch::ScalarType dtype) {
+cuda::ElementType storage_type(torch::ScalarType dtype) {
   return dtype == torch::kBFloat16 ? cuda::ElementType::kBFloat16 : cuda::ElementType::kFloat32;
 }
 #endif
@@ -45,17 +46,21 @@ OptimizerKind parse_optimizer_kind(const std::string& name) {
   throw UsageError(str_format("unknown optimizer '{}' (sgd or adamw)", name));
 }
 
-torch::Tensor unnormalize_row_grad(const torch::Tensor& rows, const torch::Tensor& grad) {
+torch::Tensor row_grad_of_rows(const torch::Tensor& rows, const torch::Tensor& grad,
+                               RowGradient grad_of) {
+  if (grad_of == RowGradient::kRow) return grad;
   const torch::Tensor inv_norm = rows.square().sum(1, true).clamp_min(1e-24).rsqrt();
-  const torch::Tensor radial = (rows * grad).sum(1, true).mul_(inv_norm.pow(3));
-  return grad * inv_norm - rows * radial;
+  const torch::Tensor dot = (rows * grad).sum(1, true);
+  if (grad_of == RowGradient::kUnitRowOverNorm) return grad - rows * dot.mul_(inv_norm.square());
+  return grad * inv_norm - rows * dot.mul_(inv_norm.pow(3));
 }
 
 ShardOptimizer::ShardOptimizer(const OptimizerOptions& options, int64_t rows, int64_t dim,
-                               const torch::Device& device)
-    : options_(options) {
+                               const torch::Device& device, int64_t first_row, uint64_t seed)
+    : options_(options), first_row_(first_row), seed_(seed) {
   MYRIAD_CHECK(options.state_dtype == torch::kFloat32 || options.state_dtype == torch::kBFloat16,
                "optimizer state must be float32 or bfloat16");
+  MYRIAD_CHECK(first_row >= 0, "a shard's first class cannot be negative");
   const auto state = torch::TensorOptions().dtype(options.state_dtype).device(device);
   if (options.kind == OptimizerKind::kSgd) {
     if (options.momentum != 0.0) momentum_ = torch::zeros({rows, dim}, state);
@@ -69,6 +74,31 @@ void ShardOptimizer::begin_step() {
   ++step_;
 }
 
+uint64_t ShardOptimizer::rounding_seed() const {
+  return splitmix64(splitmix64(seed_ ^ 0x5EEDB16Full) + static_cast<uint64_t>(step_));
+}
+
+torch::Tensor round_bf16_stochastic(const torch::Tensor& values, const torch::Tensor& rows,
+                                    uint64_t seed) {
+  MYRIAD_CHECK(values.scalar_type() == torch::kFloat32 && values.dim() == 2 && !values.is_cuda(),
+               "stochastic rounding takes a float32 matrix on the CPU");
+  const torch::Tensor v = values.contiguous();
+  const torch::Tensor r = rows.to(torch::kInt64).contiguous();
+  MYRIAD_CHECK(r.numel() == v.size(0), "stochastic rounding needs one class per row");
+  torch::Tensor out = torch::empty(v.sizes(), v.options().dtype(torch::kBFloat16));
+  const float* in = v.data_ptr<float>();
+  const int64_t* row = r.data_ptr<int64_t>();
+  auto* bits = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const int64_t dim = v.size(1);
+  for (int64_t i = 0; i < v.size(0); ++i) {
+    for (int64_t k = 0; k < dim; ++k) {
+      bits[i * dim + k] =
+          bf16_bits_stochastic(in[i * dim + k], rounding_bits(seed, row[i] * dim + k));
+    }
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, torch::Tensor*>> ShardOptimizer::state() {
   if (options_.kind == OptimizerKind::kSgd) {
     if (!momentum_.defined()) return {};
@@ -78,10 +108,12 @@ std::vector<std::pair<std::string, torch::Tensor*>> ShardOptimizer::state() {
 }
 
 void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& index, int64_t begin,
-                                 int64_t end, const torch::Tensor& grad, bool normalized,
+                                 int64_t end, const torch::Tensor& grad, RowGradient grad_of,
                                  double grad_multiplier) {
   const int64_t count = end - begin;
   if (count == 0) return;
+  MYRIAD_CHECK(weight.scalar_type() == torch::kFloat32 || weight.scalar_type() == torch::kBFloat16,
+               "classifier weights must be float32 or bfloat16");
   const OptimizerOptions& o = options_;
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(std::max<int64_t>(step_, 1)));
   const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(std::max<int64_t>(step_, 1)));
@@ -89,14 +121,15 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
   if (weight.is_cuda()) {
     const int64_t* rows = index.defined() ? index.data_ptr<int64_t>() : nullptr;
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(weight.device().index()).stream();
+    const cuda::WeightShard shard{weight.data_ptr(), storage_type(weight.scalar_type()), first_row_,
+                                  rounding_seed()};
     if (o.kind == OptimizerKind::kSgd) {
       const cuda::SgdArgs args{static_cast<float>(o.lr), static_cast<float>(o.momentum),
                                static_cast<float>(o.weight_decay), o.nesterov,
                                static_cast<float>(grad_multiplier)};
-      MYRIAD_CHECK_CUDA(cuda::sgd_rows(
-          weight.data_ptr<float>(), momentum_.defined() ? momentum_.data_ptr() : nullptr,
-          state_type(o.state_dtype), grad.data_ptr<float>(), weight.size(1), rows, begin, count,
-          normalized, args, stream));
+      MYRIAD_CHECK_CUDA(cuda::sgd_rows(shard, momentum_.defined() ? momentum_.data_ptr() : nullptr,
+                                       storage_type(o.state_dtype), grad.data_ptr<float>(),
+                                       weight.size(1), rows, begin, count, grad_of, args, stream));
     } else {
       const cuda::AdamWArgs args{static_cast<float>(o.lr),
                                  static_cast<float>(o.beta1),
@@ -106,17 +139,16 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
                                  static_cast<float>(bc1),
                                  static_cast<float>(bc2),
                                  static_cast<float>(grad_multiplier)};
-      MYRIAD_CHECK_CUDA(cuda::adamw_rows(weight.data_ptr<float>(), exp_avg_.data_ptr(),
-                                         exp_avg_sq_.data_ptr(), state_type(o.state_dtype),
-                                         grad.data_ptr<float>(), weight.size(1), rows, begin, count,
-                                         normalized, args, stream));
+      MYRIAD_CHECK_CUDA(cuda::adamw_rows(
+          shard, exp_avg_.data_ptr(), exp_avg_sq_.data_ptr(), storage_type(o.state_dtype),
+          grad.data_ptr<float>(), weight.size(1), rows, begin, count, grad_of, args, stream));
     }
     return;
   }
 #endif
-  torch::Tensor w = rows_of(weight, index, begin, end);
-  torch::Tensor g = grad * grad_multiplier;
-  if (normalized) g = unnormalize_row_grad(w, g);
+  const bool bf16 = weight.scalar_type() == torch::kBFloat16;
+  torch::Tensor w = rows_of(weight, index, begin, end).to(torch::kFloat32);
+  torch::Tensor g = row_grad_of_rows(w, grad * grad_multiplier, grad_of);
   if (o.kind == OptimizerKind::kSgd) {
     torch::Tensor d = g.add_(w, o.weight_decay);
     if (momentum_.defined()) {
@@ -139,6 +171,11 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
     write_rows(exp_avg_sq_, index, begin, end, v);
     w.mul_(1.0 - o.lr * o.weight_decay)
         .addcdiv_(m, v.sqrt().div_(std::sqrt(bc2)).add_(o.eps), -o.lr / bc1);
+  }
+  if (bf16) {
+    const torch::Tensor shard_rows =
+        index.defined() ? index.slice(0, begin, end) : torch::arange(begin, end, torch::kInt64);
+    w = round_bf16_stochastic(w, shard_rows + first_row_, rounding_seed());
   }
   write_rows(weight, index, begin, end, w);
 }

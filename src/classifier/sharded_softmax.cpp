@@ -32,6 +32,23 @@ int64_t first_true(const torch::Tensor& mask) {
   return mask.nonzero().select(1, 0)[0].item<int64_t>();
 }
 
+// Normal(0, std) rows [begin, begin + rows) of a [*, dim] matrix in `dtype`, element (i, j) drawn
+// from (seed, i * dim + j), in blocks that bound the temporary memory.
+torch::Tensor hashed_normal_rows(int64_t begin, int64_t rows, int64_t dim, double std,
+                                 uint64_t seed, torch::ScalarType dtype,
+                                 const torch::Device& device) {
+  torch::Tensor out = torch::empty({rows, dim}, torch::dtype(dtype).device(device));
+  const int64_t rows_per_block =
+      std::max<int64_t>(1, (int64_t{16} << 20) / std::max<int64_t>(dim, 1));
+  for (int64_t r = 0; r < rows; r += rows_per_block) {
+    const int64_t n = std::min(rows_per_block, rows - r);
+    const torch::Tensor keys = torch::arange((begin + r) * dim, (begin + r + n) * dim,
+                                             torch::dtype(torch::kInt64).device(device));
+    out.slice(0, r, r + n).copy_(hash_normal(keys, seed).mul_(std).view({n, dim}));
+  }
+  return out;
+}
+
 }  // namespace
 
 // Everything forward computed that backward needs.
@@ -49,6 +66,10 @@ struct ShardedMarginSoftmax::Step {
   torch::Tensor active;      // Partial FC's shard rows; undefined when all rows are active
   int64_t active_rows = 0;
   ChunkPlan plan;
+  // The GEMMs read the stored rows themselves (see chunk_rows), and row_scales[c] holds chunk
+  // c's 1/|w| when the margin normalises.
+  bool stored_rows = false;
+  std::vector<torch::Tensor> row_scales;
   torch::Tensor row_max;      // [B] global max logit
   torch::Tensor row_inv_sum;  // [B] 1 / global sum of exp(z - max)
   std::vector<torch::Tensor> cached_dot;
@@ -78,18 +99,10 @@ class ShardedSoftmaxFunction : public torch::autograd::Function<ShardedSoftmaxFu
 
 }  // namespace
 
-torch::Tensor hashed_normal_rows(int64_t begin, int64_t rows, int64_t dim, double std,
-                                 uint64_t seed, const torch::Device& device) {
-  torch::Tensor out = torch::empty({rows, dim}, torch::dtype(torch::kFloat32).device(device));
-  const int64_t rows_per_block =
-      std::max<int64_t>(1, (int64_t{16} << 20) / std::max<int64_t>(dim, 1));
-  for (int64_t r = 0; r < rows; r += rows_per_block) {
-    const int64_t n = std::min(rows_per_block, rows - r);
-    const torch::Tensor keys = torch::arange((begin + r) * dim, (begin + r + n) * dim,
-                                             torch::dtype(torch::kInt64).device(device));
-    out.slice(0, r, r + n).copy_(hash_normal(keys, seed).mul_(std).view({n, dim}));
-  }
-  return out;
+torch::Tensor initial_shard(int64_t first, int64_t rows, const ShardedSoftmaxOptions& options,
+                            const torch::Device& device) {
+  return hashed_normal_rows(first, rows, options.embedding_size, options.init_std, options.seed,
+                            options.weight_dtype, device);
 }
 
 ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoftmaxOptions& options,
@@ -107,15 +120,26 @@ ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoft
                               options.gemm_dtype == torch::kFloat16,
                           "classifier GEMMs run in float32, bfloat16 or float16");
   MYRIAD_CHECK_COLLECTIVE(options.workspace_bytes > 0, "the classifier workspace must be positive");
+  MYRIAD_CHECK_COLLECTIVE(
+      options.weight_dtype == torch::kFloat32 || options.weight_dtype == torch::kBFloat16,
+      "classifier weights are stored in float32 or bfloat16");
   const int64_t rows = partition_.size(comm.rank());
-  weight_ = hashed_normal_rows(partition_.offset(comm.rank()), rows, options.embedding_size,
-                               options.init_std, options.seed, device);
-  if (options.update == WeightUpdate::kAccumulateGrad) weight_grad_ = torch::zeros_like(weight_);
-  optimizer_ =
-      std::make_unique<ShardOptimizer>(options.optimizer, rows, options.embedding_size, device);
+  const int64_t first = partition_.offset(comm.rank());
+  weight_ = initial_shard(first, rows, options, device);
+  if (options.update == WeightUpdate::kAccumulateGrad) {
+    weight_grad_ = torch::zeros(weight_.sizes(), weight_.options().dtype(torch::kFloat32));
+  }
+  optimizer_ = std::make_unique<ShardOptimizer>(options.optimizer, rows, options.embedding_size,
+                                                device, first, options.seed);
 }
 
 ShardedMarginSoftmax::~ShardedMarginSoftmax() = default;
+
+torch::Tensor ShardedMarginSoftmax::chunk_rows(const Step& step, int64_t begin, int64_t end) {
+  if (step.stored_rows) return weight_.slice(0, begin, end);
+  return prepare_chunk_rows(weight_, step.active, begin, end, options_.gemm_dtype,
+                            options_.margin.params().normalized);
+}
 
 void ShardedMarginSoftmax::phase(const char* name) {
   if (timer_ != nullptr) timer_->mark(std::string("classifier.") + name);
@@ -198,6 +222,7 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
   step->plan =
       plan_chunks(step->active_rows, step->batch, dim, gemm_bytes, options_.workspace_bytes);
   last_plan_ = step->plan;
+  step->stored_rows = !step->active.defined() && weight_.scalar_type() == options_.gemm_dtype;
   const auto f32 = x.options().dtype(torch::kFloat32);
   torch::Tensor row_max = torch::full({step->batch}, -std::numeric_limits<float>::infinity(), f32);
   torch::Tensor row_sum = torch::zeros({step->batch}, f32);
@@ -205,13 +230,18 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
   for (int64_t begin = 0; begin < step->active_rows; begin += step->plan.chunk_rows) {
     const int64_t end = std::min(begin + step->plan.chunk_rows, step->active_rows);
     phase("prepare_rows");
-    torch::Tensor rows = prepare_chunk_rows(weight_, step->active, begin, end, options_.gemm_dtype,
-                                            params.normalized);
+    torch::Tensor rows = chunk_rows(*step, begin, end);
+    if (step->stored_rows && params.normalized) {
+      step->row_scales.push_back(chunk_inv_norms(weight_, begin, end));
+    }
+    const torch::Tensor scale =
+        step->row_scales.empty() ? torch::Tensor() : step->row_scales.back();
     torch::Tensor dot = torch::empty({end - begin, step->batch}, f32);
     phase("gemm_logits");
     gemm_f32(dot, rows, false, step->xg, true, false);
     phase("softmax_stats");
-    accumulate_chunk_stats(dot, step->target_col, begin, params, row_max, row_sum, target_logit);
+    accumulate_chunk_stats(dot, scale, step->target_col, begin, params, row_max, row_sum,
+                           target_logit);
     if (step->plan.cache) {
       step->cached_dot.push_back(std::move(dot));
       step->cached_rows.push_back(std::move(rows));
@@ -284,16 +314,16 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
       dot = std::move(step->cached_dot[c]);
     } else {
       phase("prepare_rows");
-      rows = prepare_chunk_rows(weight_, step->active, begin, end, options_.gemm_dtype,
-                                params.normalized);
+      rows = chunk_rows(*step, begin, end);
       dot = torch::empty({end - begin, step->batch}, step->xn.options());
       phase("gemm_logits");
       gemm_f32(dot, rows, false, step->xg, true, false);
     }
+    const torch::Tensor scale = step->row_scales.empty() ? torch::Tensor() : step->row_scales[c];
     phase("logit_grad");
     const torch::Tensor logit_grad =
-        chunk_logit_grad(dot, step->target_col, begin, step->row_max, step->row_inv_sum, coef,
-                         params, options_.gemm_dtype);
+        chunk_logit_grad(dot, scale, step->target_col, begin, step->row_max, step->row_inv_sum,
+                         coef, params, options_.gemm_dtype);
     dot = torch::Tensor();
     phase("gemm_feature_grad");
     gemm_f32_long_k(dxn, logit_grad, rows, true);
@@ -303,17 +333,19 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
         torch::empty({end - begin, options_.embedding_size}, step->xn.options());
     gemm_f32(row_grad, logit_grad, false, step->xg, false, false);
     phase("update");
+    const RowGradient grad_of = !params.normalized ? RowGradient::kRow
+                                : scale.defined()  ? RowGradient::kUnitRowOverNorm
+                                                   : RowGradient::kUnitRow;
     if (fused) {
-      optimizer_->update_rows(weight_, step->active, begin, end, row_grad, params.normalized,
+      optimizer_->update_rows(weight_, step->active, begin, end, row_grad, grad_of,
                               1.0 / loss_scale_);
     } else {
       const torch::Tensor index =
           step->active.defined()
               ? step->active.slice(0, begin, end)
               : torch::arange(begin, end, step->xn.options().dtype(torch::kInt64));
-      const torch::Tensor w = weight_.index_select(0, index);
-      weight_grad_.index_add_(0, index,
-                              params.normalized ? unnormalize_row_grad(w, row_grad) : row_grad);
+      const torch::Tensor w = weight_.index_select(0, index).to(torch::kFloat32);
+      weight_grad_.index_add_(0, index, row_grad_of_rows(w, row_grad, grad_of));
     }
   }
 

@@ -43,6 +43,11 @@ ChunkTargets chunk_targets(const torch::Tensor& dot, const torch::Tensor& target
   return t;
 }
 
+// The cosines of a chunk: its logits, scaled per class when the GEMM read unnormalised rows.
+torch::Tensor scaled(const torch::Tensor& dot, const torch::Tensor& row_scale) {
+  return row_scale.defined() ? dot * row_scale.unsqueeze(1) : dot;
+}
+
 // Logits of the non-target classes, as margin_other computes them.
 torch::Tensor other_logits(const torch::Tensor& dot, const MarginParams& params) {
   return params.normalized ? dot.clamp(-1.0, 1.0).mul_(params.scale) : dot.clone();
@@ -62,6 +67,10 @@ cuda::ElementType element_type(torch::ScalarType dtype) {
   }
 }
 
+const float* scale_pointer(const torch::Tensor& row_scale) {
+  return row_scale.defined() ? row_scale.data_ptr<float>() : nullptr;
+}
+
 cudaStream_t stream_of(const torch::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
@@ -77,21 +86,37 @@ torch::Tensor prepare_chunk_rows(const torch::Tensor& weight, const torch::Tenso
   if (weight.is_cuda()) {
     const int64_t count = end - begin;
     torch::Tensor out = torch::empty({count, weight.size(1)}, weight.options().dtype(dtype));
-    MYRIAD_CHECK_CUDA(cuda::prepare_rows(weight.data_ptr<float>(), weight.size(1),
-                                         index.defined() ? index.data_ptr<int64_t>() : nullptr,
-                                         begin, count, normalize, out.data_ptr(),
-                                         element_type(dtype), stream_of(weight)));
+    MYRIAD_CHECK_CUDA(cuda::prepare_rows(
+        weight.data_ptr(), element_type(weight.scalar_type()), weight.size(1),
+        index.defined() ? index.data_ptr<int64_t>() : nullptr, begin, count, normalize,
+        out.data_ptr(), element_type(dtype), nullptr, stream_of(weight)));
     return out;
   }
 #endif
-  torch::Tensor rows = index.defined() ? weight.index_select(0, index.slice(0, begin, end))
-                                       : weight.slice(0, begin, end);
+  torch::Tensor rows = (index.defined() ? weight.index_select(0, index.slice(0, begin, end))
+                                        : weight.slice(0, begin, end))
+                           .to(torch::kFloat32);
   if (normalize) rows = rows / rows.norm(2, 1, true).clamp_min(1e-12);
   return rows.to(dtype).contiguous();
 }
 
-void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& target_col,
-                            int64_t begin, const MarginParams& params, torch::Tensor& row_max,
+torch::Tensor chunk_inv_norms(const torch::Tensor& weight, int64_t begin, int64_t end) {
+#ifdef MYRIAD_WITH_CUDA
+  if (weight.is_cuda()) {
+    torch::Tensor out = torch::empty({end - begin}, weight.options().dtype(torch::kFloat32));
+    MYRIAD_CHECK_CUDA(cuda::prepare_rows(weight.data_ptr(), element_type(weight.scalar_type()),
+                                         weight.size(1), nullptr, begin, end - begin, false,
+                                         nullptr, cuda::ElementType::kFloat32,
+                                         out.data_ptr<float>(), stream_of(weight)));
+    return out;
+  }
+#endif
+  return weight.slice(0, begin, end).to(torch::kFloat32).square().sum(1).clamp_min(1e-24).rsqrt();
+}
+
+void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& row_scale,
+                            const torch::Tensor& target_col, int64_t begin,
+                            const MarginParams& params, torch::Tensor& row_max,
                             torch::Tensor& row_sum, torch::Tensor& target_logit) {
   torch::Tensor chunk_max, chunk_sum;
 #ifdef MYRIAD_WITH_CUDA
@@ -100,17 +125,18 @@ void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& targe
     const int64_t tiles = (dot.size(0) + tile_rows - 1) / tile_rows;
     torch::Tensor tile_max = torch::empty({tiles, dot.size(1)}, dot.options());
     torch::Tensor tile_sum = torch::empty({tiles, dot.size(1)}, dot.options());
-    MYRIAD_CHECK_CUDA(cuda::chunk_stats(dot.data_ptr<float>(), dot.size(0), dot.size(1),
-                                        target_col.data_ptr<int64_t>(), begin, params,
-                                        tile_max.data_ptr<float>(), tile_sum.data_ptr<float>(),
-                                        target_logit.data_ptr<float>(), stream_of(dot)));
+    MYRIAD_CHECK_CUDA(cuda::chunk_stats(
+        dot.data_ptr<float>(), scale_pointer(row_scale), dot.size(0), dot.size(1),
+        target_col.data_ptr<int64_t>(), begin, params, tile_max.data_ptr<float>(),
+        tile_sum.data_ptr<float>(), target_logit.data_ptr<float>(), stream_of(dot)));
     chunk_max = std::get<0>(tile_max.max(0));
     chunk_sum = tile_sum.mul_(tile_max.sub_(chunk_max.unsqueeze(0)).exp_()).sum(0);
   }
 #endif
   if (!dot.is_cuda()) {
-    torch::Tensor z = other_logits(dot, params);
-    const ChunkTargets t = chunk_targets(dot, target_col, begin, params);
+    const torch::Tensor cosine = scaled(dot, row_scale);
+    torch::Tensor z = other_logits(cosine, params);
+    const ChunkTargets t = chunk_targets(cosine, target_col, begin, params);
     z.index_put_({t.rows, t.cols}, t.z);
     target_logit.index_put_({t.cols}, t.z);
     chunk_max = std::get<0>(z.max(0));
@@ -123,22 +149,25 @@ void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& targe
   row_max.copy_(merged_max);
 }
 
-torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& target_col,
-                               int64_t begin, const torch::Tensor& row_max,
-                               const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
-                               const MarginParams& params, torch::ScalarType dtype) {
+torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& row_scale,
+                               const torch::Tensor& target_col, int64_t begin,
+                               const torch::Tensor& row_max, const torch::Tensor& row_inv_sum,
+                               const torch::Tensor& coef, const MarginParams& params,
+                               torch::ScalarType dtype) {
 #ifdef MYRIAD_WITH_CUDA
   if (dot.is_cuda()) {
     torch::Tensor out = torch::empty(dot.sizes(), dot.options().dtype(dtype));
-    MYRIAD_CHECK_CUDA(cuda::chunk_grad(
-        dot.data_ptr<float>(), dot.size(0), dot.size(1), target_col.data_ptr<int64_t>(), begin,
-        row_max.data_ptr<float>(), row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params,
-        out.data_ptr(), element_type(dtype), stream_of(dot)));
+    MYRIAD_CHECK_CUDA(cuda::chunk_grad(dot.data_ptr<float>(), scale_pointer(row_scale), dot.size(0),
+                                       dot.size(1), target_col.data_ptr<int64_t>(), begin,
+                                       row_max.data_ptr<float>(), row_inv_sum.data_ptr<float>(),
+                                       coef.data_ptr<float>(), params, out.data_ptr(),
+                                       element_type(dtype), stream_of(dot)));
     return out;
   }
 #endif
-  torch::Tensor z = other_logits(dot, params);
-  const ChunkTargets t = chunk_targets(dot, target_col, begin, params);
+  const torch::Tensor cosine = scaled(dot, row_scale);
+  torch::Tensor z = other_logits(cosine, params);
+  const ChunkTargets t = chunk_targets(cosine, target_col, begin, params);
   z.index_put_({t.rows, t.cols}, t.z);
   // softmax probabilities, times coef; the target entry also loses coef (the one-hot).
   torch::Tensor grad =
@@ -146,6 +175,7 @@ torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& ta
   const torch::Tensor target_grad = (grad.index({t.rows, t.cols}) - coef).mul_(t.dz_dcos);
   if (params.normalized) grad.mul_(params.scale);
   grad.index_put_({t.rows, t.cols}, target_grad);
+  if (row_scale.defined()) grad.mul_(row_scale.unsqueeze(1));
   return grad.to(dtype);
 }
 

@@ -13,24 +13,33 @@
 
 namespace myriad {
 
-// The chunk's weight rows as GEMM operand: normalised when `normalize`, in `dtype`.
+// The chunk's weight rows (float32 or bfloat16) as GEMM operand: normalised when `normalize`, in
+// `dtype`.
 // `index` is undefined for contiguous rows of `weight`.
 torch::Tensor prepare_chunk_rows(const torch::Tensor& weight, const torch::Tensor& index,
                                  int64_t begin, int64_t end, torch::ScalarType dtype,
                                  bool normalize);
 
+// 1 / |w| of contiguous rows [begin, end) of `weight`, [end - begin] float32: the scale of the
+// logits of GEMMs that read the stored rows directly.
+torch::Tensor chunk_inv_norms(const torch::Tensor& weight, int64_t begin, int64_t end);
+
 // Folds one chunk of logits `dot` [c, B] into running per-sample statistics: `row_max` and
 // `row_sum` (sum of exp(z - row_max)), and writes the target logit of samples whose target
-// class (`target_col` - begin) lies in the chunk into `target_logit`.
-void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& target_col,
-                            int64_t begin, const MarginParams& params, torch::Tensor& row_max,
+// class (`target_col` - begin) lies in the chunk into `target_logit`. The cosines are
+// dot * row_scale[j] when `row_scale` [c] is defined, else dot.
+void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& row_scale,
+                            const torch::Tensor& target_col, int64_t begin,
+                            const MarginParams& params, torch::Tensor& row_max,
                             torch::Tensor& row_sum, torch::Tensor& target_logit);
 
-// d loss / d cos for one chunk, [c, B]: coef * (softmax - one_hot) * dz/dcos, in `dtype`. `coef`
-// is a one-element float32 tensor on the logits' device (incoming gradient over batch size).
-torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& target_col,
-                               int64_t begin, const torch::Tensor& row_max,
-                               const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
-                               const MarginParams& params, torch::ScalarType dtype);
+// d loss / d cos for one chunk, [c, B]: coef * (softmax - one_hot) * dz/dcos, in `dtype`, times
+// row_scale[j] when it is defined (cosines read as in accumulate_chunk_stats). `coef` is a
+// one-element float32 tensor on the logits' device (incoming gradient over batch size).
+torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& row_scale,
+                               const torch::Tensor& target_col, int64_t begin,
+                               const torch::Tensor& row_max, const torch::Tensor& row_inv_sum,
+                               const torch::Tensor& coef, const MarginParams& params,
+                               torch::ScalarType dtype);
 
 }  // namespace myriad

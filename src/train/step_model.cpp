@@ -37,6 +37,7 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
   const int64_t states = config.optimizer == "adamw" ? 2 : 1;
   s.classifier_states = states;
   s.classifier_state_bytes = config.classifier_state_dtype == "bf16" ? 2 : 4;
+  s.classifier_weight_bytes = config.classifier_weight_dtype == "bf16" ? 2 : 4;
   s.classifier_workspace = config.classifier_workspace;
   s.backbone_params = backbone_params;
   s.backbone_states = states;
@@ -60,8 +61,11 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
 
   c.classifier_flops = (c.plan.cache ? 3.0 : 4.0) * 2.0 * b * d * rows;
   const double per_logit = 4.0 * (passes + 2.0) + g;
+  // Per weight element: read and GEMM copy per pass, the float32 gradient written and read, the
+  // weight and its state read and written by the update.
+  const double w = static_cast<double>(s.classifier_weight_bytes);
   const double per_weight =
-      (4.0 + g) * passes + 8.0 + 8.0 +
+      (w + g) * passes + 8.0 + 2.0 * w +
       2.0 * static_cast<double>(s.classifier_states * s.classifier_state_bytes);
   c.classifier_traffic = rows * b * per_logit + rows * d * per_weight;
   c.classifier_gemm = c.classifier_flops / rates.gemm_flops;
@@ -95,7 +99,8 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
       collective_seconds(b * 8.0, reduce, rates.all_reduce_busbw, rates.collective_latency);
   c.step = c.backbone + c.classifier() + c.communication();
 
-  c.classifier_weight_memory = static_cast<double>(shard) * d * 4.0;
+  c.classifier_weight_memory =
+      static_cast<double>(shard) * d * static_cast<double>(s.classifier_weight_bytes);
   c.classifier_state_memory = static_cast<double>(shard) * d *
                               static_cast<double>(s.classifier_states * s.classifier_state_bytes);
   // What a chunk's rows hold at the peak, as measured (docs/benchmarks.md: 24.9 and 42.0 GiB on

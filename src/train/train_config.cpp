@@ -81,6 +81,7 @@ po::options_description train_options(TrainConfig& c) {
       ("classifier-lr", po::value(&c.classifier_lr)->default_value(0.0), "peak learning rate of the classifier (default: --lr)")
       ("classifier-weight-decay", po::value(&c.classifier_weight_decay)->default_value(-1.0), "classifier weight decay (default: --weight-decay)")
       ("classifier-state-dtype", po::value(&c.classifier_state_dtype)->default_value(c.classifier_state_dtype), "classifier optimizer state: fp32 or bf16")
+      ("classifier-weight-dtype", po::value(&c.classifier_weight_dtype)->default_value(c.classifier_weight_dtype), "classifier weights: fp32, or bf16 updated with stochastic rounding (half the memory)")
       ("classifier-workspace", po::value<std::string>()->default_value("2G"), "memory budget of the classifier's chunks (e.g. 512M, 8G)")
       ("lr-schedule", po::value(&c.lr_schedule)->default_value(c.lr_schedule), "poly, cosine or step, after the warmup")
       ("poly-power", real_option(&c.poly_power), "exponent of the poly schedule")
@@ -162,6 +163,8 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(c.momentum >= 0.0 && c.momentum < 1.0, "--momentum must be in [0, 1)");
   require(one_of(c.classifier_state_dtype, {"fp32", "bf16"}),
           "--classifier-state-dtype must be fp32 or bf16");
+  require(one_of(c.classifier_weight_dtype, {"fp32", "bf16"}),
+          "--classifier-weight-dtype must be fp32 or bf16");
   require(c.classifier_workspace > 0, "--classifier-workspace must be positive");
   require(one_of(c.lr_schedule, {"poly", "cosine", "step"}),
           str_format("--lr-schedule must be poly, cosine or step, got '{}'", c.lr_schedule));

@@ -110,6 +110,7 @@ ShardedSoftmaxOptions classifier_options(const TrainConfig& c, int64_t classes) 
   o.optimizer.momentum = c.momentum;
   o.optimizer.nesterov = c.nesterov;
   o.optimizer.state_dtype = parse_float_dtype(c.classifier_state_dtype);
+  o.weight_dtype = parse_float_dtype(c.classifier_weight_dtype);
   return o;
 }
 

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "myriad/util/stochastic_round.h"
+
 namespace myriad {
 
 namespace {
@@ -27,10 +29,7 @@ torch::Tensor bits24(const torch::Tensor& z, int shift) {
 }  // namespace
 
 uint64_t mix64(uint64_t value) {
-  uint64_t z = value + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+  return splitmix64(value);
 }
 
 torch::Tensor hash_uniform(const torch::Tensor& keys, uint64_t seed) {

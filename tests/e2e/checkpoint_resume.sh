@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sharded checkpoints end to end:
-#  - 2 ranks stopped at step 10 and resumed to 20 log exactly the losses of an uninterrupted run;
+#  - 2 ranks stopped at step 10 and resumed to 20 log exactly the losses of an uninterrupted run,
+#    with float32 or bfloat16 classifier weights;
 #  - resuming on another world size (2 -> 3, 4 -> 2, same global batch) stays within float32
 #    noise of the uninterrupted run;
 #  - a corrupt, truncated or missing shard is an error naming the file; --resume auto falls back
@@ -24,6 +25,17 @@ stopped 2 --batch-size 8 --sample-rate 0.5 --run-dir "$work/part" --stop-at-step
 train 2 --batch-size 8 --sample-rate 0.5 --run-dir "$work/part" --resume auto
 diff <(losses "$work/full") <(losses "$work/part") >/dev/null || { paste <(losses "$work/full") <(losses "$work/part"); echo "resumed losses differ"; exit 1; }
 echo "same world size: 20 losses identical"
+
+# bfloat16 weights (stochastically rounded): files hold them widened to float32, a resume narrows
+# them back exactly and draws the same rounding bits, so the losses are identical again; and the
+# weights really are bfloat16 (other losses than float32 weights).
+train 2 --batch-size 8 --classifier-weight-dtype bf16 --run-dir "$work/full-bf16"
+stopped 2 --batch-size 8 --classifier-weight-dtype bf16 --run-dir "$work/part-bf16" --stop-at-step 10
+train 2 --batch-size 8 --classifier-weight-dtype bf16 --run-dir "$work/part-bf16" --resume auto
+diff <(losses "$work/full-bf16") <(losses "$work/part-bf16") >/dev/null || { paste <(losses "$work/full-bf16") <(losses "$work/part-bf16"); echo "resumed bf16-weight losses differ"; exit 1; }
+train 2 --batch-size 8 --run-dir "$work/full-fp32"
+if diff <(losses "$work/full-fp32") <(losses "$work/full-bf16") >/dev/null; then echo "bf16 weights gave float32's losses"; exit 1; fi
+echo "bf16 weights: 20 losses identical after a resume, and unlike float32 weights'"
 
 # Other world sizes, global batch 24: SyncBN makes the split irrelevant. Each resumed run is
 # compared with an uninterrupted run on the world size it started on, so the first 10 steps must

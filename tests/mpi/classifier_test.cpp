@@ -181,6 +181,20 @@ TEST_P(ClassifierTest, HalfPrecisionGemmsWithinDocumentedTolerance) {
     o.workspace_bytes = budget_for_chunk(5, p.features.size(0), 32, 2);
     expect_matches_reference(p, o, tolerance, std::string(c10::toString(dtype)) + " chunked");
   }
+  // bfloat16 weights with bfloat16 GEMMs: the GEMMs read the stored rows and the logits are scaled
+  // by 1/|w| afterwards. The reference starts from the same, rounded, weights.
+  Problem rounded = p;
+  rounded.weight = p.weight.to(torch::kBFloat16).to(torch::kFloat32);
+  for (const MarginConfig& margin :
+       {margin_of(MarginType::kArcFace, 1, 0.5, 0), margin_of(MarginType::kSoftmax, 1, 0, 0)}) {
+    ShardedSoftmaxOptions o = options_for(rounded, margin);
+    o.gemm_dtype = torch::kBFloat16;
+    o.weight_dtype = torch::kBFloat16;
+    const std::string label = "bf16 weights, " + margin.describe();
+    expect_matches_reference(rounded, o, 3e-2, label);
+    o.workspace_bytes = budget_for_chunk(5, p.features.size(0), 32, 2);
+    expect_matches_reference(rounded, o, 3e-2, label + " chunked");
+  }
 }
 
 TEST_P(ClassifierTest, PartialFcUsesTheSameClassesAtEveryWorldSize) {
@@ -204,11 +218,16 @@ TEST_P(ClassifierTest, PartialFcUsesTheSameClassesAtEveryWorldSize) {
             kTolerance);
 }
 
-// One and two fused SGD steps against torch.optim.SGD's rule applied to the reference gradient.
+// One and two fused SGD steps against torch.optim.SGD's rule applied to the reference gradient,
+// with float32 or bfloat16 momentum and weights.
 TEST_P(ClassifierTest, FusedSgdMatchesReferenceAndTouchesOnlySampledRows) {
   const Problem p = make_problem(uneven_batches(world()), 53, 16, 16);
+  const std::vector<std::pair<torch::ScalarType, torch::ScalarType>> storage = {
+      {torch::kFloat32, torch::kFloat32},
+      {torch::kBFloat16, torch::kFloat32},
+      {torch::kBFloat16, torch::kBFloat16}};
   for (double rate : {1.0, 0.4}) {
-    for (auto state : {torch::kFloat32, torch::kBFloat16}) {
+    for (const auto& [state, weight_dtype] : storage) {
       ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kCosFace, 1, 0, 0.35));
       o.update = WeightUpdate::kFused;
       o.sample_rate = rate;
@@ -218,11 +237,14 @@ TEST_P(ClassifierTest, FusedSgdMatchesReferenceAndTouchesOnlySampledRows) {
       o.optimizer.momentum = 0.9;
       o.optimizer.weight_decay = 0.01;
       o.optimizer.state_dtype = state;
+      o.weight_dtype = weight_dtype;
       auto module = make_module(p, o);
       const ClassPartition& part = module->partition();
       const int64_t offset = part.offset(rank()), rows = part.size(rank());
 
-      torch::Tensor w = p.weight.to(torch::kFloat64);
+      // bfloat16 weights start from the initial weights rounded to bfloat16.
+      const torch::Tensor initial_all = p.weight.to(weight_dtype).to(torch::kFloat32);
+      torch::Tensor w = initial_all.to(torch::kFloat64);
       torch::Tensor buf = torch::zeros_like(w);
       torch::Tensor touched = torch::zeros({p.weight.size(0)}, torch::kBool);
       for (int64_t step = 1; step <= 2; ++step) {
@@ -239,9 +261,14 @@ TEST_P(ClassifierTest, FusedSgdMatchesReferenceAndTouchesOnlySampledRows) {
         w.index_copy_(0, rows_now, w.index_select(0, rows_now) - 0.5 * b);
         touched.index_fill_(0, rows_now, true);
       }
-      const double tolerance = state == torch::kBFloat16 ? 1e-2 : kTolerance;
-      const std::string label = str_format("rate {}, state {}", rate, c10::toString(state));
-      EXPECT_LE(relative_error(module->weight(), w.slice(0, offset, offset + rows)), tolerance)
+      const double tolerance =
+          state == torch::kBFloat16 || weight_dtype == torch::kBFloat16 ? 1e-2 : kTolerance;
+      const std::string label = str_format("rate {}, state {}, weights {}", rate,
+                                           c10::toString(state), c10::toString(weight_dtype));
+      ASSERT_EQ(module->weight().scalar_type(), weight_dtype) << label;
+      EXPECT_LE(
+          relative_error(module->weight().to(torch::kFloat32), w.slice(0, offset, offset + rows)),
+          tolerance)
           << label;
       const torch::Tensor momentum = *module->optimizer().state()[0].second;
       EXPECT_LE(relative_error(momentum, buf.slice(0, offset, offset + rows)), tolerance) << label;
@@ -251,9 +278,10 @@ TEST_P(ClassifierTest, FusedSgdMatchesReferenceAndTouchesOnlySampledRows) {
       if (rate < 1.0 && world() == 1) {
         EXPECT_GT(untouched.numel(), 0) << label;
       }
-      const torch::Tensor initial = p.weight.slice(0, offset, offset + rows);
-      EXPECT_TRUE(torch::equal(module->weight().cpu().index_select(0, untouched),
-                               initial.index_select(0, untouched)))
+      const torch::Tensor initial = initial_all.slice(0, offset, offset + rows);
+      EXPECT_TRUE(
+          torch::equal(module->weight().cpu().to(torch::kFloat32).index_select(0, untouched),
+                       initial.index_select(0, untouched)))
           << label;
       EXPECT_EQ(momentum.cpu().index_select(0, untouched).abs().sum().item<double>(), 0.0) << label;
     }

@@ -135,8 +135,15 @@ TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   EXPECT_EQ(s.grad_comm_bytes, 2);
   EXPECT_EQ(s.classifier_workspace, 12345);
   EXPECT_EQ(s.backbone_params, 42);
+  EXPECT_EQ(s.classifier_weight_bytes, 4);
   config.precision = "fp32";
   EXPECT_EQ(step_shape(config, 1, 10, 1).gemm_bytes, 4);
+  // bfloat16 weights halve the shard's memory.
+  config.classifier_weight_dtype = "bf16";
+  const StepShape half = step_shape(config, 16, 1000000, 42);
+  EXPECT_EQ(half.classifier_weight_bytes, 2);
+  EXPECT_DOUBLE_EQ(predict_step(half, small_rates()).classifier_weight_memory * 2,
+                   predict_step(s, small_rates()).classifier_weight_memory);
 }
 
 // The classifier's peak memory in docs/benchmarks.md (2 H200, C = 8M, D = 512, bf16 GEMMs,

@@ -45,6 +45,8 @@ TEST(TrainConfig, DefaultsAndOverrides) {
   EXPECT_TRUE(c.random_flip);
   EXPECT_FALSE(c.deterministic);
   EXPECT_TRUE(parse({"--deterministic"}).deterministic);
+  EXPECT_EQ(c.classifier_weight_dtype, "fp32");
+  EXPECT_EQ(parse({"--classifier-weight-dtype", "bf16"}).classifier_weight_dtype, "bf16");
 }
 
 TEST(TrainConfig, BadValuesAreUsageErrors) {
@@ -66,7 +68,9 @@ TEST(TrainConfig, BadValuesAreUsageErrors) {
                                                      {"--num-classes", "10X"},
                                                      {"--max-steps", "99999999999G"},
                                                      {"--hang-timeout", "-1"},
-                                                     {"--grad-comm-dtype", "int8"}};
+                                                     {"--grad-comm-dtype", "int8"},
+                                                     {"--classifier-weight-dtype", "fp16"},
+                                                     {"--classifier-state-dtype", "fp16"}};
   for (const auto& args : bad) {
     EXPECT_THROW(parse(args), UsageError) << args[0];
   }

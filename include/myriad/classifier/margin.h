@@ -5,11 +5,7 @@
 
 #include <cmath>
 
-#if defined(__CUDACC__)
-#define MYRIAD_HD __host__ __device__
-#else
-#define MYRIAD_HD
-#endif
+#include "myriad/util/host_device.h"
 
 namespace myriad {
 

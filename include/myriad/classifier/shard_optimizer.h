@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "myriad/classifier/row_gradient.h"
+
 namespace myriad {
 
 enum class OptimizerKind { kSgd, kAdamW };
@@ -30,18 +32,23 @@ struct OptimizerOptions {
 // chunk's gradient, fused with the backward of the row normalisation, so no gradient of the whole
 // shard is ever stored. Semantics follow torch.optim.SGD (weight decay added to the gradient,
 // dampening 0) and torch.optim.AdamW. Rows Partial FC did not sample keep their state untouched.
+//
+// The weights may be float32 or bfloat16. Updates are computed in float32 either way; bfloat16
+// weights are stored with stochastic rounding, whose random bits depend on (seed, optimizer step,
+// global class, column) only, so that any rank count trains the same weights.
 class ShardOptimizer {
  public:
+  // The shard holds `rows` classes from global class `first_row` on.
   ShardOptimizer(const OptimizerOptions& options, int64_t rows, int64_t dim,
-                 const torch::Device& device);
+                 const torch::Device& device, int64_t first_row, uint64_t seed);
 
   // Starts an optimisation step (AdamW's bias correction counts these).
   void begin_step();
   // Updates rows [begin, end) of the active rows (`index` lists shard rows; undefined means the
-  // shard's own rows), given `grad` [end-begin, D]: the gradient with respect to the normalised
-  // rows when `normalized`, else with respect to the rows. `grad_multiplier` undoes loss scaling.
+  // shard's own rows) of `weight` (float32 or bfloat16), given `grad` [end-begin, D] float32, the
+  // gradient with respect to what `grad_of` says. `grad_multiplier` undoes loss scaling.
   void update_rows(torch::Tensor& weight, const torch::Tensor& index, int64_t begin, int64_t end,
-                   const torch::Tensor& grad, bool normalized, double grad_multiplier);
+                   const torch::Tensor& grad, RowGradient grad_of, double grad_multiplier);
 
   double lr() const { return options_.lr; }
   void set_lr(double lr) { options_.lr = lr; }
@@ -51,16 +58,28 @@ class ShardOptimizer {
   // The state tensors, by name, for checkpoints: SGD "momentum"; AdamW "exp_avg", "exp_avg_sq".
   std::vector<std::pair<std::string, torch::Tensor*>> state();
 
+  // The seed of this step's stochastic rounding.
+  uint64_t rounding_seed() const;
+
  private:
   OptimizerOptions options_;
+  int64_t first_row_;
+  uint64_t seed_;
   int64_t step_ = 0;
   torch::Tensor momentum_;
   torch::Tensor exp_avg_;
   torch::Tensor exp_avg_sq_;
 };
 
-// Gradient with respect to rows w from the gradient with respect to w / |w|:
-// grad/|w| - (w . grad) w / |w|^3. Rows are independent.
-torch::Tensor unnormalize_row_grad(const torch::Tensor& rows, const torch::Tensor& grad);
+// `values` (float32, CPU) rounded stochastically to bfloat16 as the update kernels do; row i is
+// global class rows[i] of a [*, values.size(1)] matrix.
+torch::Tensor round_bf16_stochastic(const torch::Tensor& values, const torch::Tensor& rows,
+                                    uint64_t seed);
+
+// Gradient with respect to rows w (float32) from the gradient `grad_of` says: for w / |w|,
+// grad/|w| - (w . grad) w / |w|^3; for w / |w| divided by |w|, grad - (w . grad) w / |w|^2.
+// Rows are independent.
+torch::Tensor row_grad_of_rows(const torch::Tensor& rows, const torch::Tensor& grad,
+                               RowGradient grad_of);
 
 }  // namespace myriad

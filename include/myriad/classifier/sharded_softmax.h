@@ -38,6 +38,9 @@ struct ShardedSoftmaxOptions {
   // Operand dtype of the GEMMs (float32, bfloat16 or float16). Logits and softmax statistics
   // are always float32.
   torch::ScalarType gemm_dtype = torch::kFloat32;
+  // Storage of the weight shard: float32, or bfloat16 updated with stochastic rounding (half the
+  // memory; see ShardOptimizer).
+  torch::ScalarType weight_dtype = torch::kFloat32;
   // Memory for the chunked logits, GEMM copies and gradients (see plan_chunks).
   int64_t workspace_bytes = int64_t{8} << 30;
   // Partial FC: fraction of negative classes sampled per step; 1 uses every class.
@@ -83,8 +86,9 @@ class ShardedMarginSoftmax {
   const ClassPartition& partition() const { return partition_; }
   const ShardedSoftmaxOptions& options() const { return options_; }
   const torch::Device& device() const { return device_; }
-  // This rank's rows, [n_r, D] float32.
+  // This rank's rows, [n_r, D] in options().weight_dtype.
   torch::Tensor& weight() { return weight_; }
+  // dL/dW [n_r, D] float32 (WeightUpdate::kAccumulateGrad only).
   torch::Tensor& weight_grad() { return weight_grad_; }
   void zero_grad();
   ShardOptimizer& optimizer() { return *optimizer_; }
@@ -120,11 +124,17 @@ class ShardedMarginSoftmax {
   PhaseTimer* timer_ = nullptr;
 
   void phase(const char* name);
+  // Rows [begin, end) of the step's active rows as the GEMMs read them. When the shard is stored
+  // in the GEMM dtype and every row takes part, that is the stored rows themselves, and a margin's
+  // normalisation is applied to the logits instead (1/|w| per class, Step::row_scales), which
+  // saves writing and reading a normalised copy; otherwise a normalised copy in the GEMM dtype.
+  torch::Tensor chunk_rows(const Step& step, int64_t begin, int64_t end);
 };
 
-// Normal(0, std) rows [begin, begin + rows) of a [*, dim] matrix, element (i, j) drawn from
-// (seed, i * dim + j), in chunks that bound the temporary memory.
-torch::Tensor hashed_normal_rows(int64_t begin, int64_t rows, int64_t dim, double std,
-                                 uint64_t seed, const torch::Device& device);
+// Rows [first, first + rows) of the classifier's initial weights, in options.weight_dtype:
+// normal(0, init_std), element (i, j) drawn from (seed, i * D + j), so that they do not depend on
+// the number of ranks.
+torch::Tensor initial_shard(int64_t first, int64_t rows, const ShardedSoftmaxOptions& options,
+                            const torch::Device& device);
 
 }  // namespace myriad

@@ -29,6 +29,7 @@ struct StepShape {
   int64_t gemm_bytes = 2;         // classifier GEMM operand element size (4 with fp32)
   int64_t classifier_states = 1;  // optimizer state tensors per weight: SGD 1, AdamW 2
   int64_t classifier_state_bytes = 4;
+  int64_t classifier_weight_bytes = 4;
   int64_t classifier_workspace = int64_t{2} << 30;
   int64_t backbone_params = 0;
   int64_t backbone_states = 1;  // SGD 1, AdamW 2

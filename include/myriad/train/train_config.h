@@ -46,6 +46,7 @@ struct TrainConfig {
   double classifier_lr = 0.0;             // 0: --lr
   double classifier_weight_decay = -1.0;  // negative: --weight-decay
   std::string classifier_state_dtype = "fp32";
+  std::string classifier_weight_dtype = "fp32";
   int64_t classifier_workspace = 0;  // bytes
   std::string lr_schedule = "poly";
   double poly_power = 2.0;

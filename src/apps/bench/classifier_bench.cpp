@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <vector>
@@ -41,6 +42,43 @@ double measure_gemm_tflops(const torch::Device& device, torch::ScalarType dtype)
   for (int i = 0; i < reps; ++i) c = torch::matmul(a, b);
   synchronize_device(device);
   return 2.0 * n * n * n * reps / seconds_since(start) / 1e12;
+}
+
+// Bytes per second that a large device-to-device copy reads plus writes: the memory-bound ceiling.
+double measure_memory_bandwidth(const torch::Device& device) {
+  const int64_t bytes = device.is_cuda() ? (int64_t{1} << 30) : (int64_t{64} << 20);
+  const auto options = torch::dtype(torch::kUInt8).device(device);
+  const torch::Tensor src = torch::ones({bytes}, options);
+  torch::Tensor dst = torch::empty({bytes}, options);
+  dst.copy_(src);
+  synchronize_device(device);
+  const int reps = device.is_cuda() ? 20 : 3;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) dst.copy_(src);
+  synchronize_device(device);
+  return 2.0 * static_cast<double>(bytes) * reps / seconds_since(start);
+}
+
+// The least time a step can take on this device: its GEMMs at the measured peak, or the weights
+// and optimizer state read and written once at the measured bandwidth (the forward's GEMM reads
+// the weights, the update reads and writes them with their state), whichever is longer.
+struct Floor {
+  double gemm_seconds;
+  double memory_seconds;
+  double seconds() const { return std::max(gemm_seconds, memory_seconds); }
+};
+
+Floor step_floor(const ShardedSoftmaxOptions& o, int64_t global_batch, int64_t active_rows,
+                 double gemm_flops, double memory_bandwidth) {
+  const double rows = static_cast<double>(active_rows);
+  const double d = static_cast<double>(o.embedding_size);
+  const double w = static_cast<double>(torch::elementSize(o.weight_dtype));
+  const double states = o.optimizer.kind == OptimizerKind::kAdamW ? 2.0
+                        : o.optimizer.momentum == 0.0             ? 0.0
+                                                                  : 1.0;
+  const double s = states * static_cast<double>(torch::elementSize(o.optimizer.state_dtype));
+  return {6.0 * static_cast<double>(global_batch) * d * rows / gemm_flops,
+          rows * d * (3.0 * w + 2.0 * s) / memory_bandwidth};
 }
 
 struct Spread {
@@ -114,7 +152,8 @@ int64_t find_max_classes(ProcessContext& context, Communicator& comm, BenchConfi
   const ShardedSoftmaxOptions& o = config.options;
   const int64_t state_bytes =
       o.optimizer.momentum == 0.0 ? 0 : torch::elementSize(o.optimizer.state_dtype);
-  const int64_t persistent = o.embedding_size * (4 + state_bytes);
+  const int64_t persistent =
+      o.embedding_size * (static_cast<int64_t>(torch::elementSize(o.weight_dtype)) + state_bytes);
   const DeviceMemory memory = device_memory(device);
   // Leave the workspace, CUDA's context and the allocator's fragmentation outside the estimate.
   const int64_t usable = memory.free - o.workspace_bytes - (int64_t{3} << 30);
@@ -148,7 +187,7 @@ int64_t find_max_classes(ProcessContext& context, Communicator& comm, BenchConfi
 
 int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
   po::options_description options("classifier options");
-  std::string classes_text, dtype_name, workspace_text, state_name, device_name;
+  std::string classes_text, dtype_name, workspace_text, state_name, weight_name, device_name;
   BenchConfig config;
   int64_t dim = 512;
   double sample_rate = 1.0;
@@ -158,11 +197,12 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
   options.add_options()
       ("num-classes", po::value(&classes_text)->default_value("1M"), "classes C over all ranks (e.g. 100K, 1M, 8M)")
       ("embedding-size", po::value(&dim)->default_value(512), "embedding size D")
-      ("batch-size", po::value(&config.local_batch)->default_value(128), "samples per rank")
+      ("batch-size", count_option(&config.local_batch), "samples per rank (e.g. 128 or 2K)")
       ("dtype", po::value(&dtype_name)->default_value("bf16"), "GEMM operands: fp32, bf16 or fp16")
       ("workspace", po::value(&workspace_text)->default_value("8G"), "classifier workspace budget (bytes, e.g. 4G)")
       ("sample-rate", po::value(&sample_rate)->default_value(1.0), "Partial FC negative sampling rate in (0, 1]")
       ("momentum-dtype", po::value(&state_name)->default_value("fp32"), "SGD momentum storage: fp32 or bf16")
+      ("weight-dtype", po::value(&weight_name)->default_value("fp32"), "classifier weights: fp32, or bf16 with stochastic rounding")
       ("naive", po::bool_switch(&config.naive), "benchmark the naive baseline (logits gathered to rank 0)")
       ("steps", po::value(&config.steps)->default_value(20), "timed steps")
       ("warmup", po::value(&config.warmup)->default_value(5), "untimed steps first")
@@ -194,11 +234,14 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
   o.optimizer.state_dtype = parse_float_dtype(state_name);
   if (o.optimizer.state_dtype == torch::kFloat16)
     throw UsageError("--momentum-dtype must be fp32 or bf16");
+  o.weight_dtype = parse_float_dtype(weight_name);
+  if (o.weight_dtype == torch::kFloat16) throw UsageError("--weight-dtype must be fp32 or bf16");
 
   const torch::Device device = context.select_device(parse_device_preference(device_name));
   CommFactory comms(context);
   Communicator& comm = comms.for_device(device);
   const double gemm_peak = measure_gemm_tflops(device, o.gemm_dtype);
+  const double memory_bandwidth = measure_memory_bandwidth(device);
   release_cached_memory(device);
   reset_peak_device_memory(device);
 
@@ -223,18 +266,21 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
   const double tflops = 6.0 * global_batch * dim * shard_rows / (per_step * 1e12);
   const Spread rate = over_ranks(tflops, context);
   const Spread peak = over_ranks(static_cast<double>(peak_device_memory(device)), context);
+  const int64_t active_rows = std::min<int64_t>(
+      shard_rows, static_cast<int64_t>(std::ceil(static_cast<double>(shard_rows) * sample_rate)));
+  const Floor floor = step_floor(o, global_batch, active_rows, gemm_peak * 1e12, memory_bandwidth);
   const std::string label = config.naive ? "naive baseline" : "myriad";
   if (context.rank() == 0) {
     std::printf(
         "# classifier %s: C=%lld over %d rank(s) (%lld per rank), D=%lld, batch %lld per rank "
         "(%lld global), "
-        "%s GEMMs, %s, sample rate %.3g, momentum %s, workspace %s, device %s\n",
+        "%s GEMMs, %s, sample rate %.3g, weights %s, momentum %s, workspace %s, device %s\n",
         label.c_str(), static_cast<long long>(o.num_classes), comm.size(),
         static_cast<long long>(shard_rows), static_cast<long long>(dim),
         static_cast<long long>(config.local_batch), static_cast<long long>(global_batch),
         c10::toString(o.gemm_dtype), o.margin.describe().c_str(), sample_rate,
-        c10::toString(o.optimizer.state_dtype), format_bytes(o.workspace_bytes).c_str(),
-        device.str().c_str());
+        c10::toString(o.weight_dtype), c10::toString(o.optimizer.state_dtype),
+        format_bytes(o.workspace_bytes).c_str(), device.str().c_str());
     if (plan != nullptr) {
       std::printf("# plan: %s, %lld chunk(s) of %lld classes\n",
                   plan->cache ? "cached logits" : "recompute in backward",
@@ -249,6 +295,12 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
         "TFLOP/s "
         "(%.0f%%)\n",
         rate.avg, rate.min, c10::toString(o.gemm_dtype), gemm_peak, 100.0 * rate.avg / gemm_peak);
+    std::printf(
+        "floor: %.3f ms (GEMMs at the measured peak %.3f ms; weights and state once at the "
+        "measured %.0f GB/s %.3f ms); the step takes %.2fx the floor (%.0f%% of it)\n",
+        floor.seconds() * 1e3, floor.gemm_seconds * 1e3, memory_bandwidth / 1e9,
+        floor.memory_seconds * 1e3, step_ms.max / (floor.seconds() * 1e3),
+        100.0 * floor.seconds() * 1e3 / step_ms.max);
     if (device.is_cuda()) {
       std::printf("peak memory per rank: min %s, max %s, max/min %.3f; %.0f bytes per class\n",
                   format_bytes(peak.min).c_str(), format_bytes(peak.max).c_str(),
@@ -269,8 +321,9 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
     const int64_t largest = find_max_classes(context, comm, config, device);
     if (context.rank() == 0) {
       std::printf(
-          "largest C that trains on %d rank(s) (workspace %s, momentum %s): %lld classes (%.1fM)\n",
-          comm.size(), format_bytes(o.workspace_bytes).c_str(),
+          "largest C that trains on %d rank(s) (workspace %s, weights %s, momentum %s): %lld "
+          "classes (%.1fM)\n",
+          comm.size(), format_bytes(o.workspace_bytes).c_str(), c10::toString(o.weight_dtype),
           c10::toString(o.optimizer.state_dtype), static_cast<long long>(largest), largest / 1e6);
     }
   }

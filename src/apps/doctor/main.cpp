@@ -586,7 +586,8 @@ int run(ProcessContext& context, int argc, char** argv) {
     const int r = short_of_memory.front();
     failures.push_back(str_format(
         "not enough memory on {}: rank {} needs about {} and has {} free ({}); use more GPUs, "
-        "--classifier-state-dtype bf16, a smaller --classifier-workspace or --batch-size, or "
+        "--classifier-state-dtype bf16, --classifier-weight-dtype bf16, a smaller "
+        "--classifier-workspace or --batch-size, or "
         "--activation-checkpointing",
         hosts_of(short_of_memory, host_of_rank), r, format_bytes(at(r, kNeededMemory)),
         format_bytes(at(r, kFreeMemory)), devices[r]));

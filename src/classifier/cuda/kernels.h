@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "myriad/classifier/margin.h"
+#include "myriad/classifier/row_gradient.h"
 
 namespace myriad::cuda {
 
@@ -30,23 +31,36 @@ inline int64_t softmax_tile_rows(int64_t classes, int64_t batch) {
 
 // Per (tile of softmax_tile_rows classes, sample b): max of z and sum of exp(z - max), into
 // tile_max/tile_sum [tiles, batch]; target_logit[b] = z at b's target when its class
-// (target_col[b] - begin) lies in this chunk.
-cudaError_t chunk_stats(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
-                        int64_t begin, MarginParams params, float* tile_max, float* tile_sum,
-                        float* target_logit, cudaStream_t stream);
+// (target_col[b] - begin) lies in this chunk. The cosine of (j, b) is dot[j, b] * row_scale[j]
+// when row_scale is given (GEMMs on unnormalised rows), else dot[j, b].
+cudaError_t chunk_stats(const float* dot, const float* row_scale, int64_t classes, int64_t batch,
+                        const int64_t* target_col, int64_t begin, MarginParams params,
+                        float* tile_max, float* tile_sum, float* target_logit, cudaStream_t stream);
 
 // out[j, b] = coef * (exp(z_jb - row_max_b) * row_inv_sum_b - [j is b's target]) * dz/dcos,
-// with coef read from device memory (no host synchronisation for the loss gradient).
-cudaError_t chunk_grad(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
-                       int64_t begin, const float* row_max, const float* row_inv_sum,
-                       const float* coef, MarginParams params, void* out, ElementType out_type,
-                       cudaStream_t stream);
+// with coef read from device memory (no host synchronisation for the loss gradient). With
+// row_scale, cosines are read as in chunk_stats and out[j, b] is multiplied by row_scale[j].
+cudaError_t chunk_grad(const float* dot, const float* row_scale, int64_t classes, int64_t batch,
+                       const int64_t* target_col, int64_t begin, const float* row_max,
+                       const float* row_inv_sum, const float* coef, MarginParams params, void* out,
+                       ElementType out_type, cudaStream_t stream);
 
 // out[r] = weight[row(r)] (normalised when `normalize`) in out_type, for the `count` rows
-// row(r) = index ? index[begin + r] : begin + r.
-cudaError_t prepare_rows(const float* weight, int64_t dim, const int64_t* index, int64_t begin,
-                         int64_t count, bool normalize, void* out, ElementType out_type,
-                         cudaStream_t stream);
+// row(r) = index ? index[begin + r] : begin + r of a weight shard in weight_type; and
+// inv_norms[r] = 1 / |weight[row(r)]|. Either output may be null.
+cudaError_t prepare_rows(const void* weight, ElementType weight_type, int64_t dim,
+                         const int64_t* index, int64_t begin, int64_t count, bool normalize,
+                         void* out, ElementType out_type, float* inv_norms, cudaStream_t stream);
+
+// The weight shard as the update kernels write it: float32, or bfloat16 stored with stochastic
+// rounding (stochastic_round.h), element (row, k) drawing its bits from
+// (rounding_seed, (first_row + row) * dim + k) so that any rank count rounds alike.
+struct WeightShard {
+  void* data;
+  ElementType type;  // kFloat32 or kBFloat16
+  int64_t first_row;
+  uint64_t rounding_seed;
+};
 
 struct SgdArgs {
   float lr;
@@ -56,12 +70,12 @@ struct SgdArgs {
   float grad_multiplier;  // undoes loss scaling
 };
 
-// For each of `count` rows: dw from grad (the gradient with respect to the normalised row when
-// `normalized`, else the row's own gradient), then SGD with momentum and weight decay on the row
-// and its momentum buffer (momentum_type; null when momentum is 0). One pass over each row.
-cudaError_t sgd_rows(float* weight, void* momentum, ElementType momentum_type, const float* grad,
-                     int64_t dim, const int64_t* index, int64_t begin, int64_t count,
-                     bool normalized, SgdArgs args, cudaStream_t stream);
+// For each of `count` rows: dw from grad (taken with respect to what grad_of says), then SGD with
+// momentum and weight decay on the row and its momentum buffer (momentum_type; null when momentum
+// is 0). One pass over each row.
+cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_type,
+                     const float* grad, int64_t dim, const int64_t* index, int64_t begin,
+                     int64_t count, RowGradient grad_of, SgdArgs args, cudaStream_t stream);
 
 struct AdamWArgs {
   float lr;
@@ -75,8 +89,8 @@ struct AdamWArgs {
 };
 
 // AdamW on each of `count` rows, with first and second moments in state_type.
-cudaError_t adamw_rows(float* weight, void* exp_avg, void* exp_avg_sq, ElementType state_type,
+cudaError_t adamw_rows(WeightShard weight, void* exp_avg, void* exp_avg_sq, ElementType state_type,
                        const float* grad, int64_t dim, const int64_t* index, int64_t begin,
-                       int64_t count, bool normalized, AdamWArgs args, cudaStream_t stream);
+                       int64_t count, RowGradient grad_of, AdamWArgs args, cudaStream_t stream);
 
 }  // namespace myriad::cuda

@@ -82,9 +82,10 @@ __device__ inline void store_columns(__half* out, const float* v) {
 }
 
 template <int kVector>
-__global__ void chunk_stats_kernel(const float* __restrict__ dot, int64_t classes, int64_t batch,
-                                   const int64_t* __restrict__ target_col, int64_t begin,
-                                   MarginParams params, int64_t tile_rows,
+__global__ void chunk_stats_kernel(const float* __restrict__ dot,
+                                   const float* __restrict__ row_scale, int64_t classes,
+                                   int64_t batch, const int64_t* __restrict__ target_col,
+                                   int64_t begin, MarginParams params, int64_t tile_rows,
                                    float* __restrict__ tile_max, float* __restrict__ tile_sum,
                                    float* __restrict__ target_logit) {
   const int64_t b0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVector;
@@ -110,10 +111,11 @@ __global__ void chunk_stats_kernel(const float* __restrict__ dot, int64_t classe
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (j + u >= last) continue;
+        const float scale = row_scale != nullptr ? row_scale[j + u] : 1.0f;
 #pragma unroll
         for (int v = 0; v < kVector; ++v) {
           float unused;
-          const float z = logit(rows[u].v[v], j + u, target[v], params, &unused);
+          const float z = logit(rows[u].v[v] * scale, j + u, target[v], params, &unused);
           if (j + u == target[v]) target_logit[b0 + v] = z;
           if (z > m[v]) {
             s[v] = s[v] * __expf(m[v] - z) + 1.0f;
@@ -132,9 +134,10 @@ __global__ void chunk_stats_kernel(const float* __restrict__ dot, int64_t classe
 }
 
 template <int kVector, typename Out>
-__global__ void chunk_grad_kernel(const float* __restrict__ dot, int64_t classes, int64_t batch,
-                                  const int64_t* __restrict__ target_col, int64_t begin,
-                                  const float* __restrict__ row_max,
+__global__ void chunk_grad_kernel(const float* __restrict__ dot,
+                                  const float* __restrict__ row_scale, int64_t classes,
+                                  int64_t batch, const int64_t* __restrict__ target_col,
+                                  int64_t begin, const float* __restrict__ row_max,
                                   const float* __restrict__ row_inv_sum,
                                   const float* __restrict__ coef_ptr, MarginParams params,
                                   int64_t tile_rows, Out* __restrict__ out) {
@@ -162,13 +165,14 @@ __global__ void chunk_grad_kernel(const float* __restrict__ dot, int64_t classes
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (j + u >= last) continue;
+        const float scale = row_scale != nullptr ? row_scale[j + u] : 1.0f;
         float grad[kVector];
 #pragma unroll
         for (int v = 0; v < kVector; ++v) {
           float dz_dcos;
-          const float z = logit(rows[u].v[v], j + u, target[v], params, &dz_dcos);
+          const float z = logit(rows[u].v[v] * scale, j + u, target[v], params, &dz_dcos);
           const float p = __expf(z - mx[v]) * inv_sum[v] - (j + u == target[v] ? 1.0f : 0.0f);
-          grad[v] = coef * p * dz_dcos;
+          grad[v] = coef * p * dz_dcos * scale;
         }
         store_columns<kVector>(out + (j + u) * batch + b0, grad);
       }
@@ -202,64 +206,68 @@ bool vectorizable(int64_t batch, const void* dot) {
 }
 
 template <int kVector, typename Out>
-void launch_grad(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
-                 int64_t begin, const float* row_max, const float* row_inv_sum, const float* coef,
-                 MarginParams params, Out* out, cudaStream_t stream) {
+void launch_grad(const float* dot, const float* row_scale, int64_t classes, int64_t batch,
+                 const int64_t* target_col, int64_t begin, const float* row_max,
+                 const float* row_inv_sum, const float* coef, MarginParams params, Out* out,
+                 cudaStream_t stream) {
   const Launch l = launch_for(classes, batch, kVector);
-  chunk_grad_kernel<kVector><<<l.grid, l.block, 0, stream>>>(
-      dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params, l.tile_rows, out);
+  chunk_grad_kernel<kVector>
+      <<<l.grid, l.block, 0, stream>>>(dot, row_scale, classes, batch, target_col, begin, row_max,
+                                       row_inv_sum, coef, params, l.tile_rows, out);
 }
 
 template <typename Out>
-void launch_grad(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
-                 int64_t begin, const float* row_max, const float* row_inv_sum, const float* coef,
-                 MarginParams params, Out* out, cudaStream_t stream) {
+void launch_grad(const float* dot, const float* row_scale, int64_t classes, int64_t batch,
+                 const int64_t* target_col, int64_t begin, const float* row_max,
+                 const float* row_inv_sum, const float* coef, MarginParams params, Out* out,
+                 cudaStream_t stream) {
   if (vectorizable(batch, dot) && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
-    launch_grad<4>(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params, out,
-                   stream);
+    launch_grad<4>(dot, row_scale, classes, batch, target_col, begin, row_max, row_inv_sum, coef,
+                   params, out, stream);
   } else {
-    launch_grad<1>(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params, out,
-                   stream);
+    launch_grad<1>(dot, row_scale, classes, batch, target_col, begin, row_max, row_inv_sum, coef,
+                   params, out, stream);
   }
 }
 
 }  // namespace
 
-cudaError_t chunk_stats(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
-                        int64_t begin, MarginParams params, float* tile_max, float* tile_sum,
-                        float* target_logit, cudaStream_t stream) {
+cudaError_t chunk_stats(const float* dot, const float* row_scale, int64_t classes, int64_t batch,
+                        const int64_t* target_col, int64_t begin, MarginParams params,
+                        float* tile_max, float* tile_sum, float* target_logit,
+                        cudaStream_t stream) {
   if (classes == 0 || batch == 0) return cudaSuccess;
   if (vectorizable(batch, dot)) {
     const Launch l = launch_for(classes, batch, 4);
-    chunk_stats_kernel<4><<<l.grid, l.block, 0, stream>>>(dot, classes, batch, target_col, begin,
-                                                          params, l.tile_rows, tile_max, tile_sum,
-                                                          target_logit);
+    chunk_stats_kernel<4><<<l.grid, l.block, 0, stream>>>(dot, row_scale, classes, batch,
+                                                          target_col, begin, params, l.tile_rows,
+                                                          tile_max, tile_sum, target_logit);
   } else {
     const Launch l = launch_for(classes, batch, 1);
-    chunk_stats_kernel<1><<<l.grid, l.block, 0, stream>>>(dot, classes, batch, target_col, begin,
-                                                          params, l.tile_rows, tile_max, tile_sum,
-                                                          target_logit);
+    chunk_stats_kernel<1><<<l.grid, l.block, 0, stream>>>(dot, row_scale, classes, batch,
+                                                          target_col, begin, params, l.tile_rows,
+                                                          tile_max, tile_sum, target_logit);
   }
   return cudaGetLastError();
 }
 
-cudaError_t chunk_grad(const float* dot, int64_t classes, int64_t batch, const int64_t* target_col,
-                       int64_t begin, const float* row_max, const float* row_inv_sum,
-                       const float* coef, MarginParams params, void* out, ElementType out_type,
-                       cudaStream_t stream) {
+cudaError_t chunk_grad(const float* dot, const float* row_scale, int64_t classes, int64_t batch,
+                       const int64_t* target_col, int64_t begin, const float* row_max,
+                       const float* row_inv_sum, const float* coef, MarginParams params, void* out,
+                       ElementType out_type, cudaStream_t stream) {
   if (classes == 0 || batch == 0) return cudaSuccess;
   switch (out_type) {
     case ElementType::kFloat32:
-      launch_grad(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params,
-                  static_cast<float*>(out), stream);
+      launch_grad(dot, row_scale, classes, batch, target_col, begin, row_max, row_inv_sum, coef,
+                  params, static_cast<float*>(out), stream);
       break;
     case ElementType::kBFloat16:
-      launch_grad(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params,
-                  static_cast<__nv_bfloat16*>(out), stream);
+      launch_grad(dot, row_scale, classes, batch, target_col, begin, row_max, row_inv_sum, coef,
+                  params, static_cast<__nv_bfloat16*>(out), stream);
       break;
     case ElementType::kFloat16:
-      launch_grad(dot, classes, batch, target_col, begin, row_max, row_inv_sum, coef, params,
-                  static_cast<__half*>(out), stream);
+      launch_grad(dot, row_scale, classes, batch, target_col, begin, row_max, row_inv_sum, coef,
+                  params, static_cast<__half*>(out), stream);
       break;
   }
   return cudaGetLastError();
