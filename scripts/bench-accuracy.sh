@@ -11,7 +11,7 @@
 #                             [--noise SIGMA] [--input-shape CxHxW] [--data-dir DIR] [--bin DIR] [--out DIR]
 #                             [-- extra myriad-train options]
 #
-#   --device            myriad-train's --device (default auto: the GPUs where there are, one rank each)
+#   --device            myriad-train's --device (default auto: one GPU per rank where there are GPUs)
 #   --ranks             MPI ranks (default 1)
 #   --classes           C (default 100K; size suffixes as myriad-data takes them)
 #   --images-per-class  training views per class (default 16)
@@ -21,13 +21,14 @@
 #   --weight-dtypes     comma list of classifier weight dtypes (default fp32,bf16)
 #   --evals             evaluations during each run, for the curves (default 10)
 #   --noise             per-pixel noise of the data, grey levels (default: myriad-data's)
+#   --input-shape       CxHxW of the data (default 1x16x16)
 #   --data-dir          where the data is generated, once (default OUT/data)
 #   --bin               the executables (default build/bin)
 #   --out               logs, run directories and results.tsv (default build/bench-accuracy)
 #
 # The recipe: smallcnn, D = 128, CosFace (s = 32, m = 0.2), SGD lr 0.2 (momentum 0.9, weight
-# decay 5e-4), 5% warmup, poly decay; options after -- are appended, so they override it
-# (--backbone r18 --embedding-size 512 --margin arcface ...). Each run's metrics.jsonl holds the
+# decay 5e-4), 5% warmup, poly decay; options after -- replace the recipe's (--backbone r18
+# --embedding-size 512 --margin arcface ...). Each run's metrics.jsonl holds the
 # curves: scripts/plot_metrics.py OUT/runs/NAME/metrics.jsonl draws loss and top-1 (run
 # here when matplotlib is installed). Appends one line per run to OUT/results.tsv.
 set -euo pipefail
@@ -65,7 +66,7 @@ while [ $# -gt 0 ]; do
     --bin) bin=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "bench-accuracy.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -125,6 +126,25 @@ results=$out/results.tsv
 python=python3
 [ -x /usr/bin/python3 ] && python=/usr/bin/python3
 printf '\n%-6s %7s %8s %16s %8s %8s\n' dtype steps top-1 verification loss seconds
+# The recipe, less each group of it that the options after -- touch (myriad-train takes an
+# option once; a margin of the user's comes without CosFace's scale and m3).
+recipe=()
+while IFS=: read -r triggers options; do
+  given=0
+  for trigger in ${triggers//|/ }; do
+    for word in "${extra[@]}"; do
+      if [ "$word" = "--$trigger" ] || [[ "$word" == "--$trigger="* ]]; then given=1; fi
+    done
+  done
+  read -r -a words <<<"$options"
+  [ $given -eq 1 ] || recipe+=("${words[@]}")
+done <<EOF
+backbone: --backbone smallcnn
+embedding-size: --embedding-size 128
+warmup-steps|warmup-epochs: --warmup-steps $((steps / 20))
+lr: --lr 0.2
+margin|scale|m1|m2|m3: --margin cosface --scale 32 --m3 0.2
+EOF
 status=0
 fp32_line=""
 IFS=, read -r -a dtype_list <<<"$dtypes"
@@ -135,10 +155,8 @@ for dtype in "${dtype_list[@]}"; do
   begin=$SECONDS
   if ! mpirun -np "$ranks" --bind-to none "${forward[@]}" "$bin/myriad-train" --data "$train" \
       --val-data "$heldout" --eval-pairs "$pairs" --input-shape "$shape" --device "$device" \
-      --backbone smallcnn --embedding-size 128 --batch-size "$batch" --max-steps "$steps" \
-      --warmup-steps $((steps / 20)) --lr 0.2 --margin cosface --scale 32 --m3 0.2 \
-      --eval-every "$eval_every" --log-every "$log_every" --classifier-weight-dtype "$dtype" \
-      --run-dir "$run" "${extra[@]}" >"$out/$name.log" 2>&1; then
+      --batch-size "$batch" --max-steps "$steps" --eval-every "$eval_every" --log-every "$log_every" \
+      --classifier-weight-dtype "$dtype" --run-dir "$run" "${recipe[@]}" "${extra[@]}" >"$out/$name.log" 2>&1; then
     echo "$name: FAILED (see $out/$name.log)"; tail -n 3 "$out/$name.log"; status=1; continue
   fi
   seconds=$((SECONDS - begin))

@@ -65,30 +65,21 @@ echo "one step: top-1 $top1%, verification $verification% (chance: top-1 0.05%, 
 check untrained "$top1" "<" 1 "top-1 $top1% after one step: the evaluation does not measure learning"
 check untrained "$verification" "<" 92 "verification $verification% after one step"
 
-# Until every myriad-train has --classifier-weight-dtype, only fp32 weights are measured.
-dtype=()
-if "$bin/myriad-train" --help 2>/dev/null | grep -q -- --classifier-weight-dtype; then
-  dtype=(--classifier-weight-dtype fp32)
-fi
 # Measured with 4 seeds: top-1 93.0-94.0%, verification 98.6-99.1%.
-result=$(accuracy_run fp32 400 "${dtype[@]}")
+result=$(accuracy_run fp32 400 --classifier-weight-dtype fp32)
 read -r top1 verification <<<"$result"
 echo "fp32 weights: top-1 $top1%, verification $verification%"
 check fp32 "$top1" ">" 85 "held-out top-1 $top1% is not far above chance"
 check fp32 "$verification" ">" 97 "verification $verification% is not far above the untrained network's"
 
-if [ ${#dtype[@]} -gt 0 ]; then
-  result=$(accuracy_run bf16 400 --classifier-weight-dtype bf16)
-  read -r bf16_top1 bf16_verification <<<"$result"
-  echo "bf16 weights: top-1 $bf16_top1%, verification $bf16_verification%"
-  # Measured with 4 seeds: bf16 and fp32 weights of one seed differ by at most 0.36 points in
-  # top-1 and 0.27 in verification, and the 8 runs span 1.4 points of top-1: 1.5 is 4 times the
-  # largest difference within a seed and about the spread across seeds.
-  awk -v a="$top1" -v b="$bf16_top1" -v c="$verification" -v d="$bf16_verification" 'BEGIN {
-    t = a - b; if (t < 0) t = -t; v = c - d; if (v < 0) v = -v
-    printf "bf16 - fp32: top-1 %+.2f, verification %+.2f points (tolerance 1.5)\n", b - a, d - c
-    exit !(t <= 1.5 && v <= 1.5) }' || fail "bf16 classifier weights are not within 1.5 points of fp32"
-else
-  echo "SKIPPED: the bf16 comparison (myriad-train has no --classifier-weight-dtype)"
-fi
+result=$(accuracy_run bf16 400 --classifier-weight-dtype bf16)
+read -r bf16_top1 bf16_verification <<<"$result"
+echo "bf16 weights: top-1 $bf16_top1%, verification $bf16_verification%"
+# Measured with 4 seeds: bf16 and fp32 weights of one seed differ by at most 0.36 points in
+# top-1 and 0.27 in verification, and the 8 runs span 1.4 points of top-1: 1.5 is 4 times the
+# largest difference within a seed and about the spread across seeds.
+awk -v a="$top1" -v b="$bf16_top1" -v c="$verification" -v d="$bf16_verification" 'BEGIN {
+  t = a - b; if (t < 0) t = -t; v = c - d; if (v < 0) v = -v
+  printf "bf16 - fp32: top-1 %+.2f, verification %+.2f points (tolerance 1.5)\n", b - a, d - c
+  exit !(t <= 1.5 && v <= 1.5) }' || fail "bf16 classifier weights are not within 1.5 points of fp32"
 echo "prototype accuracy e2e: OK ($((SECONDS - start)) s)"
