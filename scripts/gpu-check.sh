@@ -92,13 +92,16 @@ if wants tests; then
   grep -aE "Test #|NCCL tests|PASSED  \]|SKIPPED \] [0-9]+ tests" "$out/ctest.log" | sed 's/^[0-9]*: //' \
     | tee -a "$summary"
   # Asynchronous checkpoints on the GPU: written from pinned buffers on a copy stream, they must
-  # resume to the losses of synchronous ones, bit for bit (--deterministic).
-  if ranks=$(( gpus >= 2 ? 2 : 1 )) device=cuda bash "$repo/tests/e2e/async_checkpoint.sh" "$bin" \
-    "$repo/build/tests/libslow_io_shim.so" --identical-only >"$out/async-checkpoint-gpu.txt" 2>&1; then
-    note "async checkpoints on GPUs: $(grep -E 'resumed from|hold what' "$out/async-checkpoint-gpu.txt" | tr '\n' ' ')"
-  else
-    status=1; note "ASYNC CHECKPOINTS ON GPUS FAILED: $(tail -n 3 "$out/async-checkpoint-gpu.txt")"
-  fi
+  # resume to the losses of synchronous ones, bit for bit (--deterministic); in bf16, and in fp16,
+  # whose loss scale is kept on the device and checkpointed from there.
+  for precision in bf16 fp16; do
+    if precision=$precision ranks=$(( gpus >= 2 ? 2 : 1 )) device=cuda bash "$repo/tests/e2e/async_checkpoint.sh" "$bin" \
+      "$repo/build/tests/libslow_io_shim.so" --identical-only >"$out/async-checkpoint-gpu-$precision.txt" 2>&1; then
+      note "async checkpoints on GPUs, $precision: $(grep -E 'resumed from|hold what' "$out/async-checkpoint-gpu-$precision.txt" | tr '\n' ' ')"
+    else
+      status=1; note "ASYNC CHECKPOINTS ON GPUS FAILED ($precision): $(tail -n 3 "$out/async-checkpoint-gpu-$precision.txt")"
+    fi
+  done
 fi
 
 if wants collectives; then

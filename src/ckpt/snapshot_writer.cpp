@@ -47,13 +47,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// How a dtype is stored (the format's rule, as Hdf5File::write applies it).
-torch::ScalarType stored_dtype(torch::ScalarType dtype) {
-  if (dtype == torch::kBFloat16 || dtype == torch::kFloat16) return torch::kFloat32;
-  if (dtype == torch::kBool) return torch::kUInt8;
-  return dtype;
-}
-
 int64_t round_up(int64_t bytes, int64_t unit) {
   return (bytes + unit - 1) / unit * unit;
 }
@@ -207,7 +200,7 @@ struct SnapshotWriter::Impl {
       for (size_t d = 0; d < files[f].datasets.size(); ++d) {
         const torch::Tensor flat = files[f].datasets[d].tensor.detach().contiguous().view({-1});
         const int64_t element = flat.element_size();
-        const int64_t stored_element = c10::elementSize(stored_dtype(flat.scalar_type()));
+        const int64_t stored_element = c10::elementSize(hdf5_stored_dtype(flat.scalar_type()));
         for (int64_t begin = 0; begin < flat.numel();) {
           if (piece && used + element > buffer_bytes) flush();
           if (!piece) {
@@ -254,8 +247,8 @@ struct SnapshotWriter::Impl {
       {
         Hdf5File file(layout.path, Hdf5File::Mode::kCreate);
         for (const SnapshotDataset& d : files[f].datasets) {
-          layout.offsets.push_back(
-              file.allocate(d.name, stored_dtype(d.tensor.scalar_type()), d.tensor.sizes().vec()));
+          layout.offsets.push_back(file.allocate(d.name, hdf5_stored_dtype(d.tensor.scalar_type()),
+                                                 d.tensor.sizes().vec()));
         }
         if (files[f].attributes) files[f].attributes(file);
       }
@@ -356,7 +349,7 @@ struct SnapshotWriter::Impl {
       const FileLayout& layout = layouts[s.file];
       const char* data = base + s.buffer_offset;
       int64_t bytes = s.elements * static_cast<int64_t>(c10::elementSize(s.dtype));
-      if (stored_dtype(s.dtype) != s.dtype && s.dtype != torch::kBool) {
+      if (hdf5_stored_dtype(s.dtype) != s.dtype && s.dtype != torch::kBool) {
         if (!widened.defined() || widened.numel() < s.elements)
           widened = torch::empty({buffer_bytes / 2}, torch::kFloat32);
         torch::Tensor out = widened.narrow(0, 0, s.elements);

@@ -4,8 +4,9 @@
 
 namespace myriad {
 
-int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes) {
-  return 4 * batch + gemm_bytes * dim;
+int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes,
+                                   RowSource source) {
+  return 4 * batch + (source == RowSource::kCopy ? gemm_bytes * dim : 4);
 }
 
 int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes) {
@@ -13,9 +14,9 @@ int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes)
 }
 
 ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,
-                      int64_t budget_bytes) {
+                      RowSource source, int64_t budget_bytes) {
   ChunkPlan plan;
-  const int64_t per_row = chunk_cached_bytes_per_row(batch, dim, gemm_bytes) +
+  const int64_t per_row = chunk_cached_bytes_per_row(batch, dim, gemm_bytes, source) +
                           chunk_work_bytes_per_row(batch, dim, gemm_bytes);
   if (rows * per_row <= budget_bytes) {
     plan.cache = true;

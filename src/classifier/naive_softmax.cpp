@@ -62,7 +62,8 @@ torch::Tensor NaiveShardedSoftmax::step(const torch::Tensor& features,
   gemm_f32(weight_grad, logit_grad, false, xg, false, false);
   optimizer_->begin_step();
   optimizer_->update_rows(weight_, torch::Tensor(), 0, weight_.size(0), weight_grad,
-                          params.normalized ? RowGradient::kUnitRow : RowGradient::kRow, 1.0);
+                          params.normalized ? RowGradient::kUnitRow : RowGradient::kRow,
+                          torch::Tensor());
   comm_.reduce_scatter(dxn, counts);
   return loss;
 }

@@ -109,9 +109,13 @@ std::vector<std::pair<std::string, torch::Tensor*>> ShardOptimizer::state() {
 
 void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& index, int64_t begin,
                                  int64_t end, const torch::Tensor& grad, RowGradient grad_of,
-                                 double grad_multiplier) {
+                                 const torch::Tensor& grad_multiplier) {
   const int64_t count = end - begin;
   if (count == 0) return;
+  MYRIAD_CHECK(!grad_multiplier.defined() ||
+                   (grad_multiplier.scalar_type() == torch::kFloat32 &&
+                    grad_multiplier.numel() == 1 && grad_multiplier.device() == weight.device()),
+               "the gradient multiplier must be one float32 on the weights' device");
   MYRIAD_CHECK(weight.scalar_type() == torch::kFloat32 || weight.scalar_type() == torch::kBFloat16,
                "classifier weights must be float32 or bfloat16");
   const OptimizerOptions& o = options_;
@@ -123,10 +127,11 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(weight.device().index()).stream();
     const cuda::WeightShard shard{weight.data_ptr(), storage_type(weight.scalar_type()), first_row_,
                                   rounding_seed()};
+    const float* multiplier =
+        grad_multiplier.defined() ? grad_multiplier.data_ptr<float>() : nullptr;
     if (o.kind == OptimizerKind::kSgd) {
       const cuda::SgdArgs args{static_cast<float>(o.lr), static_cast<float>(o.momentum),
-                               static_cast<float>(o.weight_decay), o.nesterov,
-                               static_cast<float>(grad_multiplier)};
+                               static_cast<float>(o.weight_decay), o.nesterov, multiplier};
       MYRIAD_CHECK_CUDA(cuda::sgd_rows(shard, momentum_.defined() ? momentum_.data_ptr() : nullptr,
                                        storage_type(o.state_dtype), grad.data_ptr<float>(),
                                        weight.size(1), rows, begin, count, grad_of, args, stream));
@@ -138,7 +143,7 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
                                  static_cast<float>(o.weight_decay),
                                  static_cast<float>(bc1),
                                  static_cast<float>(bc2),
-                                 static_cast<float>(grad_multiplier)};
+                                 multiplier};
       MYRIAD_CHECK_CUDA(cuda::adamw_rows(
           shard, exp_avg_.data_ptr(), exp_avg_sq_.data_ptr(), storage_type(o.state_dtype),
           grad.data_ptr<float>(), weight.size(1), rows, begin, count, grad_of, args, stream));
@@ -148,7 +153,8 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
 #endif
   const bool bf16 = weight.scalar_type() == torch::kBFloat16;
   torch::Tensor w = rows_of(weight, index, begin, end).to(torch::kFloat32);
-  torch::Tensor g = row_grad_of_rows(w, grad * grad_multiplier, grad_of);
+  torch::Tensor g = row_grad_of_rows(
+      w, grad_multiplier.defined() ? grad * grad_multiplier : grad.clone(), grad_of);
   if (o.kind == OptimizerKind::kSgd) {
     torch::Tensor d = g.add_(w, o.weight_decay);
     if (momentum_.defined()) {

@@ -145,6 +145,10 @@ void ShardedMarginSoftmax::phase(const char* name) {
   if (timer_ != nullptr) timer_->mark(std::string("classifier.") + name);
 }
 
+void ShardedMarginSoftmax::set_loss_scale(const torch::Tensor& scale) {
+  inv_loss_scale_ = scale.defined() ? scale.to(torch::kFloat32).reciprocal() : torch::Tensor();
+}
+
 void ShardedMarginSoftmax::zero_grad() {
   if (weight_grad_.defined()) weight_grad_.zero_();
 }
@@ -218,11 +222,12 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
     step->target_col = local_target;
   }
 
-  const int64_t gemm_bytes = static_cast<int64_t>(torch::elementSize(options_.gemm_dtype));
-  step->plan =
-      plan_chunks(step->active_rows, step->batch, dim, gemm_bytes, options_.workspace_bytes);
-  last_plan_ = step->plan;
   step->stored_rows = !step->active.defined() && weight_.scalar_type() == options_.gemm_dtype;
+  const int64_t gemm_bytes = static_cast<int64_t>(torch::elementSize(options_.gemm_dtype));
+  step->plan = plan_chunks(step->active_rows, step->batch, dim, gemm_bytes,
+                           step->stored_rows ? RowSource::kStored : RowSource::kCopy,
+                           options_.workspace_bytes);
+  last_plan_ = step->plan;
   const auto f32 = x.options().dtype(torch::kFloat32);
   torch::Tensor row_max = torch::full({step->batch}, -std::numeric_limits<float>::infinity(), f32);
   torch::Tensor row_sum = torch::zeros({step->batch}, f32);
@@ -338,7 +343,7 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
                                                    : RowGradient::kUnitRow;
     if (fused) {
       optimizer_->update_rows(weight_, step->active, begin, end, row_grad, grad_of,
-                              1.0 / loss_scale_);
+                              inv_loss_scale_);
     } else {
       const torch::Tensor index =
           step->active.defined()
@@ -378,7 +383,7 @@ torch::Tensor ShardedMarginSoftmax::predict(const torch::Tensor& features) {
   const int64_t offset = partition_.offset(rank);
   const ChunkPlan plan = plan_chunks(shard_rows, batch, options_.embedding_size,
                                      static_cast<int64_t>(torch::elementSize(options_.gemm_dtype)),
-                                     options_.workspace_bytes);
+                                     RowSource::kCopy, options_.workspace_bytes);
   torch::Tensor best = torch::full({batch}, -std::numeric_limits<float>::infinity(), xn.options());
   torch::Tensor best_class = torch::zeros({batch}, xn.options().dtype(torch::kInt64));
   for (int64_t begin = 0; begin < shard_rows; begin += plan.chunk_rows) {

@@ -147,7 +147,6 @@ void AsyncCheckpointer::publish() {
   for (const auto& [name, entry] : mine.files)
     files[name] = {{"bytes", entry.bytes}, {"crc32", crc32_hex(entry.crc32)}};
   const nlohmann::json report = {{"files", files},
-                                 {"error", mine.error},
                                  {"blocked", p.blocked_seconds + mine.device_copy_seconds},
                                  {"write", mine.write_seconds},
                                  {"sync", mine.sync_seconds},
@@ -156,14 +155,9 @@ void AsyncCheckpointer::publish() {
   double blocked = 0, write = 0;
   int64_t bytes = 0;
   try {
-    const std::vector<std::string> reports = context_.all_gather_strings(report.dump());
-    for (size_t r = 0; r < reports.size(); ++r) {
-      const nlohmann::json part = nlohmann::json::parse(reports[r]);
-      const std::string error = part["error"].get<std::string>();
-      if (!error.empty()) {
-        throw Error(str_format("{} failed on rank {}: {}", what, r, error),
-                    error_location(__FILE__, __LINE__), /*collective=*/true);
-      }
+    on_every_rank(context_, what, [&] { MYRIAD_CHECK(mine.error.empty(), "{}", mine.error); });
+    for (const std::string& reported : context_.all_gather_strings(report.dump())) {
+      const nlohmann::json part = nlohmann::json::parse(reported);
       for (const auto& [name, entry] :
            file_entries_from_json(part["files"], "a rank's file list")) {
         manifest.files[name] = entry;

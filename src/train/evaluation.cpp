@@ -110,7 +110,8 @@ ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoft
   result.top1 = sum_over_ranks(correct, *setup.comm) / static_cast<double>(result.samples);
 
   // kNN top-1 over the first knn_limit samples: every rank gathers them all as the gallery and
-  // scores its own ones as queries.
+  // scores its own ones as queries. A sample whose class has no other sample in the gallery has
+  // no right answer (a held-out set of one view per class has none at all): it is no query.
   const auto f32 = torch::dtype(torch::kFloat32).device(setup.device);
   torch::Tensor mine =
       knn_features.empty() ? torch::empty({0, dim}, f32) : torch::stack(knn_features);
@@ -120,18 +121,23 @@ ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoft
   const std::vector<int64_t> counts = setup.comm->all_gather_counts(mine.size(0));
   const torch::Tensor gallery = setup.comm->all_gather(mine, counts);
   const torch::Tensor gallery_labels = setup.comm->all_gather(my_labels, counts);
-  result.knn_samples = gallery.size(0);
-  double knn_correct = 0;
-  if (mine.size(0) > 0 && gallery.size(0) > 1) {
+  double knn_correct = 0, knn_queries = 0;
+  if (mine.size(0) > 0) {
+    const torch::Tensor sorted = std::get<0>(gallery_labels.sort());
+    const torch::Tensor same_class = torch::searchsorted(sorted, my_labels, false, true) -
+                                     torch::searchsorted(sorted, my_labels);
+    const torch::Tensor query = same_class.gt(1);
     const int64_t first =
         std::accumulate(counts.begin(), counts.begin() + setup.comm->rank(), int64_t{0});
     torch::Tensor similarity = mine.matmul(gallery.t());
     similarity.diagonal(first).fill_(-std::numeric_limits<float>::infinity());
     const torch::Tensor nearest = gallery_labels.index_select(0, similarity.argmax(1));
-    knn_correct = nearest.eq(my_labels).sum().item<double>();
+    knn_correct = nearest.eq(my_labels).logical_and_(query).sum().item<double>();
+    knn_queries = query.sum().item<double>();
   }
+  result.knn_samples = static_cast<int64_t>(sum_over_ranks(knn_queries, *setup.comm));
   const double knn_total = sum_over_ranks(knn_correct, *setup.comm);
-  if (result.knn_samples > 1) result.knn_top1 = knn_total / static_cast<double>(result.knn_samples);
+  if (result.knn_samples > 0) result.knn_top1 = knn_total / static_cast<double>(result.knn_samples);
   return result;
 }
 

@@ -5,25 +5,43 @@
 
 namespace myriad {
 
-DynamicLossScaler::DynamicLossScaler(double initial_scale, int64_t growth_interval)
-    : scale_(initial_scale), growth_interval_(growth_interval) {
+DynamicLossScaler::DynamicLossScaler(const torch::Device& device, double initial_scale,
+                                     int64_t growth_interval)
+    : scale_(torch::full({1}, initial_scale, torch::dtype(torch::kFloat32).device(device))),
+      clean_(torch::zeros({1}, torch::dtype(torch::kInt64).device(device))),
+      skipped_(torch::zeros_like(clean_)),
+      growth_interval_(growth_interval) {
   MYRIAD_CHECK(initial_scale > 0 && growth_interval > 0,
                "loss scaling needs a positive scale and interval");
+}
+
+double DynamicLossScaler::scale_value() const {
+  return scale_.item<double>();
+}
+
+int64_t DynamicLossScaler::clean_steps() const {
+  return clean_.item<int64_t>();
+}
+
+void DynamicLossScaler::set_state(double scale, int64_t clean_steps) {
+  MYRIAD_CHECK(scale > 0 && clean_steps >= 0, "a loss scale of {} after {} clean steps", scale,
+               clean_steps);
+  scale_.fill_(scale);
+  clean_.fill_(clean_steps);
 }
 
 torch::Tensor DynamicLossScaler::unscale(const std::vector<torch::Tensor>& gradients,
                                          Communicator& comm) const {
   torch::NoGradGuard no_grad;
-  const auto on_device = torch::dtype(torch::kFloat32).device(comm.device());
-  torch::Tensor overflow = torch::zeros({1}, on_device);
+  torch::Tensor overflow = torch::zeros({1}, scale_.options());
+  const torch::Tensor inverse = scale_.reciprocal();
   if (comm.device().is_cuda()) {
     // One fused pass over all tensors: divide, and flag any NaN or infinity.
-    torch::_amp_foreach_non_finite_check_and_unscale_(gradients, overflow,
-                                                      torch::full({1}, 1.0 / scale_, on_device));
+    torch::_amp_foreach_non_finite_check_and_unscale_(gradients, overflow, inverse);
   } else {
     // LibTorch 1.13 has no CPU kernel of the fused pass.
     for (const torch::Tensor& g : gradients) {
-      g.mul_(1.0 / scale_);
+      g.mul_(inverse);
       overflow.add_(g.isfinite().all().logical_not());
     }
   }
@@ -33,16 +51,21 @@ torch::Tensor DynamicLossScaler::unscale(const std::vector<torch::Tensor>& gradi
   return overflow;
 }
 
-bool DynamicLossScaler::update(const torch::Tensor& overflow) {
-  const bool skip = overflow.item<float>() > 0;
-  if (skip) {
-    scale_ = std::max(1.0, scale_ * 0.5);
-    clean_steps_ = 0;
-  } else if (++clean_steps_ >= growth_interval_) {
-    scale_ *= 2.0;
-    clean_steps_ = 0;
-  }
-  return skip;
+void DynamicLossScaler::update(const torch::Tensor& overflow) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor skipped = overflow.gt(0);
+  clean_.add_(1).masked_fill_(skipped, 0);
+  const torch::Tensor grow = clean_.ge(growth_interval_);
+  scale_.copy_(torch::where(skipped, (scale_ * 0.5).clamp_min_(1.0),
+                            torch::where(grow, scale_ * 2.0, scale_)));
+  clean_.masked_fill_(grow, 0);
+  skipped_.add_(skipped);
+}
+
+int64_t DynamicLossScaler::take_skipped_steps() {
+  const int64_t skipped = skipped_.item<int64_t>();
+  skipped_.zero_();
+  return skipped;
 }
 
 }  // namespace myriad

@@ -191,6 +191,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       device_(context.select_device(parse_device_preference(config.device))),
       comms_(context),
       comm_(comms_.for_device(device_)),
+      scaler_(device_),
       config_ini_(std::move(config_ini)),
       timer_(device_, true),
       store_(config.checkpoint_dir),
@@ -541,6 +542,18 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
                  : "",
       duration_text(eta));
   const nlohmann::json pipeline = log_pipeline(elapsed / window_steps_);
+  // fp16: the steps that the device skipped, counted there and read here, with the loss.
+  nlohmann::json loss_scale = nullptr;
+  if (c_.precision == "fp16") {
+    const int64_t skipped = scaler_.take_skipped_steps();
+    const double scale = scaler_.scale_value();
+    if (skipped > 0)
+      log_warn(
+          "{} of the last {} steps had non-finite gradients, and every rank skipped them; "
+          "the loss scale is now {}",
+          skipped, window_steps_, scale);
+    loss_scale = {{"scale", scale}, {"skipped_steps", skipped}};
+  }
   metrics_->write({{"kind", "train"},
                    {"step", step + 1},
                    {"epoch", epoch},
@@ -561,6 +574,7 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
                    {"peak_memory_bytes", memory},
                    {"peak_memory_bytes_per_rank", peaks},
                    {"pipeline", pipeline},
+                   {"loss_scale", loss_scale},
                    {"elapsed_sec", seconds_between(run_start_, now)}});
   window_start_ = Clock::now();
   window_steps_ = 0;
@@ -625,10 +639,17 @@ void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {
   nlohmann::json record = {{"kind", "eval"}, {"step", step}, {"epoch", epoch}};
   if (val_) {
     const ClassificationEval e = evaluate_classification(*backbone_, *classifier_, *val_, setup);
-    log_info("eval at step {}: top-1 {:.2f}% ({} samples), kNN top-1 {:.2f}% ({} samples)", step,
-             100.0 * e.top1, e.samples, 100.0 * e.knn_top1, e.knn_samples);
+    const std::string knn =
+        e.knn_samples > 0
+            ? str_format("kNN top-1 {:.2f}% ({} queries)", 100.0 * e.knn_top1, e.knn_samples)
+            : std::string("no kNN (no class has two of the set's first samples)");
+    log_info("eval at step {}: top-1 {:.2f}% ({} samples), {}", step, 100.0 * e.top1, e.samples,
+             knn);
     record["top1"] = e.top1;
-    record["knn_top1"] = e.knn_top1;
+    if (e.knn_samples > 0) {
+      record["knn_top1"] = e.knn_top1;
+      record["knn_queries"] = e.knn_samples;
+    }
     record["samples"] = e.samples;
     result.eval = e;
   }
@@ -672,7 +693,7 @@ TrainResult Run::execute() {
     const torch::Tensor features = engine_->forward(
         layout_.first() ? batch.images.to(device_, /*non_blocking=*/true) : torch::Tensor(),
         layout_.first() ? sample_keys(batch) : torch::Tensor());
-    classifier_->set_loss_scale(fp16 ? scaler_.scale() : 1.0);
+    classifier_->set_loss_scale(fp16 ? scaler_.scale() : torch::Tensor());
     const torch::Tensor loss = classifier_->forward(
         features,
         layout_.last() ? labels : torch::empty({0}, torch::dtype(torch::kInt64).device(device_)));
@@ -695,9 +716,7 @@ TrainResult Run::execute() {
     backbone_step_->step_unless(overflow);
     sync_->clear_gradients();
     timer_.stop();
-    if (fp16 && scaler_.update(overflow))
-      log_warn("step {}: non-finite gradients at loss scale {}; every rank skipped the step",
-               step + 1, scaler_.scale() * 2);
+    if (fp16) scaler_.update(overflow);
     ++window_steps_;
 
     if ((step + 1) % c_.log_every == 0 || step + 1 == total_steps_)

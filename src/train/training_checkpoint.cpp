@@ -134,7 +134,7 @@ std::vector<SnapshotFile> checkpoint_files(const ProcessContext& context,
     replicated.attributes = [adamw, adam_steps, step = state.step, position = state.position,
                              classifier_steps = classifier.steps(),
                              classifier_optimizer_steps = classifier.optimizer().step(),
-                             scale = state.scaler != nullptr ? state.scaler->scale() : 1.0,
+                             scale = state.scaler != nullptr ? state.scaler->scale_value() : 1.0,
                              clean = state.scaler != nullptr ? state.scaler->clean_steps() : 0,
                              config = state.config](Hdf5File& file) {
       file.set_attribute("/", "backbone_optimizer", std::string(adamw ? "adamw" : "sgd"));
@@ -206,9 +206,8 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
   classifier.optimizer().set_step(
       replicated.int_attribute("/", "classifier_optimizer_steps").value_or(0));
   if (state.scaler != nullptr) {
-    state.scaler->set_scale(
-        replicated.float_attribute("/", "loss_scale").value_or(state.scaler->scale()));
-    state.scaler->set_clean_steps(
+    state.scaler->set_state(
+        replicated.float_attribute("/", "loss_scale").value_or(state.scaler->scale_value()),
         replicated.int_attribute("/", "loss_scale_clean_steps").value_or(0));
   }
 

@@ -114,13 +114,9 @@ hid_t native_type(torch::ScalarType dtype) {
   }
 }
 
-// bfloat16/float16 are stored as float32 and bool as uint8, which every reader understands.
+// `t` as Hdf5File::write stores it: on the CPU, contiguous, in its stored dtype.
 torch::Tensor storable(const torch::Tensor& t) {
-  torch::Tensor out = t.to(torch::kCPU);
-  if (out.scalar_type() == torch::kBFloat16 || out.scalar_type() == torch::kFloat16)
-    out = out.to(torch::kFloat32);
-  if (out.scalar_type() == torch::kBool) out = out.to(torch::kUInt8);
-  return out.contiguous();
+  return t.to(torch::kCPU).to(hdf5_stored_dtype(t.scalar_type())).contiguous();
 }
 
 // A damaged or hostile file can declare a dataset of terabytes in a few bytes; HDF5 reads the
@@ -156,6 +152,12 @@ std::vector<hsize_t> dims_of(const std::vector<int64_t>& shape) {
 }
 
 }  // namespace
+
+torch::ScalarType hdf5_stored_dtype(torch::ScalarType dtype) {
+  if (dtype == torch::kBFloat16 || dtype == torch::kFloat16) return torch::kFloat32;
+  if (dtype == torch::kBool) return torch::kUInt8;
+  return dtype;
+}
 
 Hdf5File::Hdf5File(const std::string& path, Mode mode) : path_(path) {
   auto lock = hdf5_lock();

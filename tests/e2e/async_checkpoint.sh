@@ -11,8 +11,10 @@
 #    between the rename and LATEST leaves the previous checkpoint as LATEST; the next start
 #    removes the partial directory, says so, and ends with the losses of an uninterrupted run.
 #   tests/e2e/async_checkpoint.sh BIN_DIR SLOW_IO_SHIM [--identical-only]
-# --identical-only runs the first part alone, on $ranks ranks (default 2) of $device (default cpu):
-# scripts/gpu-check.sh runs it on GPUs, where h5py may be missing (then the losses alone decide).
+# --identical-only runs the first part alone, on $ranks ranks (default 2) of $device (default cpu)
+# at $precision (default auto): scripts/gpu-check.sh runs it on GPUs, in bf16 and in fp16 (whose
+# loss scale lives on the device and must resume too), where h5py may be missing (then the
+# losses alone decide).
 source "$(dirname "$0")/common.sh"
 shim=$2
 identical_only=${3:-}
@@ -29,7 +31,7 @@ train() {
   mpirun --oversubscribe --bind-to none -np "$ranks" "$bin/myriad-train" --data synthetic --input-shape 1x16x16 \
     --backbone smallcnn --embedding-size 32 --num-classes 37 --workers 1 --threads 1 --device "$device" \
     --batch-size 8 --max-steps 20 --log-every 1 --lr 0.02 --deterministic --checkpoint-keep 10 \
-    --log-level "${level:-warn}" "$@"
+    --precision "${precision:-auto}" --log-level "${level:-warn}" "$@"
 }
 # logged LOG COMMAND...: runs COMMAND with its output in LOG; prints its exit status.
 logged() { local log=$1; shift; set +e; "$@" >"$log" 2>&1; local code=$?; set -e; echo "$code"; }
@@ -116,7 +118,7 @@ diff <(losses "$work/resumed-sync") <(losses "$work/resumed-async") >/dev/null |
 diff <(losses "$work/resumed-sync") <(losses "$work/resumed-streamed") >/dev/null || fail "resumed losses differ (streamed)"
 diff <(losses "$work/sync" | tail -n 10) <(losses "$work/resumed-async") >/dev/null \
   || fail "resumed losses differ from the uninterrupted run's"
-echo "resumed from step 10 of each ($ranks rank(s), $device): the same 10 losses as the uninterrupted run"
+echo "resumed from step 10 of each ($ranks rank(s), $device, precision ${precision:-auto}): the same 10 losses as the uninterrupted run"
 [ "$identical_only" = --identical-only ] && { echo "async checkpoint e2e (identical only, $device): OK"; exit 0; }
 
 # 2. Training goes on while a save is written: fsync of a checkpoint file (8 KiB or more: not the

@@ -103,6 +103,7 @@ assert len(evals[0]) == 1 and len(evals[1]) == 1, evals
 a, b = evals[0][0], evals[1][0]
 assert a["samples"] == b["samples"] == 96, (a, b)
 assert a["top1"] == b["top1"] and a["knn_top1"] == b["knn_top1"], (a, b)
+assert a["knn_queries"] == b["knn_queries"] > 0, (a, b)
 print(f"evaluation through 2 stages: top-1 {b['top1']:.4f}, kNN top-1 {b['knn_top1']:.4f}, as 1 rank")
 PY
 

@@ -67,10 +67,11 @@ Problem make_problem(const std::vector<int64_t>& counts, int64_t classes, int64_
 
 class ClassifierTest : public BackendTest {
  protected:
-  // Per-class budget that makes chunks of about `rows` classes for this problem.
-  static int64_t budget_for_chunk(int64_t rows, int64_t batch, int64_t dim,
-                                  int64_t gemm_bytes = 4) {
-    return rows * (chunk_cached_bytes_per_row(batch, dim, gemm_bytes) +
+  // Per-class budget that makes chunks of `rows` classes for this problem when the GEMMs read
+  // copies of the rows, and of a few more when they read the stored rows.
+  static int64_t budget_for_chunk(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes = 4,
+                                  RowSource source = RowSource::kCopy) {
+    return rows * (chunk_cached_bytes_per_row(batch, dim, gemm_bytes, source) +
                    chunk_work_bytes_per_row(batch, dim, gemm_bytes));
   }
 
@@ -153,11 +154,16 @@ TEST_P(ClassifierTest, MatchesReferenceForEveryMarginChunkedAndNot) {
 TEST_P(ClassifierTest, PlansCacheOrChunksFromTheBudget) {
   const Problem p = make_problem(uneven_batches(world()), 37, 16, 12);
   ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
-  o.workspace_bytes = budget_for_chunk(3, p.features.size(0), 16);
+  // float32 rows and GEMMs: the GEMMs read the stored rows, and the budget counts no copy.
+  o.workspace_bytes = budget_for_chunk(3, p.features.size(0), 16, 4, RowSource::kStored);
   auto module = make_module(p, o);
   run_step(*module, p);
   EXPECT_FALSE(module->last_plan().cache);
   EXPECT_EQ(module->last_plan().chunk_rows, 3);
+  o.sample_rate = 0.5;  // Partial FC's rows are copied: fewer fit
+  module = make_module(p, o);
+  run_step(*module, p);
+  EXPECT_LT(module->last_plan().chunk_rows, 3);
 }
 
 TEST_P(ClassifierTest, RankWithoutSamples) {
@@ -284,6 +290,31 @@ TEST_P(ClassifierTest, FusedSgdMatchesReferenceAndTouchesOnlySampledRows) {
                        initial.index_select(0, untouched)))
           << label;
       EXPECT_EQ(momentum.cpu().index_select(0, untouched).abs().sum().item<double>(), 0.0) << label;
+    }
+  }
+}
+
+// fp16 training scales the loss by a factor that lives on the device: the features' gradient
+// carries it, and the fused update undoes it (no host read), for both optimizers.
+TEST_P(ClassifierTest, LossScaleOnTheDeviceIsUndoneByTheUpdate) {
+  const Problem p = make_problem(uneven_batches(world()), 29, 16, 21);
+  for (const OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
+    ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+    o.update = WeightUpdate::kFused;
+    o.optimizer.kind = kind;
+    o.optimizer.lr = 0.1;
+    o.optimizer.momentum = 0.9;
+    auto plain = make_module(p, o);
+    auto scaled = make_module(p, o);
+    const torch::Tensor scale = torch::full({1}, 1024.0, torch::device(device()));
+    scaled->set_loss_scale(scale);
+    for (int step = 0; step < 2; ++step) {
+      const Outcome want = run_step(*plain, p);
+      torch::Tensor x = local_rows(p, p.features).to(device()).requires_grad_(true);
+      (scaled->forward(x, local_rows(p, p.labels).to(device())) * scale).backward();
+      EXPECT_LE(relative_error(x.grad().cpu() / 1024.0, want.grad_features), 1e-6);
+      EXPECT_LE(relative_error(scaled->weight(), plain->weight()), 1e-6)
+          << (kind == OptimizerKind::kSgd ? "SGD" : "AdamW") << ", step " << step;
     }
   }
 }

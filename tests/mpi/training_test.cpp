@@ -2,9 +2,11 @@
 // the bucketed synchroniser equal the single-process gradient of the whole batch, SyncBN makes
 // the forward independent of the split, every rank agrees to skip an overflowing step.
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <random>
 
 #include "mpi_test.h"
 #include "myriad/classifier/sharded_softmax.h"
@@ -230,16 +232,47 @@ TEST_P(TrainingTest, EveryRankSkipsWhenOneRankOverflows) {
   torch::Tensor p = torch::ones({4}, torch::device(device())).requires_grad_(true);
   p.mutable_grad() = torch::full({4}, 2.0, torch::device(device()));
   if (rank() == world() - 1) p.mutable_grad()[1] = std::numeric_limits<float>::infinity();
-  DynamicLossScaler scaler(1024.0, 2);
-  EXPECT_TRUE(scaler.update(scaler.unscale({p.grad()}, comm())));
-  EXPECT_DOUBLE_EQ(scaler.scale(), 512.0);
+  DynamicLossScaler scaler(device(), 1024.0, 2);
+  EXPECT_EQ(scaler.scale().device(), device());
+  scaler.update(scaler.unscale({p.grad()}, comm()));
+  EXPECT_DOUBLE_EQ(scaler.scale_value(), 512.0);
+  EXPECT_EQ(scaler.take_skipped_steps(), 1);
+  EXPECT_EQ(scaler.take_skipped_steps(), 0);  // each skip is reported once
   // Clean steps grow the scale back after the interval.
   p.mutable_grad() = torch::full({4}, 2.0, torch::device(device()));
-  EXPECT_FALSE(scaler.update(scaler.unscale({p.grad()}, comm())));
+  scaler.update(scaler.unscale({p.grad()}, comm()));
   EXPECT_NEAR(p.grad()[0].item<double>(), 2.0 / 512.0, 1e-12);
+  EXPECT_EQ(scaler.clean_steps(), 1);
   p.mutable_grad() = torch::full({4}, 2.0, torch::device(device()));
-  EXPECT_FALSE(scaler.update(scaler.unscale({p.grad()}, comm())));
-  EXPECT_DOUBLE_EQ(scaler.scale(), 1024.0);
+  scaler.update(scaler.unscale({p.grad()}, comm()));
+  EXPECT_DOUBLE_EQ(scaler.scale_value(), 1024.0);
+  EXPECT_EQ(scaler.clean_steps(), 0);
+  EXPECT_EQ(scaler.take_skipped_steps(), 0);
+}
+
+// The scale on the device follows the host rule (halve after an overflow, not below 1; double
+// after `interval` clean steps in a row) over a random sequence of overflows.
+TEST_P(TrainingTest, LossScaleFollowsTheRuleOverManySteps) {
+  DynamicLossScaler scaler(device(), 8.0, 3);
+  scaler.set_state(4.0, 1);
+  double scale = 4.0;
+  int64_t clean = 1, skipped = 0;
+  std::mt19937 random(11);
+  for (int step = 0; step < 60; ++step) {
+    const bool overflow = random() % 4 == 0;
+    scaler.update(torch::full({1}, overflow ? 1.0 : 0.0, torch::device(device())));
+    if (overflow) {
+      scale = std::max(1.0, scale * 0.5);
+      clean = 0;
+      ++skipped;
+    } else if (++clean >= 3) {
+      scale *= 2.0;
+      clean = 0;
+    }
+    ASSERT_DOUBLE_EQ(scaler.scale_value(), scale) << "step " << step;
+    ASSERT_EQ(scaler.clean_steps(), clean) << "step " << step;
+  }
+  EXPECT_EQ(scaler.take_skipped_steps(), skipped);
 }
 
 // The backbone optimizers on this backend's device (on GPUs, SGD through ATen's fused kernel and

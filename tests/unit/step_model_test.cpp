@@ -89,6 +89,18 @@ TEST(StepModel, ChunkedStepRecomputesTheLogits) {
   EXPECT_DOUBLE_EQ(c.workspace_memory, 2 * 54 + 240 + 64);
 }
 
+TEST(StepModel, StoredRowsAreReadNotCopied) {
+  StepShape s = small_step();
+  s.classifier_weight_bytes = 2;
+  s.classifier_stored_rows = true;
+  const StepCost c = predict_step(s, small_rates());
+  EXPECT_TRUE(c.plan.cache);
+  // Per weight 2 (the GEMMs' read) + 2 (1/|w|) + 4 (row) + 8 (momentum) + 8 (gradient).
+  EXPECT_DOUBLE_EQ(c.classifier_traffic, 560 + 5 * 3 * 24);
+  // A cached row keeps its logits and 1/|w| (4 * 8 + 4), no copy; then its bf16 logit gradient.
+  EXPECT_DOUBLE_EQ(c.workspace_memory, 5 * (36 + 16) + 240 + 64);
+}
+
 TEST(StepModel, PartialFcAdamWAndNarrowGradients) {
   StepShape s = small_step();
   s.sample_rate = 0.5;
@@ -136,12 +148,20 @@ TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   EXPECT_EQ(s.classifier_workspace, 12345);
   EXPECT_EQ(s.backbone_params, 42);
   EXPECT_EQ(s.classifier_weight_bytes, 4);
+  EXPECT_FALSE(s.classifier_stored_rows);  // float32 rows, bf16 GEMMs: a copy
   config.precision = "fp32";
   EXPECT_EQ(step_shape(config, 1, 10, 1).gemm_bytes, 4);
+  EXPECT_TRUE(step_shape(config, 1, 10, 1).classifier_stored_rows);
+  config.sample_rate = 0.5;
+  EXPECT_FALSE(step_shape(config, 1, 10, 1).classifier_stored_rows);  // Partial FC copies
+  config.sample_rate = 1.0;
   // bfloat16 weights halve the shard's memory.
   config.classifier_weight_dtype = "bf16";
   const StepShape half = step_shape(config, 16, 1000000, 42);
   EXPECT_EQ(half.classifier_weight_bytes, 2);
+  EXPECT_FALSE(half.classifier_stored_rows);  // bf16 rows, float32 GEMMs
+  config.precision = "bf16";
+  EXPECT_TRUE(step_shape(config, 1, 10, 1).classifier_stored_rows);
   EXPECT_DOUBLE_EQ(predict_step(half, small_rates()).classifier_weight_memory * 2,
                    predict_step(s, small_rates()).classifier_weight_memory);
 }

@@ -92,7 +92,8 @@ TEST(ShardOptimizerBf16, TinyUpdatesMoveTheWeightsOnAverage) {
   double expected = 1.0;
   for (int step = 0; step < 4; ++step) {
     optimizer.begin_step();
-    optimizer.update_rows(weight, torch::Tensor(), 0, rows, grad, RowGradient::kRow, 1.0);
+    optimizer.update_rows(weight, torch::Tensor(), 0, rows, grad, RowGradient::kRow,
+                          torch::Tensor());
     expected -= 1e-4;
   }
   const torch::Tensor w = weight.to(torch::kFloat64);
@@ -131,10 +132,12 @@ TEST_P(ShardOptimizerBf16Dims, FollowsTheFloat32UpdateOnEveryDevice) {
     for (int step = 0; step < 3; ++step) {
       exact.begin_step();
       rounded.begin_step();
-      exact.update_rows(w32, torch::Tensor(), 0, rows, g, RowGradient::kUnitRow, 1.0);
-      rounded.update_rows(w16, torch::Tensor(), 0, rows, g, RowGradient::kUnitRow, 1.0);
-      exact.update_rows(w32, active, 1, 4, g.slice(0, 0, 3), RowGradient::kUnitRow, 1.0);
-      rounded.update_rows(w16, active, 1, 4, g.slice(0, 0, 3), RowGradient::kUnitRow, 1.0);
+      exact.update_rows(w32, torch::Tensor(), 0, rows, g, RowGradient::kUnitRow, torch::Tensor());
+      rounded.update_rows(w16, torch::Tensor(), 0, rows, g, RowGradient::kUnitRow, torch::Tensor());
+      exact.update_rows(w32, active, 1, 4, g.slice(0, 0, 3), RowGradient::kUnitRow,
+                        torch::Tensor());
+      rounded.update_rows(w16, active, 1, 4, g.slice(0, 0, 3), RowGradient::kUnitRow,
+                          torch::Tensor());
     }
     const torch::Tensor diff = (w16.to(torch::kFloat32) - w32).abs().cpu();
     // Each step rounds by less than one bfloat16 step (2^-7 relative); three steps, with

@@ -13,15 +13,21 @@ struct ChunkPlan {
   bool cache = false;
 };
 
+// Where the GEMMs read a chunk's class rows: a copy in the GEMM dtype (normalised, or of the
+// sampled rows), or the stored shard itself (stored in the GEMM dtype, every row active), which
+// costs no memory beyond each row's 1/|w|.
+enum class RowSource { kCopy, kStored };
+
 // Bytes one class row costs: kept from forward to backward when cached (its logits, its GEMM
-// row), and in flight during backward (its logit gradients, its weight gradient).
-int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes);
+// row or 1/|w|), and in flight during backward (its logit gradients, its weight gradient).
+int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes,
+                                   RowSource source);
 int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes);
 
 // The plan for `rows` active class rows, a global batch `batch`, embedding `dim`, GEMM operands
-// of `gemm_bytes` per element, within `budget_bytes`. Caches when everything fits; otherwise the
-// largest chunk that fits, and at least one row.
+// of `gemm_bytes` per element read from `source`, within `budget_bytes`. Caches when everything
+// fits; otherwise the largest chunk that fits, and at least one row.
 ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,
-                      int64_t budget_bytes);
+                      RowSource source, int64_t budget_bytes);
 
 }  // namespace myriad

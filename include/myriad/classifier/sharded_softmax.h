@@ -96,8 +96,8 @@ class ShardedMarginSoftmax {
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
   // The loss scale folded into the incoming gradient (fp16 training), so that fused updates use
-  // the true gradient.
-  void set_loss_scale(double scale) { loss_scale_ = scale; }
+  // the true gradient: a float32 [1] on the device, read there; undefined for none.
+  void set_loss_scale(const torch::Tensor& scale);
   // The plan of the latest forward.
   const ChunkPlan& last_plan() const { return last_plan_; }
   // Times forward and backward phases ("classifier.*") into `timer` (null: no timing).
@@ -119,7 +119,7 @@ class ShardedMarginSoftmax {
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::unique_ptr<Step> pending_;
   int64_t steps_ = 0;
-  double loss_scale_ = 1.0;
+  torch::Tensor inv_loss_scale_;  // undefined: 1
   ChunkPlan last_plan_;
   PhaseTimer* timer_ = nullptr;
 

@@ -9,30 +9,36 @@ namespace myriad {
 
 class Communicator;
 
-// Dynamic loss scaling for float16 training. The loss is multiplied by scale() before backward;
-// unscale() divides the (already summed) gradients back in place and flags, on the device, whether
-// any is NaN or infinite on any rank; the optimizer skips the step on that flag, and update()
-// then reads it: the scale halves after a skipped step, and doubles after `growth_interval` clean
-// steps in a row.
+// Dynamic loss scaling for float16 training, kept on the device so that no step waits for the
+// host. The loss is multiplied by scale() before backward; unscale() divides the (already summed)
+// gradients back in place and flags, on the device, whether any is NaN or infinite on any rank;
+// the optimizer skips the step on that flag, and update() then adapts the scale on the device: it
+// halves (not below 1) after a skipped step, and doubles after `growth_interval` clean steps in a
+// row. The host reads the state only when it asks for it (checkpoints, logs).
 class DynamicLossScaler {
  public:
-  explicit DynamicLossScaler(double initial_scale = 65536.0, int64_t growth_interval = 2000);
+  explicit DynamicLossScaler(const torch::Device& device, double initial_scale = 65536.0,
+                             int64_t growth_interval = 2000);
 
-  double scale() const { return scale_; }
-  void set_scale(double scale) { scale_ = scale; }
-  int64_t clean_steps() const { return clean_steps_; }
-  void set_clean_steps(int64_t steps) { clean_steps_ = steps; }
+  // float32 [1] on the device.
+  const torch::Tensor& scale() const { return scale_; }
+  // Host copies of the state (each a synchronisation with the device), and their restore.
+  double scale_value() const;
+  int64_t clean_steps() const;
+  void set_state(double scale, int64_t clean_steps);
   // `gradients`: the tensors holding them (GradientSynchronizer::buffers()). Returns the overflow
   // flag, a float [1] on `comm`'s device, the same on every rank (collective over `comm`).
   torch::Tensor unscale(const std::vector<torch::Tensor>& gradients, Communicator& comm) const;
-  // After the step: reads the flag (a host synchronisation) and adapts the scale. True when the
-  // step was skipped.
-  bool update(const torch::Tensor& overflow);
+  // After the step, on the device.
+  void update(const torch::Tensor& overflow);
+  // Steps skipped since the last call (a synchronisation: for the progress log).
+  int64_t take_skipped_steps();
 
  private:
-  double scale_;
+  torch::Tensor scale_;    // float32 [1]
+  torch::Tensor clean_;    // int64 [1]: clean steps in a row
+  torch::Tensor skipped_;  // int64 [1]: skipped steps not yet reported
   int64_t growth_interval_;
-  int64_t clean_steps_ = 0;
 };
 
 }  // namespace myriad

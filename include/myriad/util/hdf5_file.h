@@ -11,6 +11,11 @@
 
 namespace myriad {
 
+// The dtype a tensor of `dtype` is stored as: bfloat16 and float16 as float32 and bool as uint8,
+// types every HDF5 reader understands; the rest as they are. Hdf5File::write applies it; writers
+// that fill allocate()d datasets themselves must too.
+torch::ScalarType hdf5_stored_dtype(torch::ScalarType dtype);
+
 // A thin RAII layer over the HDF5 C API for the tensors myriad stores: numeric datasets read and
 // written whole or by ranges of rows (dim 0), variable-length byte strings (encoded images), and
 // scalar attributes. Every failure throws an Error naming the file and the object.

@@ -25,6 +25,7 @@
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/exit_codes.h"
+#include "myriad/util/file_io.h"
 #include "myriad/util/format.h"
 #include "myriad/util/remove_tree.h"
 
@@ -38,10 +39,8 @@ namespace fs = std::filesystem;
 // the load reads the disk rather than memory.
 void evict_from_page_cache(const std::string& directory) {
   for (const auto& entry : fs::directory_iterator(directory)) {
-    const int fd = open(entry.path().c_str(), O_RDONLY);
-    MYRIAD_CHECK(fd >= 0, "cannot open '{}'", entry.path().string());
-    const int rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    close(fd);
+    const ReadOnlyFile file(entry.path().string());
+    const int rc = posix_fadvise(file.fd(), 0, 0, POSIX_FADV_DONTNEED);
     MYRIAD_CHECK(rc == 0, "posix_fadvise on '{}' failed ({})", entry.path().string(), rc);
   }
 }
@@ -52,27 +51,18 @@ void raw_write(const std::string& path, int64_t bytes) {
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   MYRIAD_CHECK(fd >= 0, "cannot create '{}': {}", path, std::strerror(errno));
   const std::vector<char> block(static_cast<size_t>(kRawBlock), 1);
-  for (int64_t done = 0; done < bytes;) {
-    const ssize_t n =
-        write(fd, block.data(), static_cast<size_t>(std::min(kRawBlock, bytes - done)));
-    MYRIAD_CHECK(n > 0, "cannot write '{}': {}", path, std::strerror(errno));
-    done += n;
-  }
+  for (int64_t done = 0; done < bytes; done += kRawBlock)
+    write_at(fd, block.data(), std::min(kRawBlock, bytes - done), done, path);
   MYRIAD_CHECK(fsync(fd) == 0 && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0,
                "cannot sync '{}': {}", path, std::strerror(errno));
   close(fd);
 }
 
 void raw_read(const std::string& path, int64_t bytes) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MYRIAD_CHECK(fd >= 0, "cannot open '{}': {}", path, std::strerror(errno));
+  const ReadOnlyFile file(path);
   std::vector<char> block(static_cast<size_t>(kRawBlock));
-  for (int64_t done = 0; done < bytes;) {
-    const ssize_t n = read(fd, block.data(), block.size());
-    MYRIAD_CHECK(n > 0, "cannot read '{}': {}", path, std::strerror(errno));
-    done += n;
-  }
-  close(fd);
+  for (int64_t done = 0; done < bytes; done += kRawBlock)
+    read_at(file.fd(), block.data(), std::min(kRawBlock, bytes - done), done, path);
 }
 
 // Wall time of `work` on all ranks: from a common start to the last rank's end.

@@ -67,7 +67,7 @@ struct SgdArgs {
   float momentum;
   float weight_decay;
   bool nesterov;
-  float grad_multiplier;  // undoes loss scaling
+  const float* grad_multiplier;  // undoes loss scaling: one float on the device; null for 1
 };
 
 // For each of `count` rows: dw from grad (taken with respect to what grad_of says), then SGD with
@@ -85,7 +85,7 @@ struct AdamWArgs {
   float weight_decay;
   float bias_correction1;  // 1 - beta1^t
   float bias_correction2;  // 1 - beta2^t
-  float grad_multiplier;
+  const float* grad_multiplier;
 };
 
 // AdamW on each of `count` rows, with first and second moments in state_type.

@@ -167,9 +167,9 @@ struct RowGradientOf {
 
 template <int kWidth, typename W>
 __device__ inline RowGradientOf row_gradient(const W* w, const float* g, int64_t dim, int lane,
-                                             RowGradient grad_of, float multiplier) {
+                                             RowGradient grad_of, const float* multiplier) {
   RowGradientOf rg;
-  rg.multiplier = multiplier;
+  if (multiplier != nullptr) rg.multiplier = *multiplier;
   if (grad_of == RowGradient::kRow) return rg;
   float squares = 0.0f, dot = 0.0f;
   for_each_group<kWidth>(dim, lane, [&](int64_t k) {
@@ -183,7 +183,7 @@ __device__ inline RowGradientOf row_gradient(const W* w, const float* g, int64_t
     }
   });
   squares = fmaxf(warp_sum(squares), kMinSquaredNorm);
-  dot = warp_sum(dot) * multiplier;
+  dot = warp_sum(dot) * rg.multiplier;
   const float inv_norm = rsqrtf(squares);
   if (grad_of == RowGradient::kUnitRow) {
     rg.scale = inv_norm;
