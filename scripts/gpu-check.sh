@@ -14,7 +14,9 @@
 # vit_h and r200 at the same global batch on 2 GPUs, and the largest batch per replica of each)
 # (default: all).
 #
-# --tests limits the tests section to the CTest tests whose names match REGEX.
+# --tests limits the tests section to the CTest tests whose names match REGEX, and to the GPU
+# checks that it matches (gpu.async_checkpoint.bf16, gpu.async_checkpoint.fp16), so that the
+# section can be split over calls shorter than a device's limit.
 # --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
 # stays off (NCCL_NVLS_ENABLE=0 and friends) unless the caller set those variables.
 set -uo pipefail
@@ -22,6 +24,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps_args=()
 tests=()
+tests_regex=""
 out=${OUT:-$repo/build/gpu-check}
 only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,train,checkpoint,deterministic,launch,preempt,backbones,pipeline
 while [ $# -gt 0 ]; do
@@ -29,7 +32,7 @@ while [ $# -gt 0 ]; do
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    --tests) tests=(-R "$2"); shift 2 ;;
+    --tests) tests=(-R "$2"); tests_regex=$2; shift 2 ;;
     -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -95,6 +98,7 @@ if wants tests; then
   # resume to the losses of synchronous ones, bit for bit (--deterministic); in bf16, and in fp16,
   # whose loss scale is kept on the device and checkpointed from there.
   for precision in bf16 fp16; do
+    [ -z "$tests_regex" ] || [[ "gpu.async_checkpoint.$precision" =~ $tests_regex ]] || continue
     if precision=$precision ranks=$(( gpus >= 2 ? 2 : 1 )) device=cuda bash "$repo/tests/e2e/async_checkpoint.sh" "$bin" \
       "$repo/build/tests/libslow_io_shim.so" --identical-only >"$out/async-checkpoint-gpu-$precision.txt" 2>&1; then
       note "async checkpoints on GPUs, $precision: $(grep -E 'resumed from|hold what' "$out/async-checkpoint-gpu-$precision.txt" | tr '\n' ' ')"
