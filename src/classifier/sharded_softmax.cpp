@@ -2,6 +2,7 @@
 
 #include <torch/autograd.h>
 
+#include <cmath>
 #include <limits>
 
 #include "myriad/classifier/mixed_gemm.h"
@@ -307,8 +308,24 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
 
   const bool fused = options_.update == WeightUpdate::kFused;
   if (fused) optimizer_->begin_step();
-  const torch::Tensor coef =
-      grad.to(torch::kFloat32).reshape({1}) / static_cast<double>(step->batch);
+  // The incoming gradient carries fp16 training's loss scale. float16 GEMMs take the logits'
+  // gradient at no more than 2^13 B / s, where it fits float16 (a softmax gradient is at most s/B,
+  // times |dpsi/dcos|, below 8 for the margins in use); dX̂ and the rows' gradient are brought to
+  // the incoming scale afterwards, in float32. At 65536, the fp16 scaler's start, and a small
+  // batch, the logits' gradient would otherwise overflow and corrupt the rows before the
+  // backbone's overflow check could skip anything.
+  const torch::Tensor upstream = grad.to(torch::kFloat32).reshape({1});
+  torch::Tensor taken = upstream, rescale;
+  if (options_.gemm_dtype == torch::kFloat16) {
+    const double cap =
+        std::exp2(std::floor(std::log2(8192.0 * static_cast<double>(step->batch) / params.scale)));
+    taken = upstream.clamp_max(cap);
+    rescale = upstream / taken;
+  }
+  const torch::Tensor coef = taken / static_cast<double>(step->batch);
+  const torch::Tensor multiplier =
+      !rescale.defined() ? inv_loss_scale_
+                         : (inv_loss_scale_.defined() ? rescale * inv_loss_scale_ : rescale);
   torch::Tensor dxn = torch::zeros({step->batch, options_.embedding_size}, step->xn.options());
   for (int64_t c = 0; c < step->plan.chunks; ++c) {
     const int64_t begin = c * step->plan.chunk_rows;
@@ -342,17 +359,19 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
                                 : scale.defined()  ? RowGradient::kUnitRowOverNorm
                                                    : RowGradient::kUnitRow;
     if (fused) {
-      optimizer_->update_rows(weight_, step->active, begin, end, row_grad, grad_of,
-                              inv_loss_scale_);
+      optimizer_->update_rows(weight_, step->active, begin, end, row_grad, grad_of, multiplier);
     } else {
       const torch::Tensor index =
           step->active.defined()
               ? step->active.slice(0, begin, end)
               : torch::arange(begin, end, step->xn.options().dtype(torch::kInt64));
       const torch::Tensor w = weight_.index_select(0, index).to(torch::kFloat32);
-      weight_grad_.index_add_(0, index, row_grad_of_rows(w, row_grad, grad_of));
+      weight_grad_.index_add_(
+          0, index,
+          row_grad_of_rows(w, rescale.defined() ? row_grad.mul_(rescale) : row_grad, grad_of));
     }
   }
+  if (rescale.defined()) dxn.mul_(rescale);
 
   phase("reduce_scatter");
   torch::Tensor local = comm_.reduce_scatter(dxn, step->counts);
