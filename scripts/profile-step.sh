@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Where one training step's GPU time goes, by kind of kernel (docs/benchmarks.md, "Where the
 # backbone's time goes"). Runs myriad-train on one GPU under Nsight Compute, timing every kernel of
-# a short run (one metric, gpu__time_duration, clocks left alone), then sums the kernels of the last
-# whole step into convolutions, batch norm, PReLU, residual adds, layout copies, GEMMs (the
-# backbone's FC and the classifier's), the classifier's own kernels, the optimizer and the rest.
+# its last step (--profile-steps opens the capture there; one metric, gpu__time_duration, clocks
+# left alone), then sums them into convolutions, batch norm, PReLU, adds, layout copies, GEMMs
+# (the backbone's FC and the classifier's), the classifier's own kernels, the optimizer and the
+# rest.
 # ncu serialises kernels, so the sum is GPU busy time: set it beside the step time that
 # scripts/bench-train.sh measures without a profiler; the difference is the time the GPU waits
 # (launch gaps, host synchronisation).
@@ -12,7 +13,7 @@
 #
 #   --bin     the executables (default build/bin)
 #   --out     the kernel table (kernels.csv) and the breakdown (breakdown.txt) (default build/profile)
-#   --steps   steps to run (default 3; the last is summed)
+#   --steps   steps to run (default 3; the last is profiled)
 # Options after -- replace the default run: iresnet50, bf16, 256 images of 112x112 on the GPU,
 # C = 1M, ArcFace, SGD, as bench-train.sh runs it.
 set -euo pipefail
@@ -44,23 +45,19 @@ rm -rf "$out/run"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
-ncu --clock-control none --metrics gpu__time_duration.sum --print-kernel-base demangled --csv \
-  --log-file "$out/kernels.csv" "$bin/myriad-train" "${run[@]}" --max-steps "$steps" --log-every 1 \
-  --device cuda --hang-timeout 0 --run-dir "$out/run" --log-level warn
+ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
+  --print-kernel-base demangled --csv --log-file "$out/kernels.csv" "$bin/myriad-train" "${run[@]}" \
+  --max-steps "$steps" --profile-steps "$steps:$steps" --log-every 1 --device cuda --hang-timeout 0 \
+  --run-dir "$out/run" --log-level warn
 python3 - "$out/kernels.csv" <<'PY' | tee "$out/breakdown.txt"
 import csv, re, sys
 rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
         if r.get("Metric Name") == "gpu__time_duration.sum"]
 scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
-kernels = [(r["Kernel Name"], float(r["Metric Value"].replace(",", "")) * scale[r["Metric Unit"]])
-           for r in rows]
-# A step ends with the backbone optimizer's fused kernels (one launch per group of tensors).
-optimizer = re.compile(r"FusedSgd|FusedAdam|fused_sgd|fused_adam", re.I)
-ends = [i for i, (name, _) in enumerate(kernels)
-        if optimizer.search(name) and (i + 1 == len(kernels) or not optimizer.search(kernels[i + 1][0]))]
-if len(ends) < 2:
-    sys.exit(f"profile-step.sh: found {len(ends)} optimizer steps among {len(kernels)} kernels; need 2")
-step = kernels[ends[-2] + 1:ends[-1] + 1]
+step = [(r["Kernel Name"], float(r["Metric Value"].replace(",", "")) * scale[r["Metric Unit"]])
+        for r in rows]
+if not step:
+    sys.exit("profile-step.sh: Nsight Compute timed no kernel")
 kinds = [
     ("batch norm", r"batch_norm|batchnorm|bn_fw|bn_bw|welford"),
     ("PReLU", r"prelu"),
@@ -78,7 +75,7 @@ for name, t in step:
     kind = next((k for k, p in kinds if re.search(p, name, re.I)), "other elementwise and reductions")
     sums[kind] = sums.get(kind, 0.0) + t
     counts[kind] = counts.get(kind, 0) + 1
-print(f"last whole step of {len(ends)}: {len(step)} kernels, {total:.2f} ms of GPU time")
+print(f"one step: {len(step)} kernels, {total:.2f} ms of GPU time")
 for kind in sorted(sums, key=sums.get, reverse=True):
     print(f"  {kind:34s} {sums[kind]:8.2f} ms  {100 * sums[kind] / total:5.1f}%  {counts[kind]:5d} kernels")
 slowest = {}

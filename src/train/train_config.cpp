@@ -111,7 +111,8 @@ po::options_description train_options(TrainConfig& c) {
       ("checkpoint-host-memory", po::value<std::string>()->default_value("auto"), "host memory per rank for checkpoint snapshots (e.g. 8G); a smaller one streams each checkpoint through it while training waits (auto: one whole snapshot)")
       ("resume", po::value(&c.resume)->default_value(c.resume), "none, auto (the newest valid checkpoint of --checkpoint-dir; fresh when there is none) or a checkpoint directory")
       ("stop-at-step", count_option(&c.stop_at_step), "checkpoint and exit (code 75) after this step, as a signal would (0: off)")
-      ("hang-timeout", real_option(&c.hang_timeout), "seconds a rank may wait on the others in one collective, or go without starting a step, before it logs what it waited for and aborts the whole job (0: off; docs/multi-node.md)");
+      ("hang-timeout", real_option(&c.hang_timeout), "seconds a rank may wait on the others in one collective, or go without starting a step, before it logs what it waited for and aborts the whole job (0: off; docs/multi-node.md)")
+      ("profile-steps", po::value<std::string>(), "FIRST:LAST: run steps FIRST to LAST inside the CUDA profiler's capture range, for nsys --capture-range=cudaProfilerApi or ncu --profile-from-start off (GPUs only)");
   // clang-format on
   add_margin_options(options);
   return options;
@@ -132,6 +133,20 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   }
   if (values.count("lr-steps") > 0)
     c.lr_steps = parse_step_list(values["lr-steps"].as<std::string>());
+  if (values.count("profile-steps") > 0) {
+    const std::string text = values["profile-steps"].as<std::string>();
+    const size_t colon = text.find(':');
+    try {
+      if (colon == std::string::npos) throw UsageError(text);
+      c.profile_first = parse_count(text.substr(0, colon));
+      c.profile_last = parse_count(text.substr(colon + 1));
+    } catch (const UsageError&) {
+      c.profile_first = c.profile_last = -1;
+    }
+    require(
+        c.profile_first >= 1 && c.profile_last >= c.profile_first,
+        str_format("--profile-steps must be FIRST:LAST with 1 <= FIRST <= LAST, got '{}'", text));
+  }
   c.random_flip = !values["no-flip"].as<bool>();
   if (c.classifier_lr == 0.0) c.classifier_lr = c.lr;
   if (c.classifier_weight_decay < 0.0) c.classifier_weight_decay = c.weight_decay;

@@ -199,6 +199,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   c_.precision = resolve_precision(c_.precision, device_);
   MYRIAD_CHECK_COLLECTIVE(c_.precision != "fp16" || device_.is_cuda(),
                           "--precision fp16 needs GPUs");
+  MYRIAD_CHECK_COLLECTIVE(c_.profile_first == 0 || device_.is_cuda(),
+                          "--profile-steps needs GPUs (it drives the CUDA profiler)");
   if (c_.deterministic) use_deterministic_algorithms();
   if (c_.precision != "fp32") autocast_ = parse_float_dtype(c_.precision);
   layout_ = pipeline_layout(context.size(), context.rank(), c_.pipeline_stages, c_.micro_batches);
@@ -672,6 +674,7 @@ TrainResult Run::execute() {
   run_start_ = window_start_ = Clock::now();
   for (int64_t step = start_step_; step < total_steps_; ++step) {
     HangWatchdog::instance().step_started(step);
+    if (step + 1 == c_.profile_first) set_profiler_capture(device_, true);
     // A checkpoint's copy of the backbone is done before this step changes it.
     checkpointer_->order_before_step();
     const auto wait_start = Clock::now();
@@ -717,6 +720,7 @@ TrainResult Run::execute() {
     sync_->clear_gradients();
     timer_.stop();
     if (fp16) scaler_.update(overflow);
+    if (step + 1 == c_.profile_last) set_profiler_capture(device_, false);
     ++window_steps_;
 
     if ((step + 1) % c_.log_every == 0 || step + 1 == total_steps_)

@@ -10,6 +10,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_profiler_api.h>
 
 #include "myriad/util/check_cuda.h"
 #endif
@@ -67,6 +68,15 @@ DeviceMemory device_memory(const torch::Device& device) {
 void release_cached_memory(const torch::Device& device) {
 #ifdef MYRIAD_WITH_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+
+void set_profiler_capture(const torch::Device& device, bool on) {
+#ifdef MYRIAD_WITH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device);
+    MYRIAD_CHECK_CUDA(on ? cudaProfilerStart() : cudaProfilerStop());
+  }
 #endif
 }
 

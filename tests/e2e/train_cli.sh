@@ -37,6 +37,9 @@ expect_failure() {
 }
 expect_failure 2 "unrecognised option '--epochz'" --epochz 3
 expect_failure 2 "precision must be auto, fp32, bf16 or fp16" --precision fp8
+for steps in 5 3:2 0:4 a:b 2:; do
+  expect_failure 2 "--profile-steps must be FIRST:LAST with 1 <= FIRST <= LAST, got '$steps'" --profile-steps "$steps"
+done
 expect_failure 1 "'$work/missing.h5' does not exist" --data "$work/missing.h5" --input-shape 1x16x16
 echo "not hdf5" >"$work/garbage.h5"
 expect_failure 1 "is not an HDF5 file" --data "$work/garbage.h5"

@@ -78,6 +78,10 @@ struct TrainConfig {
   std::string resume = "none";
   int64_t stop_at_step = 0;
   double hang_timeout = 600.0;  // seconds; 0: off
+  // Steps [profile_first, profile_last] (as the log counts them, from 1) run inside the CUDA
+  // profiler's capture range; 0: no capture.
+  int64_t profile_first = 0;
+  int64_t profile_last = 0;
 };
 
 // The options of myriad-train, bound to fields of `config` (margin options included).

@@ -27,6 +27,11 @@ DeviceMemory device_memory(const torch::Device& device);
 // Returns the allocator's cached blocks to the device (between benchmark cases).
 void release_cached_memory(const torch::Device& device);
 
+// Opens or closes the CUDA profiler's capture range (cudaProfilerStart/Stop), which
+// `nsys --capture-range=cudaProfilerApi` and `ncu --profile-from-start off` follow; a no-op on
+// the CPU.
+void set_profiler_capture(const torch::Device& device, bool on);
+
 // Whether `device` computes in bfloat16 at full speed: a CUDA GPU of compute capability 8.0
 // (Ampere) or later. False on the CPU, where autocast to bfloat16 is slower than float32.
 bool has_fast_bfloat16(const torch::Device& device);
