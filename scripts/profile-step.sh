@@ -53,22 +53,24 @@ python3 - "$out/kernels.csv" <<'PY' | tee "$out/breakdown.txt"
 import csv, re, sys
 rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
         if r.get("Metric Name") == "gpu__time_duration.sum"]
-scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+scale = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0}
 step = [(r["Kernel Name"], float(r["Metric Value"].replace(",", "")) * scale[r["Metric Unit"]])
         for r in rows]
 if not step:
     sys.exit("profile-step.sh: Nsight Compute timed no kernel")
 kinds = [
+    ("classifier (myriad's kernels)", r"myriad::"),
     ("batch norm", r"batch_norm|batchnorm|bn_fw|bn_bw|welford"),
     ("PReLU", r"prelu"),
     ("adds (residuals, gradient sums)", r"CUDAFunctor_add|AddFunctor|add_kernel"),
     ("convolution", r"conv|fprop|dgrad|wgrad|implicit|winograd|cudnn"),
     ("layout copy", r"nchwToNhwc|nhwcToNchw|transpose|permute|direct_copy|copy_kernel|contiguous"),
-    ("classifier (myriad's kernels)", r"myriad::"),
-    ("GEMM (backbone FC, classifier)", r"gemm|cublas|cutlass|sm90_xmma"),
+    ("GEMM (backbone FC, classifier)", r"gemm|nvjet|cublas|cutlass|sm90_xmma"),
     ("optimizer", r"FusedSgd|FusedAdam|multi_tensor|foreach|amp_"),
     ("collectives", r"nccl"),
 ]
+# Names without their parameter lists, whose types would match the patterns too.
+step = [(re.sub(r"\((?:[^()]|\([^()]*\))*\)\s*$", "", name), t) for name, t in step]
 total = sum(t for _, t in step)
 sums, counts = {}, {}
 for name, t in step:
@@ -80,8 +82,7 @@ for kind in sorted(sums, key=sums.get, reverse=True):
     print(f"  {kind:34s} {sums[kind]:8.2f} ms  {100 * sums[kind] / total:5.1f}%  {counts[kind]:5d} kernels")
 slowest = {}
 for name, t in step:
-    short = re.sub(r"\((?:[^()]|\([^()]*\))*\)\s*$", "", name)[:140]  # the parameter list
-    slowest[short] = slowest.get(short, 0.0) + t
+    slowest[name[:140]] = slowest.get(name[:140], 0.0) + t
 print("the ten largest kernels (summed by name):")
 for name in sorted(slowest, key=slowest.get, reverse=True)[:10]:
     print(f"  {slowest[name]:8.2f} ms  {name}")
