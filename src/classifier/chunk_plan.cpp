@@ -4,6 +4,10 @@
 
 namespace myriad {
 
+RowSource row_source(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype, bool sampled) {
+  return !sampled && weight_dtype == gemm_dtype ? RowSource::kStored : RowSource::kCopy;
+}
+
 int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes,
                                    RowSource source) {
   return 4 * batch + (source == RowSource::kCopy ? gemm_bytes * dim : 4);

@@ -57,6 +57,7 @@ struct ShardedMarginSoftmax::Step {
   int64_t id = 0;
   std::vector<int64_t> counts;
   int64_t batch = 0;
+  int64_t divisor = 0;  // the loss is the mean over this many samples: the whole step's
   int64_t local_begin = 0;
   torch::ScalarType feature_dtype = torch::kFloat32;
   bool skip = false;
@@ -75,6 +76,16 @@ struct ShardedMarginSoftmax::Step {
   torch::Tensor row_inv_sum;  // [B] 1 / global sum of exp(z - max)
   std::vector<torch::Tensor> cached_dot;
   std::vector<torch::Tensor> cached_rows;
+  torch::Tensor finite_rows;  // [B] bool, a part's: whether each sample's features are finite
+};
+
+// A step whose batch comes in parts: what begin_parts fixed, and each part once its backward ran.
+struct ShardedMarginSoftmax::Parts {
+  std::vector<int64_t> counts;  // every rank's labels of the whole step
+  int64_t batch = 0;            // the whole step's global batch
+  torch::Tensor active;         // Partial FC's rows for every part
+  torch::Tensor upstream;       // the incoming gradient of the parts' backward
+  std::vector<std::unique_ptr<Step>> done;
 };
 
 namespace {
@@ -146,10 +157,6 @@ void ShardedMarginSoftmax::phase(const char* name) {
   if (timer_ != nullptr) timer_->mark(std::string("classifier.") + name);
 }
 
-void ShardedMarginSoftmax::set_loss_scale(const torch::Tensor& scale) {
-  inv_loss_scale_ = scale.defined() ? scale.to(torch::kFloat32).reciprocal() : torch::Tensor();
-}
-
 void ShardedMarginSoftmax::zero_grad() {
   if (weight_grad_.defined()) weight_grad_.zero_();
 }
@@ -167,6 +174,32 @@ torch::Tensor ShardedMarginSoftmax::forward(const torch::Tensor& features,
   return loss;
 }
 
+torch::Tensor ShardedMarginSoftmax::local_targets(const torch::Tensor& y) const {
+  const int rank = comm_.rank();
+  const torch::Tensor local = y - partition_.offset(rank);
+  const torch::Tensor owned = local.ge(0).logical_and_(local.lt(partition_.size(rank)));
+  return torch::where(owned, local, torch::full_like(local, kNoTarget));
+}
+
+torch::Tensor ShardedMarginSoftmax::sampled_rows(const torch::Tensor& local_target,
+                                                 int64_t step) const {
+  if (options_.sample_rate >= 1.0) return torch::Tensor();
+  const int rank = comm_.rank();
+  return sample_class_rows(local_target, partition_.size(rank), partition_.offset(rank),
+                           options_.sample_rate, options_.seed, step);
+}
+
+void ShardedMarginSoftmax::check_labels(const torch::Tensor& y, const torch::Tensor& summary,
+                                        const std::vector<int64_t>& counts) const {
+  const int64_t num_classes = options_.num_classes;
+  if (summary[0].item<double>() < 0 ||
+      summary[1].item<double>() >= static_cast<double>(num_classes)) {
+    const int64_t bad = first_true(y.lt(0).logical_or_(y.ge(num_classes)));
+    MYRIAD_THROW_COLLECTIVE("label {} of {} is outside [0, {})", y[bad].item<int64_t>(),
+                            sample_origin(bad, counts), num_classes);
+  }
+}
+
 torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
                                                 const torch::Tensor& labels, int64_t* step_id) {
   NoAutocast no_autocast;
@@ -174,7 +207,7 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
   const int64_t dim = options_.embedding_size;
   const int rank = comm_.rank();
   auto step = std::make_unique<Step>();
-  step->id = ++steps_;
+  step->id = ++forwards_;
   *step_id = step->id;
   step->feature_dtype = features.scalar_type();
 
@@ -193,7 +226,8 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
   MYRIAD_CHECK_COLLECTIVE(y.dim() == 1 && !y.is_floating_point() && y.scalar_type() != torch::kBool,
                           "labels must be a 1-D integer tensor");
   step->batch = x.size(0);
-  MYRIAD_CHECK_COLLECTIVE(step->batch > 0, "the global batch is empty");
+  MYRIAD_CHECK_COLLECTIVE(step->batch > 0 || parts_, "the global batch is empty");
+  step->divisor = parts_ ? parts_->batch : step->batch;
   for (int r = 0; r < rank; ++r) step->local_begin += step->counts[r];
   y = y.to(torch::kInt64);
 
@@ -207,27 +241,24 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
   }
   step->xg = step->xn.to(options_.gemm_dtype).contiguous();
 
-  const int64_t shard_rows = partition_.size(rank);
-  const int64_t offset = partition_.offset(rank);
-  const torch::Tensor local = y - offset;
-  const torch::Tensor owned = local.ge(0).logical_and_(local.lt(shard_rows));
-  const torch::Tensor local_target = torch::where(owned, local, torch::full_like(local, kNoTarget));
-  if (options_.sample_rate < 1.0) {
-    step->active = sample_class_rows(local_target, shard_rows, offset, options_.sample_rate,
-                                     options_.seed, step->id);
+  // Every part of a step takes the rows Partial FC sampled for the whole step.
+  const torch::Tensor local_target = local_targets(y);
+  step->active = parts_ ? parts_->active : sampled_rows(local_target, ++steps_);
+  if (step->active.defined()) {
     step->active_rows = step->active.size(0);
     const torch::Tensor position = torch::searchsorted(step->active, local_target.clamp_min(0));
-    step->target_col = torch::where(owned, position, local_target);
+    step->target_col = torch::where(local_target.ge(0), position, local_target);
   } else {
-    step->active_rows = shard_rows;
+    step->active_rows = partition_.size(rank);
     step->target_col = local_target;
   }
 
-  step->stored_rows = !step->active.defined() && weight_.scalar_type() == options_.gemm_dtype;
+  const RowSource source =
+      row_source(weight_.scalar_type(), options_.gemm_dtype, step->active.defined());
+  step->stored_rows = source == RowSource::kStored;
   const int64_t gemm_bytes = static_cast<int64_t>(torch::elementSize(options_.gemm_dtype));
-  step->plan = plan_chunks(step->active_rows, step->batch, dim, gemm_bytes,
-                           step->stored_rows ? RowSource::kStored : RowSource::kCopy,
-                           options_.workspace_bytes);
+  step->plan =
+      plan_chunks(step->active_rows, step->batch, dim, gemm_bytes, source, options_.workspace_bytes);
   last_plan_ = step->plan;
   const auto f32 = x.options().dtype(torch::kFloat32);
   torch::Tensor row_max = torch::full({step->batch}, -std::numeric_limits<float>::infinity(), f32);
@@ -264,7 +295,16 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
   const torch::Tensor sum_exp = packed.select(1, 0);
   step->row_max = global_max;
   step->row_inv_sum = sum_exp.reciprocal();
-  torch::Tensor loss = (sum_exp.log() + global_max - packed.select(1, 1)).mean();
+  // The samples' share of the mean loss over the whole step's batch.
+  torch::Tensor loss = (sum_exp.log() + global_max - packed.select(1, 1)).sum() /
+                       static_cast<double>(step->divisor);
+  if (parts_) {
+    // A part's labels were checked with the step's (begin_parts), and its features are checked
+    // with the other parts' at finish_parts: no host synchronisation per part.
+    step->finite_rows = x.isfinite().all(1);
+    pending_ = std::move(step);
+    return loss;
+  }
   // One host synchronisation validates labels and features, once all of forward is queued so
   // that the device never waits for the host. Until then bad values are harmless: labels outside
   // [0, C) belong to no shard, and non-finite features only make non-finite logits.
@@ -272,13 +312,7 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
       torch::stack({y.min().to(torch::kFloat64), y.max().to(torch::kFloat64),
                     x.isfinite().all().to(torch::kFloat64)})
           .cpu();
-  const int64_t num_classes = options_.num_classes;
-  if (summary[0].item<double>() < 0 ||
-      summary[1].item<double>() >= static_cast<double>(num_classes)) {
-    const int64_t bad = first_true(y.lt(0).logical_or_(y.ge(num_classes)));
-    MYRIAD_THROW_COLLECTIVE("label {} of {} is outside [0, {})", y[bad].item<int64_t>(),
-                            sample_origin(bad, step->counts), num_classes);
-  }
+  check_labels(y, summary, step->counts);
   if (summary[2].item<double>() == 0.0) {
     if (options_.non_finite == NonFinitePolicy::kError) {
       const int64_t bad = first_true(x.isfinite().all(1).logical_not_());
@@ -291,6 +325,81 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
   }
   pending_ = std::move(step);
   return pending_->skip ? torch::full_like(loss, std::numeric_limits<float>::quiet_NaN()) : loss;
+}
+
+ShardedMarginSoftmax::GradientScale ShardedMarginSoftmax::gradient_scale(
+    const torch::Tensor& grad, int64_t divisor) const {
+  // The incoming gradient carries fp16 training's loss scale. float16 GEMMs take the logits'
+  // gradient at no more than 2^13 B / s, where it fits float16 (a softmax gradient is at most s/B,
+  // times |dpsi/dcos|, below 8 for the margins in use); dX̂ and the rows' gradient are brought to
+  // the incoming scale afterwards, in float32. At 65536, the fp16 scaler's start, and a small
+  // batch, the logits' gradient would otherwise overflow and corrupt the rows before the
+  // backbone's overflow check could skip anything.
+  GradientScale g;
+  const torch::Tensor upstream = grad.to(torch::kFloat32).reshape({1});
+  torch::Tensor taken = upstream;
+  if (options_.gemm_dtype == torch::kFloat16) {
+    const double cap = std::exp2(std::floor(
+        std::log2(8192.0 * static_cast<double>(divisor) / options_.margin.params().scale)));
+    taken = upstream.clamp_max(cap);
+    g.rescale = upstream / taken;
+  }
+  g.coef = taken / static_cast<double>(divisor);
+  g.multiplier = inv_loss_scale_;
+  if (g.rescale.defined()) g.multiplier = g.multiplier.defined() ? g.multiplier * g.rescale : g.rescale;
+  return g;
+}
+
+void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn,
+                                           bool update) {
+  const MarginParams params = options_.margin.params();
+  for (int64_t c = 0; c < step.plan.chunks; ++c) {
+    const int64_t begin = c * step.plan.chunk_rows;
+    const int64_t end = std::min(begin + step.plan.chunk_rows, step.active_rows);
+    torch::Tensor rows, dot;
+    if (step.plan.cache) {
+      rows = std::move(step.cached_rows[c]);
+      dot = std::move(step.cached_dot[c]);
+    } else {
+      phase("prepare_rows");
+      rows = chunk_rows(step, begin, end);
+      dot = torch::empty({end - begin, step.batch}, step.xg.options().dtype(torch::kFloat32));
+      phase("gemm_logits");
+      gemm_f32(dot, rows, false, step.xg, true, false);
+    }
+    const torch::Tensor scale = step.row_scales.empty() ? torch::Tensor() : step.row_scales[c];
+    phase("logit_grad");
+    const torch::Tensor logit_grad =
+        chunk_logit_grad(dot, scale, step.target_col, begin, step.row_max, step.row_inv_sum,
+                         g.coef, params, options_.gemm_dtype);
+    dot = torch::Tensor();
+    if (dxn != nullptr) {
+      phase("gemm_feature_grad");
+      gemm_f32_long_k(*dxn, logit_grad, rows, true);
+    }
+    rows = torch::Tensor();
+    if (!update) continue;
+    phase("gemm_weight_grad");
+    torch::Tensor row_grad = torch::empty({end - begin, options_.embedding_size},
+                                          step.xg.options().dtype(torch::kFloat32));
+    gemm_f32(row_grad, logit_grad, false, step.xg, false, false);
+    phase("update");
+    const RowGradient grad_of = !params.normalized ? RowGradient::kRow
+                                : scale.defined()  ? RowGradient::kUnitRowOverNorm
+                                                   : RowGradient::kUnitRow;
+    if (options_.update == WeightUpdate::kFused) {
+      optimizer_->update_rows(weight_, step.active, begin, end, row_grad, grad_of, g.multiplier);
+    } else {
+      const torch::Tensor index =
+          step.active.defined()
+              ? step.active.slice(0, begin, end)
+              : torch::arange(begin, end, step.xg.options().dtype(torch::kInt64));
+      const torch::Tensor w = weight_.index_select(0, index).to(torch::kFloat32);
+      weight_grad_.index_add_(
+          0, index,
+          row_grad_of_rows(w, g.rescale.defined() ? row_grad.mul_(g.rescale) : row_grad, grad_of));
+    }
+  }
 }
 
 torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::Tensor& grad) {
@@ -306,72 +415,13 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
   const auto local_options = torch::dtype(step->feature_dtype).device(device_);
   if (step->skip) return torch::zeros({local_rows, options_.embedding_size}, local_options);
 
-  const bool fused = options_.update == WeightUpdate::kFused;
-  if (fused) optimizer_->begin_step();
-  // The incoming gradient carries fp16 training's loss scale. float16 GEMMs take the logits'
-  // gradient at no more than 2^13 B / s, where it fits float16 (a softmax gradient is at most s/B,
-  // times |dpsi/dcos|, below 8 for the margins in use); dX̂ and the rows' gradient are brought to
-  // the incoming scale afterwards, in float32. At 65536, the fp16 scaler's start, and a small
-  // batch, the logits' gradient would otherwise overflow and corrupt the rows before the
-  // backbone's overflow check could skip anything.
-  const torch::Tensor upstream = grad.to(torch::kFloat32).reshape({1});
-  torch::Tensor taken = upstream, rescale;
-  if (options_.gemm_dtype == torch::kFloat16) {
-    const double cap =
-        std::exp2(std::floor(std::log2(8192.0 * static_cast<double>(step->batch) / params.scale)));
-    taken = upstream.clamp_max(cap);
-    rescale = upstream / taken;
-  }
-  const torch::Tensor coef = taken / static_cast<double>(step->batch);
-  const torch::Tensor multiplier =
-      !rescale.defined() ? inv_loss_scale_
-                         : (inv_loss_scale_.defined() ? rescale * inv_loss_scale_ : rescale);
+  const GradientScale g = gradient_scale(grad, step->divisor);
   torch::Tensor dxn = torch::zeros({step->batch, options_.embedding_size}, step->xn.options());
-  for (int64_t c = 0; c < step->plan.chunks; ++c) {
-    const int64_t begin = c * step->plan.chunk_rows;
-    const int64_t end = std::min(begin + step->plan.chunk_rows, step->active_rows);
-    torch::Tensor rows, dot;
-    if (step->plan.cache) {
-      rows = std::move(step->cached_rows[c]);
-      dot = std::move(step->cached_dot[c]);
-    } else {
-      phase("prepare_rows");
-      rows = chunk_rows(*step, begin, end);
-      dot = torch::empty({end - begin, step->batch}, step->xn.options());
-      phase("gemm_logits");
-      gemm_f32(dot, rows, false, step->xg, true, false);
-    }
-    const torch::Tensor scale = step->row_scales.empty() ? torch::Tensor() : step->row_scales[c];
-    phase("logit_grad");
-    const torch::Tensor logit_grad =
-        chunk_logit_grad(dot, scale, step->target_col, begin, step->row_max, step->row_inv_sum,
-                         coef, params, options_.gemm_dtype);
-    dot = torch::Tensor();
-    phase("gemm_feature_grad");
-    gemm_f32_long_k(dxn, logit_grad, rows, true);
-    rows = torch::Tensor();
-    phase("gemm_weight_grad");
-    torch::Tensor row_grad =
-        torch::empty({end - begin, options_.embedding_size}, step->xn.options());
-    gemm_f32(row_grad, logit_grad, false, step->xg, false, false);
-    phase("update");
-    const RowGradient grad_of = !params.normalized ? RowGradient::kRow
-                                : scale.defined()  ? RowGradient::kUnitRowOverNorm
-                                                   : RowGradient::kUnitRow;
-    if (fused) {
-      optimizer_->update_rows(weight_, step->active, begin, end, row_grad, grad_of, multiplier);
-    } else {
-      const torch::Tensor index =
-          step->active.defined()
-              ? step->active.slice(0, begin, end)
-              : torch::arange(begin, end, step->xn.options().dtype(torch::kInt64));
-      const torch::Tensor w = weight_.index_select(0, index).to(torch::kFloat32);
-      weight_grad_.index_add_(
-          0, index,
-          row_grad_of_rows(w, rescale.defined() ? row_grad.mul_(rescale) : row_grad, grad_of));
-    }
-  }
-  if (rescale.defined()) dxn.mul_(rescale);
+  // A part of a step gives its features' gradient now and leaves the rows to finish_parts.
+  const bool update = !parts_;
+  if (update && options_.update == WeightUpdate::kFused) optimizer_->begin_step();
+  backward_chunks(*step, g, &dxn, update);
+  if (g.rescale.defined()) dxn.mul_(g.rescale);
 
   phase("reduce_scatter");
   torch::Tensor local = comm_.reduce_scatter(dxn, step->counts);
@@ -380,7 +430,85 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
     local = (local - xn * (xn * local).sum(1, true)) *
             step->inv_xnorm.slice(0, step->local_begin, step->local_begin + local_rows);
   }
-  return local.to(step->feature_dtype);
+  if (parts_) {
+    // Kept for the update: the GEMM operand and the statistics of the part's samples.
+    if (!parts_->upstream.defined()) parts_->upstream = grad.to(torch::kFloat32).reshape({1});
+    step->xn = step->inv_xnorm = torch::Tensor();
+    step->row_scales.clear();
+    parts_->done.push_back(std::move(step));
+  }
+  return local.to(local_options.dtype());
+}
+
+void ShardedMarginSoftmax::begin_parts(const torch::Tensor& labels) {
+  MYRIAD_CHECK(!parts_, "begin_parts: the previous step's parts were not finished");
+  NoAutocast no_autocast;
+  auto parts = std::make_unique<Parts>();
+  parts->counts = comm_.all_gather_counts(labels.dim() > 0 ? labels.size(0) : 0);
+  torch::Tensor y = comm_.all_gather(labels.detach(), parts->counts);
+  MYRIAD_CHECK_COLLECTIVE(y.dim() == 1 && !y.is_floating_point() && y.scalar_type() != torch::kBool,
+                          "labels must be a 1-D integer tensor");
+  parts->batch = y.size(0);
+  MYRIAD_CHECK_COLLECTIVE(parts->batch > 0, "the global batch is empty");
+  y = y.to(torch::kInt64);
+  // The step's one host synchronisation for labels, before any part is queued.
+  const torch::Tensor summary =
+      torch::stack({y.min().to(torch::kFloat64), y.max().to(torch::kFloat64)}).cpu();
+  check_labels(y, summary, parts->counts);
+  parts->active = sampled_rows(local_targets(y), ++steps_);
+  parts_ = std::move(parts);
+}
+
+void ShardedMarginSoftmax::finish_parts() {
+  MYRIAD_CHECK(parts_ && !pending_, "finish_parts: {}",
+               parts_ ? "a part's forward had no backward" : "no step in parts was begun");
+  NoAutocast no_autocast;
+  const std::unique_ptr<Parts> parts = std::move(parts_);
+  const int64_t dim = options_.embedding_size;
+  Step whole;
+  std::vector<torch::Tensor> xg, target_col, row_max, row_inv_sum, finite_rows;
+  for (const std::unique_ptr<Step>& part : parts->done) {
+    whole.batch += part->batch;
+    xg.push_back(part->xg);
+    target_col.push_back(part->target_col);
+    row_max.push_back(part->row_max);
+    row_inv_sum.push_back(part->row_inv_sum);
+    finite_rows.push_back(part->finite_rows);
+  }
+  MYRIAD_CHECK(whole.batch == parts->batch, "finish_parts: the parts hold {} of the step's {} samples",
+               whole.batch, parts->batch);
+  // Features of every part: one host synchronisation.
+  const torch::Tensor finite = torch::cat(finite_rows);
+  if (!finite.all().item<bool>()) {
+    if (options_.non_finite == NonFinitePolicy::kError) {
+      int64_t bad = first_true(finite.logical_not());
+      size_t p = 0;
+      for (; bad >= parts->done[p]->batch; ++p) bad -= parts->done[p]->batch;
+      MYRIAD_THROW_COLLECTIVE("the features of {} in micro-batch {} contain NaN or infinity",
+                              sample_origin(bad, parts->done[p]->counts), p);
+    }
+    return;  // the parts' losses are NaN; the step is skipped
+  }
+  whole.xg = torch::cat(xg);
+  whole.target_col = torch::cat(target_col);
+  whole.row_max = torch::cat(row_max);
+  whole.row_inv_sum = torch::cat(row_inv_sum);
+  whole.active = parts->active;
+  whole.active_rows = whole.active.defined() ? whole.active.size(0) : partition_.size(comm_.rank());
+  const RowSource source =
+      row_source(weight_.scalar_type(), options_.gemm_dtype, whole.active.defined());
+  whole.stored_rows = source == RowSource::kStored;
+  whole.plan = plan_chunks(whole.active_rows, whole.batch, dim,
+                           static_cast<int64_t>(torch::elementSize(options_.gemm_dtype)), source,
+                           options_.workspace_bytes);
+  whole.plan.cache = false;  // the logits are recomputed chunk by chunk: nothing was kept
+  for (int64_t c = 0; c < whole.plan.chunks && whole.stored_rows && options_.margin.params().normalized; ++c) {
+    const int64_t begin = c * whole.plan.chunk_rows;
+    whole.row_scales.push_back(
+        chunk_inv_norms(weight_, begin, std::min(begin + whole.plan.chunk_rows, whole.active_rows)));
+  }
+  if (options_.update == WeightUpdate::kFused) optimizer_->begin_step();
+  backward_chunks(whole, gradient_scale(parts->upstream, parts->batch), nullptr, /*update=*/true);
 }
 
 torch::Tensor ShardedMarginSoftmax::predict(const torch::Tensor& features) {

@@ -233,26 +233,30 @@ void Communicator::barrier() {
 
 namespace {
 
-// A point-to-point description: role, problem, tensor count, then per tensor whether it is
-// defined, its dtype, rank and sizes (-1: any, on the receiving side).
-constexpr int64_t kSendRole = 1;
-constexpr int64_t kRecvRole = 2;
+// A point-to-point description: two halves, what a rank sends and what it expects to receive.
+// A half is [present, problem, count, then per tensor whether it is defined, its dtype, rank and
+// sizes (-1: any, on the receiving side)]. Every call describes both halves, so that any two
+// calls can be compared: a send against a recv, an exchange against an exchange, and the pairs
+// that cannot meet.
 constexpr int64_t kMaxP2pTensors = 8;
 constexpr int64_t kTensorWords = 3 + kMaxSignatureDims;
-constexpr int64_t kP2pWords = 3 + kMaxP2pTensors * kTensorWords;
+constexpr int64_t kHalfWords = 3 + kMaxP2pTensors * kTensorWords;
+constexpr int64_t kP2pWords = 2 * kHalfWords;
+constexpr int64_t kSentHalf = 0;
+constexpr int64_t kExpectedHalf = kHalfWords;
 constexpr int kP2pTag = 0x6d70;  // "mp"
 
-int64_t* slot(std::vector<int64_t>& d, int64_t i) {
-  return d.data() + 3 + i * kTensorWords;
+int64_t* slot(int64_t* half, int64_t i) {
+  return half + 3 + i * kTensorWords;
 }
-const int64_t* slot(const std::vector<int64_t>& d, int64_t i) {
-  return d.data() + 3 + i * kTensorWords;
+const int64_t* slot(const int64_t* half, int64_t i) {
+  return half + 3 + i * kTensorWords;
 }
 
-std::string tensors_text(const std::vector<int64_t>& d) {
+std::string tensors_text(const int64_t* half) {
   std::string text;
-  for (int64_t i = 0; i < std::min(d[2], kMaxP2pTensors); ++i) {
-    const int64_t* t = slot(d, i);
+  for (int64_t i = 0; i < std::min(half[2], kMaxP2pTensors); ++i) {
+    const int64_t* t = slot(half, i);
     text += i == 0 ? "" : ", ";
     if (t[0] == 0) {
       text += "none";
@@ -269,23 +273,25 @@ std::string tensors_text(const std::vector<int64_t>& d) {
   return "(" + text + ")";
 }
 
-}  // namespace
-
-std::vector<int64_t> Communicator::agree_with_peer(const std::vector<int64_t>& mine, int peer,
-                                                   const char* what) const {
-  MYRIAD_CHECK(peer >= 0 && peer < size_ && peer != rank_,
-               "{}: rank {} of {} cannot exchange with rank {}", what, rank_, size_, peer);
-  std::vector<int64_t> theirs(kP2pWords, 0);
-  MYRIAD_CHECK_MPI(MPI_Sendrecv(mine.data(), kP2pWords, MPI_INT64_T, peer, kP2pTag, theirs.data(),
-                                kP2pWords, MPI_INT64_T, peer, kP2pTag, control_,
-                                MPI_STATUS_IGNORE));
-  const bool sending = mine[0] == kSendRole;
-  const std::vector<int64_t>& sent = sending ? mine : theirs;
-  const std::vector<int64_t>& expected = sending ? theirs : mine;
-  const int sender = sending ? rank_ : peer, receiver = sending ? peer : rank_;
-  MYRIAD_CHECK(theirs[0] != mine[0], "{}: ranks {} and {} both {} each other", what, rank_, peer,
-               sending ? "send to" : "wait to receive from");
-  MYRIAD_CHECK(mine[1] == 0 && theirs[1] == 0,
+// Checks one direction of a pair: what `sender` sends (`sent`) against what `receiver` expects.
+// `sender_receives` and `receiver_sends`: the other direction's halves are present.
+void check_direction(const int64_t* sent, const int64_t* expected, int sender, int receiver,
+                     bool sender_receives, bool receiver_sends, const char* what) {
+  if (sent[0] == 0 && expected[0] == 0) return;
+  if (expected[0] == 0) {
+    MYRIAD_CHECK(!receiver_sends || sender_receives, "{}: ranks {} and {} both send to each other",
+                 what, sender, receiver);
+    MYRIAD_THROW("{}: rank {} sends {} to rank {}, which does not receive from it", what, sender,
+                 tensors_text(sent), receiver);
+  }
+  if (sent[0] == 0) {
+    MYRIAD_CHECK(!sender_receives || receiver_sends,
+                 "{}: ranks {} and {} both wait to receive from each other", what, sender,
+                 receiver);
+    MYRIAD_THROW("{}: rank {} waits to receive {} from rank {}, which sends nothing", what,
+                 receiver, tensors_text(expected), sender);
+  }
+  MYRIAD_CHECK(sent[1] == 0,
                "{}: rank {} cannot send {} to rank {}: a tensor that is not contiguous, not on the "
                "communicator's device, of a dtype it cannot move, or of more than {} dimensions",
                what, sender, tensors_text(sent), receiver, kMaxSignatureDims);
@@ -296,62 +302,109 @@ std::vector<int64_t> Communicator::agree_with_peer(const std::vector<int64_t>& m
   }
   MYRIAD_CHECK(agree, "{}: rank {} sends {} to rank {}, which expects {}", what, sender,
                tensors_text(sent), receiver, tensors_text(expected));
+}
+
+}  // namespace
+
+std::vector<int64_t> Communicator::agree_with_peer(const std::vector<int64_t>& mine, int peer,
+                                                   const char* what) const {
+  MYRIAD_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+               "{}: rank {} of {} cannot exchange with rank {}", what, rank_, size_, peer);
+  std::vector<int64_t> theirs(kP2pWords, 0);
+  MYRIAD_CHECK_MPI(MPI_Sendrecv(mine.data(), kP2pWords, MPI_INT64_T, peer, kP2pTag, theirs.data(),
+                                kP2pWords, MPI_INT64_T, peer, kP2pTag, control_,
+                                MPI_STATUS_IGNORE));
+  const bool i_send = mine[kSentHalf] != 0, i_receive = mine[kExpectedHalf] != 0;
+  const bool they_send = theirs[kSentHalf] != 0, they_receive = theirs[kExpectedHalf] != 0;
+  // Both ranks run the same checks on the same two descriptions, in the same order (the lower
+  // rank's sends first), so both raise the same error.
+  const auto mine_to_theirs = [&] {
+    check_direction(mine.data() + kSentHalf, theirs.data() + kExpectedHalf, rank_, peer,
+                    i_receive, they_send, what);
+  };
+  const auto theirs_to_mine = [&] {
+    check_direction(theirs.data() + kSentHalf, mine.data() + kExpectedHalf, peer, rank_,
+                    they_receive, i_send, what);
+  };
+  if (rank_ < peer) {
+    mine_to_theirs();
+    theirs_to_mine();
+  } else {
+    theirs_to_mine();
+    mine_to_theirs();
+  }
   return theirs;
 }
 
-void Communicator::send(const std::vector<torch::Tensor>& tensors, int peer) {
-  const WaitScope wait("send", backend(), 2);
-  MYRIAD_CHECK(static_cast<int64_t>(tensors.size()) <= kMaxP2pTensors,
-               "send: {} tensors at once, at most {}", tensors.size(), kMaxP2pTensors);
+std::vector<torch::Tensor> Communicator::point_to_point(
+    const std::vector<torch::Tensor>* tensors, const std::vector<torch::ScalarType>* dtypes,
+    int peer, const char* what) {
+  const WaitScope wait(what, backend(), 2);
   std::vector<int64_t> mine(kP2pWords, 0);
-  mine[0] = kSendRole;
-  mine[2] = static_cast<int64_t>(tensors.size());
-  std::vector<torch::Tensor> defined;
-  const torch::Device expected = device();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const torch::Tensor& t = tensors[i];
-    int64_t* d = slot(mine, static_cast<int64_t>(i));
-    if (!t.defined()) continue;
-    d[0] = 1;
-    d[1] = static_cast<int64_t>(t.scalar_type());
-    d[2] = t.dim();
-    for (int64_t k = 0; k < t.dim() && k < kMaxSignatureDims; ++k) d[3 + k] = t.size(k);
-    const bool well_formed = is_communicable_dtype(t.scalar_type()) &&
-                             t.device().type() == expected.type() &&
-                             (!expected.has_index() || t.device().index() == expected.index()) &&
-                             t.is_contiguous() && t.dim() <= kMaxSignatureDims;
-    if (!well_formed) mine[1] = 1;
-    defined.push_back(t);
+  std::vector<torch::Tensor> sent;
+  if (tensors != nullptr) {
+    MYRIAD_CHECK(static_cast<int64_t>(tensors->size()) <= kMaxP2pTensors,
+                 "{}: {} tensors at once, at most {}", what, tensors->size(), kMaxP2pTensors);
+    int64_t* half = mine.data() + kSentHalf;
+    half[0] = 1;
+    half[2] = static_cast<int64_t>(tensors->size());
+    const torch::Device expected = device();
+    for (size_t i = 0; i < tensors->size(); ++i) {
+      const torch::Tensor& t = (*tensors)[i];
+      int64_t* d = slot(half, static_cast<int64_t>(i));
+      if (!t.defined()) continue;
+      d[0] = 1;
+      d[1] = static_cast<int64_t>(t.scalar_type());
+      d[2] = t.dim();
+      for (int64_t k = 0; k < t.dim() && k < kMaxSignatureDims; ++k) d[3 + k] = t.size(k);
+      const bool well_formed = is_communicable_dtype(t.scalar_type()) &&
+                               t.device().type() == expected.type() &&
+                               (!expected.has_index() || t.device().index() == expected.index()) &&
+                               t.is_contiguous() && t.dim() <= kMaxSignatureDims;
+      if (!well_formed) half[1] = 1;
+      sent.push_back(t);
+    }
   }
-  agree_with_peer(mine, peer, "send");
-  if (!defined.empty()) send_impl(defined, peer);
+  if (dtypes != nullptr) {
+    MYRIAD_CHECK(static_cast<int64_t>(dtypes->size()) <= kMaxP2pTensors,
+                 "{}: {} tensors at once, at most {}", what, dtypes->size(), kMaxP2pTensors);
+    int64_t* half = mine.data() + kExpectedHalf;
+    half[0] = 1;
+    half[2] = static_cast<int64_t>(dtypes->size());
+    for (size_t i = 0; i < dtypes->size(); ++i) {
+      int64_t* d = slot(half, static_cast<int64_t>(i));
+      d[0] = 1;
+      d[1] = (*dtypes)[i] == torch::ScalarType::Undefined ? -1
+                                                          : static_cast<int64_t>((*dtypes)[i]);
+      d[2] = -1;
+    }
+  }
+  const std::vector<int64_t> theirs = agree_with_peer(mine, peer, what);
+  std::vector<torch::Tensor> received(dtypes != nullptr ? dtypes->size() : 0), defined;
+  for (size_t i = 0; i < received.size(); ++i) {
+    const int64_t* d = slot(theirs.data() + kSentHalf, static_cast<int64_t>(i));
+    if (d[0] == 0) continue;
+    received[i] = torch::empty(std::vector<int64_t>(d + 3, d + 3 + d[2]),
+                               torch::dtype(static_cast<torch::ScalarType>(d[1])).device(device()));
+    defined.push_back(received[i]);
+  }
+  if (!sent.empty() || !defined.empty()) p2p_impl(sent, defined, peer);
+  return received;
+}
+
+void Communicator::send(const std::vector<torch::Tensor>& tensors, int peer) {
+  point_to_point(&tensors, nullptr, peer, "send");
 }
 
 std::vector<torch::Tensor> Communicator::recv(const std::vector<torch::ScalarType>& dtypes,
                                               int peer) {
-  const WaitScope wait("recv", backend(), 2);
-  MYRIAD_CHECK(static_cast<int64_t>(dtypes.size()) <= kMaxP2pTensors,
-               "recv: {} tensors at once, at most {}", dtypes.size(), kMaxP2pTensors);
-  std::vector<int64_t> mine(kP2pWords, 0);
-  mine[0] = kRecvRole;
-  mine[2] = static_cast<int64_t>(dtypes.size());
-  for (size_t i = 0; i < dtypes.size(); ++i) {
-    int64_t* d = slot(mine, static_cast<int64_t>(i));
-    d[0] = 1;
-    d[1] = dtypes[i] == torch::ScalarType::Undefined ? -1 : static_cast<int64_t>(dtypes[i]);
-    d[2] = -1;
-  }
-  const std::vector<int64_t> theirs = agree_with_peer(mine, peer, "recv");
-  std::vector<torch::Tensor> tensors(dtypes.size()), defined;
-  for (size_t i = 0; i < dtypes.size(); ++i) {
-    const int64_t* d = slot(theirs, static_cast<int64_t>(i));
-    if (d[0] == 0) continue;
-    tensors[i] = torch::empty(std::vector<int64_t>(d + 3, d + 3 + d[2]),
-                              torch::dtype(static_cast<torch::ScalarType>(d[1])).device(device()));
-    defined.push_back(tensors[i]);
-  }
-  if (!defined.empty()) recv_impl(defined, peer);
-  return tensors;
+  return point_to_point(nullptr, &dtypes, peer, "recv");
+}
+
+std::vector<torch::Tensor> Communicator::exchange(const std::vector<torch::Tensor>& tensors,
+                                                  const std::vector<torch::ScalarType>& dtypes,
+                                                  int peer) {
+  return point_to_point(&tensors, &dtypes, peer, "exchange");
 }
 
 std::vector<int64_t> Communicator::all_gather_counts(int64_t local) const {

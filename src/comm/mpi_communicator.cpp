@@ -158,20 +158,25 @@ void MpiCommunicator::scatter_impl(const torch::Tensor& input, torch::Tensor& ou
                                 output.data_ptr(), sizes[rank()], units.type(), root, comm_));
 }
 
-void MpiCommunicator::send_impl(const std::vector<torch::Tensor>& tensors, int peer) {
-  for (const torch::Tensor& t : tensors) {
+void MpiCommunicator::p2p_impl(const std::vector<torch::Tensor>& sent,
+                               const std::vector<torch::Tensor>& received, int peer) {
+  // Non-blocking, so that two ranks sending to each other at once both complete; messages of one
+  // direction keep their order (MPI's non-overtaking rule).
+  std::vector<MPI_Request> requests;
+  for (const torch::Tensor& t : received) {
     in_messages(t.data_ptr(), t.numel() * t.element_size(), [&](char* at, int count) {
-      MYRIAD_CHECK_MPI(MPI_Send(at, count, MPI_BYTE, peer, kDataTag, comm_));
+      requests.emplace_back();
+      MYRIAD_CHECK_MPI(MPI_Irecv(at, count, MPI_BYTE, peer, kDataTag, comm_, &requests.back()));
     });
   }
-}
-
-void MpiCommunicator::recv_impl(const std::vector<torch::Tensor>& tensors, int peer) {
-  for (const torch::Tensor& t : tensors) {
+  for (const torch::Tensor& t : sent) {
     in_messages(t.data_ptr(), t.numel() * t.element_size(), [&](char* at, int count) {
-      MYRIAD_CHECK_MPI(MPI_Recv(at, count, MPI_BYTE, peer, kDataTag, comm_, MPI_STATUS_IGNORE));
+      requests.emplace_back();
+      MYRIAD_CHECK_MPI(MPI_Isend(at, count, MPI_BYTE, peer, kDataTag, comm_, &requests.back()));
     });
   }
+  MYRIAD_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
+                               MPI_STATUSES_IGNORE));
 }
 
 void MpiCommunicator::barrier_impl() {

@@ -227,21 +227,17 @@ void NcclCommunicator::scatter_impl(const torch::Tensor& input, torch::Tensor& o
   NCCL_CALL(ncclGroupEnd());
 }
 
-void NcclCommunicator::send_impl(const std::vector<torch::Tensor>& tensors, int peer) {
+void NcclCommunicator::p2p_impl(const std::vector<torch::Tensor>& sent,
+                                const std::vector<torch::Tensor>& received, int peer) {
   c10::cuda::CUDAGuard guard(device_);
   const cudaStream_t stream = begin();
+  // One group: both directions progress together, so two ranks sending to each other do not wait
+  // on each other.
   NCCL_CALL(ncclGroupStart());
-  for (const torch::Tensor& t : tensors) {
+  for (const torch::Tensor& t : sent) {
     NCCL_CALL(ncclSend(t.data_ptr(), t.numel(), nccl_type(t.scalar_type()), peer, comm_, stream));
   }
-  NCCL_CALL(ncclGroupEnd());
-}
-
-void NcclCommunicator::recv_impl(const std::vector<torch::Tensor>& tensors, int peer) {
-  c10::cuda::CUDAGuard guard(device_);
-  const cudaStream_t stream = begin();
-  NCCL_CALL(ncclGroupStart());
-  for (const torch::Tensor& t : tensors) {
+  for (const torch::Tensor& t : received) {
     NCCL_CALL(ncclRecv(t.data_ptr(), t.numel(), nccl_type(t.scalar_type()), peer, comm_, stream));
   }
   NCCL_CALL(ncclGroupEnd());

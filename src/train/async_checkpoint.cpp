@@ -146,7 +146,8 @@ void AsyncCheckpointer::publish() {
   nlohmann::json files = nlohmann::json::object();
   for (const auto& [name, entry] : mine.files)
     files[name] = {{"bytes", entry.bytes}, {"crc32", crc32_hex(entry.crc32)}};
-  const nlohmann::json report = {{"files", files},
+  const nlohmann::json report = {{"error", mine.error},
+                                 {"files", files},
                                  {"blocked", p.blocked_seconds + mine.device_copy_seconds},
                                  {"write", mine.write_seconds},
                                  {"sync", mine.sync_seconds},
@@ -155,9 +156,15 @@ void AsyncCheckpointer::publish() {
   double blocked = 0, write = 0;
   int64_t bytes = 0;
   try {
-    on_every_rank(context_, what, [&] { MYRIAD_CHECK(mine.error.empty(), "{}", mine.error); });
+    // One gather: whether every rank's files are durable, and what they are.
+    std::vector<nlohmann::json> parts;
+    std::vector<std::string> errors;
     for (const std::string& reported : context_.all_gather_strings(report.dump())) {
-      const nlohmann::json part = nlohmann::json::parse(reported);
+      parts.push_back(nlohmann::json::parse(reported));
+      errors.push_back(parts.back()["error"].get<std::string>());
+    }
+    raise_first_failure(errors, what);
+    for (const nlohmann::json& part : parts) {
       for (const auto& [name, entry] :
            file_entries_from_json(part["files"], "a rank's file list")) {
         manifest.files[name] = entry;

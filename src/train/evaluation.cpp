@@ -135,9 +135,9 @@ ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoft
     knn_correct = nearest.eq(my_labels).logical_and_(query).sum().item<double>();
     knn_queries = query.sum().item<double>();
   }
-  result.knn_samples = static_cast<int64_t>(sum_over_ranks(knn_queries, *setup.comm));
+  result.knn_queries = static_cast<int64_t>(sum_over_ranks(knn_queries, *setup.comm));
   const double knn_total = sum_over_ranks(knn_correct, *setup.comm);
-  if (result.knn_samples > 0) result.knn_top1 = knn_total / static_cast<double>(result.knn_samples);
+  if (result.knn_queries > 0) result.knn_top1 = knn_total / static_cast<double>(result.knn_queries);
   return result;
 }
 

@@ -8,6 +8,7 @@ namespace myriad {
 DynamicLossScaler::DynamicLossScaler(const torch::Device& device, double initial_scale,
                                      int64_t growth_interval)
     : scale_(torch::full({1}, initial_scale, torch::dtype(torch::kFloat32).device(device))),
+      inverse_(scale_.reciprocal()),
       clean_(torch::zeros({1}, torch::dtype(torch::kInt64).device(device))),
       skipped_(torch::zeros_like(clean_)),
       growth_interval_(growth_interval) {
@@ -27,6 +28,7 @@ void DynamicLossScaler::set_state(double scale, int64_t clean_steps) {
   MYRIAD_CHECK(scale > 0 && clean_steps >= 0, "a loss scale of {} after {} clean steps", scale,
                clean_steps);
   scale_.fill_(scale);
+  inverse_.fill_(1.0 / scale);
   clean_.fill_(clean_steps);
 }
 
@@ -34,14 +36,13 @@ torch::Tensor DynamicLossScaler::unscale(const std::vector<torch::Tensor>& gradi
                                          Communicator& comm) const {
   torch::NoGradGuard no_grad;
   torch::Tensor overflow = torch::zeros({1}, scale_.options());
-  const torch::Tensor inverse = scale_.reciprocal();
   if (comm.device().is_cuda()) {
     // One fused pass over all tensors: divide, and flag any NaN or infinity.
-    torch::_amp_foreach_non_finite_check_and_unscale_(gradients, overflow, inverse);
+    torch::_amp_foreach_non_finite_check_and_unscale_(gradients, overflow, inverse_);
   } else {
     // LibTorch 1.13 has no CPU kernel of the fused pass.
     for (const torch::Tensor& g : gradients) {
-      g.mul_(inverse);
+      g.mul_(inverse_);
       overflow.add_(g.isfinite().all().logical_not());
     }
   }
@@ -59,13 +60,15 @@ void DynamicLossScaler::update(const torch::Tensor& overflow) {
   scale_.copy_(torch::where(skipped, (scale_ * 0.5).clamp_min_(1.0),
                             torch::where(grow, scale_ * 2.0, scale_)));
   clean_.masked_fill_(grow, 0);
+  at::reciprocal_out(inverse_, scale_);
   skipped_.add_(skipped);
 }
 
-int64_t DynamicLossScaler::take_skipped_steps() {
-  const int64_t skipped = skipped_.item<int64_t>();
+DynamicLossScaler::Report DynamicLossScaler::take_report() {
+  const torch::Tensor both =
+      torch::stack({scale_.to(torch::kFloat64), skipped_.to(torch::kFloat64)}).cpu();
   skipped_.zero_();
-  return skipped;
+  return {both[0].item<double>(), static_cast<int64_t>(both[1].item<double>())};
 }
 
 }  // namespace myriad

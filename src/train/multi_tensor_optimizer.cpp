@@ -2,6 +2,7 @@
 
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -42,7 +43,17 @@ bool overflowed(const torch::Tensor& overflow) {
 }
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-#define MYRIAD_HAVE_FUSED_SGD 1
+#define MYRIAD_HAVE_FUSED_OPTIMIZERS 1
+
+// The fused kernels take a parameter and its gradient and state in one layout: the parameter's.
+torch::Tensor in_layout_of(const torch::Tensor& t, const torch::Tensor& p) {
+  return t.strides() == p.strides() ? t
+                                    : torch::empty_like(p, torch::MemoryFormat::Preserve).copy_(t);
+}
+
+std::optional<torch::Tensor> found_inf_of(const torch::Tensor& overflow) {
+  return overflow.defined() ? std::optional<torch::Tensor>(overflow) : std::nullopt;
+}
 
 // ATen's fused SGD on GPUs: true when it took the step. Parameters without momentum state get
 // zeroed buffers, which the kernel then treats as LibTorch treats a first step (buffer = gradient)
@@ -50,12 +61,6 @@ bool overflowed(const torch::Tensor& overflow) {
 bool fused_sgd_step(torch::optim::Optimizer& optimizer, const torch::optim::SGDOptions& o,
                     Active& a, const torch::Tensor& overflow) {
   if (!a.params.front().is_cuda()) return false;
-  // The kernel takes parameter, gradient and buffer in one layout: the parameter's.
-  const auto in_layout_of = [](const torch::Tensor& t, const torch::Tensor& p) {
-    return t.strides() == p.strides()
-               ? t
-               : torch::empty_like(p, torch::MemoryFormat::Preserve).copy_(t);
-  };
   for (size_t i = 0; i < a.params.size(); ++i) a.grads[i] = in_layout_of(a.grads[i], a.params[i]);
   std::vector<torch::Tensor> buffers;
   if (o.momentum() != 0) {
@@ -77,11 +82,9 @@ bool fused_sgd_step(torch::optim::Optimizer& optimizer, const torch::optim::SGDO
       }
     }
   }
-  const std::optional<torch::Tensor> found_inf =
-      overflow.defined() ? std::optional<torch::Tensor>(overflow) : std::nullopt;
   at::_fused_sgd_(a.params, a.grads, buffers, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
                   o.nesterov(), /*maximize=*/false, /*is_first_step=*/false,
-                  /*grad_scale=*/std::nullopt, found_inf);
+                  /*grad_scale=*/std::nullopt, found_inf_of(overflow));
   return true;
 }
 #endif
@@ -101,7 +104,7 @@ void MultiTensorSgd::step_unless(const torch::Tensor& overflow) {
     const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
     Active a = active_parameters(group);
     if (a.params.empty()) continue;
-#ifdef MYRIAD_HAVE_FUSED_SGD
+#ifdef MYRIAD_HAVE_FUSED_OPTIMIZERS
     if (fused_sgd_step(*this, o, a, overflow)) continue;
 #endif
     if (!checked && overflowed(overflow)) return;
@@ -146,8 +149,83 @@ torch::Tensor MultiTensorAdamW::step(LossClosure closure) {
   return loss;
 }
 
+void MultiTensorAdamW::settle() {
+  if (!skipped_.defined()) return;
+  const int64_t skipped = skipped_.item<int64_t>();
+  for (const torch::Tensor& p : window_) {
+    auto* state = static_cast<torch::optim::AdamWParamState*>(find_param_state(*this, p));
+    if (state != nullptr && skipped > 0) state->step(state->step() - skipped);
+  }
+  skipped_.zero_();
+}
+
+bool MultiTensorAdamW::fused_step(const torch::Tensor& overflow) {
+#ifdef MYRIAD_HAVE_FUSED_OPTIMIZERS
+  std::vector<Active> groups;
+  std::vector<torch::Tensor> stepped;
+  for (auto& group : param_groups()) {
+    groups.push_back(active_parameters(group));
+    stepped.insert(stepped.end(), groups.back().params.begin(), groups.back().params.end());
+  }
+  if (stepped.empty() || !stepped.front().is_cuda()) return false;
+  // The device's skip count holds for the parameters stepped since settle(): another set (one
+  // without a gradient this step) settles first.
+  const auto same = [](const torch::Tensor& a, const torch::Tensor& b) { return a.is_same(b); };
+  if (!std::equal(stepped.begin(), stepped.end(), window_.begin(), window_.end(), same)) {
+    settle();
+    window_ = stepped;
+  }
+  if (!skipped_.defined()) skipped_ = torch::zeros({1}, stepped.front().options().dtype(torch::kFloat32));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups()[g].options());
+    TORCH_CHECK(!o.amsgrad(), "MultiTensorAdamW does not implement amsgrad");
+    Active& a = groups[g];
+    // Parameters are stepped together when they have taken the same number of steps.
+    struct Cohort {
+      std::vector<torch::Tensor> params, grads, exp_avg, exp_avg_sq;
+    };
+    std::map<int64_t, Cohort> cohorts;
+    for (size_t i = 0; i < a.params.size(); ++i) {
+      const torch::Tensor& p = a.params[i];
+      auto* state = static_cast<torch::optim::AdamWParamState*>(find_param_state(*this, p));
+      if (state == nullptr) {
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        state = fresh.get();
+        set_param_state(*this, p, std::move(fresh));
+      }
+      state->exp_avg(in_layout_of(state->exp_avg(), p));
+      state->exp_avg_sq(in_layout_of(state->exp_avg_sq(), p));
+      state->step(state->step() + 1);
+      Cohort& c = cohorts[state->step()];
+      c.params.push_back(p);
+      c.grads.push_back(in_layout_of(a.grads[i], p));
+      c.exp_avg.push_back(state->exp_avg());
+      c.exp_avg_sq.push_back(state->exp_avg_sq());
+    }
+    for (auto& [step, c] : cohorts) {
+      // The kernel reads each parameter's step from the device: the host's count less the skips.
+      const torch::Tensor device_step = skipped_.neg().add_(static_cast<double>(step));
+      at::_fused_adamw_(c.params, c.grads, c.exp_avg, c.exp_avg_sq, /*max_exp_avg_sqs=*/{},
+                        std::vector<torch::Tensor>(c.params.size(), device_step), o.lr(),
+                        std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), o.eps(),
+                        /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt,
+                        found_inf_of(overflow));
+    }
+  }
+  if (overflow.defined()) skipped_.add_(overflow);
+  return true;
+#else
+  (void)overflow;
+  return false;
+#endif
+}
+
 void MultiTensorAdamW::step_unless(const torch::Tensor& overflow) {
   torch::NoGradGuard no_grad;
+  if (fused_step(overflow)) return;
   if (overflowed(overflow)) return;
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());

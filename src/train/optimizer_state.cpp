@@ -4,6 +4,8 @@
 #include <string>
 #include <type_traits>
 
+#include "myriad/train/multi_tensor_optimizer.h"
+
 namespace myriad {
 
 namespace {
@@ -49,6 +51,7 @@ bool optimizer_holds(torch::optim::Optimizer& optimizer, const torch::Tensor& pa
 std::vector<NamedParamState> named_param_states(torch::optim::Optimizer& optimizer,
                                                 torch::nn::Module& module) {
   const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
+  if (auto* skippable = dynamic_cast<SkippableStep*>(&optimizer)) skippable->settle();
   std::vector<NamedParamState> states;
   for (const auto& item : module.named_parameters()) {
     torch::optim::OptimizerParamState* state = find_param_state(optimizer, item.value());

@@ -1,5 +1,6 @@
 #include "myriad/train/pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -9,6 +10,7 @@
 #include "myriad/util/autocast.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
+#include "myriad/util/phase_timer.h"
 
 #ifdef MYRIAD_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -30,8 +32,17 @@ PipelineLayout pipeline_layout(int world, int rank, int stages, int micro_batche
   return layout;
 }
 
-std::vector<int64_t> gpipe_in_flight(int stages, int micro_batches) {
-  return std::vector<int64_t>(static_cast<size_t>(stages), micro_batches);
+const char* schedule_name(PipelineSchedule schedule) {
+  return schedule == PipelineSchedule::k1F1B ? "1f1b" : "gpipe";
+}
+
+std::vector<int64_t> micro_batches_in_flight(PipelineSchedule schedule, int stages,
+                                             int micro_batches) {
+  std::vector<int64_t> in_flight(static_cast<size_t>(stages), micro_batches);
+  if (schedule == PipelineSchedule::k1F1B) {
+    for (int s = 0; s < stages; ++s) in_flight[s] = std::min(stages - s, micro_batches);
+  }
+  return in_flight;
 }
 
 namespace {
@@ -251,90 +262,212 @@ std::vector<torch::Tensor> PipelineEngine::stage_buffers() {
 }
 
 void PipelineEngine::send(const std::vector<torch::Tensor>& tensors, int peer) {
-  for (const torch::Tensor& t : tensors) bytes_sent_ += static_cast<double>(tensor_bytes(t));
+  count_sent(tensors);
   pipe_->send(tensors, peer);
+}
+
+std::vector<torch::Tensor> PipelineEngine::exchange(const std::vector<torch::Tensor>& tensors,
+                                                    const std::vector<torch::ScalarType>& dtypes,
+                                                    int peer) {
+  count_sent(tensors);
+  return pipe_->exchange(tensors, dtypes, peer);
+}
+
+void PipelineEngine::count_sent(const std::vector<torch::Tensor>& tensors) {
+  for (const torch::Tensor& t : tensors) bytes_sent_ += static_cast<double>(tensor_bytes(t));
+}
+
+void PipelineEngine::phase(const char* name) {
+  if (timer_ != nullptr) timer_->mark(name);
 }
 
 torch::Tensor PipelineEngine::route_labels(const torch::Tensor& labels) {
   if (layout_.stages == 1) return labels;
   const int last = layout_.stages - 1;
+  const torch::Tensor none = torch::empty({0}, torch::dtype(torch::kInt64).device(device_));
   if (layout_.first()) {
     send({labels.to(device_, torch::kInt64).contiguous()}, last);
-    return torch::Tensor();
+    return none;
   }
   if (layout_.last()) return pipe_->recv({torch::kInt64}, 0)[0];
-  return torch::Tensor();
+  return none;
 }
 
-torch::Tensor PipelineEngine::forward(const torch::Tensor& images, const torch::Tensor& keys) {
+namespace {
+
+// What travels with a micro-batch's activations: any dtype (the previous stage's compute dtype),
+// then the samples' keys and ViT's masking order.
+const std::vector<torch::ScalarType> kActivationDtypes = {torch::ScalarType::Undefined,
+                                                          torch::kInt64, torch::kInt64};
+const std::vector<torch::ScalarType> kGradientDtypes = {torch::ScalarType::Undefined};
+
+}  // namespace
+
+void PipelineEngine::split_step(const torch::Tensor& images, const torch::Tensor& keys,
+                                const torch::Tensor& labels) {
   const int m_count = layout_.micro_batches;
   micro_batches_.assign(static_cast<size_t>(m_count), MicroBatch{});
-  std::vector<torch::Tensor> image_parts, key_parts;
+  image_parts_.clear();
+  key_parts_.clear();
+  label_parts_.clear();
   if (layout_.first()) {
     MYRIAD_CHECK(images.size(0) % m_count == 0, "a batch of {} cannot be cut into {} micro-batches",
                  images.size(0), m_count);
-    image_parts = images.chunk(m_count);
-    key_parts = keys.chunk(m_count);
+    image_parts_ = images.chunk(m_count);
+    key_parts_ = keys.chunk(m_count);
   }
-  std::vector<torch::Tensor> embeddings;
-  for (int m = 0; m < m_count; ++m) {
-    Activations in;
-    if (layout_.first()) {
-      in = {backbone_.in_layout(image_parts[m]), key_parts[m], torch::Tensor()};
-    } else {
-      // The activations come in the dtype the previous stage computed them in.
-      std::vector<torch::Tensor> got = pipe_->recv(
-          {torch::ScalarType::Undefined, torch::kInt64, torch::kInt64}, layout_.stage - 1);
-      in = {from_wire(backbone_, got[0]).requires_grad_(true), got[1], got[2]};
-      micro_batches_[m].input = in.x;
-    }
-    Activations out;
-    {
-      std::unique_ptr<AutocastGuard> guard;
-      if (autocast_) guard = std::make_unique<AutocastGuard>(device_, *autocast_);
-      clock_->start();
-      out = backbone_.forward_blocks(std::move(in), layout_.begin_block(), layout_.end_block());
-      clock_->stop();
-    }
-    if (layout_.last()) {
-      micro_batches_[m].output = out.x.to(torch::kFloat32);
-      embeddings.push_back(micro_batches_[m].output.detach());
-    } else {
-      micro_batches_[m].output = out.x;
-      send({to_wire(backbone_, out.x), out.keys, out.restore}, layout_.stage + 1);
-    }
+  if (layout_.last()) {
+    MYRIAD_CHECK(labels.size(0) % m_count == 0, "{} labels cannot be cut into {} micro-batches",
+                 labels.size(0), m_count);
+    label_parts_ = labels.chunk(m_count);
   }
-  ++steps_;
-  if (!layout_.last()) {
-    return torch::empty({0, embedding_size_}, torch::dtype(torch::kFloat32).device(device_))
-        .requires_grad_(true);
-  }
-  return (m_count == 1 ? embeddings[0] : torch::cat(embeddings)).requires_grad_(true);
 }
 
-void PipelineEngine::backward(const torch::Tensor& embeddings, GradientSynchronizer& sync) {
-  const int m_count = layout_.micro_batches;
-  std::vector<torch::Tensor> grads;
-  if (layout_.last()) {
-    MYRIAD_CHECK(embeddings.grad().defined(),
-                 "the embeddings have no gradient: run the loss's "
-                 "backward before the pipeline's");
-    grads = embeddings.grad().chunk(m_count);
-  }
-  // Last micro-batch first; the last pass (micro-batch 0) launches the gradient all-reduces.
-  for (int m = m_count - 1; m >= 0; --m) {
-    MicroBatch& mb = micro_batches_[m];
-    const torch::Tensor grad =
-        layout_.last() ? grads[m]
-                       : from_wire(backbone_, pipe_->recv({torch::ScalarType::Undefined},
-                                                          layout_.stage + 1)[0]);
-    sync.begin_pass(m == 0);
+torch::Tensor PipelineEngine::part_labels(int m) const {
+  return layout_.last() ? label_parts_[m] : torch::Tensor();
+}
+
+Activations PipelineEngine::local_input(int m) const {
+  return {backbone_.in_layout(image_parts_[m]), key_parts_[m], torch::Tensor()};
+}
+
+Activations PipelineEngine::received_input(std::vector<torch::Tensor> got) const {
+  return {from_wire(backbone_, got[0]).requires_grad_(true), std::move(got[1]), std::move(got[2])};
+}
+
+Activations PipelineEngine::receive_forward(int m) {
+  return layout_.first() ? local_input(m)
+                         : received_input(pipe_->recv(kActivationDtypes, layout_.stage - 1));
+}
+
+std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activations in) {
+  phase("forward");
+  MicroBatch& mb = micro_batches_[m];
+  if (!layout_.first()) mb.input = in.x;
+  Activations out;
+  {
+    std::unique_ptr<AutocastGuard> guard;
+    if (autocast_) guard = std::make_unique<AutocastGuard>(device_, *autocast_);
     clock_->start();
-    torch::autograd::backward({mb.output}, {grad});
+    out = backbone_.forward_blocks(std::move(in), layout_.begin_block(), layout_.end_block());
     clock_->stop();
-    if (!layout_.first()) send({to_wire(backbone_, mb.input.grad())}, layout_.stage - 1);
   }
+  if (layout_.last()) {
+    mb.output = out.x.to(torch::kFloat32);
+    return {};
+  }
+  mb.output = out.x;
+  return {to_wire(backbone_, out.x), out.keys, out.restore};
+}
+
+torch::Tensor PipelineEngine::run_classifier(const torch::Tensor& output, const torch::Tensor& labels,
+                                       const ClassifierStep& classify, torch::Tensor& loss) {
+  const auto f32 = torch::dtype(torch::kFloat32).device(device_);
+  const torch::Tensor embeddings =
+      layout_.last() ? output.detach().requires_grad_(true)
+                     : torch::empty({0, embedding_size_}, f32).requires_grad_(true);
+  const torch::Tensor part = classify(
+      embeddings,
+      layout_.last() ? labels : torch::empty({0}, torch::dtype(torch::kInt64).device(device_)));
+  loss = loss.defined() ? loss + part : part;
+  if (!layout_.last()) return torch::Tensor();
+  MYRIAD_CHECK(embeddings.grad().defined(),
+               "the classifier left the embeddings without a gradient: it must run backward");
+  return embeddings.grad();
+}
+
+torch::Tensor PipelineEngine::backward_micro_batch(int m, const torch::Tensor& grad,
+                                                   GradientSynchronizer& sync, bool last_pass) {
+  phase("backward");
+  MicroBatch& mb = micro_batches_[m];
+  sync.begin_pass(last_pass);
+  clock_->start();
+  torch::autograd::backward({mb.output}, {layout_.last() ? grad : from_wire(backbone_, grad)});
+  clock_->stop();
+  const torch::Tensor input_grad =
+      layout_.first() ? torch::Tensor() : to_wire(backbone_, mb.input.grad());
+  mb = MicroBatch{};
+  return input_grad;
+}
+
+torch::Tensor PipelineEngine::train_step(const torch::Tensor& images, const torch::Tensor& keys,
+                                         const torch::Tensor& labels,
+                                         const ClassifierStep& classify,
+                                         GradientSynchronizer& sync) {
+  split_step(images, keys, labels);
+  torch::Tensor loss = layout_.schedule == PipelineSchedule::k1F1B ? one_f_one_b(classify, sync)
+                                                                   : gpipe(classify, sync);
   micro_batches_.clear();
+  ++steps_;
+  return loss;
+}
+
+// Every forward, each micro-batch sent on as soon as it is computed; the classifier once on the
+// replica's batch; every backward, last micro-batch first.
+torch::Tensor PipelineEngine::gpipe(const ClassifierStep& classify, GradientSynchronizer& sync) {
+  const int m_count = layout_.micro_batches;
+  for (int m = 0; m < m_count; ++m) {
+    const std::vector<torch::Tensor> out = forward_micro_batch(m, receive_forward(m));
+    if (!layout_.last()) send(out, layout_.stage + 1);
+  }
+  // The classifier once, on the replica's whole batch.
+  torch::Tensor output, labels;
+  if (layout_.last()) {
+    std::vector<torch::Tensor> outputs;
+    for (const MicroBatch& mb : micro_batches_) outputs.push_back(mb.output.detach());
+    output = m_count == 1 ? outputs[0] : torch::cat(outputs);
+    labels = m_count == 1 ? label_parts_[0] : torch::cat(label_parts_);
+  }
+  torch::Tensor loss;
+  const torch::Tensor grad = run_classifier(output, labels, classify, loss);
+  const std::vector<torch::Tensor> grads =
+      layout_.last() ? grad.chunk(m_count) : std::vector<torch::Tensor>();
+  for (int m = m_count - 1; m >= 0; --m) {
+    const torch::Tensor incoming =
+        layout_.last() ? grads[m] : pipe_->recv(kGradientDtypes, layout_.stage + 1)[0];
+    const torch::Tensor input_grad = backward_micro_batch(m, incoming, sync, m == 0);
+    if (!layout_.first()) send({input_grad}, layout_.stage - 1);
+  }
+  return loss;
+}
+
+// Megatron-LM's non-interleaved 1F1B: stage s runs w = min(P - s - 1, M) forwards ahead, then
+// alternates one forward and one backward, then the w backwards left. The classifier of
+// micro-batch m runs on every rank just before the receive of m's gradient (on the last stage,
+// which has no warm-up, right after m's forward): every stage reaches it only once the
+// micro-batch's forward has passed every later stage. Two neighbours that each have something
+// for the other (an activation forward, a gradient back) exchange it in one transfer, so
+// neither waits for the other's to arrive first.
+torch::Tensor PipelineEngine::one_f_one_b(const ClassifierStep& classify,
+                                          GradientSynchronizer& sync) {
+  const int m_count = layout_.micro_batches;
+  const int warmup = std::min(layout_.stages - layout_.stage - 1, m_count);
+  const int remaining = m_count - warmup;
+  const int previous = layout_.stage - 1, next = layout_.stage + 1;
+  torch::Tensor loss;
+  for (int m = 0; m < warmup; ++m) send(forward_micro_batch(m, receive_forward(m)), next);
+  Activations in;
+  if (remaining > 0) in = receive_forward(warmup);
+  for (int i = 0; i < remaining; ++i) {
+    const int f = warmup + i, b = i;
+    const std::vector<torch::Tensor> out = forward_micro_batch(f, std::move(in));
+    torch::Tensor incoming = run_classifier(micro_batches_[b].output, part_labels(b), classify, loss);
+    if (!layout_.last()) incoming = exchange(out, kGradientDtypes, next)[0];
+    const torch::Tensor input_grad = backward_micro_batch(b, incoming, sync, b == m_count - 1);
+    if (i + 1 == remaining) {
+      if (!layout_.first()) send({input_grad}, previous);
+    } else {
+      in = layout_.first() ? local_input(f + 1)
+                           : received_input(exchange({input_grad}, kActivationDtypes, previous));
+    }
+  }
+  for (int b = remaining; b < m_count; ++b) {
+    run_classifier(micro_batches_[b].output, part_labels(b), classify, loss);
+    const torch::Tensor incoming = pipe_->recv(kGradientDtypes, next)[0];
+    const torch::Tensor input_grad = backward_micro_batch(b, incoming, sync, b == m_count - 1);
+    if (!layout_.first()) send({input_grad}, previous);
+  }
+  return loss;
 }
 
 torch::Tensor PipelineEngine::infer(const torch::Tensor& images) {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "myriad/train/train_config.h"
+#include "myriad/util/device.h"
 
 namespace myriad {
 
@@ -38,11 +39,11 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
   s.classifier_states = states;
   s.classifier_state_bytes = config.classifier_state_dtype == "bf16" ? 2 : 4;
   s.classifier_weight_bytes = config.classifier_weight_dtype == "bf16" ? 2 : 4;
-  // ShardedMarginSoftmax's rule; "auto" precision is bf16 on the GPUs that the model is for.
-  const bool bf16_gemms = config.precision == "bf16" || config.precision == "auto";
-  s.classifier_stored_rows =
-      config.sample_rate >= 1.0 &&
-      (config.classifier_weight_dtype == "bf16" ? bf16_gemms : config.precision == "fp32");
+  // "auto" precision is bf16 on the GPUs that the model is for.
+  s.classifier_rows =
+      row_source(parse_float_dtype(config.classifier_weight_dtype),
+                 parse_float_dtype(config.precision == "auto" ? "bf16" : config.precision),
+                 config.sample_rate < 1.0);
   s.classifier_workspace = config.classifier_workspace;
   s.backbone_params = backbone_params;
   s.backbone_states = states;
@@ -61,8 +62,7 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   c.class_rows = std::min<int64_t>(
       shard, static_cast<int64_t>(std::ceil(static_cast<double>(shard) * s.sample_rate)));
   const double rows = static_cast<double>(c.class_rows);
-  const RowSource source = s.classifier_stored_rows ? RowSource::kStored : RowSource::kCopy;
-  c.plan = plan_chunks(c.class_rows, batch, s.embedding_size, s.gemm_bytes, source,
+  c.plan = plan_chunks(c.class_rows, batch, s.embedding_size, s.gemm_bytes, s.classifier_rows,
                        s.classifier_workspace);
   const double passes = c.plan.cache ? 1.0 : 2.0;  // over the rows, and over the logits
 
@@ -72,7 +72,7 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   // for 1/|w|), the float32 gradient written and read, the weight and its state read and written
   // by the update.
   const double w = static_cast<double>(s.classifier_weight_bytes);
-  const double rows_read = s.classifier_stored_rows ? w * (passes + 1.0) : (w + g) * passes;
+  const double rows_read = s.classifier_rows == RowSource::kStored ? w * (passes + 1.0) : (w + g) * passes;
   const double per_weight =
       rows_read + 8.0 + 2.0 * w +
       2.0 * static_cast<double>(s.classifier_states * s.classifier_state_bytes);
@@ -117,7 +117,7 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   // rows' float32 gradient too, which the fused update never holds for a whole chunk. Then the
   // gathered features (float32 and GEMM copies), their gradient and the labels.
   const double per_row = static_cast<double>(
-      chunk_cached_bytes_per_row(batch, s.embedding_size, s.gemm_bytes, source) +
+      chunk_cached_bytes_per_row(batch, s.embedding_size, s.gemm_bytes, s.classifier_rows) +
       s.gemm_bytes * batch);
   c.workspace_memory =
       static_cast<double>(c.plan.chunk_rows) * per_row + b * d * (8.0 + g) + b * 8.0;

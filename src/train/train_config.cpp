@@ -1,6 +1,7 @@
 #include "myriad/train/train_config.h"
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 
 #include "myriad/util/cli.h"
@@ -69,6 +70,7 @@ po::options_description train_options(TrainConfig& c) {
       ("micro-batches", po::value(&c.micro_batches)->default_value(c.micro_batches), "micro-batches per step: gradient accumulation, and what pipeline stages overlap (must divide --batch-size)")
       ("pipeline-stages", po::value(&c.pipeline_stages)->default_value(c.pipeline_stages), "cut the backbone into this many consecutive stages on neighbouring ranks (must divide the ranks; docs/pipeline.md)")
       ("pipeline-split", po::value(&c.pipeline_split), "the first block of each stage after the first, e.g. 26,52,78 (default: the fastest cut, from a profile of every block)")
+      ("pipeline-schedule", po::value(&c.pipeline_schedule)->default_value(c.pipeline_schedule), "gpipe (all forwards, then all backwards: fastest), 1f1b (stage s holds min(P - s, M) micro-batches: the most memory left), or auto: gpipe unless the profile says its micro-batches do not fit")
       ("pipeline-profile", po::bool_switch(&c.pipeline_profile), "log every block's profiled time and memory, and the cut's predicted stage times (also with one stage)")
       ("pipeline-memory", po::value<std::string>()->default_value("0"), "memory a stage may use per GPU (e.g. 70G; 0: what the device has left after the classifier)")
       ("epochs", count_option(&c.epochs), "passes over the training data")
@@ -136,16 +138,15 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   if (values.count("profile-steps") > 0) {
     const std::string text = values["profile-steps"].as<std::string>();
     const size_t colon = text.find(':');
-    try {
-      if (colon == std::string::npos) throw UsageError(text);
-      c.profile_first = parse_count(text.substr(0, colon));
-      c.profile_last = parse_count(text.substr(colon + 1));
-    } catch (const UsageError&) {
-      c.profile_first = c.profile_last = -1;
-    }
+    const std::optional<int64_t> first =
+        colon == std::string::npos ? std::nullopt : try_parse_count(text.substr(0, colon));
+    const std::optional<int64_t> last =
+        colon == std::string::npos ? std::nullopt : try_parse_count(text.substr(colon + 1));
     require(
-        c.profile_first >= 1 && c.profile_last >= c.profile_first,
+        first && last && *first >= 1 && *last >= *first,
         str_format("--profile-steps must be FIRST:LAST with 1 <= FIRST <= LAST, got '{}'", text));
+    c.profile_first = *first;
+    c.profile_last = *last;
   }
   c.random_flip = !values["no-flip"].as<bool>();
   if (c.classifier_lr == 0.0) c.classifier_lr = c.lr;
@@ -169,6 +170,9 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(c.pipeline_stages > 0, "--pipeline-stages must be positive");
   require(c.pipeline_split.empty() || c.pipeline_stages > 1,
           "--pipeline-split needs --pipeline-stages 2 or more");
+  require(one_of(c.pipeline_schedule, {"auto", "gpipe", "1f1b"}),
+          str_format("--pipeline-schedule must be auto, gpipe or 1f1b, got '{}'",
+                     c.pipeline_schedule));
   require(c.epochs > 0, "--epochs must be positive");
   require(c.max_steps >= 0, "--max-steps must not be negative");
   require(one_of(c.optimizer, {"sgd", "adamw"}),

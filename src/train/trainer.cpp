@@ -244,6 +244,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   classifier_ =
       std::make_unique<ShardedMarginSoftmax>(comm_, classifier_options(c_, classes_), device_);
   if (!c_.init_classifier.empty()) init_classifier();
+  if (c_.precision == "fp16") classifier_->set_inverse_loss_scale(scaler_.inverse_scale());
   build_pipeline();
   optimizer_ = make_optimizer(c_, params_);
   backbone_step_ = dynamic_cast<SkippableStep*>(optimizer_.get());
@@ -269,6 +270,11 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
     if (context.rank() == 0) lock_.emplace(c_.run_dir, c_.checkpoint_dir);
   });
   resume();
+  if (c_.profile_first > 0 && (c_.profile_first <= start_step_ || c_.profile_first > total_steps_))
+    log_warn(
+        "--profile-steps {}:{} starts outside the steps this run takes ({} to {}): the CUDA "
+        "profiler captures nothing",
+        c_.profile_first, c_.profile_last, start_step_ + 1, total_steps_);
   CheckpointOptions checkpoints;
   checkpoints.keep = c_.checkpoint_keep;
   checkpoints.sync = c_.checkpoint_sync;
@@ -341,6 +347,7 @@ void Run::build_pipeline() {
                                                c_.embedding_size);
   }
   engine_->place_stage();
+  engine_->set_phase_timer(&timer_);
   std::vector<torch::Tensor> state;
   for (auto& [name, tensor] : engine_->stage_state()) state.push_back(tensor);
   broadcast_tensors(state, stage_comm());
@@ -366,6 +373,8 @@ std::vector<int64_t> Run::choose_cut() {
                           c_.backbone, blocks);
   std::vector<int64_t> cut = {0, blocks};
   if (!c_.pipeline_split.empty()) cut = parse_pipeline_split(c_.pipeline_split, stages, blocks);
+  layout_.schedule =
+      c_.pipeline_schedule == "1f1b" ? PipelineSchedule::k1F1B : PipelineSchedule::kGPipe;
   const bool profile = c_.pipeline_profile || (stages > 1 && c_.pipeline_split.empty());
   if (!profile) return cut;
 
@@ -391,7 +400,6 @@ std::vector<int64_t> Run::choose_cut() {
   for (int64_t b = 0; b < blocks; ++b) {
     costs[b] = {table[b][0].item<double>(), table[b][1].item<double>(), table[b][2].item<double>()};
   }
-  const std::vector<int64_t> in_flight = gpipe_in_flight(stages, c_.micro_batches);
   double memory = static_cast<double>(c_.pipeline_memory);
   if (memory <= 0) {
     const DeviceMemory device = device_memory(device_);
@@ -399,14 +407,41 @@ std::vector<int64_t> Run::choose_cut() {
                                     static_cast<double>(c_.classifier_workspace)
                               : std::numeric_limits<double>::infinity();
   }
-  if (c_.pipeline_split.empty() && stages > 1) {
-    const std::optional<StageCut> best = balance_stages(costs, in_flight, memory);
+  // The fastest cut that fits under `schedule` (the hand cut, if it fits), or none.
+  const bool balance = c_.pipeline_split.empty() && stages > 1;
+  const auto fitting = [&](PipelineSchedule schedule) -> std::optional<StageCut> {
+    const std::vector<int64_t> in_flight =
+        micro_batches_in_flight(schedule, stages, c_.micro_batches);
+    if (balance) return balance_stages(costs, in_flight, memory);
+    StageCut given = evaluate_cut(costs, cut, in_flight);
+    const double most = *std::max_element(given.stage_bytes.begin(), given.stage_bytes.end());
+    return most <= memory ? std::optional<StageCut>(given) : std::nullopt;
+  };
+  std::optional<StageCut> best = fitting(layout_.schedule);
+  // auto: GPipe, unless only 1F1B's fewer micro-batches in flight fit (and if neither does, the
+  // error below says what 1F1B would need).
+  if (!best && c_.pipeline_schedule == "auto" && c_.micro_batches > 1) {
+    best = fitting(PipelineSchedule::k1F1B);
+    layout_.schedule = PipelineSchedule::k1F1B;
+    if (best) {
+      log_info(
+          "pipeline schedule 1f1b (--pipeline-schedule auto): with the activations of all {} "
+          "micro-batches held, as GPipe holds them, no cut fits in {} per GPU",
+          c_.micro_batches, format_bytes(memory));
+    }
+  }
+  const std::vector<int64_t> in_flight =
+      micro_batches_in_flight(layout_.schedule, stages, c_.micro_batches);
+  if (balance) {
     MYRIAD_CHECK_COLLECTIVE(
         best.has_value(),
-        "no cut of {}'s {} blocks into {} stages fits in {} per GPU, with the activations of all "
-        "{} micro-batches of {} samples held: use more stages, a smaller --batch-size, or "
-        "--activation-checkpointing",
-        c_.backbone, blocks, stages, format_bytes(memory), c_.micro_batches, micro_batch);
+        "no cut of {}'s {} blocks into {} stages fits in {} per GPU, with the activations of {} "
+        "micro-batches of {} samples held ({}): use more stages, a smaller --batch-size, "
+        "--activation-checkpointing{}",
+        c_.backbone, blocks, stages, format_bytes(memory), in_flight.front(), micro_batch,
+        schedule_name(layout_.schedule),
+        c_.pipeline_schedule == "gpipe" && c_.micro_batches > 1 ? ", or --pipeline-schedule 1f1b"
+                                                                 : "");
     cut = best->cut;
   }
   const StageCut chosen = evaluate_cut(costs, cut, in_flight);
@@ -547,14 +582,13 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
   // fp16: the steps that the device skipped, counted there and read here, with the loss.
   nlohmann::json loss_scale = nullptr;
   if (c_.precision == "fp16") {
-    const int64_t skipped = scaler_.take_skipped_steps();
-    const double scale = scaler_.scale_value();
-    if (skipped > 0)
+    const DynamicLossScaler::Report report = scaler_.take_report();
+    if (report.skipped_steps > 0)
       log_warn(
           "{} of the last {} steps had non-finite gradients, and every rank skipped them; "
           "the loss scale is now {}",
-          skipped, window_steps_, scale);
-    loss_scale = {{"scale", scale}, {"skipped_steps", skipped}};
+          report.skipped_steps, window_steps_, report.scale);
+    loss_scale = {{"scale", report.scale}, {"skipped_steps", report.skipped_steps}};
   }
   metrics_->write({{"kind", "train"},
                    {"step", step + 1},
@@ -611,13 +645,15 @@ nlohmann::json Run::log_pipeline(double step_seconds) {
                        static_cast<double>(layout_.micro_batches + layout_.stages - 1);
   const double bytes = per_stage.select(1, 1).sum().item<double>();
   log_info(
-      "pipeline: {} stage(s) x {} micro-batches, stages busy {} ms of {:.1f} ms per step ({} ms "
-      "per micro-batch{}): bubble {:.0f}% (GPipe's (P-1)/(M+P-1) = {:.0f}%), {} sent between "
+      "pipeline: {} stage(s) x {} micro-batches ({}), stages busy {} ms of {:.1f} ms per step ({} "
+      "ms per micro-batch{}): bubble {:.0f}% (ideal (P-1)/(M+P-1) = {:.0f}%), {} sent between "
       "stages per replica and step",
-      layout_.stages, layout_.micro_batches, busy_text, 1e3 * step_seconds, per_micro_batch_text,
+      layout_.stages, layout_.micro_batches, schedule_name(layout_.schedule), busy_text, 1e3 * step_seconds, per_micro_batch_text,
       predicted_text.empty() ? "" : "; predicted " + predicted_text, 100.0 * bubble, 100.0 * ideal,
       format_bytes(bytes));
-  nlohmann::json record = {{"stages", layout_.stages}, {"micro_batches", layout_.micro_batches},
+  nlohmann::json record = {{"stages", layout_.stages},
+                           {"micro_batches", layout_.micro_batches},
+                           {"schedule", schedule_name(layout_.schedule)},
                            {"stage_busy_ms", busy_ms}, {"bubble", bubble},
                            {"gpipe_bubble", ideal},    {"bytes_per_step", bytes}};
   if (!predicted_stage_ms_.empty()) record["predicted_stage_ms"] = predicted_stage_ms_;
@@ -642,15 +678,15 @@ void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {
   if (val_) {
     const ClassificationEval e = evaluate_classification(*backbone_, *classifier_, *val_, setup);
     const std::string knn =
-        e.knn_samples > 0
-            ? str_format("kNN top-1 {:.2f}% ({} queries)", 100.0 * e.knn_top1, e.knn_samples)
+        e.knn_queries > 0
+            ? str_format("kNN top-1 {:.2f}% ({} queries)", 100.0 * e.knn_top1, e.knn_queries)
             : std::string("no kNN (no class has two of the set's first samples)");
     log_info("eval at step {}: top-1 {:.2f}% ({} samples), {}", step, 100.0 * e.top1, e.samples,
              knn);
     record["top1"] = e.top1;
-    if (e.knn_samples > 0) {
+    if (e.knn_queries > 0) {
       record["knn_top1"] = e.knn_top1;
-      record["knn_queries"] = e.knn_samples;
+      record["knn_queries"] = e.knn_queries;
     }
     record["samples"] = e.samples;
     result.eval = e;
@@ -691,23 +727,28 @@ TrainResult Run::execute() {
     // DDP's rule: BN running statistics follow the first replica. SyncBN computes them from the
     // global batch, so they already agree.
     if (!c_.sync_bn) broadcast_tensors(engine_->stage_buffers(), stage_comm());
-    // The backbone, micro-batch by micro-batch through this rank's stage: the replica's
-    // embeddings on the last stage, none elsewhere.
-    const torch::Tensor features = engine_->forward(
+    // The classifier on embeddings from the last stages (none from the others): the loss, and by
+    // its backward their gradient.
+    const auto classify = [&](const torch::Tensor& embeddings, const torch::Tensor& part_labels) {
+      timer_.mark("forward");
+      const torch::Tensor part_loss = classifier_->forward(embeddings, part_labels);
+      timer_.mark("backward");
+      // The classifier updates its rows: not before a checkpoint has copied them.
+      checkpointer_->order_before_backward();
+      (fp16 ? part_loss * scaler_.scale() : part_loss).backward();
+      return part_loss;
+    };
+    // The backbone, micro-batch by micro-batch through this rank's stage, on the pipeline's
+    // schedule around the classifier: GPipe runs it once on the replica's batch, which also
+    // updates its rows; 1F1B once per micro-batch, and its rows are updated once all have passed.
+    // The backbone's gradients are summed over the micro-batches and, in the last backward pass,
+    // over the replicas.
+    const bool classifier_in_parts = layout_.schedule == PipelineSchedule::k1F1B;
+    if (classifier_in_parts) classifier_->begin_parts(labels);
+    const torch::Tensor loss = engine_->train_step(
         layout_.first() ? batch.images.to(device_, /*non_blocking=*/true) : torch::Tensor(),
-        layout_.first() ? sample_keys(batch) : torch::Tensor());
-    classifier_->set_loss_scale(fp16 ? scaler_.scale() : torch::Tensor());
-    const torch::Tensor loss = classifier_->forward(
-        features,
-        layout_.last() ? labels : torch::empty({0}, torch::dtype(torch::kInt64).device(device_)));
-
-    timer_.mark("backward");
-    // The classifier's backward updates its rows: not before a checkpoint has copied them.
-    checkpointer_->order_before_backward();
-    // The classifier's backward gives the embeddings' gradient; the backbone's follows,
-    // micro-batch by micro-batch, its gradients summed over them and (in the last) over replicas.
-    (fp16 ? loss * scaler_.scale() : loss).backward();
-    engine_->backward(features, *sync_);
+        layout_.first() ? sample_keys(batch) : torch::Tensor(), labels, classify, *sync_);
+    if (classifier_in_parts) classifier_->finish_parts();
     timer_.mark("communication");
     sync_->finish();
     timer_.mark("optimizer");

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <limits>
 #include <sstream>
+#include <utility>
 
 #include "myriad/util/error.h"
 #include "myriad/util/log.h"
@@ -161,7 +162,10 @@ po::typed_value<double>* real_option(double* store) {
   return po::value(store)->default_value(*store, shortest_text(*store));
 }
 
-int64_t parse_count(const std::string& text) {
+namespace {
+
+// The digits and the unit's multiplier of a count; a multiplier of 0 when it is none.
+std::pair<size_t, int64_t> count_parts(const std::string& text) {
   size_t digits = 0;
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
   const std::string unit = text.substr(digits);
@@ -170,13 +174,30 @@ int64_t parse_count(const std::string& text) {
   if (unit == "K" || unit == "k") multiplier = 1000;
   if (unit == "M" || unit == "m") multiplier = 1000 * 1000;
   if (unit == "G" || unit == "g") multiplier = 1000 * 1000 * 1000;
-  if (digits == 0 || multiplier == 0) {
+  return {digits, digits == 0 ? 0 : multiplier};
+}
+
+bool count_fits(const std::string& text, size_t digits, int64_t multiplier) {
+  return digits <= 18 &&
+         std::stoll(text.substr(0, digits)) <= std::numeric_limits<int64_t>::max() / multiplier;
+}
+
+}  // namespace
+
+int64_t parse_count(const std::string& text) {
+  const auto [digits, multiplier] = count_parts(text);
+  if (multiplier == 0) {
     throw UsageError(str_format("'{}' is not a count (e.g. 1000, 500K, 8M)", text));
   }
-  const int64_t limit = std::numeric_limits<int64_t>::max() / multiplier;
-  if (digits > 18 || std::stoll(text.substr(0, digits)) > limit) {
+  if (!count_fits(text, digits, multiplier)) {
     throw UsageError(str_format("'{}' is too large a count", text));
   }
+  return std::stoll(text.substr(0, digits)) * multiplier;
+}
+
+std::optional<int64_t> try_parse_count(const std::string& text) {
+  const auto [digits, multiplier] = count_parts(text);
+  if (multiplier == 0 || !count_fits(text, digits, multiplier)) return std::nullopt;
   return std::stoll(text.substr(0, digits)) * multiplier;
 }
 

@@ -312,7 +312,7 @@ TEST_P(ClassifierTest, LossScaleOnTheDeviceIsUndoneByTheUpdate) {
     auto plain = make_module(p, o);
     auto scaled = make_module(p, o);
     const torch::Tensor scale = torch::full({1}, 65536.0, torch::device(device()));
-    scaled->set_loss_scale(scale);
+    scaled->set_inverse_loss_scale(scale.reciprocal());
     const std::string label = str_format(
         "{}, {} GEMMs", kind == OptimizerKind::kSgd ? "SGD" : "AdamW", c10::toString(gemm_dtype));
     for (int step = 0; step < 2; ++step) {
@@ -496,6 +496,97 @@ TEST_P(ClassifierTest, SkipPolicyTurnsNonFiniteFeaturesIntoASkippedStep) {
   EXPECT_TRUE(std::isnan(loss.item<float>()));
   EXPECT_EQ(x.grad().abs().sum().item<double>(), 0.0);
   EXPECT_TRUE(torch::equal(module->weight(), before));
+}
+
+// A step in parts (1F1B's micro-batches: each rank's rows cut into three, some of them empty) gives
+// the step whole: the loss (the parts' sum), the features' gradient, and the rows' gradient or,
+// over two steps, their fused update. Chunked and cached plans, Partial FC (the same classes
+// sampled for every part), GEMMs on stored bfloat16 rows, SGD and AdamW.
+TEST_P(ClassifierTest, PartsOfAStepGiveTheWholeStep) {
+  const Problem p = make_problem(uneven_batches(world()), 37, 16, 44);
+  const int64_t batch = p.features.size(0);
+  struct Case {
+    std::string label;
+    ShardedSoftmaxOptions o;
+    double tolerance;
+  };
+  std::vector<Case> cases;
+  const auto add = [&](const std::string& label, const MarginConfig& margin, double tolerance,
+                       const auto& adjust) {
+    Case c{label, options_for(p, margin), tolerance};
+    adjust(c.o);
+    cases.push_back(c);
+  };
+  const auto nothing = [](ShardedSoftmaxOptions&) {};
+  add("ArcFace, gradients, cached", margin_of(MarginType::kArcFace, 1, 0.5, 0), kTolerance,
+      nothing);
+  add("CosFace, gradients, chunks of 5 classes", margin_of(MarginType::kCosFace, 1, 0, 0.4),
+      kTolerance, [&](ShardedSoftmaxOptions& o) { o.workspace_bytes = budget_for_chunk(5, batch, 16); });
+  add("softmax, gradients, Partial FC", margin_of(MarginType::kSoftmax, 1, 0, 0), kTolerance,
+      [](ShardedSoftmaxOptions& o) { o.sample_rate = 0.4; });
+  add("ArcFace, fused SGD, chunks of 4 classes", margin_of(MarginType::kArcFace, 1, 0.5, 0),
+      kTolerance, [&](ShardedSoftmaxOptions& o) {
+        o.update = WeightUpdate::kFused;
+        o.optimizer.lr = 0.1;
+        o.optimizer.momentum = 0.9;
+        o.workspace_bytes = budget_for_chunk(4, batch, 16);
+      });
+  add("ArcFace, fused SGD, Partial FC", margin_of(MarginType::kArcFace, 1, 0.5, 0), kTolerance,
+      [](ShardedSoftmaxOptions& o) {
+        o.update = WeightUpdate::kFused;
+        o.optimizer.lr = 0.1;
+        o.optimizer.momentum = 0.9;
+        o.sample_rate = 0.5;
+      });
+  add("combined, fused AdamW, Partial FC", margin_of(MarginType::kCombined, 1.2, 0.3, 0.15),
+      kTolerance, [](ShardedSoftmaxOptions& o) {
+        o.update = WeightUpdate::kFused;
+        o.optimizer.kind = OptimizerKind::kAdamW;
+        o.optimizer.lr = 0.01;
+        o.sample_rate = 0.5;
+      });
+  // The same bfloat16 products either way; float32 sums over batches of other shapes.
+  add("ArcFace, fused SGD, bf16 rows read by the GEMMs", margin_of(MarginType::kArcFace, 1, 0.5, 0),
+      1e-3, [](ShardedSoftmaxOptions& o) {
+        o.update = WeightUpdate::kFused;
+        o.optimizer.lr = 0.1;
+        o.gemm_dtype = torch::kBFloat16;
+        o.weight_dtype = torch::kBFloat16;
+      });
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.label);
+    auto whole = make_module(p, c.o);
+    auto parted = make_module(p, c.o);
+    const torch::Tensor x = local_rows(p, p.features).to(device());
+    const torch::Tensor y = local_rows(p, p.labels).to(device());
+    const int steps = c.o.update == WeightUpdate::kFused ? 3 : 1;
+    for (int step = 0; step < steps; ++step) {
+      const Outcome want = run_step(*whole, p);
+      parted->begin_parts(y);
+      torch::Tensor loss = torch::zeros({}, torch::device(device()));
+      std::vector<torch::Tensor> grads;
+      for (const torch::Tensor& rows : torch::tensor_split(torch::arange(x.size(0)), 3)) {
+        const int64_t first = rows.numel() > 0 ? rows[0].item<int64_t>() : 0;
+        torch::Tensor part = x.narrow(0, first, rows.numel()).clone().requires_grad_(true);
+        const torch::Tensor part_loss = parted->forward(part, y.narrow(0, first, rows.numel()));
+        part_loss.backward();
+        loss = loss + part_loss.detach();
+        grads.push_back(part.grad().cpu());
+      }
+      parted->finish_parts();
+      EXPECT_LE(relative_error(loss, want.loss), c.tolerance) << "loss, step " << step;
+      expect_same_loss_everywhere(loss);
+      EXPECT_LE(relative_error(torch::cat(grads), want.grad_features), c.tolerance)
+          << "features' gradient, step " << step;
+      if (c.o.update == WeightUpdate::kFused) {
+        EXPECT_LE(relative_error(parted->weight(), whole->weight()), c.tolerance)
+            << "rows, step " << step;
+      } else {
+        EXPECT_LE(relative_error(parted->weight_grad(), whole->weight_grad()), c.tolerance)
+            << "rows' gradient";
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ClassifierTest, ::testing::Values("mpi", "nccl"), backend_name);

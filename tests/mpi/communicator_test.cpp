@@ -348,6 +348,24 @@ TEST_P(CommunicatorTest, PointToPointMovesTensorsBetweenNeighbours) {
   }
 }
 
+// Exchange: each pair of neighbours sends the other a tensor and takes the other's, in one call
+// on both sides (what two blocking sends would deadlock on, with NCCL's rendezvous), and large
+// enough to need the receiver on the way.
+TEST_P(CommunicatorTest, ExchangeSendsBothWaysAtOnce) {
+  if (world() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const auto options = torch::device(device());
+  const int pair = rank() / 2, peer = rank() % 2 == 0 ? rank() + 1 : rank() - 1;
+  if (peer >= world()) GTEST_SKIP() << "rank " << rank() << " has no partner";
+  const int64_t n = (int64_t{1} << 20) + rank();
+  const std::vector<torch::Tensor> got = comm().exchange(
+      {torch::full({n}, rank() + 0.25, options.dtype(torch::kFloat32)), torch::Tensor()},
+      {torch::ScalarType::Undefined, torch::kInt64}, peer);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].numel(), (int64_t{1} << 20) + peer) << "pair " << pair;
+  EXPECT_TRUE(torch::all(got[0].eq(peer + 0.25)).item<bool>());
+  EXPECT_FALSE(got[1].defined());
+}
+
 // A pair that disagrees fails on both ranks, whichever side is wrong, and moves no data.
 TEST_P(CommunicatorTest, PointToPointDisagreementsFailOnBothRanks) {
   if (world() < 2 || rank() > 1) GTEST_SKIP() << "ranks 0 and 1";
@@ -378,6 +396,22 @@ TEST_P(CommunicatorTest, PointToPointDisagreementsFailOnBothRanks) {
     if (rank() == 1) comm().recv({torch::kFloat32}, peer);
   });
   EXPECT_NE(message.find("rank 0 cannot send (Float [4, 4]) to rank 1"), std::string::npos)
+      << message;
+  // An exchange against a plain send: what the exchanging rank sends has no taker.
+  message = error([&] {
+    if (rank() == 0) comm().exchange({torch::ones({2}, options)}, {torch::kFloat32}, peer);
+    if (rank() == 1) comm().send({torch::ones({2}, options)}, peer);
+  });
+  EXPECT_NE(message.find("rank 0 sends (Float [2]) to rank 1, which does not receive from it"),
+            std::string::npos)
+      << message;
+  // An exchange expecting other dtypes than the peer's exchange sends.
+  message = error([&] {
+    comm().exchange({torch::ones({2}, options.dtype(rank() == 0 ? torch::kFloat32 : torch::kInt64))},
+                    {torch::kFloat32}, peer);
+  });
+  EXPECT_NE(message.find("rank 1 sends (Long [2]) to rank 0, which expects (Float)"),
+            std::string::npos)
       << message;
 }
 

@@ -149,7 +149,7 @@ TEST_P(EvaluationTest, TopOneAndKnnMatchBruteForce) {
   ASSERT_LT(want.knn_queries, 30);  // some samples have no partner among the first 30
   EXPECT_EQ(got.samples, 45);
   EXPECT_DOUBLE_EQ(got.top1, want.top1);
-  EXPECT_EQ(got.knn_samples, want.knn_queries);
+  EXPECT_EQ(got.knn_queries, want.knn_queries);
   EXPECT_DOUBLE_EQ(got.knn_top1, want.knn_top1);
 }
 
@@ -161,7 +161,7 @@ TEST_P(EvaluationTest, NoKnnWhenEveryClassHasOneSample) {
   torch::Tensor weight;
   const ClassificationEval got = evaluate(data, 20000, &weight);
   EXPECT_DOUBLE_EQ(got.top1, reference(data, weight, 20000).top1);
-  EXPECT_EQ(got.knn_samples, 0);
+  EXPECT_EQ(got.knn_queries, 0);
   EXPECT_EQ(got.knn_top1, 0.0);
 }
 

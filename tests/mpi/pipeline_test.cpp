@@ -1,8 +1,8 @@
 // Pipeline stages at whatever rank count this binary runs with: every rank one stage of one
-// replica (P = W), the backbone cut between blocks, four micro-batches, the sharded classifier
-// over all ranks in between. On NCCL this is the check that no rank deadlocks across the
-// pipeline's and the classifier's communicators. The reference is one process running the same
-// micro-batches through the whole backbone.
+// replica (P = W), the backbone cut between blocks, micro-batches, the sharded classifier over all
+// ranks in between, on both schedules. On NCCL this is the check that no rank deadlocks across the
+// pipeline's and the classifier's communicators. The references are one process running the same
+// micro-batches through the whole backbone, and GPipe for 1F1B.
 
 #include <numeric>
 
@@ -29,8 +29,10 @@ class PipelineTest : public BackendTest {
   }
 
   // The layout of P = W stages, cut evenly.
-  PipelineLayout layout(const Backbone& net, int micro_batches) {
+  PipelineLayout layout(const Backbone& net, int micro_batches,
+                        PipelineSchedule schedule = PipelineSchedule::kGPipe) {
     PipelineLayout l = pipeline_layout(world(), rank(), world(), micro_batches);
+    l.schedule = schedule;
     const int64_t blocks = net.num_blocks();
     for (int s = 0; s <= world(); ++s) l.cut.push_back(blocks * s / world());
     return l;
@@ -38,12 +40,40 @@ class PipelineTest : public BackendTest {
 
   // The classifier over all ranks, for 16-dimensional embeddings.
   ShardedMarginSoftmax make_classifier(int64_t classes,
-                                       WeightUpdate update = WeightUpdate::kAccumulateGrad) {
+                                       WeightUpdate update = WeightUpdate::kAccumulateGrad,
+                                       double sample_rate = 1.0) {
     ShardedSoftmaxOptions o;
     o.num_classes = classes;
     o.embedding_size = 16;
     o.update = update;
+    o.sample_rate = sample_rate;
+    o.optimizer.lr = 0.1;
+    o.optimizer.momentum = 0.9;
     return ShardedMarginSoftmax(comm(), o, device());
+  }
+
+  // One step of the replica's batch (its images, keys and labels, on every rank; the first stage
+  // reads the images, the last the labels) through `engine` and `classifier`, as the trainer
+  // runs it: the loss. Gradients are summed in `sync`.
+  torch::Tensor train_step(PipelineEngine& engine, ShardedMarginSoftmax& classifier,
+                           GradientSynchronizer& sync, const torch::Tensor& images,
+                           const torch::Tensor& keys, const torch::Tensor& labels) {
+    const PipelineLayout& l = engine.layout();
+    const torch::Tensor routed =
+        engine.route_labels(l.first() ? labels.to(device()) : torch::Tensor());
+    const auto classify = [&](const torch::Tensor& embeddings, const torch::Tensor& part) {
+      const torch::Tensor loss = classifier.forward(embeddings, part);
+      loss.backward();
+      return loss;
+    };
+    const bool parts = l.schedule == PipelineSchedule::k1F1B;
+    if (parts) classifier.begin_parts(routed);
+    const torch::Tensor loss =
+        engine.train_step(l.first() ? images.to(device()) : torch::Tensor(),
+                          l.first() ? keys.to(device()) : torch::Tensor(), routed, classify, sync);
+    if (parts) classifier.finish_parts();
+    sync.finish();
+    return loss;
   }
 
   std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
@@ -56,21 +86,24 @@ class PipelineTest : public BackendTest {
 
 // Forward and backward of four micro-batches through P = W stages (batch norm sees each
 // micro-batch as its batch; ViT's masking order and keys travel with the activations) equal one
-// process running the micro-batches through the whole network: the loss, every stage's
-// gradients, and the batch-norm statistics.
+// process running the micro-batches through the whole network, on either schedule: the loss,
+// every stage's gradients, the classifier's, and the batch-norm statistics.
 TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
   const ExactFloat32 exact;
-  for (const std::string name : {"smallcnn", "vit_t"}) {
-    SCOPED_TRACE(name);
+  for (const auto& [name, schedule] :
+       {std::pair{"smallcnn", PipelineSchedule::kGPipe}, std::pair{"vit_t", PipelineSchedule::kGPipe},
+        std::pair{"smallcnn", PipelineSchedule::k1F1B}, std::pair{"vit_t", PipelineSchedule::k1F1B}}) {
+    SCOPED_TRACE(std::string(name) + ", " + schedule_name(schedule));
     const int64_t batch = 8, micro_batches = 4;
     torch::manual_seed(3);
-    const InputShape shape = name == "smallcnn" ? InputShape{1, 16, 16} : InputShape{3, 18, 18};
+    const InputShape shape =
+        std::string(name) == "smallcnn" ? InputShape{1, 16, 16} : InputShape{3, 18, 18};
     const torch::Tensor images = torch::randn({batch, shape.channels, shape.height, shape.width});
     const torch::Tensor labels = torch::randint(0, 11, {batch}, torch::kInt64);
     const torch::Tensor keys = torch::arange(100, 100 + batch, torch::kInt64);
 
     auto net = make_net(name);
-    const PipelineLayout l = layout(*net, micro_batches);
+    const PipelineLayout l = layout(*net, micro_batches, schedule);
     PipelineEngine engine(
         l, *net, world() > 1 ? environment().comms->create_split(device(), 0, rank()) : nullptr,
         device(), std::nullopt, 16);
@@ -79,16 +112,7 @@ TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
     GradientSynchronizer sync(params, environment().comms->create_split(device(), rank(), 0),
                               1 << 20);
     ShardedMarginSoftmax classifier = make_classifier(11);
-    const torch::Tensor routed =
-        engine.route_labels(l.first() ? labels.to(device()) : torch::Tensor());
-    const torch::Tensor features = engine.forward(l.first() ? images.to(device()) : torch::Tensor(),
-                                                  l.first() ? keys.to(device()) : torch::Tensor());
-    const torch::Tensor loss = classifier.forward(
-        features,
-        l.last() ? routed : torch::empty({0}, torch::dtype(torch::kInt64).device(device())));
-    loss.backward();
-    engine.backward(features, sync);
-    sync.finish();
+    const torch::Tensor loss = train_step(engine, classifier, sync, images, keys, labels);
 
     // The reference: the whole network, one process, the same micro-batches, on the same device
     // (so that what differs is the pipeline, not a GPU's kernels against a CPU's), and the
@@ -108,6 +132,11 @@ TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
         reference_softmax(all.detach().cpu(), labels, weight, classifier.options().margin);
     all.backward(ref.grad_features.to(all.options()));
     EXPECT_LE(relative_error(loss, ref.loss), 1e-5);
+    const ClassPartition& part = classifier.partition();
+    EXPECT_LE(relative_error(classifier.weight_grad(),
+                             ref.grad_weight.slice(0, part.offset(rank()),
+                                                   part.offset(rank()) + part.size(rank()))),
+              1e-5);
 
     std::vector<torch::Tensor> flat;
     for (const torch::Tensor& p : trainable(reference->parameters()))
@@ -136,9 +165,9 @@ TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
 }
 
 // Micro-batches are gradient accumulation: on a backbone without batch statistics (batch norm
-// in eval mode), three SGD steps of four micro-batches each give the losses and parameters of
-// three steps of one batch (a gradient summed over micro-batches more than once, or all-reduced
-// per micro-batch, or scaled by M, would not).
+// in eval mode), three SGD steps of four micro-batches each, on either schedule, give the losses
+// and parameters of three steps of one batch (a gradient summed over micro-batches more than once,
+// or all-reduced per micro-batch, or scaled by M, would not).
 TEST_P(PipelineTest, MicroBatchesAccumulateTheGradientOfTheBatch) {
   const ExactFloat32 exact;
   const int64_t per_rank = 8, steps = 3;
@@ -148,10 +177,13 @@ TEST_P(PipelineTest, MicroBatchesAccumulateTheGradientOfTheBatch) {
   const int64_t begin = per_rank * rank();
   std::vector<std::vector<double>> losses;
   std::vector<std::vector<torch::Tensor>> parameters;
-  for (const int micro_batches : {1, 4}) {
+  for (const auto& [micro_batches, schedule] :
+       {std::pair{1, PipelineSchedule::kGPipe}, std::pair{4, PipelineSchedule::kGPipe},
+        std::pair{4, PipelineSchedule::k1F1B}}) {
     auto net = make_net("smallcnn");
     net->eval();  // running statistics: no batch statistics
     PipelineLayout l = pipeline_layout(world(), rank(), 1, micro_batches);
+    l.schedule = schedule;
     l.cut = {0, net->num_blocks()};
     PipelineEngine engine(l, *net, nullptr, device(), std::nullopt, 16);
     engine.place_stage();
@@ -161,15 +193,11 @@ TEST_P(PipelineTest, MicroBatchesAccumulateTheGradientOfTheBatch) {
     ShardedMarginSoftmax classifier = make_classifier(13, WeightUpdate::kFused);
     losses.emplace_back();
     for (int64_t step = 0; step < steps; ++step) {
-      const torch::Tensor features =
-          engine.forward(images[step].narrow(0, begin, per_rank).to(device()),
-                         torch::arange(begin, begin + per_rank, torch::kInt64).to(device()));
       const torch::Tensor loss =
-          classifier.forward(features, labels[step].narrow(0, begin, per_rank).to(device()));
+          train_step(engine, classifier, sync, images[step].narrow(0, begin, per_rank),
+                     torch::arange(begin, begin + per_rank, torch::kInt64),
+                     labels[step].narrow(0, begin, per_rank));
       losses.back().push_back(loss.item<double>());
-      loss.backward();
-      engine.backward(features, sync);
-      sync.finish();
       optimizer.step();
       sync.clear_gradients();
     }
@@ -180,12 +208,87 @@ TEST_P(PipelineTest, MicroBatchesAccumulateTheGradientOfTheBatch) {
   // The losses pass the parameters' float32 noise through ArcFace's scale of 64: at 3 ranks on
   // an AMD EPYC the third step's differed by 1.4e-5 relative (the parameters by less than 1e-5).
   // Accumulating wrongly changes them by 10-60%.
-  for (int64_t step = 0; step < steps; ++step) {
-    EXPECT_NEAR(losses[1][step], losses[0][step], 1e-4 * std::abs(losses[0][step]))
-        << "step " << step;
+  for (size_t run = 1; run < losses.size(); ++run) {
+    SCOPED_TRACE(run == 1 ? "GPipe" : "1F1B");
+    for (int64_t step = 0; step < steps; ++step) {
+      EXPECT_NEAR(losses[run][step], losses[0][step], 1e-4 * std::abs(losses[0][step]))
+          << "step " << step;
+    }
+    for (size_t k = 0; k < parameters[0].size(); ++k) {
+      EXPECT_LE(relative_error(parameters[run][k], parameters[0][k]), 1e-5) << "parameter " << k;
+    }
   }
-  for (size_t k = 0; k < parameters[0].size(); ++k) {
-    EXPECT_LE(relative_error(parameters[1][k], parameters[0][k]), 1e-5) << "parameter " << k;
+}
+
+// 1F1B computes what GPipe computes, step after step, with batch norm's statistics per
+// micro-batch and the classifier's fused update: the losses of 2 SGD steps and every parameter
+// after them, backbone and classifier shard, within 1e-5 of their scale. With P = W stages, at
+// M = 4, at M = 2 (fewer micro-batches than stages from 3 ranks up: no steady phase on the first
+// stages), and with Partial FC sampling the same classes for every micro-batch of a step. The
+// schedules sum the micro-batches' gradients in another order; batch norm over 4 samples and
+// ArcFace's scale of 64 grow that float32 noise about 20x per step (as they grow a 1e-7 change of
+// the inputs): 5e-7 of the scale after 2 steps, 1e-4 after 3 with Partial FC (measured).
+TEST_P(PipelineTest, OneFOneBComputesWhatGPipeComputes) {
+  const ExactFloat32 exact;
+  struct Case {
+    const char* net;
+    int micro_batches;
+    double sample_rate;
+  };
+  for (const Case& c : {Case{"smallcnn", 4, 1.0}, Case{"vit_t", 4, 1.0}, Case{"smallcnn", 2, 1.0},
+                        Case{"smallcnn", 4, 0.5}}) {
+    SCOPED_TRACE(str_format("{}, M = {}, sample rate {}", c.net, c.micro_batches, c.sample_rate));
+    const int64_t batch = 16, steps = 2;
+    const InputShape shape =
+        std::string(c.net) == "smallcnn" ? InputShape{1, 16, 16} : InputShape{3, 18, 18};
+    torch::manual_seed(12);
+    const torch::Tensor images =
+        torch::randn({steps, batch, shape.channels, shape.height, shape.width});
+    const torch::Tensor labels = torch::randint(0, 23, {steps, batch}, torch::kInt64);
+    std::vector<std::vector<double>> losses;
+    std::vector<std::vector<torch::Tensor>> parameters;
+    for (const PipelineSchedule schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
+      auto net = make_net(c.net);
+      const PipelineLayout l = layout(*net, c.micro_batches, schedule);
+      PipelineEngine engine(
+          l, *net, world() > 1 ? environment().comms->create_split(device(), 0, rank()) : nullptr,
+          device(), std::nullopt, 16);
+      engine.place_stage();
+      const std::vector<torch::Tensor> params = engine.stage_parameters();
+      GradientSynchronizer sync(params, environment().comms->create_split(device(), rank(), 0),
+                                4096);
+      torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.01).momentum(0.9));
+      ShardedMarginSoftmax classifier = make_classifier(23, WeightUpdate::kFused, c.sample_rate);
+      losses.emplace_back();
+      for (int64_t step = 0; step < steps; ++step) {
+        const torch::Tensor loss =
+            train_step(engine, classifier, sync, images[step],
+                       torch::arange(step * batch, (step + 1) * batch, torch::kInt64),
+                       labels[step]);
+        losses.back().push_back(loss.item<double>());
+        optimizer.step();
+        sync.clear_gradients();
+      }
+      parameters.emplace_back();
+      for (const auto& [entry, tensor] : engine.stage_state())
+        parameters.back().push_back(tensor.detach().cpu());
+      parameters.back().push_back(classifier.weight().detach().cpu());
+    }
+    for (int64_t step = 0; step < steps; ++step) {
+      EXPECT_NEAR(losses[1][step], losses[0][step], 1e-5 * std::abs(losses[0][step]))
+          << "step " << step;
+    }
+    // Each tensor against the scale of them all: some (biases before batch norm) have no gradient
+    // but float noise, and are 1e-9 apart from 1e-9.
+    ASSERT_EQ(parameters[1].size(), parameters[0].size());
+    std::vector<torch::Tensor> flat;
+    for (const torch::Tensor& t : parameters[0]) flat.push_back(t.reshape(-1).to(torch::kFloat64));
+    const double scale = torch::cat(flat).norm().item<double>();
+    for (size_t k = 0; k < parameters[0].size(); ++k) {
+      EXPECT_LE((parameters[1][k] - parameters[0][k]).to(torch::kFloat64).norm().item<double>(),
+                1e-5 * scale)
+          << "parameter " << k;
+    }
   }
 }
 

@@ -236,8 +236,10 @@ TEST_P(TrainingTest, EveryRankSkipsWhenOneRankOverflows) {
   EXPECT_EQ(scaler.scale().device(), device());
   scaler.update(scaler.unscale({p.grad()}, comm()));
   EXPECT_DOUBLE_EQ(scaler.scale_value(), 512.0);
-  EXPECT_EQ(scaler.take_skipped_steps(), 1);
-  EXPECT_EQ(scaler.take_skipped_steps(), 0);  // each skip is reported once
+  EXPECT_EQ(scaler.take_report().skipped_steps, 1);
+  const DynamicLossScaler::Report again = scaler.take_report();
+  EXPECT_EQ(again.skipped_steps, 0);  // each skip is reported once
+  EXPECT_DOUBLE_EQ(again.scale, 512.0);
   // Clean steps grow the scale back after the interval.
   p.mutable_grad() = torch::full({4}, 2.0, torch::device(device()));
   scaler.update(scaler.unscale({p.grad()}, comm()));
@@ -247,7 +249,7 @@ TEST_P(TrainingTest, EveryRankSkipsWhenOneRankOverflows) {
   scaler.update(scaler.unscale({p.grad()}, comm()));
   EXPECT_DOUBLE_EQ(scaler.scale_value(), 1024.0);
   EXPECT_EQ(scaler.clean_steps(), 0);
-  EXPECT_EQ(scaler.take_skipped_steps(), 0);
+  EXPECT_EQ(scaler.take_report().skipped_steps, 0);
 }
 
 // The scale on the device follows the host rule (halve after an overflow, not below 1; double
@@ -270,9 +272,10 @@ TEST_P(TrainingTest, LossScaleFollowsTheRuleOverManySteps) {
       clean = 0;
     }
     ASSERT_DOUBLE_EQ(scaler.scale_value(), scale) << "step " << step;
+    ASSERT_DOUBLE_EQ(scaler.inverse_scale().item<double>(), 1.0 / scale) << "step " << step;
     ASSERT_EQ(scaler.clean_steps(), clean) << "step " << step;
   }
-  EXPECT_EQ(scaler.take_skipped_steps(), skipped);
+  EXPECT_EQ(scaler.take_report().skipped_steps, skipped);
 }
 
 // The backbone optimizers on this backend's device (on GPUs, SGD through ATen's fused kernel and

@@ -92,7 +92,7 @@ TEST(StepModel, ChunkedStepRecomputesTheLogits) {
 TEST(StepModel, StoredRowsAreReadNotCopied) {
   StepShape s = small_step();
   s.classifier_weight_bytes = 2;
-  s.classifier_stored_rows = true;
+  s.classifier_rows = RowSource::kStored;
   const StepCost c = predict_step(s, small_rates());
   EXPECT_TRUE(c.plan.cache);
   // Per weight 2 (the GEMMs' read) + 2 (1/|w|) + 4 (row) + 8 (momentum) + 8 (gradient).
@@ -148,20 +148,20 @@ TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   EXPECT_EQ(s.classifier_workspace, 12345);
   EXPECT_EQ(s.backbone_params, 42);
   EXPECT_EQ(s.classifier_weight_bytes, 4);
-  EXPECT_FALSE(s.classifier_stored_rows);  // float32 rows, bf16 GEMMs: a copy
+  EXPECT_EQ(s.classifier_rows, RowSource::kCopy);  // float32 rows, bf16 GEMMs: a copy
   config.precision = "fp32";
   EXPECT_EQ(step_shape(config, 1, 10, 1).gemm_bytes, 4);
-  EXPECT_TRUE(step_shape(config, 1, 10, 1).classifier_stored_rows);
+  EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_rows, RowSource::kStored);
   config.sample_rate = 0.5;
-  EXPECT_FALSE(step_shape(config, 1, 10, 1).classifier_stored_rows);  // Partial FC copies
+  EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_rows, RowSource::kCopy);  // Partial FC copies
   config.sample_rate = 1.0;
   // bfloat16 weights halve the shard's memory.
   config.classifier_weight_dtype = "bf16";
   const StepShape half = step_shape(config, 16, 1000000, 42);
   EXPECT_EQ(half.classifier_weight_bytes, 2);
-  EXPECT_FALSE(half.classifier_stored_rows);  // bf16 rows, float32 GEMMs
+  EXPECT_EQ(half.classifier_rows, RowSource::kCopy);  // bf16 rows, float32 GEMMs
   config.precision = "bf16";
-  EXPECT_TRUE(step_shape(config, 1, 10, 1).classifier_stored_rows);
+  EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_rows, RowSource::kStored);
   EXPECT_DOUBLE_EQ(predict_step(half, small_rates()).classifier_weight_memory * 2,
                    predict_step(s, small_rates()).classifier_weight_memory);
 }

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 
 namespace myriad {
@@ -17,6 +19,10 @@ struct ChunkPlan {
 // sampled rows), or the stored shard itself (stored in the GEMM dtype, every row active), which
 // costs no memory beyond each row's 1/|w|.
 enum class RowSource { kCopy, kStored };
+
+// The one rule for it: the stored rows serve when the shard is stored in the GEMM dtype and every
+// row takes part (no Partial FC sampling).
+RowSource row_source(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype, bool sampled);
 
 // Bytes one class row costs: kept from forward to backward when cached (its logits, its GEMM
 // row or 1/|w|), and in flight during backward (its logit gradients, its weight gradient).

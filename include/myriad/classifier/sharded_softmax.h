@@ -79,6 +79,20 @@ class ShardedMarginSoftmax {
 
   torch::Tensor forward(const torch::Tensor& features, const torch::Tensor& labels);
 
+  // A step whose global batch reaches the classifier in parts, one micro-batch at a time (the
+  // 1F1B pipeline schedule, docs/pipeline.md). begin_parts takes this rank's labels of the whole
+  // step (empty where it holds none): they are checked once, fix the classes Partial FC samples
+  // for every part, and the batch B that every part's loss is a share of. Each forward() is then
+  // one part: it returns its samples' share of the step's mean loss (the parts' losses sum to
+  // the loss of the whole), and its backward gives the part's features' gradient and changes no
+  // weight. Every part's backward takes the same incoming gradient (1, or the loss scale).
+  // finish_parts() updates the shard once over all parts, recomputing the logits chunk by chunk
+  // from the features and softmax statistics each part kept: one more GEMM pass over the batch
+  // than forward() of the whole, and the same update. Features are checked for NaN there, for
+  // all parts at once. Both are collective.
+  void begin_parts(const torch::Tensor& labels);
+  void finish_parts();
+
   // Global class predicted for each local row: argmax over all C classes of cos (or the raw
   // logit for softmax), combined across ranks. Collective.
   torch::Tensor predict(const torch::Tensor& features);
@@ -95,15 +109,17 @@ class ShardedMarginSoftmax {
   // Forward passes so far; seeds Partial FC's sampling. Checkpoints restore it.
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
-  // The loss scale folded into the incoming gradient (fp16 training), so that fused updates use
-  // the true gradient: a float32 [1] on the device, read there; undefined for none.
-  void set_loss_scale(const torch::Tensor& scale);
+  // 1 / the loss scale folded into the incoming gradient (fp16 training), so that fused updates
+  // use the true gradient: a float32 [1] on the device that the caller keeps current
+  // (DynamicLossScaler::inverse_scale), read there at every backward; undefined for none.
+  void set_inverse_loss_scale(const torch::Tensor& inverse) { inv_loss_scale_ = inverse; }
   // The plan of the latest forward.
   const ChunkPlan& last_plan() const { return last_plan_; }
   // Times forward and backward phases ("classifier.*") into `timer` (null: no timing).
   void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }
 
   struct Step;
+  struct Parts;
   // Autograd entry points (ShardedSoftmaxFunction); not for direct use.
   torch::Tensor run_forward(const torch::Tensor& features, const torch::Tensor& labels,
                             int64_t* step_id);
@@ -118,11 +134,31 @@ class ShardedMarginSoftmax {
   torch::Tensor weight_grad_;
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::unique_ptr<Step> pending_;
+  std::unique_ptr<Parts> parts_;  // between begin_parts and finish_parts
   int64_t steps_ = 0;
+  int64_t forwards_ = 0;  // pairs each backward with its forward
   torch::Tensor inv_loss_scale_;  // undefined: 1
   ChunkPlan last_plan_;
   PhaseTimer* timer_ = nullptr;
 
+  // How backward scales the logits' gradient: `coef` (the incoming gradient over the batch, capped
+  // for float16 GEMMs), `rescale` (what the cap took off; undefined: 1) and the update's factor
+  // on the rows' gradient (rescale and 1 / loss scale; undefined: 1).
+  struct GradientScale {
+    torch::Tensor coef, rescale, multiplier;
+  };
+  GradientScale gradient_scale(const torch::Tensor& grad, int64_t divisor) const;
+  // The chunks' backward: each chunk's logits (cached, or recomputed), their gradient, then as
+  // asked the features' gradient (added into `dxn`, when given) and the rows' update (or, with
+  // kAccumulateGrad, their gradient).
+  void backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn, bool update);
+  // Each sample's row in this shard (global labels `y`), or -1 where another shard holds it.
+  torch::Tensor local_targets(const torch::Tensor& y) const;
+  // Partial FC's rows of step `step` for these targets; undefined when every row takes part.
+  torch::Tensor sampled_rows(const torch::Tensor& local_target, int64_t step) const;
+  // Collective errors for labels outside [0, C): `summary` holds y's min and max on the host.
+  void check_labels(const torch::Tensor& y, const torch::Tensor& summary,
+                    const std::vector<int64_t>& counts) const;
   void phase(const char* name);
   // Rows [begin, end) of the step's active rows as the GEMMs read them. When the shard is stored
   // in the GEMM dtype and every row takes part, that is the stored rows themselves, and a margin's

@@ -73,6 +73,12 @@ class Communicator {
   // What `peer` sends: one tensor per entry of `dtypes`, which the sent tensors must have
   // (torch::ScalarType::Undefined: any dtype, taken from the sender).
   std::vector<torch::Tensor> recv(const std::vector<torch::ScalarType>& dtypes, int peer);
+  // send and recv with the same peer at once (one NCCL group; MPI's non-blocking calls), for two
+  // ranks that each have something for the other: neither waits for the other's to arrive
+  // before its own leaves (1F1B's activations one way, gradients the other). The peer calls
+  // exchange too; it is agreed on as send and recv are.
+  std::vector<torch::Tensor> exchange(const std::vector<torch::Tensor>& tensors,
+                                      const std::vector<torch::ScalarType>& dtypes, int peer);
 
   // One integer per rank, exchanged over MPI with no device synchronisation.
   std::vector<int64_t> all_gather_counts(int64_t local) const;
@@ -99,14 +105,19 @@ class Communicator {
   virtual void scatter_impl(const torch::Tensor& input, torch::Tensor& output,
                             const std::vector<int64_t>& counts, int root) = 0;
   virtual void barrier_impl() = 0;
-  // Defined tensors only, already agreed on by both ranks.
-  virtual void send_impl(const std::vector<torch::Tensor>& tensors, int peer) = 0;
-  virtual void recv_impl(const std::vector<torch::Tensor>& tensors, int peer) = 0;
+  // Sends `sent` to `peer` and receives `received` from it, at once; defined tensors only, already
+  // agreed on by both ranks, either list possibly empty.
+  virtual void p2p_impl(const std::vector<torch::Tensor>& sent,
+                        const std::vector<torch::Tensor>& received, int peer) = 0;
 
  private:
   struct Call;
   void agree(const Call& call) const;
-  // The pairwise agreement of send and recv: returns the peer's description of its tensors.
+  // send, recv and exchange: agree with the peer, then move the data. Returns what was received.
+  std::vector<torch::Tensor> point_to_point(const std::vector<torch::Tensor>* tensors,
+                                            const std::vector<torch::ScalarType>* dtypes, int peer,
+                                            const char* what);
+  // The pairwise agreement: returns the peer's description of what it sends.
   std::vector<int64_t> agree_with_peer(const std::vector<int64_t>& mine, int peer,
                                        const char* what) const;
   torch::Tensor gather_rows(const char* name, const torch::Tensor& input,

@@ -34,8 +34,8 @@ class NcclCommunicator final : public Communicator {
   void scatter_impl(const torch::Tensor& input, torch::Tensor& output,
                     const std::vector<int64_t>& counts, int root) override;
   void barrier_impl() override;
-  void send_impl(const std::vector<torch::Tensor>& tensors, int peer) override;
-  void recv_impl(const std::vector<torch::Tensor>& tensors, int peer) override;
+  void p2p_impl(const std::vector<torch::Tensor>& sent, const std::vector<torch::Tensor>& received,
+                int peer) override;
 
  private:
   // Checks the communicator is usable and returns the stream to enqueue on; the caller holds a

@@ -57,6 +57,18 @@ class ProcessContext {
 std::string describe_placement(const std::vector<std::string>& hosts,
                                const std::vector<std::string>& devices);
 
+// Given every rank's error ("" for none), the same on every rank: raises one collective `Raised`
+// naming the first failing rank and its error, if any failed.
+template <class Raised = Error>
+void raise_first_failure(const std::vector<std::string>& errors, const std::string& what) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) {
+      throw Raised(str_format("{} failed on rank {}: {}", what, r, errors[r]),
+                   error_location(__FILE__, __LINE__), /*collective=*/true);
+    }
+  }
+}
+
 // Runs `work` on every rank and agrees on the outcome: if it failed on any rank, every rank raises
 // one collective `Raised` naming the first failing rank and its error. For work whose failure may
 // differ between ranks (a file one node cannot read), so that no rank goes on into a collective
@@ -71,13 +83,7 @@ void on_every_rank(const ProcessContext& context, const std::string& what, Work&
   } catch (const std::exception& e) {
     error = e.what();
   }
-  const std::vector<std::string> errors = context.all_gather_strings(error);
-  for (size_t r = 0; r < errors.size(); ++r) {
-    if (!errors[r].empty()) {
-      throw Raised(str_format("{} failed on rank {}: {}", what, r, errors[r]),
-                   error_location(__FILE__, __LINE__), /*collective=*/true);
-    }
-  }
+  raise_first_failure<Raised>(context.all_gather_strings(error), what);
 }
 
 }  // namespace myriad

@@ -20,7 +20,7 @@ struct ClassificationEval {
   double top1 = 0.0;  // the sharded classifier's argmax over all C classes
   // Queries of kNN: the samples, among the first EvalSetup::knn_limit, whose class has another
   // one there (0: kNN has nothing to score).
-  int64_t knn_samples = 0;
+  int64_t knn_queries = 0;
   double knn_top1 = 0.0;  // the label of each query's nearest other embedding (cosine)
 };
 

@@ -22,6 +22,10 @@ class DynamicLossScaler {
 
   // float32 [1] on the device.
   const torch::Tensor& scale() const { return scale_; }
+  // 1 / scale(), float32 [1] on the device, updated in place with it: whoever divides the scale
+  // out (the classifier's fused update) holds this tensor and reads it there, with no kernel of
+  // its own per step.
+  const torch::Tensor& inverse_scale() const { return inverse_; }
   // Host copies of the state (each a synchronisation with the device), and their restore.
   double scale_value() const;
   int64_t clean_steps() const;
@@ -31,11 +35,17 @@ class DynamicLossScaler {
   torch::Tensor unscale(const std::vector<torch::Tensor>& gradients, Communicator& comm) const;
   // After the step, on the device.
   void update(const torch::Tensor& overflow);
-  // Steps skipped since the last call (a synchronisation: for the progress log).
-  int64_t take_skipped_steps();
+  // The scale, and the steps skipped since the last call, in one synchronisation (for the
+  // progress log).
+  struct Report {
+    double scale = 0.0;
+    int64_t skipped_steps = 0;
+  };
+  Report take_report();
 
  private:
   torch::Tensor scale_;    // float32 [1]
+  torch::Tensor inverse_;  // float32 [1]: 1 / scale_
   torch::Tensor clean_;    // int64 [1]: clean steps in a row
   torch::Tensor skipped_;  // int64 [1]: skipped steps not yet reported
   int64_t growth_interval_;

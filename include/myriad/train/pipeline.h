@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +16,14 @@ namespace myriad {
 
 class Communicator;
 class GradientSynchronizer;
+class PhaseTimer;
+
+// The order of a step's forward and backward passes over the micro-batches (docs/pipeline.md).
+// GPipe: every forward, the classifier once on the replica's batch, every backward. 1F1B: each
+// stage starts a micro-batch's backward as soon as it can, the classifier runs per micro-batch
+// (ShardedMarginSoftmax::begin_parts), and stage s holds min(P - s, M) micro-batches at once.
+enum class PipelineSchedule { kGPipe, k1F1B };
+const char* schedule_name(PipelineSchedule schedule);
 
 // Where this rank sits in a run of W = replicas x stages ranks (docs/pipeline.md): rank =
 // replica * stages + stage, so that a pipeline's stages are neighbours on a node. Stage s holds
@@ -25,6 +34,7 @@ struct PipelineLayout {
   int stage = 0;
   int replica = 0;
   int micro_batches = 1;
+  PipelineSchedule schedule = PipelineSchedule::kGPipe;
   std::vector<int64_t> cut;
 
   bool first() const { return stage == 0; }
@@ -36,9 +46,10 @@ struct PipelineLayout {
 // The layout of `rank` among `world` ranks with `stages` stages; the cut is left to the caller.
 PipelineLayout pipeline_layout(int world, int rank, int stages, int micro_batches);
 
-// Micro-batches whose activations each stage keeps at once under the GPipe schedule: all of them,
-// on every stage (all forwards, the classifier, then all backwards).
-std::vector<int64_t> gpipe_in_flight(int stages, int micro_batches);
+// Micro-batches whose activations each stage keeps at once: under GPipe all M, on every stage;
+// under 1F1B min(P - s, M) on stage s.
+std::vector<int64_t> micro_batches_in_flight(PipelineSchedule schedule, int stages,
+                                             int micro_batches);
 
 // Forward + backward time and activation memory of each block on `device`, one block at a time
 // (so that a backbone too large for one device can be profiled), from `sample` (a micro-batch of
@@ -58,12 +69,11 @@ struct PipelineTimes {
   int64_t steps = 0;
 };
 
-// One rank's stage of the backbone, run over micro-batches on the GPipe schedule (design (a) of
-// docs/pipeline.md): forward(): every micro-batch through this stage's blocks, activations (and
-// ViT's masking order and the samples' keys) passed on by point-to-point sends; the classifier
-// then runs once on the replica's whole batch of embeddings on the last stage; backward(): every
-// micro-batch's backward, last first, gradients passed back. With one stage and one micro-batch
-// this is plain data-parallel training.
+// One rank's stage of the backbone, run over micro-batches on the layout's schedule
+// (docs/pipeline.md): activations (and ViT's masking order and the samples' keys) go on to the
+// next stage and their gradients back by point-to-point transfers, and the classifier runs on
+// every rank in between, on the replica's whole batch (GPipe) or one micro-batch at a time
+// (1F1B). With one stage and one micro-batch this is plain data-parallel training.
 class PipelineEngine {
  public:
   // `pipe` connects the stages of this rank's replica (its rank there is the stage; none with one
@@ -83,15 +93,22 @@ class PipelineEngine {
   std::vector<torch::Tensor> stage_buffers();
 
   // The replica's labels, from the first stage (which loaded them) to the last (where the
-  // classifier needs them); undefined on the other stages.
+  // classifier needs them); an empty [0] on the other stages.
   torch::Tensor route_labels(const torch::Tensor& labels);
-  // Forward of this step's micro-batches. The first stage passes the replica's images and keys.
-  // The last stage gets the embeddings [batch, D] float32, the others an empty [0, D]: either
-  // way a leaf that requires grad, for the classifier to fill its gradient.
-  torch::Tensor forward(const torch::Tensor& images, const torch::Tensor& keys);
-  // Backward of this step's micro-batches given the classifier's gradient of the embeddings;
-  // gradients accumulate in `sync`, which launches its all-reduces in the last pass.
-  void backward(const torch::Tensor& embeddings, GradientSynchronizer& sync);
+
+  // The classifier's part of a step: the loss of `embeddings` (a float32 leaf that requires
+  // grad: [b, D] on the last stage, [0, D] elsewhere) with `labels` ([b], or [0]), its backward
+  // run so that embeddings.grad() holds their gradient. Called on every rank of the run the same
+  // number of times in the same order, since the classifier's collectives span all ranks.
+  using ClassifierStep =
+      std::function<torch::Tensor(const torch::Tensor& embeddings, const torch::Tensor& labels)>;
+  // One step of the replica's batch through this stage on the layout's schedule: the first stage
+  // passes its images and keys, the last its labels (route_labels). Gradients accumulate in
+  // `sync`, which launches its all-reduces in the last backward pass. Returns the sum of what
+  // `classify` returned: the loss, on every rank.
+  torch::Tensor train_step(const torch::Tensor& images, const torch::Tensor& keys,
+                           const torch::Tensor& labels, const ClassifierStep& classify,
+                           GradientSynchronizer& sync);
 
   // Embeddings of `images` (on the first stage; ignored elsewhere) without gradients, for
   // evaluation: one batch through every stage, [batch, D] float32 on the last, [0, D] elsewhere.
@@ -109,11 +126,39 @@ class PipelineEngine {
   std::vector<NamedParamState> gather_for_save(torch::optim::Optimizer& optimizer);
 
   PipelineTimes take_times();
+  // Times the passes as "forward" and "backward" into `timer` (null: no timing).
+  void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }
 
  private:
   struct MicroBatch;
   class BusyClock;
   void send(const std::vector<torch::Tensor>& tensors, int peer);
+  std::vector<torch::Tensor> exchange(const std::vector<torch::Tensor>& tensors,
+                                      const std::vector<torch::ScalarType>& dtypes, int peer);
+  void count_sent(const std::vector<torch::Tensor>& tensors);
+  void phase(const char* name);
+  // The schedules; the micro-batches' parts were set by split_step.
+  torch::Tensor gpipe(const ClassifierStep& classify, GradientSynchronizer& sync);
+  torch::Tensor one_f_one_b(const ClassifierStep& classify, GradientSynchronizer& sync);
+  // The step's inputs cut into micro-batches: images and keys (first stage), labels (last).
+  void split_step(const torch::Tensor& images, const torch::Tensor& keys,
+                  const torch::Tensor& labels);
+  // Micro-batch m's input: its slice (first stage) or what the previous stage sent.
+  Activations local_input(int m) const;
+  Activations received_input(std::vector<torch::Tensor> got) const;
+  Activations receive_forward(int m);
+  // Forward of micro-batch m through this stage, its ends kept for backward; what goes to the next
+  // stage (its wire form: activations, keys, masking order), or nothing on the last.
+  std::vector<torch::Tensor> forward_micro_batch(int m, Activations in);
+  // The classifier on the last stage's `output` with `labels` (ignored elsewhere: none): their
+  // gradient on the last stage; the loss is added to `loss`.
+  torch::Tensor run_classifier(const torch::Tensor& output, const torch::Tensor& labels,
+                         const ClassifierStep& classify, torch::Tensor& loss);
+  torch::Tensor part_labels(int m) const;  // micro-batch m's labels on the last stage
+  // Backward of micro-batch m given its output's gradient (in wire form off the last stage); the
+  // gradient of its input in wire form (undefined on the first stage). Frees its activations.
+  torch::Tensor backward_micro_batch(int m, const torch::Tensor& grad, GradientSynchronizer& sync,
+                                     bool last_pass);
 
   PipelineLayout layout_;
   Backbone& backbone_;
@@ -122,7 +167,9 @@ class PipelineEngine {
   std::optional<torch::ScalarType> autocast_;
   int64_t embedding_size_;
   std::vector<MicroBatch> micro_batches_;
+  std::vector<torch::Tensor> image_parts_, key_parts_, label_parts_;
   std::unique_ptr<BusyClock> clock_;
+  PhaseTimer* timer_ = nullptr;
   double bytes_sent_ = 0.0;
   int64_t steps_ = 0;
 };

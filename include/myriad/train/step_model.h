@@ -30,8 +30,8 @@ struct StepShape {
   int64_t classifier_states = 1;  // optimizer state tensors per weight: SGD 1, AdamW 2
   int64_t classifier_state_bytes = 4;
   int64_t classifier_weight_bytes = 4;
-  // The GEMMs read the stored shard, no copy of it (its dtype is the GEMMs', no Partial FC).
-  bool classifier_stored_rows = false;
+  // Whether the GEMMs read the stored shard or a copy of it (row_source()).
+  RowSource classifier_rows = RowSource::kCopy;
   int64_t classifier_workspace = int64_t{2} << 30;
   int64_t backbone_params = 0;
   int64_t backbone_states = 1;  // SGD 1, AdamW 2

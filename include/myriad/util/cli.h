@@ -3,6 +3,7 @@
 #include <boost/program_options.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,8 @@ int64_t parse_byte_size(const std::string& text);
 
 // "1000000", "1M", "8M", "500K", "1G" (powers of 1000). UsageError otherwise.
 int64_t parse_count(const std::string& text);
+// The same, or nothing for text that is not such a count or too large for int64.
+std::optional<int64_t> try_parse_count(const std::string& text);
 
 // An option of a count bound to `store`, taking parse_count's suffixes: --num-classes 10M. Its
 // default is `store`'s value.
