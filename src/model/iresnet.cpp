@@ -45,7 +45,7 @@ class BasicBlockImpl : public torch::nn::Module {
   int64_t multiply_adds() const { return multiply_adds_; }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    torch::Tensor out = bn3_(conv2_(prelu_(bn2_(conv1_(bn1_(x))))));
+    torch::Tensor out = bn3_(conv2_(bn2_->forward_prelu(conv1_(bn1_(x)), prelu_->weight)));
     return out + (downsample_ ? downsample_->forward(x) : x);
   }
 
@@ -104,7 +104,7 @@ IResNet::IResNet(const BackboneOptions& options, const std::vector<int64_t>& blo
 
 Activations IResNet::forward_block(int64_t block, Activations in) {
   if (block == 0) {
-    in.x = prelu_(bn1_(conv1_(in.x)));
+    in.x = bn1_->forward_prelu(conv1_(in.x), prelu_->weight);
     return in;
   }
   if (block + 1 == num_blocks()) {

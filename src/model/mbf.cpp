@@ -22,18 +22,28 @@ class ConvUnitImpl : public torch::nn::Module {
                                .padding(kernel == 3 ? 1 : 0)
                                .groups(groups)
                                .bias(false));
-    layers_->push_back(conv);
-    layers_->push_back(BatchNorm(out));
-    if (!linear)
-      layers_->push_back(torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(out)));
+    conv_ = conv;
+    bn_ = BatchNorm(out);
+    layers_->push_back(conv_);
+    layers_->push_back(bn_);
+    if (!linear) {
+      prelu_ = torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(out));
+      layers_->push_back(prelu_);
+    }
     const int64_t padding = kernel == 3 ? 1 : 0;
     side = (side + 2 * padding - kernel) / stride + 1;
     multiply_adds += side * side * conv->weight.numel();
   }
-  torch::Tensor forward(const torch::Tensor& x) { return layers_->forward(x); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const torch::Tensor y = conv_(x);
+    return prelu_ ? bn_->forward_prelu(y, prelu_->weight) : bn_(y);
+  }
 
  private:
-  torch::nn::Sequential layers_{nullptr};
+  torch::nn::Sequential layers_{nullptr};  // holds the three, for their state-dict names
+  torch::nn::Conv2d conv_{nullptr};
+  BatchNorm bn_{nullptr};
+  torch::nn::PReLU prelu_{nullptr};
 };
 TORCH_MODULE(ConvUnit);
 

@@ -436,11 +436,11 @@ std::vector<int64_t> Run::choose_cut() {
     MYRIAD_CHECK_COLLECTIVE(
         best.has_value(),
         "no cut of {}'s {} blocks into {} stages fits in {} per GPU, with the activations of {} "
-        "micro-batches of {} samples held ({}): use more stages, a smaller --batch-size, "
-        "--activation-checkpointing{}",
+        "micro-batches of {} samples held ({}): use more stages, a smaller --batch-size{}, or "
+        "--activation-checkpointing",
         c_.backbone, blocks, stages, format_bytes(memory), in_flight.front(), micro_batch,
         schedule_name(layout_.schedule),
-        c_.pipeline_schedule == "gpipe" && c_.micro_batches > 1 ? ", or --pipeline-schedule 1f1b"
+        c_.pipeline_schedule == "gpipe" && c_.micro_batches > 1 ? ", --pipeline-schedule 1f1b"
                                                                  : "");
     cut = best->cut;
   }

@@ -218,7 +218,9 @@ expect P6 2 "--pipeline-split '0' gives stage 0 no block" $(train --pipeline-sta
 expect P7 2 "--pipeline-split '1,2' gives 3 stages, --pipeline-stages is 2" $(train --pipeline-stages 2 --pipeline-split 1,2)
 expect P8 2 "--pipeline-split must be a comma list of block numbers, got 'x'" $(train --pipeline-stages 2 --pipeline-split x)
 expect P9 5 "--pipeline-stages 5: backbone smallcnn has only 4 blocks to cut" $(train --pipeline-stages 5)
-expect P10 2 "no cut of smallcnn's 4 blocks into 2 stages fits in 1.00 KiB per GPU" $(train --pipeline-stages 2 --pipeline-memory 1K)
+expect P10 2 "no cut of smallcnn's 4 blocks into 2 stages fits in 1.00 KiB per GPU, with the activations of 1 micro-batches of 8 samples held \\(gpipe\\)" $(train --pipeline-stages 2 --pipeline-memory 1K)
+expect P11 2 "--pipeline-schedule must be auto, gpipe or 1f1b, got 'pipedream'" $(train --pipeline-schedule pipedream)
+expect P12 2 "no cut of smallcnn's 4 blocks into 2 stages fits in 1.00 KiB per GPU, with the activations of 2 micro-batches of 2 samples held \\(1f1b\\)" $(train --pipeline-stages 2 --micro-batches 4 --pipeline-memory 1K)
 
 # --- checkpoints --------------------------------------------------------------------------------
 expect C1 2 "checkpoint.*nowhere.*(missing|incomplete)" $(train --resume "$fix/nowhere")

@@ -3,11 +3,12 @@
 #  * equivalence: an IResNet (batch norm) and a ViT (masking, drop path) cut into P = 2 and P = 3
 #    stages give the losses of the first 3 steps, and the parameters after them, of P = 1 on the
 #    same global batch within 1e-5 (relative): 2 ranks with P = 2 and 3 ranks with P = 3 against 1
-#    rank, and 4 ranks with P = 2 against 2 ranks with P = 1;
+#    rank, on the GPipe and the 1F1B schedule, 1F1B with P = 1 against GPipe, and 4 ranks with
+#    P = 2 against 2 ranks with P = 1;
 #  * resume across P and W: a run stopped with P = 2 resumes with P = 1 (2 -> 1 stage, 4 -> 2
 #    ranks), one stopped with P = 1 resumes with P = 2 (1 -> 2 stages), and one with a hand cut
-#    resumes with the profiled one; the resumed losses match an uninterrupted run with the resumed
-#    P within 1e-5.
+#    resumes with the profiled one, and one on 1F1B resumes on GPipe; the resumed losses match an
+#    uninterrupted run with the resumed layout within 1e-5.
 #   tests/e2e/pipeline.sh BIN_DIR
 source "$(dirname "$0")/common.sh"
 py=$(python_with h5py numpy)
@@ -54,31 +55,37 @@ print(f"{sys.argv[3]}: {len(a)} tensors within {worst:.2g} of the tolerance ({wh
 PY
 }
 
-# The pipeline record of the last train record: every stage busy and predicted, a bubble in [0, 1),
+# The pipeline record of the last train record: its schedule, every stage busy and predicted, a bubble in [0, 1),
 # and the activations of the cuts sent forward and their gradients back (float32, 4 bytes).
-pipeline_record() { # RUN_DIR STAGES
+pipeline_record() { # RUN_DIR STAGES SCHEDULE
   "$py" - "$@" <<'PY'
 import sys, json
 records = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl") if '"train"' in l]
 p, stages = records[-1]["pipeline"], int(sys.argv[2])
-assert p["stages"] == stages and p["micro_batches"] == 4, p
+assert p["stages"] == stages and p["micro_batches"] == 4 and p["schedule"] == sys.argv[3], p
 assert len(p["stage_busy_ms"]) == stages and min(p["stage_busy_ms"]) > 0, p
-assert len(p["predicted_stage_ms"]) == stages and min(p["predicted_stage_ms"]) > 0, p
+# One stage is not profiled, so nothing is predicted.
+assert stages == 1 or (len(p["predicted_stage_ms"]) == stages and min(p["predicted_stage_ms"]) > 0), p
 assert 0 <= p["bubble"] < 1 and abs(p["gpipe_bubble"] - (stages - 1) / (4 + stages - 1)) < 1e-12, p
-assert p["bytes_per_step"] > 0 and p["bytes_per_step"] % 4 == 0, p
+assert (p["bytes_per_step"] > 0) == (stages > 1) and p["bytes_per_step"] % 4 == 0, p
 PY
 }
 
 for case in "r18 3x32x32" "vit_t 3x18x18"; do
   read -r net shape <<<"$case"
   train 1 "$net" "$shape" "$work/$net-p1" --checkpoint-every 3
-  for stages in 2 3; do
-    run="$work/$net-p$stages"
-    train "$stages" "$net" "$shape" "$run" --checkpoint-every 3 --pipeline-stages "$stages"
-    same_losses "$work/$net-p1" "$run" "$net, $stages ranks with P = $stages against 1 rank" 1e-5
-    pipeline_record "$run" "$stages"
-    same_parameters "$work/$net-p1/checkpoints/step-000000003" "$run/checkpoints/step-000000003" \
-      "$net, $stages ranks with P = $stages against 1 rank"
+  for stages in 1 2 3; do
+    for schedule in gpipe 1f1b; do
+      [ "$stages-$schedule" != 1-gpipe ] || continue
+      run="$work/$net-p$stages-$schedule"
+      what="$net, $stages ranks with P = $stages ($schedule) against 1 rank (gpipe)"
+      train "$stages" "$net" "$shape" "$run" --checkpoint-every 3 --pipeline-stages "$stages" \
+        --pipeline-schedule "$schedule"
+      same_losses "$work/$net-p1" "$run" "$what" 1e-5
+      pipeline_record "$run" "$stages" "$schedule"
+      same_parameters "$work/$net-p1/checkpoints/step-000000003" "$run/checkpoints/step-000000003" \
+        "$what"
+    done
   done
   train 2 "$net" "$shape" "$work/$net-w2" --checkpoint-every 3
   train 4 "$net" "$shape" "$work/$net-w4" --checkpoint-every 3 --pipeline-stages 2
@@ -124,4 +131,5 @@ resume "2 -> 1 stage (2 -> 1 rank)" 2 "--pipeline-stages 2" 1 ""
 resume "2 -> 1 stage (4 -> 2 ranks)" 4 "--pipeline-stages 2" 2 ""
 resume "1 -> 2 stages (1 -> 2 ranks)" 1 "" 2 "--pipeline-stages 2"
 resume "a hand cut -> the profiled one (2 -> 2 stages)" 2 "--pipeline-stages 2 --pipeline-split 3" 2 "--pipeline-stages 2"
+resume "1f1b -> gpipe (2 -> 2 stages)" 2 "--pipeline-stages 2 --pipeline-schedule 1f1b" 2 "--pipeline-stages 2 --pipeline-schedule gpipe"
 echo "pipeline e2e: OK"

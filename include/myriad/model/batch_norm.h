@@ -16,6 +16,10 @@ class BatchNormImpl : public torch::nn::Module {
  public:
   explicit BatchNormImpl(int64_t features, double eps = 1e-5, double momentum = 0.1);
   torch::Tensor forward(const torch::Tensor& x);
+  // torch::prelu(forward(x), prelu_weight), the PReLU's slope [C] or [1]. Training on a GPU with
+  // per-rank statistics and the channel fastest in memory (channels-last maps, [N, C] matrices),
+  // it runs as two fused passes each way and keeps only x for backward (batch_norm_prelu.cpp).
+  torch::Tensor forward_prelu(const torch::Tensor& x, const torch::Tensor& prelu_weight);
 
   torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   Communicator* sync = nullptr;

@@ -1,0 +1,138 @@
+// Batch norm followed by PReLU, fused on GPUs (BatchNormImpl::forward_prelu): the statistics pass,
+// then one pass that normalises and applies the slope; backward recomputes the normalised values
+// from the input, so the batch norm's output is neither written nor kept. Two passes each way
+// instead of five forward and eight backward, and one activation less kept per pair.
+
+#include <torch/autograd.h>
+
+#include "myriad/model/backbone.h"
+#include "myriad/model/batch_norm.h"
+#include "myriad/util/autocast.h"
+#include "myriad/util/check_cuda.h"
+#include "myriad/util/error.h"
+
+#ifdef MYRIAD_WITH_CUDA
+#include <ATen/ops/batch_norm_gather_stats_with_counts.h>
+#include <ATen/ops/batch_norm_stats.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/batch_norm_prelu_kernels.h"
+#endif
+
+namespace myriad {
+
+#ifdef MYRIAD_WITH_CUDA
+namespace {
+
+cuda::DataType data_type(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32:
+      return cuda::DataType::kFloat32;
+    case torch::kBFloat16:
+      return cuda::DataType::kBFloat16;
+    case torch::kFloat16:
+      return cuda::DataType::kFloat16;
+    default:
+      MYRIAD_THROW("fused batch norm + PReLU takes float32, bfloat16 or float16, not {}", dtype);
+  }
+}
+
+// The layout the kernels read: the channel moves fastest.
+torch::MemoryFormat channels_fastest(const torch::Tensor& x) {
+  return x.dim() == 4 ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+}
+
+cuda::BatchNormPReLUParams params_of(const torch::Tensor& mean, const torch::Tensor& invstd,
+                                     const torch::Tensor& gamma, const torch::Tensor& beta,
+                                     const torch::Tensor& alpha) {
+  return {mean.data_ptr<float>(),  invstd.data_ptr<float>(), gamma.data_ptr<float>(),
+          beta.data_ptr<float>(),  alpha.data_ptr<float>(),  alpha.numel() == 1 ? 0 : 1};
+}
+
+cudaStream_t stream_of(const torch::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+
+class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFunction> {
+ public:
+  // `running` holds running_mean and running_var, updated unless undefined (a recomputation).
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
+                               const torch::Tensor& gamma, const torch::Tensor& beta,
+                               const torch::Tensor& alpha, torch::Tensor running_mean,
+                               torch::Tensor running_var, double momentum, double eps) {
+    // The input's dtype throughout; the statistics and parameters in float32.
+    const NoAutocast no_autocast;
+    const torch::Tensor x = input.contiguous(channels_fastest(input));
+    const int64_t channels = x.size(1), rows = x.numel() / std::max<int64_t>(channels, 1);
+    auto [mean, invstd] = at::batch_norm_stats(x, eps);
+    if (running_mean.defined()) {
+      // The running variance takes the unbiased variance, as LibTorch's batch norm.
+      at::batch_norm_gather_stats_with_counts(
+          x, mean.unsqueeze(0), invstd.unsqueeze(0), running_mean, running_var, momentum, eps,
+          torch::full({1}, static_cast<double>(rows), mean.options()));
+    }
+    const torch::Tensor g = gamma.to(torch::kFloat32).contiguous();
+    const torch::Tensor b = beta.to(torch::kFloat32).contiguous();
+    const torch::Tensor a = alpha.to(torch::kFloat32).contiguous();
+    torch::Tensor y = torch::empty_like(x);
+    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_forward(x.data_ptr(), y.data_ptr(),
+                                                     data_type(x.scalar_type()), rows, channels,
+                                                     params_of(mean, invstd, g, b, a),
+                                                     stream_of(x)));
+    ctx->save_for_backward({x, mean, invstd, g, b, a});
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& alpha = saved[5];
+    const torch::Tensor dy = grads[0].to(x.scalar_type()).contiguous(channels_fastest(x));
+    const int64_t channels = x.size(1), rows = x.numel() / std::max<int64_t>(channels, 1);
+    const cuda::BatchNormPReLUParams p = params_of(saved[1], saved[2], saved[3], saved[4], alpha);
+    torch::Tensor sums = torch::zeros({3, channels}, saved[1].options());
+    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_reduce(
+        x.data_ptr(), dy.data_ptr(), data_type(x.scalar_type()), rows, channels, p,
+        sums.data_ptr<float>(), stream_of(x)));
+    torch::Tensor dx = torch::empty_like(x);
+    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_input(
+        x.data_ptr(), dy.data_ptr(), dx.data_ptr(), data_type(x.scalar_type()), rows, channels, p,
+        sums.data_ptr<float>(), stream_of(x)));
+    const torch::Tensor dalpha = alpha.numel() == 1 ? sums[2].sum().reshape({1}) : sums[2];
+    return {dx, sums[1], sums[0], dalpha, torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+}  // namespace
+#endif
+
+torch::Tensor BatchNormImpl::forward_prelu(const torch::Tensor& x,
+                                           const torch::Tensor& prelu_weight) {
+#ifdef MYRIAD_WITH_CUDA
+  // Training on a GPU with per-rank statistics, the channel fastest in memory (or about to be):
+  // the fused kernels. SyncBN, evaluation and the CPU compose the two modules.
+  const torch::ScalarType dtype = x.scalar_type();
+  const bool fusable =
+      is_training() && sync == nullptr && x.is_cuda() &&
+      (dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kFloat16) &&
+      (x.dim() == 2 || (x.dim() == 4 && x.is_contiguous(torch::MemoryFormat::ChannelsLast))) &&
+      x.size(1) == weight.size(0) &&
+      (prelu_weight.numel() == 1 || prelu_weight.numel() == x.size(1)) && x.numel() > x.size(1);
+  if (fusable) {
+    const bool recompute = recomputing_activations();
+    if (!recompute) {
+      torch::NoGradGuard no_grad;
+      num_batches_tracked.add_(1);
+    }
+    return BatchNormPReLUFunction::apply(x, weight, bias, prelu_weight,
+                                         recompute ? torch::Tensor() : running_mean,
+                                         recompute ? torch::Tensor() : running_var, momentum_,
+                                         eps_);
+  }
+#endif
+  return torch::prelu(forward(x), prelu_weight);
+}
+
+}  // namespace myriad

@@ -1,0 +1,257 @@
+// Batch norm + PReLU in two passes over the data each way (batch_norm_prelu_kernels.h).
+//
+// Each thread moves kVector elements of one row at a time: 16 bytes, one load or store, which the
+// memory system serves far better than narrower ones. That needs channels % kVector == 0 and
+// 16-byte aligned data (every IResNet width); otherwise one element at a time.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "batch_norm_prelu_kernels.h"
+
+namespace myriad::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ inline float to_float(float v) {
+  return v;
+}
+__device__ inline float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ inline float to_float(__half v) {
+  return __half2float(v);
+}
+template <typename T>
+__device__ inline T from_float(float v);
+template <>
+__device__ inline float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
+template <>
+__device__ inline __half from_float<__half>(float v) {
+  return __float2half(v);
+}
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// One channel's constants: x̂ = x a + b (a = invstd, b = -mean invstd), z = x̂ gamma + beta.
+struct Channel {
+  float a, b, gamma, beta, alpha;
+};
+
+__device__ inline Channel channel(const BatchNormPReLUParams& p, int64_t c) {
+  const float invstd = p.invstd[c];
+  return {invstd, -p.mean[c] * invstd, p.gamma[c], p.beta[c], p.alpha[c * p.alpha_stride]};
+}
+
+template <typename T, int V>
+__global__ void forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t packs,
+                               int64_t channels, BatchNormPReLUParams p) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c0 = (i * V) % channels;
+    const Pack<T, V> in = reinterpret_cast<const Pack<T, V>*>(x)[i];
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const Channel ch = channel(p, c0 + k);
+      const float z = (to_float(in.v[k]) * ch.a + ch.b) * ch.gamma + ch.beta;
+      out.v[k] = from_float<T>(z > 0.0f ? z : ch.alpha * z);
+    }
+    reinterpret_cast<Pack<T, V>*>(y)[i] = out;
+  }
+}
+
+template <typename T, int V>
+__global__ void backward_input_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                      T* __restrict__ dx, int64_t packs, int64_t channels,
+                                      float inv_rows, BatchNormPReLUParams p,
+                                      const float* __restrict__ sums) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c0 = (i * V) % channels;
+    const Pack<T, V> xs = reinterpret_cast<const Pack<T, V>*>(x)[i];
+    const Pack<T, V> gs = reinterpret_cast<const Pack<T, V>*>(dy)[i];
+    Pack<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = c0 + k;
+      const Channel ch = channel(p, c);
+      const float xhat = to_float(xs.v[k]) * ch.a + ch.b;
+      const float z = xhat * ch.gamma + ch.beta;
+      const float g = to_float(gs.v[k]);
+      const float dz = z > 0.0f ? g : ch.alpha * g;
+      const float mean_dz = sums[c] * inv_rows, mean_dz_xhat = sums[channels + c] * inv_rows;
+      out.v[k] = from_float<T>(ch.gamma * ch.a * (dz - mean_dz - xhat * mean_dz_xhat));
+    }
+    reinterpret_cast<Pack<T, V>*>(dx)[i] = out;
+  }
+}
+
+// A block is threads (tx, ty): tx packs of channels side by side, ty rows, so that a warp reads
+// whole rows' consecutive bytes. Each thread sums its rows in registers, the block sums over ty in
+// shared memory, and one atomic add per channel and sum leaves the block.
+template <typename T, int V>
+__global__ void backward_reduce_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                       int64_t rows, int64_t channels, BatchNormPReLUParams p,
+                                       float* __restrict__ sums) {
+  extern __shared__ float partial[];  // [ty][tx][3 V]
+  const int64_t packs_per_row = channels / V;
+  const int64_t pack = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  float s[3][V] = {};
+  if (pack < packs_per_row) {
+    Channel ch[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) ch[k] = channel(p, pack * V + k);
+    for (int64_t r = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r < rows;
+         r += static_cast<int64_t>(gridDim.y) * blockDim.y) {
+      const int64_t i = r * packs_per_row + pack;
+      const Pack<T, V> xs = reinterpret_cast<const Pack<T, V>*>(x)[i];
+      const Pack<T, V> gs = reinterpret_cast<const Pack<T, V>*>(dy)[i];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float xhat = to_float(xs.v[k]) * ch[k].a + ch[k].b;
+        const float z = xhat * ch[k].gamma + ch[k].beta;
+        const float g = to_float(gs.v[k]);
+        const float dz = z > 0.0f ? g : ch[k].alpha * g;
+        s[0][k] += dz;
+        s[1][k] += dz * xhat;
+        s[2][k] += z > 0.0f ? 0.0f : g * z;
+      }
+    }
+  }
+  float* mine = partial + (threadIdx.y * blockDim.x + threadIdx.x) * 3 * V;
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {
+#pragma unroll
+    for (int k = 0; k < V; ++k) mine[j * V + k] = s[j][k];
+  }
+  __syncthreads();
+  // blockDim.y is a power of two.
+  for (unsigned half = blockDim.y / 2; half > 0; half /= 2) {
+    if (threadIdx.y < half) {
+      const float* other = mine + half * blockDim.x * 3 * V;
+      for (int j = 0; j < 3 * V; ++j) mine[j] += other[j];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && pack < packs_per_row) {
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) atomicAdd(&sums[j * channels + pack * V + k], mine[j * V + k]);
+    }
+  }
+}
+
+int multiprocessors() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 108;
+  }
+  return count;
+}
+
+// Blocks for an elementwise pass over `packs` packs: enough to fill the GPU a few times over.
+unsigned elementwise_blocks(int64_t packs) {
+  const int64_t wanted = (packs + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(wanted, 8 * multiprocessors())));
+}
+
+bool aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// Calls `launch` with the element type and the widest pack that the data allow.
+template <class Launch>
+cudaError_t dispatch(DataType type, int64_t channels, std::initializer_list<const void*> pointers,
+                     Launch&& launch) {
+  bool wide = true;
+  for (const void* p : pointers) wide = wide && aligned(p);
+  switch (type) {
+    case DataType::kFloat32:
+      return wide && channels % 4 == 0 ? launch(float{}, std::integral_constant<int, 4>{})
+                                       : launch(float{}, std::integral_constant<int, 1>{});
+    case DataType::kBFloat16:
+      return wide && channels % 8 == 0
+                 ? launch(__nv_bfloat16{}, std::integral_constant<int, 8>{})
+                 : launch(__nv_bfloat16{}, std::integral_constant<int, 1>{});
+    case DataType::kFloat16:
+      return wide && channels % 8 == 0 ? launch(__half{}, std::integral_constant<int, 8>{})
+                                       : launch(__half{}, std::integral_constant<int, 1>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t batch_norm_prelu_forward(const void* x, void* y, DataType type, int64_t rows,
+                                     int64_t channels, BatchNormPReLUParams p,
+                                     cudaStream_t stream) {
+  return dispatch(type, channels, {x, y}, [&](auto t, auto v) {
+    using T = decltype(t);
+    constexpr int V = decltype(v)::value;
+    const int64_t packs = rows * channels / V;
+    if (packs == 0) return cudaSuccess;
+    forward_kernel<T, V><<<elementwise_blocks(packs), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), packs, channels, p);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, DataType type,
+                                             int64_t rows, int64_t channels,
+                                             BatchNormPReLUParams p, float* sums,
+                                             cudaStream_t stream) {
+  return dispatch(type, channels, {x, dy}, [&](auto t, auto v) {
+    using T = decltype(t);
+    constexpr int V = decltype(v)::value;
+    const int64_t packs_per_row = channels / V;
+    if (rows == 0 || packs_per_row == 0) return cudaSuccess;
+    const unsigned tx = static_cast<unsigned>(std::min<int64_t>(packs_per_row, 32));
+    unsigned ty = 1;
+    while (ty * 2 * tx <= kThreads) ty *= 2;
+    const unsigned gx = static_cast<unsigned>((packs_per_row + tx - 1) / tx);
+    const int64_t row_blocks = (rows + ty - 1) / ty;
+    const unsigned gy = static_cast<unsigned>(
+        std::max<int64_t>(1, std::min<int64_t>(row_blocks, 4 * multiprocessors() / gx + 1)));
+    const size_t shared = static_cast<size_t>(tx) * ty * 3 * V * sizeof(float);
+    backward_reduce_kernel<T, V><<<dim3(gx, gy), dim3(tx, ty), shared, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(dy), rows, channels, p, sums);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, void* dx, DataType type,
+                                            int64_t rows, int64_t channels,
+                                            BatchNormPReLUParams p, const float* sums,
+                                            cudaStream_t stream) {
+  return dispatch(type, channels, {x, dy, dx}, [&](auto t, auto v) {
+    using T = decltype(t);
+    constexpr int V = decltype(v)::value;
+    const int64_t packs = rows * channels / V;
+    if (packs == 0) return cudaSuccess;
+    backward_input_kernel<T, V><<<elementwise_blocks(packs), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), packs, channels,
+        1.0f / static_cast<float>(rows), p, sums);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace myriad::cuda

@@ -1,0 +1,115 @@
+// BatchNormImpl::forward_prelu against batch norm and PReLU composed by LibTorch in float64 on the
+// CPU: the output, the gradients of the input and of the three parameters, and the running
+// statistics. On a GPU the channels-last maps and [N, C] matrices take the fused kernels (checked
+// by the autograd node), in float32 and bfloat16; everything else, and the CPU, composes the two
+// modules.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <optional>
+#include <string>
+
+#include "myriad/model/batch_norm.h"
+#include "myriad/util/autocast.h"
+#include "myriad/util/format.h"
+#include "support/reference_softmax.h"
+
+namespace myriad::testing {
+namespace {
+
+struct Case {
+  std::vector<int64_t> shape;
+  bool channels_last;
+  bool shared_slope;  // one PReLU slope for every channel
+};
+
+void expect_matches_composition(const torch::Device& device, torch::ScalarType dtype,
+                                const Case& c, double tolerance, bool fused) {
+  const int64_t channels = c.shape[1];
+  torch::manual_seed(static_cast<uint64_t>(channels * 7 + c.shape.size()));
+  // Off-centre inputs and slopes of both signs: the statistics and both PReLU branches matter.
+  const torch::Tensor x64 = torch::randn(c.shape, torch::kFloat64) * 3.0 + 1.5;
+  const torch::Tensor g64 = torch::randn(c.shape, torch::kFloat64);
+  const torch::Tensor gamma = torch::rand({channels}, torch::kFloat64) + 0.5;
+  const torch::Tensor beta = torch::randn({channels}, torch::kFloat64);
+  const torch::Tensor alpha = torch::rand({c.shared_slope ? 1 : channels}, torch::kFloat64) - 0.5;
+  const torch::Tensor running_mean = torch::randn({channels}, torch::kFloat64);
+  const torch::Tensor running_var = torch::rand({channels}, torch::kFloat64) + 0.5;
+
+  BatchNorm bn(channels, 1e-5);
+  bn->to(device);
+  {
+    torch::NoGradGuard no_grad;
+    bn->weight.copy_(gamma);
+    bn->bias.copy_(beta);
+    bn->running_mean.copy_(running_mean);
+    bn->running_var.copy_(running_var);
+  }
+  torch::Tensor slope = alpha.to(device, torch::kFloat32).requires_grad_(true);
+  // What the kernels see: the input rounded to `dtype`; the reference starts from the same values.
+  torch::Tensor x = x64.to(device, dtype);
+  if (c.channels_last) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+  x.requires_grad_(true);
+  torch::Tensor y;
+  {
+    // Half precision as the trainer runs it: under autocast, where the composition's PReLU takes
+    // float32.
+    std::optional<AutocastGuard> autocast;
+    if (dtype != torch::kFloat32) autocast.emplace(device, dtype);
+    y = bn->forward_prelu(x, slope);
+  }
+  const std::string node = y.grad_fn() ? y.grad_fn()->name() : "";
+  EXPECT_EQ(node.find("BatchNormPReLU") != std::string::npos, fused) << node;
+  y.backward(g64.to(device, y.scalar_type()));
+
+  const torch::Tensor rx = x64.to(dtype).to(torch::kFloat64).requires_grad_(true);
+  const torch::Tensor rgamma = gamma.clone().requires_grad_(true);
+  const torch::Tensor rbeta = beta.clone().requires_grad_(true);
+  const torch::Tensor ralpha = alpha.clone().requires_grad_(true);
+  const torch::Tensor rmean = running_mean.clone(), rvar = running_var.clone();
+  const torch::Tensor ry = torch::prelu(
+      torch::batch_norm(rx, rgamma, rbeta, rmean, rvar, true, 0.1, 1e-5, false), ralpha);
+  ry.backward(g64.to(dtype).to(torch::kFloat64));
+
+  EXPECT_LE(relative_error(y, ry), tolerance) << "output";
+  EXPECT_LE(relative_error(x.grad(), rx.grad()), tolerance) << "input's gradient";
+  EXPECT_LE(relative_error(bn->weight.grad(), rgamma.grad()), tolerance) << "gamma's gradient";
+  EXPECT_LE(relative_error(bn->bias.grad(), rbeta.grad()), tolerance) << "beta's gradient";
+  EXPECT_LE(relative_error(slope.grad(), ralpha.grad()), tolerance) << "slope's gradient";
+  EXPECT_LE(relative_error(bn->running_mean, rmean), 1e-5) << "running mean";
+  EXPECT_LE(relative_error(bn->running_var, rvar), 1e-5) << "running variance";
+  EXPECT_EQ(bn->num_batches_tracked.item<int64_t>(), 1);
+}
+
+const Case kCases[] = {{{8, 64, 7, 5}, true, false},
+                       {{6, 32}, false, false},
+                       {{4, 24, 3, 3}, false, false},
+                       {{5, 16, 4, 4}, true, true},
+                       {{3, 12, 5, 5}, true, false}};  // 12 channels: no 16-byte packs in bf16
+
+std::string describe(const Case& c) {
+  return str_format("{}{}{}", c10::IntArrayRef(c.shape), c.channels_last ? " channels-last" : "",
+                    c.shared_slope ? ", one slope" : "");
+}
+
+TEST(BatchNormPReLU, ComposesOnTheCpu) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(describe(c));
+    expect_matches_composition(torch::kCPU, torch::kFloat32, c, 1e-5, false);
+  }
+}
+
+TEST(BatchNormPReLU, FusedOnGpusMatchesTheComposition) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(describe(c));
+    const bool fused = c.channels_last || c.shape.size() == 2;
+    expect_matches_composition(torch::kCUDA, torch::kFloat32, c, 1e-5, fused);
+    // bfloat16 output and gradients: 8 bits of mantissa.
+    expect_matches_composition(torch::kCUDA, torch::kBFloat16, c, 1e-2, fused);
+  }
+}
+
+}  // namespace
+}  // namespace myriad::testing
