@@ -59,6 +59,7 @@ step = [(r["Kernel Name"], float(r["Metric Value"].replace(",", "")) * scale[r["
 if not step:
     sys.exit("profile-step.sh: Nsight Compute timed no kernel")
 kinds = [
+    ("batch norm + PReLU (myriad's fused kernels)", r"batch_norm_prelu"),
     ("classifier (myriad's kernels)", r"myriad::"),
     ("batch norm", r"batch_norm|batchnorm|bn_fw|bn_bw|welford"),
     ("PReLU", r"prelu"),

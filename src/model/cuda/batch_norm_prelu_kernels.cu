@@ -60,7 +60,7 @@ __device__ inline Channel channel(const BatchNormPReLUParams& p, int64_t c) {
 }
 
 template <typename T, int V>
-__global__ void forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t packs,
+__global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t packs,
                                int64_t channels, BatchNormPReLUParams p) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -78,7 +78,7 @@ __global__ void forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64
 }
 
 template <typename T, int V>
-__global__ void backward_input_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+__global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x, const T* __restrict__ dy,
                                       T* __restrict__ dx, int64_t packs, int64_t channels,
                                       float inv_rows, BatchNormPReLUParams p,
                                       const float* __restrict__ sums) {
@@ -107,7 +107,7 @@ __global__ void backward_input_kernel(const T* __restrict__ x, const T* __restri
 // whole rows' consecutive bytes. Each thread sums its rows in registers, the block sums over ty in
 // shared memory, and one atomic add per channel and sum leaves the block.
 template <typename T, int V>
-__global__ void backward_reduce_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+__global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x, const T* __restrict__ dy,
                                        int64_t rows, int64_t channels, BatchNormPReLUParams p,
                                        float* __restrict__ sums) {
   extern __shared__ float partial[];  // [ty][tx][3 V]
@@ -209,7 +209,7 @@ cudaError_t batch_norm_prelu_forward(const void* x, void* y, DataType type, int6
     constexpr int V = decltype(v)::value;
     const int64_t packs = rows * channels / V;
     if (packs == 0) return cudaSuccess;
-    forward_kernel<T, V><<<elementwise_blocks(packs), kThreads, 0, stream>>>(
+    batch_norm_prelu_forward_kernel<T, V><<<elementwise_blocks(packs), kThreads, 0, stream>>>(
         static_cast<const T*>(x), static_cast<T*>(y), packs, channels, p);
     return cudaGetLastError();
   });
@@ -232,7 +232,7 @@ cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, Data
     const unsigned gy = static_cast<unsigned>(
         std::max<int64_t>(1, std::min<int64_t>(row_blocks, 4 * multiprocessors() / gx + 1)));
     const size_t shared = static_cast<size_t>(tx) * ty * 3 * V * sizeof(float);
-    backward_reduce_kernel<T, V><<<dim3(gx, gy), dim3(tx, ty), shared, stream>>>(
+    batch_norm_prelu_backward_reduce_kernel<T, V><<<dim3(gx, gy), dim3(tx, ty), shared, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(dy), rows, channels, p, sums);
     return cudaGetLastError();
   });
@@ -247,7 +247,7 @@ cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, void*
     constexpr int V = decltype(v)::value;
     const int64_t packs = rows * channels / V;
     if (packs == 0) return cudaSuccess;
-    backward_input_kernel<T, V><<<elementwise_blocks(packs), kThreads, 0, stream>>>(
+    batch_norm_prelu_backward_input_kernel<T, V><<<elementwise_blocks(packs), kThreads, 0, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), packs, channels,
         1.0f / static_cast<float>(rows), p, sums);
     return cudaGetLastError();
