@@ -108,6 +108,7 @@ torch::Tensor GradientSynchronizer::slot_view(size_t param) const {
 }
 
 void GradientSynchronizer::on_gradient(size_t param, const torch::Tensor& grad) {
+  if (hooks_paused_) return;
   Slot& slot = slots_[param];
   Bucket& bucket = *buckets_[slot.bucket];
   torch::Tensor view = slot_view(param);
@@ -178,6 +179,30 @@ void GradientSynchronizer::finish() {
   }
   for (Slot& slot : slots_) slot.received = slot.counted = false;
   last_pass_ = true;
+}
+
+std::vector<torch::Tensor> GradientSynchronizer::gradient_views() const {
+  std::vector<torch::Tensor> views;
+  for (size_t k = 0; k < params_.size(); ++k) views.push_back(slot_view(k));
+  return views;
+}
+
+void GradientSynchronizer::zero_buckets() {
+  torch::NoGradGuard no_grad;
+  for (auto& b : buckets_) b->flat.zero_();
+}
+
+void GradientSynchronizer::pass_summed(bool last) {
+  for (Slot& slot : slots_) slot.received = true;
+  if (!last) return;
+  for (auto& b : buckets_) {
+    if (!b->launched) launch(*b);
+  }
+}
+
+void GradientSynchronizer::begin_pass(bool last) {
+  last_pass_ = last;
+  clear_gradients();
 }
 
 std::vector<torch::Tensor> GradientSynchronizer::buffers() const {

@@ -7,6 +7,7 @@
 
 #include "myriad/comm/communicator.h"
 #include "myriad/train/gradient_sync.h"
+#include "myriad/train/stage_graphs.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
@@ -343,17 +344,19 @@ Activations PipelineEngine::receive_forward(int m) {
 std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activations in) {
   phase("forward");
   MicroBatch& mb = micro_batches_[m];
-  if (!layout_.first()) mb.input = in.x;
   Activations out;
-  {
+  clock_->start();
+  if (graphs_) {
+    out = graphs_->forward(m % graph_slots_, in, *step_sync_);
+  } else {
+    if (!layout_.first()) mb.input = in.x;
     std::unique_ptr<AutocastGuard> guard;
     if (autocast_) guard = std::make_unique<AutocastGuard>(device_, *autocast_);
-    clock_->start();
     out = backbone_.forward_blocks(std::move(in), layout_.begin_block(), layout_.end_block());
-    clock_->stop();
   }
+  clock_->stop();
   if (layout_.last()) {
-    mb.output = out.x.to(torch::kFloat32);
+    mb.output = out.x.to(torch::kFloat32);  // the graphs' output already is
     return {};
   }
   mb.output = out.x;
@@ -380,14 +383,20 @@ torch::Tensor PipelineEngine::backward_micro_batch(int m, const torch::Tensor& g
                                                    GradientSynchronizer& sync, bool last_pass) {
   phase("backward");
   MicroBatch& mb = micro_batches_[m];
-  sync.begin_pass(last_pass);
+  const torch::Tensor incoming = layout_.last() ? grad : from_wire(backbone_, grad);
+  torch::Tensor input_grad;
   clock_->start();
-  torch::autograd::backward({mb.output}, {layout_.last() ? grad : from_wire(backbone_, grad)});
+  if (graphs_) {
+    input_grad = graphs_->backward(m % graph_slots_, incoming);
+    sync.pass_summed(last_pass);
+  } else {
+    sync.begin_pass(last_pass);
+    torch::autograd::backward({mb.output}, {incoming});
+    if (!layout_.first()) input_grad = mb.input.grad();
+  }
   clock_->stop();
-  const torch::Tensor input_grad =
-      layout_.first() ? torch::Tensor() : to_wire(backbone_, mb.input.grad());
   mb = MicroBatch{};
-  return input_grad;
+  return layout_.first() ? torch::Tensor() : to_wire(backbone_, input_grad);
 }
 
 torch::Tensor PipelineEngine::train_step(const torch::Tensor& images, const torch::Tensor& keys,
@@ -395,6 +404,17 @@ torch::Tensor PipelineEngine::train_step(const torch::Tensor& images, const torc
                                          const ClassifierStep& classify,
                                          GradientSynchronizer& sync) {
   split_step(images, keys, labels);
+  if (graphs_wanted_ && !graphs_) {
+    graph_slots_ = static_cast<int>(
+        micro_batches_in_flight(layout_.schedule, layout_.stages, layout_.micro_batches)
+            .at(static_cast<size_t>(layout_.stage)));
+    graphs_ = std::make_unique<StageGraphs>(backbone_, layout_.begin_block(), layout_.end_block(),
+                                            autocast_, stage_parameters(), !layout_.first(),
+                                            layout_.last(), graph_slots_);
+  }
+  // The graphs' backward adds every pass into the buckets: they start the step at zero.
+  if (graphs_) sync.zero_buckets();
+  step_sync_ = &sync;
   torch::Tensor loss = layout_.schedule == PipelineSchedule::k1F1B ? one_f_one_b(classify, sync)
                                                                    : gpipe(classify, sync);
   micro_batches_.clear();

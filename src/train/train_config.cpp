@@ -1,7 +1,6 @@
 #include "myriad/train/train_config.h"
 
 #include <algorithm>
-#include <optional>
 #include <sstream>
 
 #include "myriad/util/cli.h"
@@ -64,6 +63,7 @@ po::options_description train_options(TrainConfig& c) {
       ("dropout", real_option(&c.dropout), "dropout before the embedding layer")
       ("channels-last", po::value(&c.channels_last)->default_value(c.channels_last), "convolutions in channels-last (NHWC) layout: auto (on GPUs, where cuDNN's NHWC kernels are the fast ones), on or off")
       ("sync-bn", po::bool_switch(&c.sync_bn), "batch norm over the global batch (SyncBN): training does not depend on how the batch is split")
+      ("cuda-graphs", po::bool_switch(&c.cuda_graphs), "record the backbone's forward and backward of a micro-batch as CUDA graphs and replay them: no per-kernel launch cost on the host, which dominates deep backbones at small micro-batches (GPUs; not with --sync-bn or --activation-checkpointing)")
       ("num-classes", count_option(&c.num_classes), "classes C (default: the data's num_classes attribute)")
       ("synthetic-size", count_option(&c.synthetic_size), "images of --data synthetic (default: 64 per class, at least one epoch of 100 steps)")
       ("batch-size", count_option(&c.batch_size), "samples per replica and step: per rank with one pipeline stage")
@@ -138,15 +138,16 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   if (values.count("profile-steps") > 0) {
     const std::string text = values["profile-steps"].as<std::string>();
     const size_t colon = text.find(':');
-    const std::optional<int64_t> first =
-        colon == std::string::npos ? std::nullopt : try_parse_count(text.substr(0, colon));
-    const std::optional<int64_t> last =
-        colon == std::string::npos ? std::nullopt : try_parse_count(text.substr(colon + 1));
+    // -1 for what is not a count: below 1, refused.
+    const int64_t first =
+        colon == std::string::npos ? -1 : try_parse_count(text.substr(0, colon)).value_or(-1);
+    const int64_t last =
+        colon == std::string::npos ? -1 : try_parse_count(text.substr(colon + 1)).value_or(-1);
     require(
-        first && last && *first >= 1 && *last >= *first,
+        first >= 1 && last >= first,
         str_format("--profile-steps must be FIRST:LAST with 1 <= FIRST <= LAST, got '{}'", text));
-    c.profile_first = *first;
-    c.profile_last = *last;
+    c.profile_first = first;
+    c.profile_last = last;
   }
   c.random_flip = !values["no-flip"].as<bool>();
   if (c.classifier_lr == 0.0) c.classifier_lr = c.lr;
@@ -170,6 +171,10 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(c.pipeline_stages > 0, "--pipeline-stages must be positive");
   require(c.pipeline_split.empty() || c.pipeline_stages > 1,
           "--pipeline-split needs --pipeline-stages 2 or more");
+  require(!c.cuda_graphs || !c.sync_bn,
+          "--cuda-graphs and --sync-bn exclude each other (SyncBN's all-reduces are not recorded)");
+  require(!c.cuda_graphs || !c.activation_checkpointing,
+          "--cuda-graphs and --activation-checkpointing exclude each other");
   require(one_of(c.pipeline_schedule, {"auto", "gpipe", "1f1b"}),
           str_format("--pipeline-schedule must be auto, gpipe or 1f1b, got '{}'",
                      c.pipeline_schedule));

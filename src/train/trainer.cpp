@@ -201,6 +201,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
                           "--precision fp16 needs GPUs");
   MYRIAD_CHECK_COLLECTIVE(c_.profile_first == 0 || device_.is_cuda(),
                           "--profile-steps needs GPUs (it drives the CUDA profiler)");
+  MYRIAD_CHECK_COLLECTIVE(!c_.cuda_graphs || device_.is_cuda(), "--cuda-graphs needs GPUs");
   if (c_.deterministic) use_deterministic_algorithms();
   if (c_.precision != "fp32") autocast_ = parse_float_dtype(c_.precision);
   layout_ = pipeline_layout(context.size(), context.rank(), c_.pipeline_stages, c_.micro_batches);
@@ -348,6 +349,7 @@ void Run::build_pipeline() {
   }
   engine_->place_stage();
   engine_->set_phase_timer(&timer_);
+  if (c_.cuda_graphs) engine_->use_cuda_graphs();
   std::vector<torch::Tensor> state;
   for (auto& [name, tensor] : engine_->stage_state()) state.push_back(tensor);
   broadcast_tensors(state, stage_comm());

@@ -5,6 +5,7 @@
 // micro-batches through the whole backbone, and GPipe for 1F1B.
 
 #include <numeric>
+#include <optional>
 
 #include "mpi_test.h"
 #include "myriad/classifier/sharded_softmax.h"
@@ -287,6 +288,84 @@ TEST_P(PipelineTest, OneFOneBComputesWhatGPipeComputes) {
     for (size_t k = 0; k < parameters[0].size(); ++k) {
       EXPECT_LE((parameters[1][k] - parameters[0][k]).to(torch::kFloat64).norm().item<double>(),
                 1e-5 * scale)
+          << "parameter " << k;
+    }
+  }
+}
+
+// CUDA graphs (--cuda-graphs) compute what eager execution computes: the losses of 2 SGD steps
+// and every parameter after them, for P = W stages on both schedules (GPipe records a slot per
+// micro-batch, 1F1B min(P - s, M)), ViT's keys and masking order as static inputs, and r18's fused
+// batch norm + PReLU under bf16 autocast, as myriad-train runs it. GPUs only.
+TEST_P(PipelineTest, CudaGraphsComputeWhatEagerComputes) {
+  if (!device().is_cuda()) GTEST_SKIP() << "CUDA graphs need GPUs";
+  const ExactFloat32 exact;
+  struct Case {
+    const char* net;
+    PipelineSchedule schedule;
+    std::optional<torch::ScalarType> autocast;
+    double tolerance;
+  };
+  for (const Case& c : {Case{"smallcnn", PipelineSchedule::kGPipe, std::nullopt, 1e-5},
+                        Case{"vit_t", PipelineSchedule::k1F1B, std::nullopt, 1e-5},
+                        Case{"r18", PipelineSchedule::kGPipe, torch::kBFloat16, 1e-3},
+                        Case{"r18", PipelineSchedule::k1F1B, torch::kBFloat16, 1e-3}}) {
+    SCOPED_TRACE(str_format("{}, {}{}", c.net, schedule_name(c.schedule),
+                            c.autocast ? ", bf16 autocast" : ""));
+    const int64_t batch = 16, steps = 2, micro_batches = 4;
+    const InputShape shape = std::string(c.net) == "smallcnn" ? InputShape{1, 16, 16}
+                             : std::string(c.net) == "vit_t"  ? InputShape{3, 18, 18}
+                                                              : InputShape{3, 32, 32};
+    torch::manual_seed(21);
+    const torch::Tensor images =
+        torch::randn({steps, batch, shape.channels, shape.height, shape.width});
+    const torch::Tensor labels = torch::randint(0, 23, {steps, batch}, torch::kInt64);
+    std::vector<std::vector<double>> losses;
+    std::vector<std::vector<torch::Tensor>> parameters;
+    for (const bool graphs : {false, true}) {
+      torch::manual_seed(31);
+      BackboneOptions o;
+      o.name = c.net;
+      o.input = shape;
+      o.embedding_size = 16;
+      o.seed = 5;
+      auto net = make_backbone(o);
+      net->set_channels_last(true);
+      const PipelineLayout l = layout(*net, micro_batches, c.schedule);
+      PipelineEngine engine(
+          l, *net, world() > 1 ? environment().comms->create_split(device(), 0, rank()) : nullptr,
+          device(), c.autocast, 16);
+      engine.place_stage();
+      if (graphs) engine.use_cuda_graphs();
+      const std::vector<torch::Tensor> params = engine.stage_parameters();
+      GradientSynchronizer sync(params, environment().comms->create_split(device(), rank(), 0),
+                                4096);
+      torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.01).momentum(0.9));
+      ShardedMarginSoftmax classifier = make_classifier(23, WeightUpdate::kFused);
+      losses.emplace_back();
+      for (int64_t step = 0; step < steps; ++step) {
+        const torch::Tensor loss =
+            train_step(engine, classifier, sync, images[step],
+                       torch::arange(step * batch, (step + 1) * batch, torch::kInt64),
+                       labels[step]);
+        losses.back().push_back(loss.item<double>());
+        optimizer.step();
+        sync.clear_gradients();
+      }
+      parameters.emplace_back();
+      for (const auto& [entry, tensor] : engine.stage_state())
+        parameters.back().push_back(tensor.detach().cpu().to(torch::kFloat64));
+      parameters.back().push_back(classifier.weight().detach().cpu().to(torch::kFloat64));
+    }
+    for (int64_t step = 0; step < steps; ++step) {
+      EXPECT_NEAR(losses[1][step], losses[0][step], c.tolerance * std::abs(losses[0][step]))
+          << "step " << step;
+    }
+    std::vector<torch::Tensor> flat;
+    for (const torch::Tensor& t : parameters[0]) flat.push_back(t.reshape(-1));
+    const double scale = torch::cat(flat).norm().item<double>();
+    for (size_t k = 0; k < parameters[0].size(); ++k) {
+      EXPECT_LE((parameters[1][k] - parameters[0][k]).norm().item<double>(), c.tolerance * scale)
           << "parameter " << k;
     }
   }

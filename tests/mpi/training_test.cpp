@@ -228,6 +228,44 @@ TEST_P(TrainingTest, VitOnWRanksComputesWhatOneRankComputes) {
   }
 }
 
+// The buckets as a CUDA graph's backward fills them (StageGraphs): gradients added straight into
+// gradient_views() over two passes, pass_summed() after each, leave in .grad after finish() the
+// sum over the passes and the ranks, as the hooks would; a backward while the hooks are paused
+// (a graph's warm-up) leaves the buckets alone.
+TEST_P(TrainingTest, BucketsFilledWithoutHooksSumOverPassesAndRanks) {
+  const auto options = torch::dtype(torch::kFloat32).device(device());
+  std::vector<torch::Tensor> params = {torch::randn({5, 3}, options).requires_grad_(true),
+                                       torch::randn({7}, options).requires_grad_(true),
+                                       torch::randn({4, 2}, options).requires_grad_(true)};
+  GradientSynchronizer sync(params, environment().comms->create(device()), 32);
+  EXPECT_GT(sync.bucket_count(), 1);
+  std::vector<torch::Tensor> want(params.size());
+  sync.zero_buckets();
+  sync.pause_hooks(true);
+  (params[0].sum() * 1000.0 + params[2].sum()).backward();
+  const std::vector<torch::Tensor> views = sync.gradient_views();
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t k = 0; k < params.size(); ++k) {
+      torch::manual_seed(100 * pass + 10 * k + rank());
+      const torch::Tensor g = torch::randn(params[k].sizes(), options);
+      torch::NoGradGuard no_grad;
+      views[k].add_(g);
+      // What every rank adds, summed on this one: the seeds are known.
+      for (int r = 0; r < world(); ++r) {
+        torch::manual_seed(100 * pass + 10 * k + r);
+        const torch::Tensor theirs = torch::randn(params[k].sizes(), options);
+        want[k] = want[k].defined() ? want[k] + theirs : theirs;
+      }
+    }
+    sync.pass_summed(pass == 1);
+  }
+  sync.pause_hooks(false);
+  sync.finish();
+  for (size_t k = 0; k < params.size(); ++k) {
+    EXPECT_LE(relative_error(params[k].grad(), want[k]), 1e-6) << "parameter " << k;
+  }
+}
+
 TEST_P(TrainingTest, EveryRankSkipsWhenOneRankOverflows) {
   torch::Tensor p = torch::ones({4}, torch::device(device())).requires_grad_(true);
   p.mutable_grad() = torch::full({4}, 2.0, torch::device(device()));

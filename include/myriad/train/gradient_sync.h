@@ -41,8 +41,11 @@ class GradientSynchronizer {
 
   // Before the backward of each micro-batch of a step (gradient accumulation): gradients of
   // every pass are summed into the buckets, and only the `last` pass launches the all-reduces, one
-  // per bucket and step, not one per micro-batch. A step of one backward needs no call.
-  void begin_pass(bool last) { last_pass_ = last; }
+  // per bucket and step, not one per micro-batch. A step of one backward needs no call. It drops
+  // the .grad that autograd kept from the pass before: the hooks summed that into the buckets
+  // already, and autograd would otherwise add every later pass into it too, one more kernel per
+  // parameter and pass, and a second copy of every gradient.
+  void begin_pass(bool last);
   // After the last backward: every parameter's .grad then holds the sum over passes and ranks.
   void finish();
   // The buckets' flat buffers, which hold every gradient after finish(): a multi-tensor pass over
@@ -51,6 +54,17 @@ class GradientSynchronizer {
   // Before the next backward: leaves every .grad undefined.
   void clear_gradients();
   int64_t bucket_count() const { return static_cast<int64_t>(buckets_.size()); }
+
+  // For a backward that sums the gradients into the buckets itself, as a CUDA graph of a stage
+  // does (StageGraphs): each parameter's place in its bucket (the view finish() hands out),
+  // zeroed by zero_buckets() before the step's first pass. After each such pass, pass_summed()
+  // records that every parameter has its gradient; after the `last`, it launches every bucket's
+  // all-reduce at once (a graph's backward is one launch: nothing to overlap). While hooks are
+  // paused they ignore gradients, so that a graph's warm-up and capture leave the buckets alone.
+  std::vector<torch::Tensor> gradient_views() const;
+  void zero_buckets();
+  void pass_summed(bool last);
+  void pause_hooks(bool paused) { hooks_paused_ = paused; }
   // Timing of the last finished step (waits for the device).
   GradientSyncStats last_stats();
 
@@ -75,6 +89,7 @@ class GradientSynchronizer {
   std::unique_ptr<Communicator> comm_;
   torch::Device device_;
   bool last_pass_ = true;
+  bool hooks_paused_ = false;
   struct CudaState;
   std::unique_ptr<CudaState> cuda_;
 };

@@ -17,6 +17,7 @@ namespace myriad {
 class Communicator;
 class GradientSynchronizer;
 class PhaseTimer;
+class StageGraphs;
 
 // The order of a step's forward and backward passes over the micro-batches (docs/pipeline.md).
 // GPipe: every forward, the classifier once on the replica's batch, every backward. 1F1B: each
@@ -128,6 +129,9 @@ class PipelineEngine {
   PipelineTimes take_times();
   // Times the passes as "forward" and "backward" into `timer` (null: no timing).
   void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }
+  // From the next step on, this stage's micro-batches run as CUDA graphs (StageGraphs), recorded
+  // at that step: one slot per micro-batch the schedule holds at once.
+  void use_cuda_graphs() { graphs_wanted_ = true; }
 
  private:
   struct MicroBatch;
@@ -170,6 +174,10 @@ class PipelineEngine {
   std::vector<torch::Tensor> image_parts_, key_parts_, label_parts_;
   std::unique_ptr<BusyClock> clock_;
   PhaseTimer* timer_ = nullptr;
+  bool graphs_wanted_ = false;
+  std::unique_ptr<StageGraphs> graphs_;
+  int graph_slots_ = 0;
+  GradientSynchronizer* step_sync_ = nullptr;  // the sync of the step under way
   double bytes_sent_ = 0.0;
   int64_t steps_ = 0;
 };
