@@ -91,14 +91,17 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     const torch::Tensor dy = grads[0].to(x.scalar_type()).contiguous(channels_fastest(x));
     const int64_t channels = x.size(1), rows = x.numel() / std::max<int64_t>(channels, 1);
     const cuda::BatchNormPReLUParams p = params_of(saved[1], saved[2], saved[3], saved[4], alpha);
-    torch::Tensor sums = torch::zeros({3, channels}, saved[1].options());
+    const cuda::DataType type = data_type(x.scalar_type());
+    torch::Tensor partials =
+        torch::empty({cuda::batch_norm_prelu_partials(channels)}, saved[1].options());
+    torch::Tensor sums = torch::empty({3, channels}, saved[1].options());
     MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_reduce(
-        x.data_ptr(), dy.data_ptr(), data_type(x.scalar_type()), rows, channels, p,
+        x.data_ptr(), dy.data_ptr(), type, rows, channels, p, partials.data_ptr<float>(),
         sums.data_ptr<float>(), stream_of(x)));
     torch::Tensor dx = torch::empty_like(x);
-    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_input(
-        x.data_ptr(), dy.data_ptr(), dx.data_ptr(), data_type(x.scalar_type()), rows, channels, p,
-        sums.data_ptr<float>(), stream_of(x)));
+    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_input(x.data_ptr(), dy.data_ptr(),
+                                                            dx.data_ptr(), type, rows, channels, p,
+                                                            sums.data_ptr<float>(), stream_of(x)));
     const torch::Tensor dalpha = alpha.numel() == 1 ? sums[2].sum().reshape({1}) : sums[2];
     return {dx, sums[1], sums[0], dalpha, torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor()};

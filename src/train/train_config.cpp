@@ -63,7 +63,7 @@ po::options_description train_options(TrainConfig& c) {
       ("dropout", real_option(&c.dropout), "dropout before the embedding layer")
       ("channels-last", po::value(&c.channels_last)->default_value(c.channels_last), "convolutions in channels-last (NHWC) layout: auto (on GPUs, where cuDNN's NHWC kernels are the fast ones), on or off")
       ("sync-bn", po::bool_switch(&c.sync_bn), "batch norm over the global batch (SyncBN): training does not depend on how the batch is split")
-      ("cuda-graphs", po::bool_switch(&c.cuda_graphs), "record the backbone's forward and backward of a micro-batch as CUDA graphs and replay them: no per-kernel launch cost on the host, which dominates deep backbones at small micro-batches (GPUs; not with --sync-bn or --activation-checkpointing)")
+      ("cuda-graphs", po::value(&c.cuda_graphs)->default_value(c.cuda_graphs), "on: record the backbone's forward and backward of a micro-batch as CUDA graphs once and replay them, with no per-kernel launch cost on the host, which dominates deep backbones at small micro-batches (GPUs; not with --sync-bn or --activation-checkpointing); auto: on for GPU runs of one pipeline stage where it may be; off")
       ("num-classes", count_option(&c.num_classes), "classes C (default: the data's num_classes attribute)")
       ("synthetic-size", count_option(&c.synthetic_size), "images of --data synthetic (default: 64 per class, at least one epoch of 100 steps)")
       ("batch-size", count_option(&c.batch_size), "samples per replica and step: per rank with one pipeline stage")
@@ -171,10 +171,13 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(c.pipeline_stages > 0, "--pipeline-stages must be positive");
   require(c.pipeline_split.empty() || c.pipeline_stages > 1,
           "--pipeline-split needs --pipeline-stages 2 or more");
-  require(!c.cuda_graphs || !c.sync_bn,
-          "--cuda-graphs and --sync-bn exclude each other (SyncBN's all-reduces are not recorded)");
-  require(!c.cuda_graphs || !c.activation_checkpointing,
-          "--cuda-graphs and --activation-checkpointing exclude each other");
+  require(one_of(c.cuda_graphs, {"auto", "on", "off"}),
+          str_format("--cuda-graphs must be auto, on or off, got '{}'", c.cuda_graphs));
+  require(c.cuda_graphs != "on" || !c.sync_bn,
+          "--cuda-graphs on and --sync-bn exclude each other (SyncBN's all-reduces are not "
+          "recorded)");
+  require(c.cuda_graphs != "on" || !c.activation_checkpointing,
+          "--cuda-graphs on and --activation-checkpointing exclude each other");
   require(one_of(c.pipeline_schedule, {"auto", "gpipe", "1f1b"}),
           str_format("--pipeline-schedule must be auto, gpipe or 1f1b, got '{}'",
                      c.pipeline_schedule));

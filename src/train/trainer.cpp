@@ -173,6 +173,7 @@ class Run {
   std::string config_ini_;
   PhaseTimer timer_;
   int64_t total_steps_ = 0;
+  bool graphs_ = false;  // the stage runs as CUDA graphs
   CheckpointStore store_;
   std::optional<AsyncCheckpointer> checkpointer_;
   StopFile stop_file_;
@@ -201,7 +202,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
                           "--precision fp16 needs GPUs");
   MYRIAD_CHECK_COLLECTIVE(c_.profile_first == 0 || device_.is_cuda(),
                           "--profile-steps needs GPUs (it drives the CUDA profiler)");
-  MYRIAD_CHECK_COLLECTIVE(!c_.cuda_graphs || device_.is_cuda(), "--cuda-graphs needs GPUs");
+  MYRIAD_CHECK_COLLECTIVE(c_.cuda_graphs != "on" || device_.is_cuda(),
+                          "--cuda-graphs on needs GPUs");
   if (c_.deterministic) use_deterministic_algorithms();
   if (c_.precision != "fp32") autocast_ = parse_float_dtype(c_.precision);
   layout_ = pipeline_layout(context.size(), context.rank(), c_.pipeline_stages, c_.micro_batches);
@@ -309,11 +311,11 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   const std::string placement = context.placement(device_);
   log_info(
       "myriad-train: {}; {}{} (backbone {}, {:.1f}M parameters, {:.2f}G multiply-adds per image, "
-      "{}, "
-      "{} gradient buckets{}), {} classes ({} per rank), {}",
+      "{}{}, {} gradient buckets{}), {} classes ({} per rank), {}",
       placement, c_.precision, config.precision == "auto" ? " (--precision auto)" : "", c_.backbone,
       backbone_params / 1e6, backbone_->multiply_adds() / 1e9,
-      backbone_->channels_last() ? "channels-last" : "NCHW", sync_->bucket_count(),
+      backbone_->channels_last() ? "channels-last" : "NCHW", graphs_ ? ", CUDA graphs" : "",
+      sync_->bucket_count(),
       c_.grad_comm_dtype == "fp32" ? "" : ", all-reduced in " + c_.grad_comm_dtype, classes_,
       classifier_->partition().size(context.rank()), c_.margin.describe());
   log_info(
@@ -349,7 +351,11 @@ void Run::build_pipeline() {
   }
   engine_->place_stage();
   engine_->set_phase_timer(&timer_);
-  if (c_.cuda_graphs) engine_->use_cuda_graphs();
+  // auto: where it is measured and tested (docs/pipeline.md), one stage on a GPU.
+  graphs_ = c_.cuda_graphs == "on" ||
+            (c_.cuda_graphs == "auto" && device_.is_cuda() && layout_.stages == 1 && !c_.sync_bn &&
+             !c_.activation_checkpointing);
+  if (graphs_) engine_->use_cuda_graphs();
   std::vector<torch::Tensor> state;
   for (auto& [name, tensor] : engine_->stage_state()) state.push_back(tensor);
   broadcast_tensors(state, stage_comm());

@@ -270,8 +270,8 @@ echo "R4: exit $code: $(grep -E "error: " "$work/R4.log")"
 expect R5 2 "--precision fp16 needs GPUs" $(train --precision fp16)
 expect R6 2 "--device cuda was asked for, but not every rank sees a CUDA device" $(train --device cuda)
 expect R9 2 "--profile-steps needs GPUs \(it drives the CUDA profiler\)" $(train --profile-steps 2:3)
-expect R10 2 "--cuda-graphs needs GPUs" $(train --cuda-graphs)
-expect R11 2 "--cuda-graphs and --sync-bn exclude each other" $(train --cuda-graphs --sync-bn)
+expect R10 2 "--cuda-graphs on needs GPUs" $(train --cuda-graphs on)
+expect R11 2 "--cuda-graphs on and --sync-bn exclude each other" $(train --cuda-graphs on --sync-bn)
 # Run directories held by another job: one on another host, alive (a heartbeat just now), and a
 # lock file that names no holder, as fresh.
 mkdir -p "$fix/held" "$fix/garbled"

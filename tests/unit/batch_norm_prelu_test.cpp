@@ -111,5 +111,27 @@ TEST(BatchNormPReLU, FusedOnGpusMatchesTheComposition) {
   }
 }
 
+// The backward sums over rows in a fixed order, without atomics: the same bits at every run, as
+// --deterministic promises.
+TEST(BatchNormPReLU, FusedGradientsAreTheSameBitsEveryRun) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  torch::manual_seed(8);
+  const torch::Tensor x = (torch::randn({32, 64, 14, 14}) * 2.0 + 0.5)
+                              .to(torch::kCUDA)
+                              .contiguous(torch::MemoryFormat::ChannelsLast);
+  const torch::Tensor g = torch::randn({32, 64, 14, 14}).to(torch::kCUDA);
+  std::vector<torch::Tensor> runs;
+  for (int run = 0; run < 2; ++run) {
+    BatchNorm bn(64, 1e-5);
+    bn->to(torch::kCUDA);
+    const torch::Tensor slope = torch::full({64}, 0.25, torch::kCUDA).requires_grad_(true);
+    const torch::Tensor input = x.clone().requires_grad_(true);
+    bn->forward_prelu(input, slope).backward(g);
+    runs.push_back(torch::cat({input.grad().reshape(-1), bn->weight.grad(), bn->bias.grad(),
+                               slope.grad()}));
+  }
+  EXPECT_TRUE(torch::equal(runs[0], runs[1]));
+}
+
 }  // namespace
 }  // namespace myriad::testing

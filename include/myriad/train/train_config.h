@@ -27,7 +27,8 @@ struct TrainConfig {
   int64_t embedding_size = 512;
   double dropout = 0.0;
   bool sync_bn = false;
-  bool cuda_graphs = false;  // the backbone's micro-batches as CUDA graphs (StageGraphs)
+  // The backbone's micro-batches as CUDA graphs (StageGraphs): auto, on, off.
+  std::string cuda_graphs = "auto";
   std::string channels_last = "auto";  // auto: on GPUs
   int64_t num_classes = 0;             // 0: from the training data's num_classes attribute
   int64_t synthetic_size = 0;

@@ -105,11 +105,11 @@ __global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x, 
 
 // A block is threads (tx, ty): tx packs of channels side by side, ty rows, so that a warp reads
 // whole rows' consecutive bytes. Each thread sums its rows in registers, the block sums over ty in
-// shared memory, and one atomic add per channel and sum leaves the block.
+// shared memory, and the block's row of partials [3, channels] leaves it.
 template <typename T, int V>
 __global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x, const T* __restrict__ dy,
                                        int64_t rows, int64_t channels, BatchNormPReLUParams p,
-                                       float* __restrict__ sums) {
+                                       float* __restrict__ partials) {
   extern __shared__ float partial[];  // [ty][tx][3 V]
   const int64_t packs_per_row = channels / V;
   const int64_t pack = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -151,11 +151,24 @@ __global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x,
     __syncthreads();
   }
   if (threadIdx.y == 0 && pack < packs_per_row) {
+    float* out = partials + blockIdx.y * 3 * channels;
 #pragma unroll
     for (int j = 0; j < 3; ++j) {
 #pragma unroll
-      for (int k = 0; k < V; ++k) atomicAdd(&sums[j * channels + pack * V + k], mine[j * V + k]);
+      for (int k = 0; k < V; ++k) out[j * channels + pack * V + k] = mine[j * V + k];
     }
+  }
+}
+
+// sums[i] = Σ_b partials[b][i] over the row blocks, in order.
+__global__ void batch_norm_prelu_sum_partials_kernel(const float* __restrict__ partials,
+                                                     int64_t blocks, int64_t width,
+                                                     float* __restrict__ sums) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < width;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float s = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) s += partials[b * width + i];
+    sums[i] = s;
   }
 }
 
@@ -215,25 +228,44 @@ cudaError_t batch_norm_prelu_forward(const void* x, void* y, DataType type, int6
   });
 }
 
+// The reduction's block shape and grid for a pack width of V elements.
+struct ReduceShape {
+  unsigned tx, ty, gx, gy;
+};
+
+ReduceShape reduce_shape(int64_t rows, int64_t packs_per_row) {
+  ReduceShape s;
+  s.tx = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(packs_per_row, 32)));
+  s.ty = 1;
+  while (s.ty * 2 * s.tx <= kThreads) s.ty *= 2;
+  s.gx = static_cast<unsigned>((packs_per_row + s.tx - 1) / s.tx);
+  const int64_t row_blocks = std::max<int64_t>(1, (rows + s.ty - 1) / s.ty);
+  s.gy = static_cast<unsigned>(std::min<int64_t>(row_blocks, 4 * multiprocessors() / s.gx + 1));
+  return s;
+}
+
+int64_t batch_norm_prelu_partials(int64_t channels) {
+  // reduce_shape's most row blocks, whatever the pack width.
+  return (4 * static_cast<int64_t>(multiprocessors()) + 1) * 3 * channels;
+}
+
 cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, DataType type,
                                              int64_t rows, int64_t channels,
-                                             BatchNormPReLUParams p, float* sums,
+                                             BatchNormPReLUParams p, float* partials, float* sums,
                                              cudaStream_t stream) {
   return dispatch(type, channels, {x, dy}, [&](auto t, auto v) {
     using T = decltype(t);
     constexpr int V = decltype(v)::value;
     const int64_t packs_per_row = channels / V;
-    if (rows == 0 || packs_per_row == 0) return cudaSuccess;
-    const unsigned tx = static_cast<unsigned>(std::min<int64_t>(packs_per_row, 32));
-    unsigned ty = 1;
-    while (ty * 2 * tx <= kThreads) ty *= 2;
-    const unsigned gx = static_cast<unsigned>((packs_per_row + tx - 1) / tx);
-    const int64_t row_blocks = (rows + ty - 1) / ty;
-    const unsigned gy = static_cast<unsigned>(
-        std::max<int64_t>(1, std::min<int64_t>(row_blocks, 4 * multiprocessors() / gx + 1)));
-    const size_t shared = static_cast<size_t>(tx) * ty * 3 * V * sizeof(float);
-    batch_norm_prelu_backward_reduce_kernel<T, V><<<dim3(gx, gy), dim3(tx, ty), shared, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(dy), rows, channels, p, sums);
+    if (packs_per_row == 0) return cudaSuccess;
+    const ReduceShape s = reduce_shape(rows, packs_per_row);
+    const size_t shared = static_cast<size_t>(s.tx) * s.ty * 3 * V * sizeof(float);
+    batch_norm_prelu_backward_reduce_kernel<T, V>
+        <<<dim3(s.gx, s.gy), dim3(s.tx, s.ty), shared, stream>>>(
+            static_cast<const T*>(x), static_cast<const T*>(dy), rows, channels, p, partials);
+    const int64_t width = 3 * channels;
+    batch_norm_prelu_sum_partials_kernel<<<static_cast<unsigned>((width + kThreads - 1) / kThreads),
+                                           kThreads, 0, stream>>>(partials, s.gy, width, sums);
     return cudaGetLastError();
   });
 }

@@ -34,11 +34,14 @@ cudaError_t batch_norm_prelu_forward(const void* x, void* y, DataType type, int6
 
 // Per channel, over the rows, given dy (the gradient of y): sums[c] = Σ dz,
 // sums[channels + c] = Σ dz x̂ and sums[2 channels + c] = Σ dy z [z <= 0], where
-// dz = z > 0 ? dy : alpha dy is the gradient of z. `sums` [3, channels] float32, zeroed by the caller:
-// the gradients of beta, gamma and alpha.
+// dz = z > 0 ? dy : alpha dy is the gradient of z: the gradients of beta, gamma and alpha,
+// `sums` [3, channels] float32. Blocks of rows sum into `partials` (batch_norm_prelu_partials
+// floats), which are then added in a fixed order: no atomics, so the sums are the same bits at
+// every run (--deterministic).
+int64_t batch_norm_prelu_partials(int64_t channels);
 cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, DataType type,
                                              int64_t rows, int64_t channels,
-                                             BatchNormPReLUParams p, float* sums,
+                                             BatchNormPReLUParams p, float* partials, float* sums,
                                              cudaStream_t stream);
 
 // dx = gamma invstd (dz - Σ dz / rows - x̂ Σ dz x̂ / rows), with the sums of
