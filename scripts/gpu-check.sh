@@ -10,8 +10,9 @@
 # synchronous checkpoints to training, resume across world sizes), deterministic (bit-for-bit resume with
 # --deterministic), launch (launch/mpirun.sh, one rank per GPU), preempt (SIGUSR1 to
 # launch/mpirun.sh during a checkpoint of several seconds, then a resume), backbones (the training
-# benchmark of insightface's r200, mbf and ViTs), pipeline (2 stages against data parallelism for
-# vit_h and r200 at the same global batch on 2 GPUs, and the largest batch per replica of each)
+# benchmark of insightface's r200, mbf and ViTs), pipeline (on 2 GPUs, 2 stages against data
+# parallelism for vit_h and r200 at the same global batch on both schedules; on one GPU, the cost
+# of micro-batches with and without CUDA graphs; and the largest batch per replica of each)
 # (default: all).
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX, and to the GPU
@@ -313,40 +314,54 @@ if wants backbones; then
     --backbones r200,mbf,vit_t,vit_s,vit_b,vit_l,vit_h 2>&1 | tee -a "$summary" || status=1
 fi
 if wants pipeline; then
-  # The same global batch of 512 on 2 GPUs: 2 replicas of 256 (P = 1), or one replica of 512 cut
-  # into 2 stages with M = 4, 8 and 16 micro-batches (docs/pipeline.md).
+  # PIPELINE_NETS names the networks (default: vit_h r200).
+  nets=${PIPELINE_NETS:-vit_h r200}
   if [ "$gpus" -ge 2 ]; then
+    # The same global batch of 512 on 2 GPUs: 2 replicas of 256 (P = 1), or one replica of 512 cut
+    # into 2 stages with M = 8 on each schedule, with CUDA graphs (docs/pipeline.md).
     bench=("$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-pipeline" --gpus 2 --precisions bf16
-           --backbones vit_h,r200)
+           --backbones "$(echo $nets | tr ' ' ,)" --steps 10)
     "${bench[@]}" --batch-size 256 --label "P=1" 2>&1 | tee -a "$summary" || status=1
-    for m in 4 8 16; do
-      "${bench[@]}" --batch-size 512 --label "P=2 M=$m" -- --pipeline-stages 2 --micro-batches "$m" 2>&1 \
-        | tee -a "$summary" || status=1
+    for schedule in gpipe 1f1b; do
+      "${bench[@]}" --batch-size 512 --label "P=2 M=8 $schedule" -- --pipeline-stages 2 --micro-batches 8 \
+        --pipeline-schedule "$schedule" --cuda-graphs on 2>&1 | tee -a "$summary" || status=1
+    done
+  else
+    # One GPU: the cost of micro-batches, 256 images as 1 or 8 micro-batches, eager and recorded.
+    bench=("$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-micro-batches" --gpus 1 --precisions bf16
+           --backbones "$(echo $nets | tr ' ' ,)" --steps 6)
+    for graphs in off on; do
+      "${bench[@]}" --label "M=1 graphs $graphs" -- --cuda-graphs "$graphs" 2>&1 | tee -a "$summary" || status=1
+      "${bench[@]}" --label "M=8 1f1b graphs $graphs" -- --micro-batches 8 --pipeline-schedule 1f1b \
+        --cuda-graphs "$graphs" 2>&1 | tee -a "$summary" || status=1
     done
   fi
-  # The largest batch per replica that trains (a few steps) with P = 1 on one GPU and, where there
-  # are two, with P = 2 (M = 8): doubling from 256 until a run fails (8192 at most), then halving
-  # the gap once. PIPELINE_LARGEST names the networks (default: vit_h r200).
-  fits() { # NET STAGES BATCH
-    local stages=$1 net=$2 batch=$3
-    local extra=(); [ "$stages" -gt 1 ] && extra=(-- --pipeline-stages "$stages" --micro-batches 8)
-    "$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-largest" --gpus "$stages" --precisions bf16 \
-      --backbones "$net" --steps 4 --batch-size "$batch" --label "largest P=$stages" "${extra[@]}" >/dev/null 2>&1
+  # The largest batch per replica that trains two steps: with P = 1 on one GPU, with 1F1B's 8
+  # micro-batches on one GPU, and, where there are two, with P = 2 (M = 8, GPipe and 1F1B):
+  # doubling from 64 until a run fails (4096 at most), then halving the gap once.
+  fits() { # LAYOUT NET BATCH
+    local layout=$1 net=$2 batch=$3 gpus_used=1 extra=()
+    case "$layout" in
+      p1-1f1b) extra=(-- --micro-batches 8 --pipeline-schedule 1f1b) ;;
+      p2-*) gpus_used=2; extra=(-- --pipeline-stages 2 --micro-batches 8 --pipeline-schedule "${layout#p2-}" --cuda-graphs on) ;;
+    esac
+    "$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-largest" --gpus "$gpus_used" --precisions bf16 \
+      --backbones "$net" --steps 2 --batch-size "$batch" --label "largest $layout" "${extra[@]}" >/dev/null 2>&1
   }
-  for net in ${PIPELINE_LARGEST:-vit_h r200}; do
-    for stages in 1 2; do
-      [ "$stages" -le "$gpus" ] || continue
-      ok=0 bad=256
-      while [ "$bad" -le 8192 ] && fits "$stages" "$net" "$bad"; do ok=$bad; bad=$((bad * 2)); done
-      if [ "$bad" -gt 8192 ]; then
-        note "largest batch per replica, $net, P = $stages: at least $ok (the most tried)"
+  layouts="p1 p1-1f1b"; [ "$gpus" -ge 2 ] && layouts="$layouts p2-gpipe p2-1f1b"
+  for net in $nets; do
+    for layout in $layouts; do
+      ok=0 bad=64
+      while [ "$bad" -le 4096 ] && fits "$layout" "$net" "$bad"; do ok=$bad; bad=$((bad * 2)); done
+      if [ "$bad" -gt 4096 ]; then
+        note "largest batch per replica, $net, $layout: at least $ok (the most tried)"
         continue
       fi
       mid=$(( (ok + bad) / 16 * 8 ))
       if [ "$mid" -gt "$ok" ] && [ "$mid" -lt "$bad" ]; then
-        if fits "$stages" "$net" "$mid"; then ok=$mid; else bad=$mid; fi
+        if fits "$layout" "$net" "$mid"; then ok=$mid; else bad=$mid; fi
       fi
-      note "largest batch per replica, $net, P = $stages: $ok trains, $bad does not (bf16, no activation checkpointing)"
+      note "largest batch per replica, $net, $layout: $ok trains, $bad does not (bf16, no activation checkpointing)"
     done
   done
 fi

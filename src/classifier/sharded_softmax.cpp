@@ -257,8 +257,8 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
       row_source(weight_.scalar_type(), options_.gemm_dtype, step->active.defined());
   step->stored_rows = source == RowSource::kStored;
   const int64_t gemm_bytes = static_cast<int64_t>(torch::elementSize(options_.gemm_dtype));
-  step->plan =
-      plan_chunks(step->active_rows, step->batch, dim, gemm_bytes, source, options_.workspace_bytes);
+  step->plan = plan_chunks(step->active_rows, step->batch, dim, gemm_bytes, source,
+                           options_.workspace_bytes);
   last_plan_ = step->plan;
   const auto f32 = x.options().dtype(torch::kFloat32);
   torch::Tensor row_max = torch::full({step->batch}, -std::numeric_limits<float>::infinity(), f32);
@@ -296,8 +296,8 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
   step->row_max = global_max;
   step->row_inv_sum = sum_exp.reciprocal();
   // The samples' share of the mean loss over the whole step's batch.
-  torch::Tensor loss = (sum_exp.log() + global_max - packed.select(1, 1)).sum() /
-                       static_cast<double>(step->divisor);
+  torch::Tensor loss =
+      (sum_exp.log() + global_max - packed.select(1, 1)).sum() / static_cast<double>(step->divisor);
   if (parts_) {
     // A part's labels were checked with the step's (begin_parts), and its features are checked
     // with the other parts' at finish_parts: no host synchronisation per part.
@@ -327,8 +327,8 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
   return pending_->skip ? torch::full_like(loss, std::numeric_limits<float>::quiet_NaN()) : loss;
 }
 
-ShardedMarginSoftmax::GradientScale ShardedMarginSoftmax::gradient_scale(
-    const torch::Tensor& grad, int64_t divisor) const {
+ShardedMarginSoftmax::GradientScale ShardedMarginSoftmax::gradient_scale(const torch::Tensor& grad,
+                                                                         int64_t divisor) const {
   // The incoming gradient carries fp16 training's loss scale. float16 GEMMs take the logits'
   // gradient at no more than 2^13 B / s, where it fits float16 (a softmax gradient is at most s/B,
   // times |dpsi/dcos|, below 8 for the margins in use); dX̂ and the rows' gradient are brought to
@@ -346,7 +346,8 @@ ShardedMarginSoftmax::GradientScale ShardedMarginSoftmax::gradient_scale(
   }
   g.coef = taken / static_cast<double>(divisor);
   g.multiplier = inv_loss_scale_;
-  if (g.rescale.defined()) g.multiplier = g.multiplier.defined() ? g.multiplier * g.rescale : g.rescale;
+  if (g.rescale.defined())
+    g.multiplier = g.multiplier.defined() ? g.multiplier * g.rescale : g.rescale;
   return g;
 }
 
@@ -370,8 +371,8 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
     const torch::Tensor scale = step.row_scales.empty() ? torch::Tensor() : step.row_scales[c];
     phase("logit_grad");
     const torch::Tensor logit_grad =
-        chunk_logit_grad(dot, scale, step.target_col, begin, step.row_max, step.row_inv_sum,
-                         g.coef, params, options_.gemm_dtype);
+        chunk_logit_grad(dot, scale, step.target_col, begin, step.row_max, step.row_inv_sum, g.coef,
+                         params, options_.gemm_dtype);
     dot = torch::Tensor();
     if (dxn != nullptr) {
       phase("gemm_feature_grad");
@@ -391,9 +392,8 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
       optimizer_->update_rows(weight_, step.active, begin, end, row_grad, grad_of, g.multiplier);
     } else {
       const torch::Tensor index =
-          step.active.defined()
-              ? step.active.slice(0, begin, end)
-              : torch::arange(begin, end, step.xg.options().dtype(torch::kInt64));
+          step.active.defined() ? step.active.slice(0, begin, end)
+                                : torch::arange(begin, end, step.xg.options().dtype(torch::kInt64));
       const torch::Tensor w = weight_.index_select(0, index).to(torch::kFloat32);
       weight_grad_.index_add_(
           0, index,
@@ -475,8 +475,9 @@ void ShardedMarginSoftmax::finish_parts() {
     row_inv_sum.push_back(part->row_inv_sum);
     finite_rows.push_back(part->finite_rows);
   }
-  MYRIAD_CHECK(whole.batch == parts->batch, "finish_parts: the parts hold {} of the step's {} samples",
-               whole.batch, parts->batch);
+  MYRIAD_CHECK(whole.batch == parts->batch,
+               "finish_parts: the parts hold {} of the step's {} samples", whole.batch,
+               parts->batch);
   // Features of every part: one host synchronisation.
   const torch::Tensor finite = torch::cat(finite_rows);
   if (!finite.all().item<bool>()) {
@@ -502,10 +503,12 @@ void ShardedMarginSoftmax::finish_parts() {
                            static_cast<int64_t>(torch::elementSize(options_.gemm_dtype)), source,
                            options_.workspace_bytes);
   whole.plan.cache = false;  // the logits are recomputed chunk by chunk: nothing was kept
-  for (int64_t c = 0; c < whole.plan.chunks && whole.stored_rows && options_.margin.params().normalized; ++c) {
-    const int64_t begin = c * whole.plan.chunk_rows;
-    whole.row_scales.push_back(
-        chunk_inv_norms(weight_, begin, std::min(begin + whole.plan.chunk_rows, whole.active_rows)));
+  // GEMMs on the stored rows take each chunk's 1/|w|, as in forward.
+  if (whole.stored_rows && options_.margin.params().normalized) {
+    for (int64_t begin = 0; begin < whole.active_rows; begin += whole.plan.chunk_rows) {
+      whole.row_scales.push_back(chunk_inv_norms(
+          weight_, begin, std::min(begin + whole.plan.chunk_rows, whole.active_rows)));
+    }
   }
   if (options_.update == WeightUpdate::kFused) optimizer_->begin_step();
   backward_chunks(whole, gradient_scale(parts->upstream, parts->batch), nullptr, /*update=*/true);

@@ -319,8 +319,8 @@ std::vector<int64_t> Communicator::agree_with_peer(const std::vector<int64_t>& m
   // Both ranks run the same checks on the same two descriptions, in the same order (the lower
   // rank's sends first), so both raise the same error.
   const auto mine_to_theirs = [&] {
-    check_direction(mine.data() + kSentHalf, theirs.data() + kExpectedHalf, rank_, peer,
-                    i_receive, they_send, what);
+    check_direction(mine.data() + kSentHalf, theirs.data() + kExpectedHalf, rank_, peer, i_receive,
+                    they_send, what);
   };
   const auto theirs_to_mine = [&] {
     check_direction(theirs.data() + kSentHalf, mine.data() + kExpectedHalf, peer, rank_,
@@ -374,8 +374,7 @@ std::vector<torch::Tensor> Communicator::point_to_point(
     for (size_t i = 0; i < dtypes->size(); ++i) {
       int64_t* d = slot(half, static_cast<int64_t>(i));
       d[0] = 1;
-      d[1] = (*dtypes)[i] == torch::ScalarType::Undefined ? -1
-                                                          : static_cast<int64_t>((*dtypes)[i]);
+      d[1] = (*dtypes)[i] == torch::ScalarType::Undefined ? -1 : static_cast<int64_t>((*dtypes)[i]);
       d[2] = -1;
     }
   }

@@ -175,8 +175,8 @@ void MpiCommunicator::p2p_impl(const std::vector<torch::Tensor>& sent,
       MYRIAD_CHECK_MPI(MPI_Isend(at, count, MPI_BYTE, peer, kDataTag, comm_, &requests.back()));
     });
   }
-  MYRIAD_CHECK_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(),
-                               MPI_STATUSES_IGNORE));
+  MYRIAD_CHECK_MPI(
+      MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
 }
 
 void MpiCommunicator::barrier_impl() {

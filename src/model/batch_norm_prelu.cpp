@@ -45,8 +45,8 @@ torch::MemoryFormat channels_fastest(const torch::Tensor& x) {
 cuda::BatchNormPReLUParams params_of(const torch::Tensor& mean, const torch::Tensor& invstd,
                                      const torch::Tensor& gamma, const torch::Tensor& beta,
                                      const torch::Tensor& alpha) {
-  return {mean.data_ptr<float>(),  invstd.data_ptr<float>(), gamma.data_ptr<float>(),
-          beta.data_ptr<float>(),  alpha.data_ptr<float>(),  alpha.numel() == 1 ? 0 : 1};
+  return {mean.data_ptr<float>(), invstd.data_ptr<float>(), gamma.data_ptr<float>(),
+          beta.data_ptr<float>(), alpha.data_ptr<float>(),  alpha.numel() == 1 ? 0 : 1};
 }
 
 cudaStream_t stream_of(const torch::Tensor& t) {
@@ -75,10 +75,9 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     const torch::Tensor b = beta.to(torch::kFloat32).contiguous();
     const torch::Tensor a = alpha.to(torch::kFloat32).contiguous();
     torch::Tensor y = torch::empty_like(x);
-    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_forward(x.data_ptr(), y.data_ptr(),
-                                                     data_type(x.scalar_type()), rows, channels,
-                                                     params_of(mean, invstd, g, b, a),
-                                                     stream_of(x)));
+    MYRIAD_CHECK_CUDA(
+        cuda::batch_norm_prelu_forward(x.data_ptr(), y.data_ptr(), data_type(x.scalar_type()), rows,
+                                       channels, params_of(mean, invstd, g, b, a), stream_of(x)));
     ctx->save_for_backward({x, mean, invstd, g, b, a});
     return y;
   }
@@ -103,7 +102,13 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
                                                             dx.data_ptr(), type, rows, channels, p,
                                                             sums.data_ptr<float>(), stream_of(x)));
     const torch::Tensor dalpha = alpha.numel() == 1 ? sums[2].sum().reshape({1}) : sums[2];
-    return {dx, sums[1], sums[0], dalpha, torch::Tensor(), torch::Tensor(), torch::Tensor(),
+    return {dx,
+            sums[1],
+            sums[0],
+            dalpha,
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
 };
@@ -129,10 +134,9 @@ torch::Tensor BatchNormImpl::forward_prelu(const torch::Tensor& x,
       torch::NoGradGuard no_grad;
       num_batches_tracked.add_(1);
     }
-    return BatchNormPReLUFunction::apply(x, weight, bias, prelu_weight,
-                                         recompute ? torch::Tensor() : running_mean,
-                                         recompute ? torch::Tensor() : running_var, momentum_,
-                                         eps_);
+    return BatchNormPReLUFunction::apply(
+        x, weight, bias, prelu_weight, recompute ? torch::Tensor() : running_mean,
+        recompute ? torch::Tensor() : running_var, momentum_, eps_);
   }
 #endif
   return torch::prelu(forward(x), prelu_weight);

@@ -175,7 +175,8 @@ bool MultiTensorAdamW::fused_step(const torch::Tensor& overflow) {
     settle();
     window_ = stepped;
   }
-  if (!skipped_.defined()) skipped_ = torch::zeros({1}, stepped.front().options().dtype(torch::kFloat32));
+  if (!skipped_.defined())
+    skipped_ = torch::zeros({1}, stepped.front().options().dtype(torch::kFloat32));
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups()[g].options());
     TORCH_CHECK(!o.amsgrad(), "MultiTensorAdamW does not implement amsgrad");

@@ -317,6 +317,7 @@ void PipelineEngine::split_step(const torch::Tensor& images, const torch::Tensor
     image_parts_ = images.chunk(m_count);
     key_parts_ = keys.chunk(m_count);
   }
+  labels_ = labels;
   if (layout_.last()) {
     MYRIAD_CHECK(labels.size(0) % m_count == 0, "{} labels cannot be cut into {} micro-batches",
                  labels.size(0), m_count);
@@ -363,8 +364,9 @@ std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activation
   return {to_wire(backbone_, out.x), out.keys, out.restore};
 }
 
-torch::Tensor PipelineEngine::run_classifier(const torch::Tensor& output, const torch::Tensor& labels,
-                                       const ClassifierStep& classify, torch::Tensor& loss) {
+torch::Tensor PipelineEngine::run_classifier(const torch::Tensor& output,
+                                             const torch::Tensor& labels,
+                                             const ClassifierStep& classify, torch::Tensor& loss) {
   const auto f32 = torch::dtype(torch::kFloat32).device(device_);
   const torch::Tensor embeddings =
       layout_.last() ? output.detach().requires_grad_(true)
@@ -431,15 +433,14 @@ torch::Tensor PipelineEngine::gpipe(const ClassifierStep& classify, GradientSync
     if (!layout_.last()) send(out, layout_.stage + 1);
   }
   // The classifier once, on the replica's whole batch.
-  torch::Tensor output, labels;
+  torch::Tensor output;
   if (layout_.last()) {
     std::vector<torch::Tensor> outputs;
     for (const MicroBatch& mb : micro_batches_) outputs.push_back(mb.output.detach());
     output = m_count == 1 ? outputs[0] : torch::cat(outputs);
-    labels = m_count == 1 ? label_parts_[0] : torch::cat(label_parts_);
   }
   torch::Tensor loss;
-  const torch::Tensor grad = run_classifier(output, labels, classify, loss);
+  const torch::Tensor grad = run_classifier(output, labels_, classify, loss);
   const std::vector<torch::Tensor> grads =
       layout_.last() ? grad.chunk(m_count) : std::vector<torch::Tensor>();
   for (int m = m_count - 1; m >= 0; --m) {
@@ -471,7 +472,8 @@ torch::Tensor PipelineEngine::one_f_one_b(const ClassifierStep& classify,
   for (int i = 0; i < remaining; ++i) {
     const int f = warmup + i, b = i;
     const std::vector<torch::Tensor> out = forward_micro_batch(f, std::move(in));
-    torch::Tensor incoming = run_classifier(micro_batches_[b].output, part_labels(b), classify, loss);
+    torch::Tensor incoming =
+        run_classifier(micro_batches_[b].output, part_labels(b), classify, loss);
     if (!layout_.last()) incoming = exchange(out, kGradientDtypes, next)[0];
     const torch::Tensor input_grad = backward_micro_batch(b, incoming, sync, b == m_count - 1);
     if (i + 1 == remaining) {

@@ -139,19 +139,21 @@ void StageGraphs::record(Slot& slot, const Activations& in, GradientSynchronizer
   }
   slot.out = {slot.out.x.detach(), slot.out.keys, slot.out.restore};
   slot.recorded = true;
-  log_info("CUDA graphs: blocks [{}, {}) recorded for micro-batches of {} in {:.1f} s", begin_, end_,
-           in.x.sizes(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  log_info("CUDA graphs: blocks [{}, {}) recorded for micro-batches of {} in {:.1f} s", begin_,
+           end_, in.x.sizes(),
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 Activations StageGraphs::forward(int slot_index, const Activations& in,
                                  GradientSynchronizer& sync) {
   std::unique_ptr<Slot>& slot = slots_.at(static_cast<size_t>(slot_index));
   const bool same = slot->recorded && same_layout(slot->in.x, in.x) &&
-                    same_layout(slot->in.keys, in.keys) && same_layout(slot->in.restore, in.restore);
+                    same_layout(slot->in.keys, in.keys) &&
+                    same_layout(slot->in.restore, in.restore);
   if (!same) {
     if (slot->recorded) {
-      log_warn("CUDA graphs: a micro-batch of {} after {}: recording the stage again",
-               in.x.sizes(), slot->in.x.sizes());
+      log_warn("CUDA graphs: a micro-batch of {} after {}: recording the stage again", in.x.sizes(),
+               slot->in.x.sizes());
     }
     slot = std::make_unique<Slot>();
     record(*slot, in, sync);
@@ -181,8 +183,12 @@ torch::Tensor StageGraphs::backward(int slot_index, const torch::Tensor& output_
 
 // Unreachable: the constructor refuses a build without CUDA.
 void StageGraphs::record(Slot&, const Activations&, GradientSynchronizer&) {}
-Activations StageGraphs::forward(int, const Activations&, GradientSynchronizer&) { return {}; }
-torch::Tensor StageGraphs::backward(int, const torch::Tensor&) { return {}; }
+Activations StageGraphs::forward(int, const Activations&, GradientSynchronizer&) {
+  return {};
+}
+torch::Tensor StageGraphs::backward(int, const torch::Tensor&) {
+  return {};
+}
 
 #endif
 

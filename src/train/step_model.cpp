@@ -72,7 +72,8 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   // for 1/|w|), the float32 gradient written and read, the weight and its state read and written
   // by the update.
   const double w = static_cast<double>(s.classifier_weight_bytes);
-  const double rows_read = s.classifier_rows == RowSource::kStored ? w * (passes + 1.0) : (w + g) * passes;
+  const double rows_read =
+      s.classifier_rows == RowSource::kStored ? w * (passes + 1.0) : (w + g) * passes;
   const double per_weight =
       rows_read + 8.0 + 2.0 * w +
       2.0 * static_cast<double>(s.classifier_states * s.classifier_state_bytes);

@@ -178,9 +178,9 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
           "recorded)");
   require(c.cuda_graphs != "on" || !c.activation_checkpointing,
           "--cuda-graphs on and --activation-checkpointing exclude each other");
-  require(one_of(c.pipeline_schedule, {"auto", "gpipe", "1f1b"}),
-          str_format("--pipeline-schedule must be auto, gpipe or 1f1b, got '{}'",
-                     c.pipeline_schedule));
+  require(
+      one_of(c.pipeline_schedule, {"auto", "gpipe", "1f1b"}),
+      str_format("--pipeline-schedule must be auto, gpipe or 1f1b, got '{}'", c.pipeline_schedule));
   require(c.epochs > 0, "--epochs must be positive");
   require(c.max_steps >= 0, "--max-steps must not be negative");
   require(one_of(c.optimizer, {"sgd", "adamw"}),

@@ -449,7 +449,7 @@ std::vector<int64_t> Run::choose_cut() {
         c_.backbone, blocks, stages, format_bytes(memory), in_flight.front(), micro_batch,
         schedule_name(layout_.schedule),
         c_.pipeline_schedule == "gpipe" && c_.micro_batches > 1 ? ", --pipeline-schedule 1f1b"
-                                                                 : "");
+                                                                : "");
     cut = best->cut;
   }
   const StageCut chosen = evaluate_cut(costs, cut, in_flight);
@@ -656,14 +656,17 @@ nlohmann::json Run::log_pipeline(double step_seconds) {
       "pipeline: {} stage(s) x {} micro-batches ({}), stages busy {} ms of {:.1f} ms per step ({} "
       "ms per micro-batch{}): bubble {:.0f}% (ideal (P-1)/(M+P-1) = {:.0f}%), {} sent between "
       "stages per replica and step",
-      layout_.stages, layout_.micro_batches, schedule_name(layout_.schedule), busy_text, 1e3 * step_seconds, per_micro_batch_text,
+      layout_.stages, layout_.micro_batches, schedule_name(layout_.schedule), busy_text,
+      1e3 * step_seconds, per_micro_batch_text,
       predicted_text.empty() ? "" : "; predicted " + predicted_text, 100.0 * bubble, 100.0 * ideal,
       format_bytes(bytes));
   nlohmann::json record = {{"stages", layout_.stages},
                            {"micro_batches", layout_.micro_batches},
                            {"schedule", schedule_name(layout_.schedule)},
-                           {"stage_busy_ms", busy_ms}, {"bubble", bubble},
-                           {"gpipe_bubble", ideal},    {"bytes_per_step", bytes}};
+                           {"stage_busy_ms", busy_ms},
+                           {"bubble", bubble},
+                           {"gpipe_bubble", ideal},
+                           {"bytes_per_step", bytes}};
   if (!predicted_stage_ms_.empty()) record["predicted_stage_ms"] = predicted_stage_ms_;
   return record;
 }

@@ -521,7 +521,8 @@ TEST_P(ClassifierTest, PartsOfAStepGiveTheWholeStep) {
   add("ArcFace, gradients, cached", margin_of(MarginType::kArcFace, 1, 0.5, 0), kTolerance,
       nothing);
   add("CosFace, gradients, chunks of 5 classes", margin_of(MarginType::kCosFace, 1, 0, 0.4),
-      kTolerance, [&](ShardedSoftmaxOptions& o) { o.workspace_bytes = budget_for_chunk(5, batch, 16); });
+      kTolerance,
+      [&](ShardedSoftmaxOptions& o) { o.workspace_bytes = budget_for_chunk(5, batch, 16); });
   add("softmax, gradients, Partial FC", margin_of(MarginType::kSoftmax, 1, 0, 0), kTolerance,
       [](ShardedSoftmaxOptions& o) { o.sample_rate = 0.4; });
   add("ArcFace, fused SGD, chunks of 4 classes", margin_of(MarginType::kArcFace, 1, 0.5, 0),

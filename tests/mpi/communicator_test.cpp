@@ -407,8 +407,9 @@ TEST_P(CommunicatorTest, PointToPointDisagreementsFailOnBothRanks) {
       << message;
   // An exchange expecting other dtypes than the peer's exchange sends.
   message = error([&] {
-    comm().exchange({torch::ones({2}, options.dtype(rank() == 0 ? torch::kFloat32 : torch::kInt64))},
-                    {torch::kFloat32}, peer);
+    comm().exchange(
+        {torch::ones({2}, options.dtype(rank() == 0 ? torch::kFloat32 : torch::kInt64))},
+        {torch::kFloat32}, peer);
   });
   EXPECT_NE(message.find("rank 1 sends (Long [2]) to rank 0, which expects (Float)"),
             std::string::npos)

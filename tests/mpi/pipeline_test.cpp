@@ -91,9 +91,10 @@ class PipelineTest : public BackendTest {
 // every stage's gradients, the classifier's, and the batch-norm statistics.
 TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
   const ExactFloat32 exact;
-  for (const auto& [name, schedule] :
-       {std::pair{"smallcnn", PipelineSchedule::kGPipe}, std::pair{"vit_t", PipelineSchedule::kGPipe},
-        std::pair{"smallcnn", PipelineSchedule::k1F1B}, std::pair{"vit_t", PipelineSchedule::k1F1B}}) {
+  for (const auto& [name, schedule] : {std::pair{"smallcnn", PipelineSchedule::kGPipe},
+                                       std::pair{"vit_t", PipelineSchedule::kGPipe},
+                                       std::pair{"smallcnn", PipelineSchedule::k1F1B},
+                                       std::pair{"vit_t", PipelineSchedule::k1F1B}}) {
     SCOPED_TRACE(std::string(name) + ", " + schedule_name(schedule));
     const int64_t batch = 8, micro_batches = 4;
     torch::manual_seed(3);
@@ -262,10 +263,9 @@ TEST_P(PipelineTest, OneFOneBComputesWhatGPipeComputes) {
       ShardedMarginSoftmax classifier = make_classifier(23, WeightUpdate::kFused, c.sample_rate);
       losses.emplace_back();
       for (int64_t step = 0; step < steps; ++step) {
-        const torch::Tensor loss =
-            train_step(engine, classifier, sync, images[step],
-                       torch::arange(step * batch, (step + 1) * batch, torch::kInt64),
-                       labels[step]);
+        const torch::Tensor loss = train_step(
+            engine, classifier, sync, images[step],
+            torch::arange(step * batch, (step + 1) * batch, torch::kInt64), labels[step]);
         losses.back().push_back(loss.item<double>());
         optimizer.step();
         sync.clear_gradients();
@@ -349,10 +349,9 @@ TEST_P(PipelineTest, CudaGraphsComputeWhatEagerComputes) {
       ShardedMarginSoftmax classifier = make_classifier(23, WeightUpdate::kFused);
       losses.emplace_back();
       for (int64_t step = 0; step < steps; ++step) {
-        const torch::Tensor loss =
-            train_step(engine, classifier, sync, images[step],
-                       torch::arange(step * batch, (step + 1) * batch, torch::kInt64),
-                       labels[step]);
+        const torch::Tensor loss = train_step(
+            engine, classifier, sync, images[step],
+            torch::arange(step * batch, (step + 1) * batch, torch::kInt64), labels[step]);
         losses.back().push_back(loss.item<double>());
         optimizer.step();
         sync.clear_gradients();

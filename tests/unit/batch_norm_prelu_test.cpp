@@ -24,8 +24,8 @@ struct Case {
   bool shared_slope;  // one PReLU slope for every channel
 };
 
-void expect_matches_composition(const torch::Device& device, torch::ScalarType dtype,
-                                const Case& c, double tolerance, bool fused) {
+void expect_matches_composition(const torch::Device& device, torch::ScalarType dtype, const Case& c,
+                                double tolerance, bool fused) {
   const int64_t channels = c.shape[1];
   torch::manual_seed(static_cast<uint64_t>(channels * 7 + c.shape.size()));
   // Off-centre inputs and slopes of both signs: the statistics and both PReLU branches matter.
@@ -127,8 +127,8 @@ TEST(BatchNormPReLU, FusedGradientsAreTheSameBitsEveryRun) {
     const torch::Tensor slope = torch::full({64}, 0.25, torch::kCUDA).requires_grad_(true);
     const torch::Tensor input = x.clone().requires_grad_(true);
     bn->forward_prelu(input, slope).backward(g);
-    runs.push_back(torch::cat({input.grad().reshape(-1), bn->weight.grad(), bn->bias.grad(),
-                               slope.grad()}));
+    runs.push_back(
+        torch::cat({input.grad().reshape(-1), bn->weight.grad(), bn->bias.grad(), slope.grad()}));
   }
   EXPECT_TRUE(torch::equal(runs[0], runs[1]));
 }

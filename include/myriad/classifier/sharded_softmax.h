@@ -136,7 +136,7 @@ class ShardedMarginSoftmax {
   std::unique_ptr<Step> pending_;
   std::unique_ptr<Parts> parts_;  // between begin_parts and finish_parts
   int64_t steps_ = 0;
-  int64_t forwards_ = 0;  // pairs each backward with its forward
+  int64_t forwards_ = 0;          // pairs each backward with its forward
   torch::Tensor inv_loss_scale_;  // undefined: 1
   ChunkPlan last_plan_;
   PhaseTimer* timer_ = nullptr;

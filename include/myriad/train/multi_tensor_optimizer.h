@@ -46,7 +46,7 @@ class MultiTensorAdamW final : public torch::optim::AdamW, public SkippableStep 
   // ATen's fused kernel, on GPUs: false where it does not apply (the CPU, older LibTorch).
   bool fused_step(const torch::Tensor& overflow);
 
-  torch::Tensor skipped_;            // float32 [1] on the device: skipped since settle()
+  torch::Tensor skipped_;              // float32 [1] on the device: skipped since settle()
   std::vector<torch::Tensor> window_;  // the parameters stepped since settle()
 };
 

@@ -157,7 +157,7 @@ class PipelineEngine {
   // The classifier on the last stage's `output` with `labels` (ignored elsewhere: none): their
   // gradient on the last stage; the loss is added to `loss`.
   torch::Tensor run_classifier(const torch::Tensor& output, const torch::Tensor& labels,
-                         const ClassifierStep& classify, torch::Tensor& loss);
+                               const ClassifierStep& classify, torch::Tensor& loss);
   torch::Tensor part_labels(int m) const;  // micro-batch m's labels on the last stage
   // Backward of micro-batch m given its output's gradient (in wire form off the last stage); the
   // gradient of its input in wire form (undefined on the first stage). Frees its activations.
@@ -171,6 +171,7 @@ class PipelineEngine {
   std::optional<torch::ScalarType> autocast_;
   int64_t embedding_size_;
   std::vector<MicroBatch> micro_batches_;
+  torch::Tensor labels_;  // the step's, on the last stage
   std::vector<torch::Tensor> image_parts_, key_parts_, label_parts_;
   std::unique_ptr<BusyClock> clock_;
   PhaseTimer* timer_ = nullptr;

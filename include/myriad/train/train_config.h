@@ -35,7 +35,7 @@ struct TrainConfig {
   int64_t batch_size = 128;  // per replica: per rank with one pipeline stage
   int micro_batches = 1;
   int pipeline_stages = 1;
-  std::string pipeline_split;  // "a,b,...": the first blocks of stages 1 ... P-1
+  std::string pipeline_split;              // "a,b,...": the first blocks of stages 1 ... P-1
   std::string pipeline_schedule = "auto";  // auto, gpipe, 1f1b
   bool pipeline_profile = false;
   int64_t pipeline_memory = 0;  // bytes per GPU for a stage; 0: what the device has left

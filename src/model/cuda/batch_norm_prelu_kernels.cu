@@ -60,8 +60,9 @@ __device__ inline Channel channel(const BatchNormPReLUParams& p, int64_t c) {
 }
 
 template <typename T, int V>
-__global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t packs,
-                               int64_t channels, BatchNormPReLUParams p) {
+__global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                int64_t packs, int64_t channels,
+                                                BatchNormPReLUParams p) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t c0 = (i * V) % channels;
@@ -78,10 +79,11 @@ __global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x, T* __re
 }
 
 template <typename T, int V>
-__global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x, const T* __restrict__ dy,
-                                      T* __restrict__ dx, int64_t packs, int64_t channels,
-                                      float inv_rows, BatchNormPReLUParams p,
-                                      const float* __restrict__ sums) {
+__global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x,
+                                                       const T* __restrict__ dy, T* __restrict__ dx,
+                                                       int64_t packs, int64_t channels,
+                                                       float inv_rows, BatchNormPReLUParams p,
+                                                       const float* __restrict__ sums) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t c0 = (i * V) % channels;
@@ -107,9 +109,10 @@ __global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x, 
 // whole rows' consecutive bytes. Each thread sums its rows in registers, the block sums over ty in
 // shared memory, and the block's row of partials [3, channels] leaves it.
 template <typename T, int V>
-__global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x, const T* __restrict__ dy,
-                                       int64_t rows, int64_t channels, BatchNormPReLUParams p,
-                                       float* __restrict__ partials) {
+__global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x,
+                                                        const T* __restrict__ dy, int64_t rows,
+                                                        int64_t channels, BatchNormPReLUParams p,
+                                                        float* __restrict__ partials) {
   extern __shared__ float partial[];  // [ty][tx][3 V]
   const int64_t packs_per_row = channels / V;
   const int64_t pack = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -184,7 +187,8 @@ int multiprocessors() {
 // Blocks for an elementwise pass over `packs` packs: enough to fill the GPU a few times over.
 unsigned elementwise_blocks(int64_t packs) {
   const int64_t wanted = (packs + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(wanted, 8 * multiprocessors())));
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>(wanted, 8 * multiprocessors())));
 }
 
 bool aligned(const void* p) {
@@ -202,9 +206,8 @@ cudaError_t dispatch(DataType type, int64_t channels, std::initializer_list<cons
       return wide && channels % 4 == 0 ? launch(float{}, std::integral_constant<int, 4>{})
                                        : launch(float{}, std::integral_constant<int, 1>{});
     case DataType::kBFloat16:
-      return wide && channels % 8 == 0
-                 ? launch(__nv_bfloat16{}, std::integral_constant<int, 8>{})
-                 : launch(__nv_bfloat16{}, std::integral_constant<int, 1>{});
+      return wide && channels % 8 == 0 ? launch(__nv_bfloat16{}, std::integral_constant<int, 8>{})
+                                       : launch(__nv_bfloat16{}, std::integral_constant<int, 1>{});
     case DataType::kFloat16:
       return wide && channels % 8 == 0 ? launch(__half{}, std::integral_constant<int, 8>{})
                                        : launch(__half{}, std::integral_constant<int, 1>{});
@@ -250,9 +253,8 @@ int64_t batch_norm_prelu_partials(int64_t channels) {
 }
 
 cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, DataType type,
-                                             int64_t rows, int64_t channels,
-                                             BatchNormPReLUParams p, float* partials, float* sums,
-                                             cudaStream_t stream) {
+                                             int64_t rows, int64_t channels, BatchNormPReLUParams p,
+                                             float* partials, float* sums, cudaStream_t stream) {
   return dispatch(type, channels, {x, dy}, [&](auto t, auto v) {
     using T = decltype(t);
     constexpr int V = decltype(v)::value;
@@ -271,17 +273,17 @@ cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, Data
 }
 
 cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, void* dx, DataType type,
-                                            int64_t rows, int64_t channels,
-                                            BatchNormPReLUParams p, const float* sums,
-                                            cudaStream_t stream) {
+                                            int64_t rows, int64_t channels, BatchNormPReLUParams p,
+                                            const float* sums, cudaStream_t stream) {
   return dispatch(type, channels, {x, dy, dx}, [&](auto t, auto v) {
     using T = decltype(t);
     constexpr int V = decltype(v)::value;
     const int64_t packs = rows * channels / V;
     if (packs == 0) return cudaSuccess;
-    batch_norm_prelu_backward_input_kernel<T, V><<<elementwise_blocks(packs), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), packs, channels,
-        1.0f / static_cast<float>(rows), p, sums);
+    batch_norm_prelu_backward_input_kernel<T, V>
+        <<<elementwise_blocks(packs), kThreads, 0, stream>>>(
+            static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), packs,
+            channels, 1.0f / static_cast<float>(rows), p, sums);
     return cudaGetLastError();
   });
 }

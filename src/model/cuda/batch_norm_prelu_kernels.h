@@ -29,8 +29,7 @@ struct BatchNormPReLUParams {
 
 // y from x.
 cudaError_t batch_norm_prelu_forward(const void* x, void* y, DataType type, int64_t rows,
-                                     int64_t channels, BatchNormPReLUParams p,
-                                     cudaStream_t stream);
+                                     int64_t channels, BatchNormPReLUParams p, cudaStream_t stream);
 
 // Per channel, over the rows, given dy (the gradient of y): sums[c] = Σ dz,
 // sums[channels + c] = Σ dz x̂ and sums[2 channels + c] = Σ dy z [z <= 0], where
@@ -40,15 +39,13 @@ cudaError_t batch_norm_prelu_forward(const void* x, void* y, DataType type, int6
 // every run (--deterministic).
 int64_t batch_norm_prelu_partials(int64_t channels);
 cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, DataType type,
-                                             int64_t rows, int64_t channels,
-                                             BatchNormPReLUParams p, float* partials, float* sums,
-                                             cudaStream_t stream);
+                                             int64_t rows, int64_t channels, BatchNormPReLUParams p,
+                                             float* partials, float* sums, cudaStream_t stream);
 
 // dx = gamma invstd (dz - Σ dz / rows - x̂ Σ dz x̂ / rows), with the sums of
 // batch_norm_prelu_backward_reduce.
 cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, void* dx, DataType type,
-                                            int64_t rows, int64_t channels,
-                                            BatchNormPReLUParams p, const float* sums,
-                                            cudaStream_t stream);
+                                            int64_t rows, int64_t channels, BatchNormPReLUParams p,
+                                            const float* sums, cudaStream_t stream);
 
 }  // namespace myriad::cuda
