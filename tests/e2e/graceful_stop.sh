@@ -114,10 +114,11 @@ expect_resumes "$run" "$steps" "the stop file"
 echo "stop file: an old one ignored and removed; a new one: checkpoint at step $step, exit 75, resumed to $steps"
 
 # A second signal to the wrapper stops at once, with no process left behind. The ranks here are
-# sleep(1), which never stops by itself, so that the second signal always comes first.
+# sleep(1), which never stops by itself, so that the second signal always comes first; for a
+# duration nothing else on the machine sleeps (a shell's `sleep 600` once matched the search).
 run="$work/twice"
 MYRIAD_TRAIN=$(command -v sleep) OMPI_MCA_rmaps_base_oversubscribe=1 "$launch" --hostfile "$work/hosts" \
-  --stop-file "$run.stop" -- 600 >"$run.log" 2>&1 &
+  --stop-file "$run.stop" -- 86321 >"$run.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 100); do [ "$(pgrep -c -x sleep -P "$(pgrep -P "$pid" -x mpirun || echo 1)")" -eq 2 ] && break; sleep 0.1; done
 kill -TERM "$pid"
@@ -128,7 +129,7 @@ finish "$run" 60
 [ "$code" -eq 138 ] || { cat "$run.log"; echo "a second signal (SIGUSR1): expected exit 138, got $code"; exit 1; }
 grep -q "SIGUSR1 again: stopping at once" "$run.log"
 [ ! -e "$run.stop" ] || { echo "the stop file outlived the run"; exit 1; }
-! pgrep -f "sleep 600" >/dev/null || { echo "ranks are left running"; exit 1; }
+! pgrep -f "sleep 86321" >/dev/null || { echo "ranks are left running"; exit 1; }
 echo "second signal to launch/mpirun.sh: stopped at once, exit 138"
 
 run="$work/kill"
