@@ -571,8 +571,11 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
   // The backbone's rate per GPU, counted as 2 x multiply-adds and training as 3 x forward.
   const double tflops = 6.0 * static_cast<double>(backbone_->multiply_adds()) * samples_per_sec /
                         context_.size() / 1e12;
-  // Every rank's peak: a pipeline's stages hold different blocks, so rank 0's says little.
-  const std::vector<int64_t> peaks = comm_.all_gather_counts(peak_device_memory(device_));
+  // Every rank's peak: a pipeline's stages hold different blocks, so rank 0's says little. CUDA
+  // graphs keep their activations in pools of their own, where they count as free between
+  // replays: what the allocator holds is then the figure that runs out.
+  const std::vector<int64_t> peaks = comm_.all_gather_counts(
+      graphs_ ? peak_reserved_device_memory(device_) : peak_device_memory(device_));
   const int64_t memory = *std::max_element(peaks.begin(), peaks.end());
   log_info(
       "step {}/{} epoch {} loss {:.4f} lr {:.4g} | {:.1f} samples/s | {:.1f} ms/step: data {:.1f}, "

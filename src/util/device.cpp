@@ -35,6 +35,15 @@ int64_t peak_device_memory(const torch::Device& device) {
   return 0;
 }
 
+int64_t peak_reserved_device_memory(const torch::Device& device) {
+#ifdef MYRIAD_WITH_CUDA
+  if (device.is_cuda()) {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).reserved_bytes[0].peak;
+  }
+#endif
+  return 0;
+}
+
 int64_t allocated_device_memory(const torch::Device& device) {
 #ifdef MYRIAD_WITH_CUDA
   if (device.is_cuda()) {

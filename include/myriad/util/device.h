@@ -13,6 +13,9 @@ void synchronize_device(const torch::Device& device);
 // Peak bytes the caching allocator has handed out on `device` since the last reset, and the
 // reset itself. On the CPU both report 0: LibTorch keeps no CPU statistics.
 int64_t peak_device_memory(const torch::Device& device);
+// Peak bytes the caching allocator has held on `device` (handed out or cached for reuse): what
+// another allocation cannot have.
+int64_t peak_reserved_device_memory(const torch::Device& device);
 // Bytes LibTorch's caching allocator has handed out on a CUDA device now (0 on the CPU).
 int64_t allocated_device_memory(const torch::Device& device);
 void reset_peak_device_memory(const torch::Device& device);
