@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "myriad/util/check_cuda.h"
+#include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/stochastic_round.h"
 
@@ -31,12 +32,6 @@ void write_rows(torch::Tensor& t, const torch::Tensor& index, int64_t begin, int
   // rows_of() returned a view and the update already happened in place.
   if (target.data_ptr() != rows.data_ptr()) target.copy_(rows);
 }
-
-#ifdef MYRIAD_WITH_CUDA
-cuda::ElementType storage_type(torch::ScalarType dtype) {
-  return dtype == torch::kBFloat16 ? cuda::ElementType::kBFloat16 : cuda::ElementType::kFloat32;
-}
-#endif
 
 }  // namespace
 
@@ -125,7 +120,7 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
   if (weight.is_cuda()) {
     const int64_t* rows = index.defined() ? index.data_ptr<int64_t>() : nullptr;
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(weight.device().index()).stream();
-    const cuda::WeightShard shard{weight.data_ptr(), storage_type(weight.scalar_type()), first_row_,
+    const cuda::WeightShard shard{weight.data_ptr(), element_type(weight.scalar_type()), first_row_,
                                   rounding_seed()};
     const float* multiplier =
         grad_multiplier.defined() ? grad_multiplier.data_ptr<float>() : nullptr;
@@ -133,7 +128,7 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
       const cuda::SgdArgs args{static_cast<float>(o.lr), static_cast<float>(o.momentum),
                                static_cast<float>(o.weight_decay), o.nesterov, multiplier};
       MYRIAD_CHECK_CUDA(cuda::sgd_rows(shard, momentum_.defined() ? momentum_.data_ptr() : nullptr,
-                                       storage_type(o.state_dtype), grad.data_ptr<float>(),
+                                       element_type(o.state_dtype), grad.data_ptr<float>(),
                                        weight.size(1), rows, begin, count, grad_of, args, stream));
     } else {
       const cuda::AdamWArgs args{static_cast<float>(o.lr),
@@ -145,7 +140,7 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
                                  static_cast<float>(bc2),
                                  multiplier};
       MYRIAD_CHECK_CUDA(cuda::adamw_rows(
-          shard, exp_avg_.data_ptr(), exp_avg_sq_.data_ptr(), storage_type(o.state_dtype),
+          shard, exp_avg_.data_ptr(), exp_avg_sq_.data_ptr(), element_type(o.state_dtype),
           grad.data_ptr<float>(), weight.size(1), rows, begin, count, grad_of, args, stream));
     }
     return;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "myriad/util/check_cuda.h"
+#include "myriad/util/device.h"
 #include "myriad/util/error.h"
 
 #ifdef MYRIAD_WITH_CUDA
@@ -54,19 +55,6 @@ torch::Tensor other_logits(const torch::Tensor& dot, const MarginParams& params)
 }
 
 #ifdef MYRIAD_WITH_CUDA
-cuda::ElementType element_type(torch::ScalarType dtype) {
-  switch (dtype) {
-    case torch::kFloat32:
-      return cuda::ElementType::kFloat32;
-    case torch::kBFloat16:
-      return cuda::ElementType::kBFloat16;
-    case torch::kFloat16:
-      return cuda::ElementType::kFloat16;
-    default:
-      MYRIAD_THROW("no CUDA kernel for {}", c10::toString(dtype));
-  }
-}
-
 const float* scale_pointer(const torch::Tensor& row_scale) {
   return row_scale.defined() ? row_scale.data_ptr<float>() : nullptr;
 }

@@ -9,6 +9,7 @@
 #include "myriad/model/batch_norm.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/check_cuda.h"
+#include "myriad/util/device.h"
 #include "myriad/util/error.h"
 
 #ifdef MYRIAD_WITH_CUDA
@@ -23,19 +24,6 @@ namespace myriad {
 
 #ifdef MYRIAD_WITH_CUDA
 namespace {
-
-cuda::DataType data_type(torch::ScalarType dtype) {
-  switch (dtype) {
-    case torch::kFloat32:
-      return cuda::DataType::kFloat32;
-    case torch::kBFloat16:
-      return cuda::DataType::kBFloat16;
-    case torch::kFloat16:
-      return cuda::DataType::kFloat16;
-    default:
-      MYRIAD_THROW("fused batch norm + PReLU takes float32, bfloat16 or float16, not {}", dtype);
-  }
-}
 
 // The layout the kernels read: the channel moves fastest.
 torch::MemoryFormat channels_fastest(const torch::Tensor& x) {
@@ -75,9 +63,9 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     const torch::Tensor b = beta.to(torch::kFloat32).contiguous();
     const torch::Tensor a = alpha.to(torch::kFloat32).contiguous();
     torch::Tensor y = torch::empty_like(x);
-    MYRIAD_CHECK_CUDA(
-        cuda::batch_norm_prelu_forward(x.data_ptr(), y.data_ptr(), data_type(x.scalar_type()), rows,
-                                       channels, params_of(mean, invstd, g, b, a), stream_of(x)));
+    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_forward(
+        x.data_ptr(), y.data_ptr(), element_type(x.scalar_type()), rows, channels,
+        params_of(mean, invstd, g, b, a), stream_of(x)));
     ctx->save_for_backward({x, mean, invstd, g, b, a});
     return y;
   }
@@ -90,7 +78,7 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     const torch::Tensor dy = grads[0].to(x.scalar_type()).contiguous(channels_fastest(x));
     const int64_t channels = x.size(1), rows = x.numel() / std::max<int64_t>(channels, 1);
     const cuda::BatchNormPReLUParams p = params_of(saved[1], saved[2], saved[3], saved[4], alpha);
-    const cuda::DataType type = data_type(x.scalar_type());
+    const cuda::ElementType type = element_type(x.scalar_type());
     torch::Tensor partials =
         torch::empty({cuda::batch_norm_prelu_partials(channels)}, saved[1].options());
     torch::Tensor sums = torch::empty({3, channels}, saved[1].options());

@@ -109,6 +109,19 @@ torch::ScalarType parse_float_dtype(const std::string& name) {
   throw UsageError(str_format("unknown floating-point type '{}' (fp32, bf16, fp16)", name));
 }
 
+cuda::ElementType element_type(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32:
+      return cuda::ElementType::kFloat32;
+    case torch::kBFloat16:
+      return cuda::ElementType::kBFloat16;
+    case torch::kFloat16:
+      return cuda::ElementType::kFloat16;
+    default:
+      MYRIAD_THROW("no CUDA kernel takes {} (float32, bfloat16 or float16)", c10::toString(dtype));
+  }
+}
+
 void use_deterministic_algorithms() {
   // cuBLAS splits reductions by its workspace; a fixed configuration makes the splits repeat.
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);

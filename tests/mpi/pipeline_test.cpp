@@ -19,11 +19,17 @@ namespace {
 
 class PipelineTest : public BackendTest {
  protected:
+  // The smallest input each test network takes.
+  static InputShape input_of(const std::string& name) {
+    if (name == "smallcnn") return {1, 16, 16};
+    return name == "r18" ? InputShape{3, 32, 32} : InputShape{3, 18, 18};
+  }
+
   std::shared_ptr<Backbone> make_net(const std::string& name) {
     torch::manual_seed(31);
     BackboneOptions o;
     o.name = name;
-    o.input = name == "smallcnn" ? InputShape{1, 16, 16} : InputShape{3, 18, 18};
+    o.input = input_of(name);
     o.embedding_size = 16;
     o.seed = 5;
     return make_backbone(o);
@@ -77,6 +83,71 @@ class PipelineTest : public BackendTest {
     return loss;
   }
 
+  struct StageRun {
+    int micro_batches = 4;
+    PipelineSchedule schedule = PipelineSchedule::kGPipe;
+    double sample_rate = 1.0;
+    std::optional<torch::ScalarType> autocast;
+    bool channels_last = false;
+    bool cuda_graphs = false;
+  };
+  struct Trained {
+    std::vector<double> losses;  // one per step
+    std::vector<torch::Tensor>
+        parameters;  // the stage's state, then the classifier shard (float64)
+  };
+
+  // SGD steps of `images[step]` and `labels[step]` (the replica's batch; sample keys number the
+  // samples of all steps) through P = W stages of `name`, with the classifier's fused update.
+  Trained train_stages(const std::string& name, const StageRun& run, const torch::Tensor& images,
+                       const torch::Tensor& labels) {
+    const int64_t steps = images.size(0), batch = images.size(1);
+    auto net = make_net(name);
+    net->set_channels_last(run.channels_last);
+    const PipelineLayout l = layout(*net, run.micro_batches, run.schedule);
+    PipelineEngine engine(
+        l, *net, world() > 1 ? environment().comms->create_split(device(), 0, rank()) : nullptr,
+        device(), run.autocast, 16);
+    engine.place_stage();
+    if (run.cuda_graphs) engine.use_cuda_graphs();
+    const std::vector<torch::Tensor> params = engine.stage_parameters();
+    GradientSynchronizer sync(params, environment().comms->create_split(device(), rank(), 0), 4096);
+    torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.01).momentum(0.9));
+    ShardedMarginSoftmax classifier = make_classifier(23, WeightUpdate::kFused, run.sample_rate);
+    Trained out;
+    for (int64_t step = 0; step < steps; ++step) {
+      const torch::Tensor loss =
+          train_step(engine, classifier, sync, images[step],
+                     torch::arange(step * batch, (step + 1) * batch, torch::kInt64), labels[step]);
+      out.losses.push_back(loss.item<double>());
+      optimizer.step();
+      sync.clear_gradients();
+    }
+    for (const auto& [entry, tensor] : engine.stage_state())
+      out.parameters.push_back(tensor.detach().cpu().to(torch::kFloat64));
+    out.parameters.push_back(classifier.weight().detach().cpu().to(torch::kFloat64));
+    return out;
+  }
+
+  // `b` trained as `a` did: each loss within `tolerance` of a's, each parameter within `tolerance`
+  // of the scale of them all (some, biases before batch norm, have no gradient but float noise,
+  // and are 1e-9 apart from 1e-9).
+  static void expect_same_training(const Trained& a, const Trained& b, double tolerance) {
+    ASSERT_EQ(b.losses.size(), a.losses.size());
+    for (size_t step = 0; step < a.losses.size(); ++step) {
+      EXPECT_NEAR(b.losses[step], a.losses[step], tolerance * std::abs(a.losses[step]))
+          << "step " << step;
+    }
+    ASSERT_EQ(b.parameters.size(), a.parameters.size());
+    std::vector<torch::Tensor> flat;
+    for (const torch::Tensor& t : a.parameters) flat.push_back(t.reshape(-1));
+    const double scale = torch::cat(flat).norm().item<double>();
+    for (size_t k = 0; k < a.parameters.size(); ++k) {
+      EXPECT_LE((b.parameters[k] - a.parameters[k]).norm().item<double>(), tolerance * scale)
+          << "parameter " << k;
+    }
+  }
+
   std::vector<torch::Tensor> trainable(const std::vector<torch::Tensor>& params) {
     std::vector<torch::Tensor> out;
     for (const torch::Tensor& p : params)
@@ -98,8 +169,7 @@ TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
     SCOPED_TRACE(std::string(name) + ", " + schedule_name(schedule));
     const int64_t batch = 8, micro_batches = 4;
     torch::manual_seed(3);
-    const InputShape shape =
-        std::string(name) == "smallcnn" ? InputShape{1, 16, 16} : InputShape{3, 18, 18};
+    const InputShape shape = input_of(name);
     const torch::Tensor images = torch::randn({batch, shape.channels, shape.height, shape.width});
     const torch::Tensor labels = torch::randint(0, 11, {batch}, torch::kInt64);
     const torch::Tensor keys = torch::arange(100, 100 + batch, torch::kInt64);
@@ -241,55 +311,17 @@ TEST_P(PipelineTest, OneFOneBComputesWhatGPipeComputes) {
                         Case{"smallcnn", 4, 0.5}}) {
     SCOPED_TRACE(str_format("{}, M = {}, sample rate {}", c.net, c.micro_batches, c.sample_rate));
     const int64_t batch = 16, steps = 2;
-    const InputShape shape =
-        std::string(c.net) == "smallcnn" ? InputShape{1, 16, 16} : InputShape{3, 18, 18};
+    const InputShape shape = input_of(c.net);
     torch::manual_seed(12);
     const torch::Tensor images =
         torch::randn({steps, batch, shape.channels, shape.height, shape.width});
     const torch::Tensor labels = torch::randint(0, 23, {steps, batch}, torch::kInt64);
-    std::vector<std::vector<double>> losses;
-    std::vector<std::vector<torch::Tensor>> parameters;
-    for (const PipelineSchedule schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
-      auto net = make_net(c.net);
-      const PipelineLayout l = layout(*net, c.micro_batches, schedule);
-      PipelineEngine engine(
-          l, *net, world() > 1 ? environment().comms->create_split(device(), 0, rank()) : nullptr,
-          device(), std::nullopt, 16);
-      engine.place_stage();
-      const std::vector<torch::Tensor> params = engine.stage_parameters();
-      GradientSynchronizer sync(params, environment().comms->create_split(device(), rank(), 0),
-                                4096);
-      torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.01).momentum(0.9));
-      ShardedMarginSoftmax classifier = make_classifier(23, WeightUpdate::kFused, c.sample_rate);
-      losses.emplace_back();
-      for (int64_t step = 0; step < steps; ++step) {
-        const torch::Tensor loss = train_step(
-            engine, classifier, sync, images[step],
-            torch::arange(step * batch, (step + 1) * batch, torch::kInt64), labels[step]);
-        losses.back().push_back(loss.item<double>());
-        optimizer.step();
-        sync.clear_gradients();
-      }
-      parameters.emplace_back();
-      for (const auto& [entry, tensor] : engine.stage_state())
-        parameters.back().push_back(tensor.detach().cpu());
-      parameters.back().push_back(classifier.weight().detach().cpu());
-    }
-    for (int64_t step = 0; step < steps; ++step) {
-      EXPECT_NEAR(losses[1][step], losses[0][step], 1e-5 * std::abs(losses[0][step]))
-          << "step " << step;
-    }
-    // Each tensor against the scale of them all: some (biases before batch norm) have no gradient
-    // but float noise, and are 1e-9 apart from 1e-9.
-    ASSERT_EQ(parameters[1].size(), parameters[0].size());
-    std::vector<torch::Tensor> flat;
-    for (const torch::Tensor& t : parameters[0]) flat.push_back(t.reshape(-1).to(torch::kFloat64));
-    const double scale = torch::cat(flat).norm().item<double>();
-    for (size_t k = 0; k < parameters[0].size(); ++k) {
-      EXPECT_LE((parameters[1][k] - parameters[0][k]).to(torch::kFloat64).norm().item<double>(),
-                1e-5 * scale)
-          << "parameter " << k;
-    }
+    StageRun run;
+    run.micro_batches = c.micro_batches;
+    run.sample_rate = c.sample_rate;
+    const Trained gpipe = train_stages(c.net, run, images, labels);
+    run.schedule = PipelineSchedule::k1F1B;
+    expect_same_training(gpipe, train_stages(c.net, run, images, labels), 1e-5);
   }
 }
 
@@ -317,61 +349,19 @@ TEST_P(PipelineTest, CudaGraphsComputeWhatEagerComputes) {
                         Case{"r18", PipelineSchedule::k1F1B, torch::kBFloat16, 1, 1e-3}}) {
     SCOPED_TRACE(str_format("{}, {}{}", c.net, schedule_name(c.schedule),
                             c.autocast ? ", bf16 autocast" : ""));
-    const int64_t batch = 16, steps = c.steps, micro_batches = 4;
-    const InputShape shape = std::string(c.net) == "smallcnn" ? InputShape{1, 16, 16}
-                             : std::string(c.net) == "vit_t"  ? InputShape{3, 18, 18}
-                                                              : InputShape{3, 32, 32};
+    const int64_t batch = 16;
+    const InputShape shape = input_of(c.net);
     torch::manual_seed(21);
     const torch::Tensor images =
-        torch::randn({steps, batch, shape.channels, shape.height, shape.width});
-    const torch::Tensor labels = torch::randint(0, 23, {steps, batch}, torch::kInt64);
-    std::vector<std::vector<double>> losses;
-    std::vector<std::vector<torch::Tensor>> parameters;
-    for (const bool graphs : {false, true}) {
-      torch::manual_seed(31);
-      BackboneOptions o;
-      o.name = c.net;
-      o.input = shape;
-      o.embedding_size = 16;
-      o.seed = 5;
-      auto net = make_backbone(o);
-      net->set_channels_last(true);
-      const PipelineLayout l = layout(*net, micro_batches, c.schedule);
-      PipelineEngine engine(
-          l, *net, world() > 1 ? environment().comms->create_split(device(), 0, rank()) : nullptr,
-          device(), c.autocast, 16);
-      engine.place_stage();
-      if (graphs) engine.use_cuda_graphs();
-      const std::vector<torch::Tensor> params = engine.stage_parameters();
-      GradientSynchronizer sync(params, environment().comms->create_split(device(), rank(), 0),
-                                4096);
-      torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.01).momentum(0.9));
-      ShardedMarginSoftmax classifier = make_classifier(23, WeightUpdate::kFused);
-      losses.emplace_back();
-      for (int64_t step = 0; step < steps; ++step) {
-        const torch::Tensor loss = train_step(
-            engine, classifier, sync, images[step],
-            torch::arange(step * batch, (step + 1) * batch, torch::kInt64), labels[step]);
-        losses.back().push_back(loss.item<double>());
-        optimizer.step();
-        sync.clear_gradients();
-      }
-      parameters.emplace_back();
-      for (const auto& [entry, tensor] : engine.stage_state())
-        parameters.back().push_back(tensor.detach().cpu().to(torch::kFloat64));
-      parameters.back().push_back(classifier.weight().detach().cpu().to(torch::kFloat64));
-    }
-    for (int64_t step = 0; step < steps; ++step) {
-      EXPECT_NEAR(losses[1][step], losses[0][step], c.tolerance * std::abs(losses[0][step]))
-          << "step " << step;
-    }
-    std::vector<torch::Tensor> flat;
-    for (const torch::Tensor& t : parameters[0]) flat.push_back(t.reshape(-1));
-    const double scale = torch::cat(flat).norm().item<double>();
-    for (size_t k = 0; k < parameters[0].size(); ++k) {
-      EXPECT_LE((parameters[1][k] - parameters[0][k]).norm().item<double>(), c.tolerance * scale)
-          << "parameter " << k;
-    }
+        torch::randn({c.steps, batch, shape.channels, shape.height, shape.width});
+    const torch::Tensor labels = torch::randint(0, 23, {c.steps, batch}, torch::kInt64);
+    StageRun run;
+    run.schedule = c.schedule;
+    run.autocast = c.autocast;
+    run.channels_last = true;
+    const Trained eager = train_stages(c.net, run, images, labels);
+    run.cuda_graphs = true;
+    expect_same_training(eager, train_stages(c.net, run, images, labels), c.tolerance);
   }
 }
 

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "myriad/comm/device_selection.h"
+#include "myriad/util/device.h"
 #include "myriad/util/error.h"
 
 namespace myriad {
@@ -27,6 +28,21 @@ TEST(DeviceSelection, ParsesPreference) {
   EXPECT_EQ(parse_device_preference("cuda"), DevicePreference::kCuda);
   EXPECT_EQ(parse_device_preference("cpu"), DevicePreference::kCpu);
   EXPECT_THROW(parse_device_preference("tpu"), UsageError);
+}
+
+TEST(DeviceSelection, FloatTypeOptionsNameTheKernelsElementTypes) {
+  EXPECT_EQ(element_type(parse_float_dtype("fp32")), cuda::ElementType::kFloat32);
+  EXPECT_EQ(element_type(parse_float_dtype("bfloat16")), cuda::ElementType::kBFloat16);
+  EXPECT_EQ(element_type(parse_float_dtype("fp16")), cuda::ElementType::kFloat16);
+  EXPECT_THROW(parse_float_dtype("fp8"), UsageError);
+  // Integer and double tensors have no kernel: the error names the type.
+  try {
+    element_type(torch::kFloat64);
+    FAIL() << "float64 was given a kernel type";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Double"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(element_type(torch::kInt64), Error);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "myriad/util/element_type.h"
+
 namespace myriad {
 
 // Waits for the work queued on `device`'s current stream; a no-op on the CPU.
@@ -42,6 +44,9 @@ bool has_fast_bfloat16(const torch::Device& device);
 // The floating-point type an option names: fp32, bf16 or fp16 (or float32, bfloat16, float16);
 // anything else is a UsageError.
 torch::ScalarType parse_float_dtype(const std::string& name);
+
+// The element type of myriad's CUDA kernels that `dtype` is; an error for other types.
+cuda::ElementType element_type(torch::ScalarType dtype);
 
 // Puts cuDNN and cuBLAS in their deterministic modes (no autotuning, fixed cuBLAS workspace) so
 // that a run repeats bit for bit on the same GPUs. Call it before the first GEMM.

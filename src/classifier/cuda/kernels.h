@@ -11,10 +11,9 @@
 
 #include "myriad/classifier/margin.h"
 #include "myriad/classifier/row_gradient.h"
+#include "myriad/util/element_type.h"
 
 namespace myriad::cuda {
-
-enum class ElementType { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 
 // Logits are class-major: dot[j, b] = x_b . w_j for the chunk's classes j and the batch's
 // samples b, so every GEMM operand has a short leading dimension and the kernels below read

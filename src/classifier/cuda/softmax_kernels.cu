@@ -3,13 +3,11 @@
 // samples (columns) and walks a tile of classes; a warp reads 32 * kVector consecutive floats of
 // each class row with 16-byte loads when the batch allows it.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 #include <cmath>
 
 #include "kernels.h"
+#include "myriad/util/cuda_elements.cuh"
 
 namespace myriad::cuda {
 
@@ -29,56 +27,19 @@ __device__ inline float logit(float cosine, int64_t j, int64_t target, const Mar
   return margin_other(cosine, params);
 }
 
-// kVector consecutive floats of one class row.
+// kVector consecutive floats of one class row, read as one access.
 template <int kVector>
-struct Columns {
-  float v[kVector];
-};
-
-template <int kVector>
-__device__ inline Columns<kVector> load_columns(const float* p) {
-  Columns<kVector> c;
-  if constexpr (kVector == 4) {
-    const float4 q = *reinterpret_cast<const float4*>(p);
-    c.v[0] = q.x, c.v[1] = q.y, c.v[2] = q.z, c.v[3] = q.w;
-  } else {
-    c.v[0] = *p;
-  }
-  return c;
+__device__ inline Pack<float, kVector> load_columns(const float* p) {
+  return *reinterpret_cast<const Pack<float, kVector>*>(p);
 }
 
-__device__ inline void store(__nv_bfloat16* out, float v) {
-  *out = __float2bfloat16(v);
-}
-__device__ inline void store(__half* out, float v) {
-  *out = __float2half(v);
-}
-
-template <int kVector>
-__device__ inline void store_columns(float* out, const float* v) {
-  if constexpr (kVector == 4) {
-    *reinterpret_cast<float4*>(out) = make_float4(v[0], v[1], v[2], v[3]);
-  } else {
-    *out = v[0];
-  }
-}
-template <int kVector>
-__device__ inline void store_columns(__nv_bfloat16* out, const float* v) {
-  if constexpr (kVector == 4) {
-    reinterpret_cast<__nv_bfloat162*>(out)[0] = __floats2bfloat162_rn(v[0], v[1]);
-    reinterpret_cast<__nv_bfloat162*>(out)[1] = __floats2bfloat162_rn(v[2], v[3]);
-  } else {
-    store(out, v[0]);
-  }
-}
-template <int kVector>
-__device__ inline void store_columns(__half* out, const float* v) {
-  if constexpr (kVector == 4) {
-    reinterpret_cast<__half2*>(out)[0] = __floats2half2_rn(v[0], v[1]);
-    reinterpret_cast<__half2*>(out)[1] = __floats2half2_rn(v[2], v[3]);
-  } else {
-    store(out, v[0]);
-  }
+// kVector floats stored as one access into a row of float32, bfloat16 or float16.
+template <int kVector, typename T>
+__device__ inline void store_columns(T* out, const float* v) {
+  Pack<T, kVector> pack;
+#pragma unroll
+  for (int j = 0; j < kVector; ++j) pack.e[j] = from_float<T>(v[j]);
+  *reinterpret_cast<Pack<T, kVector>*>(out) = pack;
 }
 
 template <int kVector>
@@ -103,7 +64,7 @@ __global__ void chunk_stats_kernel(const float* __restrict__ dot,
 #pragma unroll
     for (int v = 0; v < kVector; ++v) m[v] = -INFINITY, s[v] = 0.0f;
     for (int64_t j = first; j < last; j += kUnroll) {
-      Columns<kVector> rows[kUnroll];
+      Pack<float, kVector> rows[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (j + u < last) rows[u] = load_columns<kVector>(dot + (j + u) * batch + b0);
@@ -115,7 +76,7 @@ __global__ void chunk_stats_kernel(const float* __restrict__ dot,
 #pragma unroll
         for (int v = 0; v < kVector; ++v) {
           float unused;
-          const float z = logit(rows[u].v[v] * scale, j + u, target[v], params, &unused);
+          const float z = logit(rows[u].e[v] * scale, j + u, target[v], params, &unused);
           if (j + u == target[v]) target_logit[b0 + v] = z;
           if (z > m[v]) {
             s[v] = s[v] * __expf(m[v] - z) + 1.0f;
@@ -157,7 +118,7 @@ __global__ void chunk_grad_kernel(const float* __restrict__ dot,
     const int64_t first = tile * tile_rows;
     const int64_t last = min(classes, first + tile_rows);
     for (int64_t j = first; j < last; j += kUnroll) {
-      Columns<kVector> rows[kUnroll];
+      Pack<float, kVector> rows[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (j + u < last) rows[u] = load_columns<kVector>(dot + (j + u) * batch + b0);
@@ -170,7 +131,7 @@ __global__ void chunk_grad_kernel(const float* __restrict__ dot,
 #pragma unroll
         for (int v = 0; v < kVector; ++v) {
           float dz_dcos;
-          const float z = logit(rows[u].v[v] * scale, j + u, target[v], params, &dz_dcos);
+          const float z = logit(rows[u].e[v] * scale, j + u, target[v], params, &dz_dcos);
           const float p = __expf(z - mx[v]) * inv_sum[v] - (j + u == target[v] ? 1.0f : 0.0f);
           grad[v] = coef * p * dz_dcos * scale;
         }
@@ -256,20 +217,10 @@ cudaError_t chunk_grad(const float* dot, const float* row_scale, int64_t classes
                        const float* row_inv_sum, const float* coef, MarginParams params, void* out,
                        ElementType out_type, cudaStream_t stream) {
   if (classes == 0 || batch == 0) return cudaSuccess;
-  switch (out_type) {
-    case ElementType::kFloat32:
-      launch_grad(dot, row_scale, classes, batch, target_col, begin, row_max, row_inv_sum, coef,
-                  params, static_cast<float*>(out), stream);
-      break;
-    case ElementType::kBFloat16:
-      launch_grad(dot, row_scale, classes, batch, target_col, begin, row_max, row_inv_sum, coef,
-                  params, static_cast<__nv_bfloat16*>(out), stream);
-      break;
-    case ElementType::kFloat16:
-      launch_grad(dot, row_scale, classes, batch, target_col, begin, row_max, row_inv_sum, coef,
-                  params, static_cast<__half*>(out), stream);
-      break;
-  }
+  with_element_type(out_type, [&](auto* out_tag) {
+    launch_grad(dot, row_scale, classes, batch, target_col, begin, row_max, row_inv_sum, coef,
+                params, static_cast<decltype(out_tag)>(out), stream);
+  });
   return cudaGetLastError();
 }
 

@@ -6,15 +6,13 @@
 // serves far better than 4 separate ones. It needs D % 4 == 0 and aligned rows; otherwise
 // kWidth = 1.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
 #include <utility>
 
 #include "kernels.h"
+#include "myriad/util/cuda_elements.cuh"
 #include "myriad/util/stochastic_round.h"
 
 namespace myriad::cuda {
@@ -25,49 +23,19 @@ constexpr int kRowsPerBlock = 8;
 constexpr int kThreads = kRowsPerBlock * 32;
 constexpr float kMinSquaredNorm = 1e-24f;
 
-__device__ inline float to_float(float v) {
-  return v;
-}
-__device__ inline float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__device__ inline float to_float(__half v) {
-  return __half2float(v);
-}
-template <typename T>
-__device__ inline T from_float(float v);
-template <>
-__device__ inline float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16(v);
-}
-template <>
-__device__ inline __half from_float<__half>(float v) {
-  return __float2half(v);
-}
-
-// N elements at p as one access (N * sizeof(T) bytes, aligned by the caller's choice of N).
-template <int N, typename T>
-struct alignas(N * sizeof(T)) Pack {
-  T e[N];
-};
-
 template <int N, typename T>
 __device__ inline void load_n(const T* p, float (&v)[N]) {
-  const Pack<N, T> pack = *reinterpret_cast<const Pack<N, T>*>(p);
+  const Pack<T, N> pack = *reinterpret_cast<const Pack<T, N>*>(p);
 #pragma unroll
   for (int j = 0; j < N; ++j) v[j] = to_float(pack.e[j]);
 }
 
 template <int N, typename T>
 __device__ inline void store_n(T* p, const float (&v)[N]) {
-  Pack<N, T> pack;
+  Pack<T, N> pack;
 #pragma unroll
   for (int j = 0; j < N; ++j) pack.e[j] = from_float<T>(v[j]);
-  *reinterpret_cast<Pack<N, T>*>(p) = pack;
+  *reinterpret_cast<Pack<T, N>*>(p) = pack;
 }
 
 // Stores of updated weights: float32 as they are, bfloat16 rounded stochastically with the bits
@@ -82,13 +50,13 @@ struct WeightStore {
   }
   template <int N>
   __device__ void operator()(__nv_bfloat16* p, const float (&v)[N], int64_t element) const {
-    Pack<N, __nv_bfloat16> pack;
+    Pack<__nv_bfloat16, N> pack;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       pack.e[j] = __ushort_as_bfloat16(
           bf16_bits_stochastic(v[j], rounding_bits(rounding_seed, element + j)));
     }
-    *reinterpret_cast<Pack<N, __nv_bfloat16>*>(p) = pack;
+    *reinterpret_cast<Pack<__nv_bfloat16, N>*>(p) = pack;
   }
 };
 
@@ -267,23 +235,8 @@ unsigned blocks_for(int64_t count) {
   return static_cast<unsigned>((count + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
-// Calls f with a null pointer of the C++ type of `type`, which picks a kernel's instantiation.
-template <typename F>
-void with_element_type(ElementType type, F&& f) {
-  switch (type) {
-    case ElementType::kFloat32:
-      f(static_cast<float*>(nullptr));
-      break;
-    case ElementType::kBFloat16:
-      f(static_cast<__nv_bfloat16*>(nullptr));
-      break;
-    case ElementType::kFloat16:
-      f(static_cast<__half*>(nullptr));
-      break;
-  }
-}
-
-// The same for types that weights and optimizer state are stored in (callers reject float16).
+// with_element_type for the types that weights and optimizer state are stored in (callers reject
+// float16).
 template <typename F>
 void with_storage_type(ElementType type, F&& f) {
   if (type == ElementType::kBFloat16) {

@@ -4,50 +4,19 @@
 // memory system serves far better than narrower ones. That needs channels % kVector == 0 and
 // 16-byte aligned data (every IResNet width); otherwise one element at a time.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
 
 #include "batch_norm_prelu_kernels.h"
+#include "myriad/util/cuda_elements.cuh"
 
 namespace myriad::cuda {
 
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ inline float to_float(float v) {
-  return v;
-}
-__device__ inline float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__device__ inline float to_float(__half v) {
-  return __half2float(v);
-}
-template <typename T>
-__device__ inline T from_float(float v);
-template <>
-__device__ inline float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16(v);
-}
-template <>
-__device__ inline __half from_float<__half>(float v) {
-  return __float2half(v);
-}
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
 
 // One channel's constants: x̂ = x a + b (a = invstd, b = -mean invstd), z = x̂ gamma + beta.
 struct Channel {
@@ -71,8 +40,8 @@ __global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x, T* __re
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const Channel ch = channel(p, c0 + k);
-      const float z = (to_float(in.v[k]) * ch.a + ch.b) * ch.gamma + ch.beta;
-      out.v[k] = from_float<T>(z > 0.0f ? z : ch.alpha * z);
+      const float z = (to_float(in.e[k]) * ch.a + ch.b) * ch.gamma + ch.beta;
+      out.e[k] = from_float<T>(z > 0.0f ? z : ch.alpha * z);
     }
     reinterpret_cast<Pack<T, V>*>(y)[i] = out;
   }
@@ -94,12 +63,12 @@ __global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x,
     for (int k = 0; k < V; ++k) {
       const int64_t c = c0 + k;
       const Channel ch = channel(p, c);
-      const float xhat = to_float(xs.v[k]) * ch.a + ch.b;
+      const float xhat = to_float(xs.e[k]) * ch.a + ch.b;
       const float z = xhat * ch.gamma + ch.beta;
-      const float g = to_float(gs.v[k]);
+      const float g = to_float(gs.e[k]);
       const float dz = z > 0.0f ? g : ch.alpha * g;
       const float mean_dz = sums[c] * inv_rows, mean_dz_xhat = sums[channels + c] * inv_rows;
-      out.v[k] = from_float<T>(ch.gamma * ch.a * (dz - mean_dz - xhat * mean_dz_xhat));
+      out.e[k] = from_float<T>(ch.gamma * ch.a * (dz - mean_dz - xhat * mean_dz_xhat));
     }
     reinterpret_cast<Pack<T, V>*>(dx)[i] = out;
   }
@@ -128,9 +97,9 @@ __global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x,
       const Pack<T, V> gs = reinterpret_cast<const Pack<T, V>*>(dy)[i];
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const float xhat = to_float(xs.v[k]) * ch[k].a + ch[k].b;
+        const float xhat = to_float(xs.e[k]) * ch[k].a + ch[k].b;
         const float z = xhat * ch[k].gamma + ch[k].beta;
-        const float g = to_float(gs.v[k]);
+        const float g = to_float(gs.e[k]);
         const float dz = z > 0.0f ? g : ch[k].alpha * g;
         s[0][k] += dz;
         s[1][k] += dz * xhat;
@@ -197,27 +166,21 @@ bool aligned(const void* p) {
 
 // Calls `launch` with the element type and the widest pack that the data allow.
 template <class Launch>
-cudaError_t dispatch(DataType type, int64_t channels, std::initializer_list<const void*> pointers,
-                     Launch&& launch) {
+cudaError_t dispatch(ElementType type, int64_t channels,
+                     std::initializer_list<const void*> pointers, Launch&& launch) {
   bool wide = true;
   for (const void* p : pointers) wide = wide && aligned(p);
-  switch (type) {
-    case DataType::kFloat32:
-      return wide && channels % 4 == 0 ? launch(float{}, std::integral_constant<int, 4>{})
-                                       : launch(float{}, std::integral_constant<int, 1>{});
-    case DataType::kBFloat16:
-      return wide && channels % 8 == 0 ? launch(__nv_bfloat16{}, std::integral_constant<int, 8>{})
-                                       : launch(__nv_bfloat16{}, std::integral_constant<int, 1>{});
-    case DataType::kFloat16:
-      return wide && channels % 8 == 0 ? launch(__half{}, std::integral_constant<int, 8>{})
-                                       : launch(__half{}, std::integral_constant<int, 1>{});
-  }
-  return cudaErrorInvalidValue;
+  return with_element_type(type, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    constexpr int kWide = 16 / sizeof(T);
+    return wide && channels % kWide == 0 ? launch(T{}, std::integral_constant<int, kWide>{})
+                                         : launch(T{}, std::integral_constant<int, 1>{});
+  });
 }
 
 }  // namespace
 
-cudaError_t batch_norm_prelu_forward(const void* x, void* y, DataType type, int64_t rows,
+cudaError_t batch_norm_prelu_forward(const void* x, void* y, ElementType type, int64_t rows,
                                      int64_t channels, BatchNormPReLUParams p,
                                      cudaStream_t stream) {
   return dispatch(type, channels, {x, y}, [&](auto t, auto v) {
@@ -252,7 +215,7 @@ int64_t batch_norm_prelu_partials(int64_t channels) {
   return (4 * static_cast<int64_t>(multiprocessors()) + 1) * 3 * channels;
 }
 
-cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, DataType type,
+cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, ElementType type,
                                              int64_t rows, int64_t channels, BatchNormPReLUParams p,
                                              float* partials, float* sums, cudaStream_t stream) {
   return dispatch(type, channels, {x, dy}, [&](auto t, auto v) {
@@ -272,9 +235,10 @@ cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, Data
   });
 }
 
-cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, void* dx, DataType type,
-                                            int64_t rows, int64_t channels, BatchNormPReLUParams p,
-                                            const float* sums, cudaStream_t stream) {
+cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, void* dx,
+                                            ElementType type, int64_t rows, int64_t channels,
+                                            BatchNormPReLUParams p, const float* sums,
+                                            cudaStream_t stream) {
   return dispatch(type, channels, {x, dy, dx}, [&](auto t, auto v) {
     using T = decltype(t);
     constexpr int V = decltype(v)::value;

@@ -14,9 +14,9 @@
 
 #include <cstdint>
 
-namespace myriad::cuda {
+#include "myriad/util/element_type.h"
 
-enum class DataType { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+namespace myriad::cuda {
 
 struct BatchNormPReLUParams {
   const float* mean;
@@ -28,7 +28,7 @@ struct BatchNormPReLUParams {
 };
 
 // y from x.
-cudaError_t batch_norm_prelu_forward(const void* x, void* y, DataType type, int64_t rows,
+cudaError_t batch_norm_prelu_forward(const void* x, void* y, ElementType type, int64_t rows,
                                      int64_t channels, BatchNormPReLUParams p, cudaStream_t stream);
 
 // Per channel, over the rows, given dy (the gradient of y): sums[c] = Σ dz,
@@ -38,14 +38,15 @@ cudaError_t batch_norm_prelu_forward(const void* x, void* y, DataType type, int6
 // floats), which are then added in a fixed order: no atomics, so the sums are the same bits at
 // every run (--deterministic).
 int64_t batch_norm_prelu_partials(int64_t channels);
-cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, DataType type,
+cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, ElementType type,
                                              int64_t rows, int64_t channels, BatchNormPReLUParams p,
                                              float* partials, float* sums, cudaStream_t stream);
 
 // dx = gamma invstd (dz - Σ dz / rows - x̂ Σ dz x̂ / rows), with the sums of
 // batch_norm_prelu_backward_reduce.
-cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, void* dx, DataType type,
-                                            int64_t rows, int64_t channels, BatchNormPReLUParams p,
-                                            const float* sums, cudaStream_t stream);
+cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, void* dx,
+                                            ElementType type, int64_t rows, int64_t channels,
+                                            BatchNormPReLUParams p, const float* sums,
+                                            cudaStream_t stream);
 
 }  // namespace myriad::cuda
