@@ -268,7 +268,9 @@ ids+=(R4)
 [ -z "$(ls -A "$work/full/r/checkpoints" 2>/dev/null)" ] || { ls -la "$work/full/r/checkpoints"; echo "R4: a partial checkpoint was left"; exit 1; }
 echo "R4: exit $code: $(grep -E "error: " "$work/R4.log")"
 expect R5 2 "--precision fp16 needs GPUs" $(train --precision fp16)
-expect R6 2 "--device cuda was asked for, but not every rank sees a CUDA device" $(train --device cuda)
+# No rank sees a GPU here, also on GPU nodes (scripts/gpu-check.sh runs this test there).
+expect R6 2 "--device cuda was asked for, but not every rank sees a CUDA device" \
+  env CUDA_VISIBLE_DEVICES= $(train --device cuda)
 expect R9 2 "--profile-steps needs GPUs \(it drives the CUDA profiler\)" $(train --profile-steps 2:3)
 expect R10 2 "--cuda-graphs on needs GPUs" $(train --cuda-graphs on)
 expect R11 2 "--cuda-graphs on and --sync-bn exclude each other" $(train --cuda-graphs on --sync-bn)
