@@ -12,8 +12,9 @@
 # launch/mpirun.sh during a checkpoint of several seconds, then a resume), backbones (the training
 # benchmark of insightface's r200, mbf and ViTs), pipeline (on 2 GPUs, 2 stages against data
 # parallelism for vit_h and r200 at the same global batch on both schedules; on one GPU, the cost
-# of micro-batches with and without CUDA graphs; and the largest batch per replica of each)
-# (default: all).
+# of micro-batches with and without CUDA graphs; and the largest batch per replica of each),
+# profile (scripts/profile-step.sh: one step of iresnet50 and of iresnet100 by kind of kernel,
+# on two GPUs side by side where there are two) (default: all).
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX, and to the GPU
 # checks that it matches (gpu.async_checkpoint.bf16, gpu.async_checkpoint.fp16), so that the
@@ -27,14 +28,14 @@ deps_args=()
 tests=()
 tests_regex=""
 out=${OUT:-$repo/build/gpu-check}
-only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,train,checkpoint,deterministic,launch,preempt,backbones,pipeline
+only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,train,checkpoint,deterministic,launch,preempt,backbones,pipeline,profile
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --tests) tests=(-R "$2"); tests_regex=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -363,6 +364,23 @@ if wants pipeline; then
       fi
       note "largest batch per replica, $net, $layout: $ok trains, $bad does not (bf16, no activation checkpointing)"
     done
+  done
+fi
+if wants profile; then
+  # Where a step's GPU time goes (docs/benchmarks.md): bf16, 256 images, C = 1M, every kernel of
+  # one step under Nsight Compute. With two GPUs the two networks are profiled at once.
+  profile() { # NET GPU
+    CUDA_VISIBLE_DEVICES=$2 "$repo/scripts/profile-step.sh" --bin "$bin" --out "$out/profile-$1" \
+      --backbone "$1" >"$out/profile-$1.txt" 2>&1
+  }
+  second=0; [ "$gpus" -ge 2 ] && second=1
+  profile iresnet50 0 & first_pid=$!
+  [ "$second" -eq 1 ] || { wait "$first_pid" || status=1; }
+  profile iresnet100 "$second" || status=1
+  [ "$second" -eq 0 ] || { wait "$first_pid" || status=1; }
+  for net in iresnet50 iresnet100; do
+    note "one step of $net (scripts/profile-step.sh):"
+    grep -A 11 "^one step:" "$out/profile-$net.txt" | tee -a "$summary"
   done
 fi
 note "gpu-check status: $status"

@@ -9,25 +9,28 @@
 # scripts/bench-train.sh measures without a profiler; the difference is the time the GPU waits
 # (launch gaps, host synchronisation).
 #
-#   scripts/profile-step.sh [--bin DIR] [--out DIR] [--steps N] [-- myriad-train options]
+#   scripts/profile-step.sh [--bin DIR] [--out DIR] [--steps N] [--backbone NET] [-- myriad-train options]
 #
-#   --bin     the executables (default build/bin)
-#   --out     the kernel table (kernels.csv) and the breakdown (breakdown.txt) (default build/profile)
-#   --steps   steps to run (default 3; the last is profiled)
-# Options after -- replace the default run: iresnet50, bf16, 256 images of 112x112 on the GPU,
-# C = 1M, ArcFace, SGD, as bench-train.sh runs it.
+#   --bin       the executables (default build/bin)
+#   --out       the kernel table (kernels.csv) and the breakdown (breakdown.txt) (default build/profile)
+#   --steps     steps to run (default 3; the last is profiled)
+#   --backbone  the network of the default run (default iresnet50)
+# Options after -- replace the default run: the backbone in bf16, 256 images of 112x112 on the
+# GPU, C = 1M, ArcFace, SGD, as bench-train.sh runs it.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin=$repo/build/bin
 out=$repo/build/profile
 steps=3
+backbone=iresnet50
 run=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
+    --backbone) backbone=$2; shift 2 ;;
     --) shift; run=("$@"); break ;;
     *) echo "profile-step.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
@@ -36,7 +39,7 @@ done
 command -v ncu >/dev/null || { echo "profile-step.sh: Nsight Compute (ncu) is not on the PATH" >&2; exit 1; }
 [ -x "$bin/myriad-train" ] || { echo "profile-step.sh: no $bin/myriad-train (build first: scripts/setup.sh)" >&2; exit 1; }
 if [ ${#run[@]} -eq 0 ]; then
-  run=(--data synthetic-resident --backbone iresnet50 --input-shape 3x112x112 --embedding-size 512
+  run=(--data synthetic-resident --backbone "$backbone" --input-shape 3x112x112 --embedding-size 512
        --precision bf16 --num-classes 1M --batch-size 256 --margin arcface --scale 64 --m2 0.5
        --optimizer sgd --lr 0.1 --momentum 0.9 --weight-decay 5e-4 --classifier-workspace 16G)
 fi
@@ -59,7 +62,7 @@ step = [(r["Kernel Name"], float(r["Metric Value"].replace(",", "")) * scale[r["
 if not step:
     sys.exit("profile-step.sh: Nsight Compute timed no kernel")
 kinds = [
-    ("batch norm + PReLU (myriad's fused kernels)", r"batch_norm_prelu"),
+    ("batch norm (+ PReLU), myriad's kernels", r"myriad::.*batch_norm"),
     ("classifier (myriad's kernels)", r"myriad::"),
     ("batch norm", r"batch_norm|batchnorm|bn_fw|bn_bw|welford"),
     ("PReLU", r"prelu"),
