@@ -1,7 +1,9 @@
-// Batch norm followed by PReLU, fused on GPUs (BatchNormImpl::forward_prelu): the statistics pass,
-// then one pass that normalises and applies the slope; backward recomputes the normalised values
-// from the input, so the batch norm's output is neither written nor kept. Two passes each way
-// instead of five forward and eight backward, and one activation less kept per pair.
+// Batch norm, alone or followed by PReLU, in kernels of our own on GPUs (BatchNormImpl::forward
+// and forward_prelu): the statistics pass, then one pass that normalises and applies the slope;
+// backward recomputes the normalised values from the input, so the batch norm's output is neither
+// written nor kept. With PReLU, two passes each way instead of five forward and eight backward,
+// and one activation less kept per pair. LibTorch's own channels-last statistics kernel (Welford,
+// a division per element) read at about a sixth of an H100's memory rate; ours at near the rate.
 
 #include <torch/autograd.h>
 
@@ -13,8 +15,6 @@
 #include "myriad/util/error.h"
 
 #ifdef MYRIAD_WITH_CUDA
-#include <ATen/ops/batch_norm_gather_stats_with_counts.h>
-#include <ATen/ops/batch_norm_stats.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "cuda/batch_norm_prelu_kernels.h"
@@ -33,8 +33,12 @@ torch::MemoryFormat channels_fastest(const torch::Tensor& x) {
 cuda::BatchNormPReLUParams params_of(const torch::Tensor& mean, const torch::Tensor& invstd,
                                      const torch::Tensor& gamma, const torch::Tensor& beta,
                                      const torch::Tensor& alpha) {
-  return {mean.data_ptr<float>(), invstd.data_ptr<float>(), gamma.data_ptr<float>(),
-          beta.data_ptr<float>(), alpha.data_ptr<float>(),  alpha.numel() == 1 ? 0 : 1};
+  return {mean.data_ptr<float>(),
+          invstd.data_ptr<float>(),
+          gamma.data_ptr<float>(),
+          beta.data_ptr<float>(),
+          alpha.defined() ? alpha.data_ptr<float>() : nullptr,
+          alpha.defined() && alpha.numel() > 1 ? 1 : 0};
 }
 
 cudaStream_t stream_of(const torch::Tensor& t) {
@@ -43,7 +47,8 @@ cudaStream_t stream_of(const torch::Tensor& t) {
 
 class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFunction> {
  public:
-  // `running` holds running_mean and running_var, updated unless undefined (a recomputation).
+  // alpha undefined: batch norm alone. running_mean and running_var are updated unless undefined
+  // (a recomputation).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                const torch::Tensor& gamma, const torch::Tensor& beta,
                                const torch::Tensor& alpha, torch::Tensor running_mean,
@@ -52,20 +57,26 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     const NoAutocast no_autocast;
     const torch::Tensor x = input.contiguous(channels_fastest(input));
     const int64_t channels = x.size(1), rows = x.numel() / std::max<int64_t>(channels, 1);
-    auto [mean, invstd] = at::batch_norm_stats(x, eps);
-    if (running_mean.defined()) {
-      // The running variance takes the unbiased variance, as LibTorch's batch norm.
-      at::batch_norm_gather_stats_with_counts(
-          x, mean.unsqueeze(0), invstd.unsqueeze(0), running_mean, running_var, momentum, eps,
-          torch::full({1}, static_cast<double>(rows), mean.options()));
+    const cuda::ElementType type = element_type(x.scalar_type());
+    const torch::TensorOptions floats = x.options().dtype(torch::kFloat32);
+    torch::Tensor mean = torch::empty({channels}, floats);
+    torch::Tensor invstd = torch::empty({channels}, floats);
+    {
+      const torch::Tensor partials = torch::empty({cuda::batch_norm_partials(channels)}, floats);
+      const bool running = running_mean.defined();
+      MYRIAD_CHECK_CUDA(cuda::batch_norm_statistics(
+          x.data_ptr(), type, rows, channels, static_cast<float>(eps), static_cast<float>(momentum),
+          partials.data_ptr<float>(), mean.data_ptr<float>(), invstd.data_ptr<float>(),
+          running ? running_mean.data_ptr<float>() : nullptr,
+          running ? running_var.data_ptr<float>() : nullptr, stream_of(x)));
     }
     const torch::Tensor g = gamma.to(torch::kFloat32).contiguous();
     const torch::Tensor b = beta.to(torch::kFloat32).contiguous();
-    const torch::Tensor a = alpha.to(torch::kFloat32).contiguous();
+    const torch::Tensor a = alpha.defined() ? alpha.to(torch::kFloat32).contiguous() : alpha;
     torch::Tensor y = torch::empty_like(x);
-    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_forward(
-        x.data_ptr(), y.data_ptr(), element_type(x.scalar_type()), rows, channels,
-        params_of(mean, invstd, g, b, a), stream_of(x)));
+    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_forward(x.data_ptr(), y.data_ptr(), type, rows,
+                                                     channels, params_of(mean, invstd, g, b, a),
+                                                     stream_of(x)));
     ctx->save_for_backward({x, mean, invstd, g, b, a});
     return y;
   }
@@ -80,7 +91,7 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     const cuda::BatchNormPReLUParams p = params_of(saved[1], saved[2], saved[3], saved[4], alpha);
     const cuda::ElementType type = element_type(x.scalar_type());
     torch::Tensor partials =
-        torch::empty({cuda::batch_norm_prelu_partials(channels)}, saved[1].options());
+        torch::empty({cuda::batch_norm_partials(channels)}, saved[1].options());
     torch::Tensor sums = torch::empty({3, channels}, saved[1].options());
     MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_reduce(
         x.data_ptr(), dy.data_ptr(), type, rows, channels, p, partials.data_ptr<float>(),
@@ -89,7 +100,9 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_input(x.data_ptr(), dy.data_ptr(),
                                                             dx.data_ptr(), type, rows, channels, p,
                                                             sums.data_ptr<float>(), stream_of(x)));
-    const torch::Tensor dalpha = alpha.numel() == 1 ? sums[2].sum().reshape({1}) : sums[2];
+    const torch::Tensor dalpha = !alpha.defined()     ? torch::Tensor()
+                                 : alpha.numel() == 1 ? sums[2].sum().reshape({1})
+                                                      : sums[2];
     return {dx,
             sums[1],
             sums[0],
@@ -104,29 +117,46 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
 }  // namespace
 #endif
 
+bool BatchNormImpl::runs_own_kernels(const torch::Tensor& x) const {
+#ifdef MYRIAD_WITH_CUDA
+  // Training on a GPU with per-rank statistics, the channel fastest in memory (or about to be),
+  // more than one value per channel. SyncBN, evaluation and the CPU take LibTorch's batch norm.
+  const torch::ScalarType dtype = x.scalar_type();
+  return is_training() && sync == nullptr && x.is_cuda() &&
+         (dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kFloat16) &&
+         (x.dim() == 2 || (x.dim() == 4 && x.is_contiguous(torch::MemoryFormat::ChannelsLast))) &&
+         x.size(1) == weight.size(0) && x.numel() > x.size(1);
+#else
+  (void)x;
+  return false;
+#endif
+}
+
+torch::Tensor BatchNormImpl::own_kernels(const torch::Tensor& x,
+                                         const torch::Tensor& prelu_weight) {
+#ifdef MYRIAD_WITH_CUDA
+  const bool recompute = recomputing_activations();
+  if (!recompute) {
+    torch::NoGradGuard no_grad;
+    num_batches_tracked.add_(1);
+  }
+  // Under autocast LibTorch's batch norm runs in the input's dtype with float32 statistics: so do
+  // the kernels.
+  return BatchNormPReLUFunction::apply(x, weight, bias, prelu_weight,
+                                       recompute ? torch::Tensor() : running_mean,
+                                       recompute ? torch::Tensor() : running_var, momentum_, eps_);
+#else
+  (void)x;
+  (void)prelu_weight;
+  MYRIAD_THROW("batch norm's own kernels need a CUDA build");
+#endif
+}
+
 torch::Tensor BatchNormImpl::forward_prelu(const torch::Tensor& x,
                                            const torch::Tensor& prelu_weight) {
-#ifdef MYRIAD_WITH_CUDA
-  // Training on a GPU with per-rank statistics, the channel fastest in memory (or about to be):
-  // the fused kernels. SyncBN, evaluation and the CPU compose the two modules.
-  const torch::ScalarType dtype = x.scalar_type();
-  const bool fusable =
-      is_training() && sync == nullptr && x.is_cuda() &&
-      (dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kFloat16) &&
-      (x.dim() == 2 || (x.dim() == 4 && x.is_contiguous(torch::MemoryFormat::ChannelsLast))) &&
-      x.size(1) == weight.size(0) &&
-      (prelu_weight.numel() == 1 || prelu_weight.numel() == x.size(1)) && x.numel() > x.size(1);
-  if (fusable) {
-    const bool recompute = recomputing_activations();
-    if (!recompute) {
-      torch::NoGradGuard no_grad;
-      num_batches_tracked.add_(1);
-    }
-    return BatchNormPReLUFunction::apply(
-        x, weight, bias, prelu_weight, recompute ? torch::Tensor() : running_mean,
-        recompute ? torch::Tensor() : running_var, momentum_, eps_);
+  if (runs_own_kernels(x) && (prelu_weight.numel() == 1 || prelu_weight.numel() == x.size(1))) {
+    return own_kernels(x, prelu_weight);
   }
-#endif
   return torch::prelu(forward(x), prelu_weight);
 }
 

@@ -11,20 +11,27 @@ class Communicator;
 // exported weights load into any framework. In training mode it normalises with the statistics of
 // this rank's batch, or, once synchronised (set_batch_norm_sync), of the global batch over all
 // ranks: one all-reduce of per-channel sums in forward and one in backward (SyncBN). Then the
-// forward pass, and so the loss, does not depend on how the global batch is split.
+// forward pass, and so the loss, does not depend on how the global batch is split. Training on a
+// GPU with per-rank statistics and the channel fastest in memory (channels-last maps, [N, C]
+// matrices), it runs kernels of its own (batch_norm_prelu.cpp): two passes each way, bit for bit
+// the same at every run.
 class BatchNormImpl : public torch::nn::Module {
  public:
   explicit BatchNormImpl(int64_t features, double eps = 1e-5, double momentum = 0.1);
   torch::Tensor forward(const torch::Tensor& x);
-  // torch::prelu(forward(x), prelu_weight), the PReLU's slope [C] or [1]. Training on a GPU with
-  // per-rank statistics and the channel fastest in memory (channels-last maps, [N, C] matrices),
-  // it runs as two fused passes each way and keeps only x for backward (batch_norm_prelu.cpp).
+  // torch::prelu(forward(x), prelu_weight), the PReLU's slope [C] or [1]. Where forward runs its
+  // own kernels, the slope is applied in the same two passes each way, and only x is kept for
+  // backward.
   torch::Tensor forward_prelu(const torch::Tensor& x, const torch::Tensor& prelu_weight);
 
   torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   Communicator* sync = nullptr;
 
  private:
+  bool runs_own_kernels(const torch::Tensor& x) const;
+  // Batch norm, followed by PReLU unless prelu_weight is undefined, in our kernels.
+  torch::Tensor own_kernels(const torch::Tensor& x, const torch::Tensor& prelu_weight);
+
   double eps_;
   double momentum_;
 };

@@ -1,8 +1,14 @@
-// Batch norm + PReLU in two passes over the data each way (batch_norm_prelu_kernels.h).
+// Batch norm (+ PReLU): the statistics pass, then one pass forward; two passes backward
+// (batch_norm_prelu_kernels.h).
 //
-// Each thread moves kVector elements of one row at a time: 16 bytes, one load or store, which the
-// memory system serves far better than narrower ones. That needs channels % kVector == 0 and
-// 16-byte aligned data (every IResNet width); otherwise one element at a time.
+// Every kernel runs on blocks of threads (tx, ty): tx packs of channels side by side, ty rows, so
+// that a warp reads consecutive bytes of whole rows. A thread keeps its channels' constants in
+// registers and walks rows ty * gridDim.y apart, kRowsAtOnce at a time so that their loads are in
+// flight together (the constants take registers, so few threads fit on a multiprocessor, and each
+// must keep more bytes in flight to reach the memory's rate). A pack is kVector elements of one
+// row, 16 bytes,
+// one load or store, which the memory system serves far better than narrower ones; that needs
+// channels % kVector == 0 and 16-byte aligned data (every IResNet width), otherwise one element.
 
 #include <algorithm>
 #include <cstdint>
@@ -17,99 +23,52 @@ namespace myriad::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kRowsAtOnce = 2;
 
-// One channel's constants: x̂ = x a + b (a = invstd, b = -mean invstd), z = x̂ gamma + beta.
+// One channel's constants: x̂ = x a + b (a = invstd, b = -mean invstd), z = x̂ gamma + beta,
+// y = z > 0 ? z : alpha z.
 struct Channel {
   float a, b, gamma, beta, alpha;
 };
 
 __device__ inline Channel channel(const BatchNormPReLUParams& p, int64_t c) {
   const float invstd = p.invstd[c];
-  return {invstd, -p.mean[c] * invstd, p.gamma[c], p.beta[c], p.alpha[c * p.alpha_stride]};
+  return {invstd, -p.mean[c] * invstd, p.gamma[c], p.beta[c],
+          p.alpha != nullptr ? p.alpha[c * p.alpha_stride] : 1.0f};
+}
+
+// This thread's pack of channels and first row, and the distance between its rows.
+struct Lane {
+  int64_t pack, packs_per_row, row, row_step;
+};
+
+template <int V>
+__device__ inline Lane lane(int64_t channels) {
+  return {blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x, channels / V,
+          blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y,
+          static_cast<int64_t>(gridDim.y) * blockDim.y};
 }
 
 template <typename T, int V>
-__global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                                int64_t packs, int64_t channels,
-                                                BatchNormPReLUParams p) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c0 = (i * V) % channels;
-    const Pack<T, V> in = reinterpret_cast<const Pack<T, V>*>(x)[i];
-    Pack<T, V> out;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const Channel ch = channel(p, c0 + k);
-      const float z = (to_float(in.e[k]) * ch.a + ch.b) * ch.gamma + ch.beta;
-      out.e[k] = from_float<T>(z > 0.0f ? z : ch.alpha * z);
-    }
-    reinterpret_cast<Pack<T, V>*>(y)[i] = out;
-  }
+__device__ inline Pack<T, V> load(const T* p, int64_t i) {
+  return reinterpret_cast<const Pack<T, V>*>(p)[i];
 }
 
 template <typename T, int V>
-__global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x,
-                                                       const T* __restrict__ dy, T* __restrict__ dx,
-                                                       int64_t packs, int64_t channels,
-                                                       float inv_rows, BatchNormPReLUParams p,
-                                                       const float* __restrict__ sums) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c0 = (i * V) % channels;
-    const Pack<T, V> xs = reinterpret_cast<const Pack<T, V>*>(x)[i];
-    const Pack<T, V> gs = reinterpret_cast<const Pack<T, V>*>(dy)[i];
-    Pack<T, V> out;
-#pragma unroll
-    for (int k = 0; k < V; ++k) {
-      const int64_t c = c0 + k;
-      const Channel ch = channel(p, c);
-      const float xhat = to_float(xs.e[k]) * ch.a + ch.b;
-      const float z = xhat * ch.gamma + ch.beta;
-      const float g = to_float(gs.e[k]);
-      const float dz = z > 0.0f ? g : ch.alpha * g;
-      const float mean_dz = sums[c] * inv_rows, mean_dz_xhat = sums[channels + c] * inv_rows;
-      out.e[k] = from_float<T>(ch.gamma * ch.a * (dz - mean_dz - xhat * mean_dz_xhat));
-    }
-    reinterpret_cast<Pack<T, V>*>(dx)[i] = out;
-  }
+__device__ inline void store(T* p, int64_t i, const Pack<T, V>& v) {
+  reinterpret_cast<Pack<T, V>*>(p)[i] = v;
 }
 
-// A block is threads (tx, ty): tx packs of channels side by side, ty rows, so that a warp reads
-// whole rows' consecutive bytes. Each thread sums its rows in registers, the block sums over ty in
-// shared memory, and the block's row of partials [3, channels] leaves it.
-template <typename T, int V>
-__global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x,
-                                                        const T* __restrict__ dy, int64_t rows,
-                                                        int64_t channels, BatchNormPReLUParams p,
-                                                        float* __restrict__ partials) {
-  extern __shared__ float partial[];  // [ty][tx][3 V]
-  const int64_t packs_per_row = channels / V;
-  const int64_t pack = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  float s[3][V] = {};
-  if (pack < packs_per_row) {
-    Channel ch[V];
+// The block's sums over its rows: each thread's J x V sums go through shared memory (J V floats
+// per thread, the launch's dynamic size), are added over ty in a fixed tree, and the block's row of
+// partials [J, channels] is written at partials + blockIdx.y J channels.
+template <int J, int V>
+__device__ inline void write_block_sums(float (&s)[J][V], const Lane& l, int64_t channels,
+                                        float* __restrict__ partials) {
+  extern __shared__ float shared[];  // [ty][tx][J V]
+  float* mine = shared + (threadIdx.y * blockDim.x + threadIdx.x) * J * V;
 #pragma unroll
-    for (int k = 0; k < V; ++k) ch[k] = channel(p, pack * V + k);
-    for (int64_t r = blockIdx.y * static_cast<int64_t>(blockDim.y) + threadIdx.y; r < rows;
-         r += static_cast<int64_t>(gridDim.y) * blockDim.y) {
-      const int64_t i = r * packs_per_row + pack;
-      const Pack<T, V> xs = reinterpret_cast<const Pack<T, V>*>(x)[i];
-      const Pack<T, V> gs = reinterpret_cast<const Pack<T, V>*>(dy)[i];
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float xhat = to_float(xs.e[k]) * ch[k].a + ch[k].b;
-        const float z = xhat * ch[k].gamma + ch[k].beta;
-        const float g = to_float(gs.e[k]);
-        const float dz = z > 0.0f ? g : ch[k].alpha * g;
-        s[0][k] += dz;
-        s[1][k] += dz * xhat;
-        s[2][k] += z > 0.0f ? 0.0f : g * z;
-      }
-    }
-  }
-  float* mine = partial + (threadIdx.y * blockDim.x + threadIdx.x) * 3 * V;
-#pragma unroll
-  for (int j = 0; j < 3; ++j) {
+  for (int j = 0; j < J; ++j) {
 #pragma unroll
     for (int k = 0; k < V; ++k) mine[j * V + k] = s[j][k];
   }
@@ -117,30 +76,206 @@ __global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x,
   // blockDim.y is a power of two.
   for (unsigned half = blockDim.y / 2; half > 0; half /= 2) {
     if (threadIdx.y < half) {
-      const float* other = mine + half * blockDim.x * 3 * V;
-      for (int j = 0; j < 3 * V; ++j) mine[j] += other[j];
+      const float* other = mine + half * blockDim.x * J * V;
+      for (int j = 0; j < J * V; ++j) mine[j] += other[j];
     }
     __syncthreads();
   }
-  if (threadIdx.y == 0 && pack < packs_per_row) {
-    float* out = partials + blockIdx.y * 3 * channels;
+  if (threadIdx.y == 0 && l.pack < l.packs_per_row) {
+    float* out = partials + blockIdx.y * J * channels;
 #pragma unroll
-    for (int j = 0; j < 3; ++j) {
+    for (int j = 0; j < J; ++j) {
 #pragma unroll
-      for (int k = 0; k < V; ++k) out[j * channels + pack * V + k] = mine[j * V + k];
+      for (int k = 0; k < V; ++k) out[j * channels + l.pack * V + k] = mine[j * V + k];
     }
   }
 }
 
+// Per channel, sums of d = x - shift and of d², the shift being row 0's value: the same for every
+// thread, so that the sums of all blocks add up, and near the mean, so that the variance's
+// difference of squares loses little. Plain sums need no division per element (Welford's does).
+template <typename T, int V>
+__global__ void batch_norm_statistics_kernel(const T* __restrict__ x, int64_t rows,
+                                             int64_t channels, float* __restrict__ partials) {
+  const Lane l = lane<V>(channels);
+  float s[2][V] = {};
+  if (l.pack < l.packs_per_row) {
+    const Pack<T, V> first = load<T, V>(x, l.pack);
+    float shift[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) shift[k] = to_float(first.e[k]);
+    for (int64_t r = l.row; r < rows; r += kRowsAtOnce * l.row_step) {
+      Pack<T, V> xs[kRowsAtOnce];
+#pragma unroll
+      for (int u = 0; u < kRowsAtOnce; ++u) {
+        const int64_t ru = r + u * l.row_step;
+        if (ru < rows) xs[u] = load<T, V>(x, ru * l.packs_per_row + l.pack);
+      }
+#pragma unroll
+      for (int u = 0; u < kRowsAtOnce; ++u) {
+        if (r + u * l.row_step >= rows) continue;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float d = to_float(xs[u].e[k]) - shift[k];
+          s[0][k] += d;
+          s[1][k] += d * d;
+        }
+      }
+    }
+  }
+  write_block_sums(s, l, channels, partials);
+}
+
+// The statistics from the blocks' sums, added in order; the running statistics updated.
+template <typename T>
+__global__ void batch_norm_statistics_finish_kernel(
+    const T* __restrict__ x, const float* __restrict__ partials, int64_t blocks, int64_t rows,
+    int64_t channels, float eps, float momentum, float* __restrict__ mean,
+    float* __restrict__ invstd, float* __restrict__ running_mean, float* __restrict__ running_var) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < channels;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float s1 = 0.0f, s2 = 0.0f;
+    for (int64_t b = 0; b < blocks; ++b) {
+      s1 += partials[b * 2 * channels + c];
+      s2 += partials[b * 2 * channels + channels + c];
+    }
+    const float n = static_cast<float>(rows);
+    const float offset = s1 / n;
+    const float var = fmaxf(s2 / n - offset * offset, 0.0f);
+    const float m = to_float(x[c]) + offset;
+    mean[c] = m;
+    invstd[c] = rsqrtf(var + eps);
+    if (running_mean != nullptr) {
+      running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * m;
+      running_var[c] = (1.0f - momentum) * running_var[c] + momentum * var * n / (n - 1.0f);
+    }
+  }
+}
+
+template <typename T, int V>
+__global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                int64_t rows, int64_t channels,
+                                                BatchNormPReLUParams p) {
+  const Lane l = lane<V>(channels);
+  if (l.pack >= l.packs_per_row) return;
+  Channel ch[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) ch[k] = channel(p, l.pack * V + k);
+  for (int64_t r = l.row; r < rows; r += kRowsAtOnce * l.row_step) {
+    Pack<T, V> in[kRowsAtOnce];
+#pragma unroll
+    for (int u = 0; u < kRowsAtOnce; ++u) {
+      const int64_t ru = r + u * l.row_step;
+      if (ru < rows) in[u] = load<T, V>(x, ru * l.packs_per_row + l.pack);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowsAtOnce; ++u) {
+      const int64_t ru = r + u * l.row_step;
+      if (ru >= rows) continue;
+      Pack<T, V> out;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float z = (to_float(in[u].e[k]) * ch[k].a + ch[k].b) * ch[k].gamma + ch[k].beta;
+        out.e[k] = from_float<T>(z > 0.0f ? z : ch[k].alpha * z);
+      }
+      store(y, ru * l.packs_per_row + l.pack, out);
+    }
+  }
+}
+
+template <typename T, int V>
+__global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x,
+                                                        const T* __restrict__ dy, int64_t rows,
+                                                        int64_t channels, BatchNormPReLUParams p,
+                                                        float* __restrict__ partials) {
+  const Lane l = lane<V>(channels);
+  float s[3][V] = {};
+  if (l.pack < l.packs_per_row) {
+    Channel ch[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) ch[k] = channel(p, l.pack * V + k);
+    for (int64_t r = l.row; r < rows; r += kRowsAtOnce * l.row_step) {
+      Pack<T, V> xs[kRowsAtOnce], gs[kRowsAtOnce];
+#pragma unroll
+      for (int u = 0; u < kRowsAtOnce; ++u) {
+        const int64_t ru = r + u * l.row_step;
+        if (ru >= rows) continue;
+        xs[u] = load<T, V>(x, ru * l.packs_per_row + l.pack);
+        gs[u] = load<T, V>(dy, ru * l.packs_per_row + l.pack);
+      }
+#pragma unroll
+      for (int u = 0; u < kRowsAtOnce; ++u) {
+        if (r + u * l.row_step >= rows) continue;
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          const float xhat = to_float(xs[u].e[k]) * ch[k].a + ch[k].b;
+          const float z = xhat * ch[k].gamma + ch[k].beta;
+          const float g = to_float(gs[u].e[k]);
+          const float dz = z > 0.0f ? g : ch[k].alpha * g;
+          s[0][k] += dz;
+          s[1][k] += dz * xhat;
+          s[2][k] += z > 0.0f ? 0.0f : g * z;
+        }
+      }
+    }
+  }
+  write_block_sums(s, l, channels, partials);
+}
+
 // sums[i] = Σ_b partials[b][i] over the row blocks, in order.
-__global__ void batch_norm_prelu_sum_partials_kernel(const float* __restrict__ partials,
-                                                     int64_t blocks, int64_t width,
-                                                     float* __restrict__ sums) {
+__global__ void batch_norm_sum_partials_kernel(const float* __restrict__ partials, int64_t blocks,
+                                               int64_t width, float* __restrict__ sums) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < width;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float s = 0.0f;
     for (int64_t b = 0; b < blocks; ++b) s += partials[b * width + i];
     sums[i] = s;
+  }
+}
+
+template <typename T, int V>
+__global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x,
+                                                       const T* __restrict__ dy, T* __restrict__ dx,
+                                                       int64_t rows, int64_t channels,
+                                                       BatchNormPReLUParams p,
+                                                       const float* __restrict__ sums) {
+  const Lane l = lane<V>(channels);
+  if (l.pack >= l.packs_per_row) return;
+  const float inv_rows = 1.0f / static_cast<float>(rows);
+  Channel ch[V];
+  float mean_dz[V], mean_dz_xhat[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const int64_t c = l.pack * V + k;
+    ch[k] = channel(p, c);
+    mean_dz[k] = sums[c] * inv_rows;
+    mean_dz_xhat[k] = sums[channels + c] * inv_rows;
+  }
+  for (int64_t r = l.row; r < rows; r += kRowsAtOnce * l.row_step) {
+    Pack<T, V> xs[kRowsAtOnce], gs[kRowsAtOnce];
+#pragma unroll
+    for (int u = 0; u < kRowsAtOnce; ++u) {
+      const int64_t ru = r + u * l.row_step;
+      if (ru >= rows) continue;
+      xs[u] = load<T, V>(x, ru * l.packs_per_row + l.pack);
+      gs[u] = load<T, V>(dy, ru * l.packs_per_row + l.pack);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowsAtOnce; ++u) {
+      const int64_t ru = r + u * l.row_step;
+      if (ru >= rows) continue;
+      Pack<T, V> out;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float xhat = to_float(xs[u].e[k]) * ch[k].a + ch[k].b;
+        const float z = xhat * ch[k].gamma + ch[k].beta;
+        const float g = to_float(gs[u].e[k]);
+        const float dz = z > 0.0f ? g : ch[k].alpha * g;
+        out.e[k] =
+            from_float<T>(ch[k].gamma * ch[k].a * (dz - mean_dz[k] - xhat * mean_dz_xhat[k]));
+      }
+      store(dx, ru * l.packs_per_row + l.pack, out);
+    }
   }
 }
 
@@ -153,11 +288,35 @@ int multiprocessors() {
   return count;
 }
 
-// Blocks for an elementwise pass over `packs` packs: enough to fill the GPU a few times over.
-unsigned elementwise_blocks(int64_t packs) {
-  const int64_t wanted = (packs + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>(wanted, 8 * multiprocessors())));
+// Row blocks of a reduction at most: partials hold this many rows of sums.
+int64_t max_reduce_blocks() {
+  return 4 * static_cast<int64_t>(multiprocessors()) + 1;
+}
+
+// The launch of a kernel over rows x packs_per_row packs: tx packs side by side (a power of two
+// rows ty, for the reductions' tree), and at most `blocks` blocks in all.
+struct Shape {
+  dim3 grid, block;
+};
+
+Shape shape_for(int64_t rows, int64_t packs_per_row, int64_t blocks) {
+  const unsigned tx =
+      static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(packs_per_row, 32)));
+  unsigned ty = 1;
+  while (ty * 2 * tx <= kThreads) ty *= 2;
+  const int64_t gx = (packs_per_row + tx - 1) / tx;
+  const int64_t row_blocks = std::max<int64_t>(1, (rows + ty - 1) / ty);
+  const int64_t gy = std::max<int64_t>(1, std::min<int64_t>(row_blocks, blocks / gx));
+  return {dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(tx, ty)};
+}
+
+// Reductions: few enough row blocks for the partials; elementwise passes: enough to fill the GPU
+// a few times over.
+Shape reduce_shape(int64_t rows, int64_t packs_per_row) {
+  return shape_for(rows, packs_per_row, max_reduce_blocks());
+}
+Shape elementwise_shape(int64_t rows, int64_t packs_per_row) {
+  return shape_for(rows, packs_per_row, 8 * static_cast<int64_t>(multiprocessors()));
 }
 
 bool aligned(const void* p) {
@@ -178,7 +337,36 @@ cudaError_t dispatch(ElementType type, int64_t channels,
   });
 }
 
+unsigned channel_blocks(int64_t width) {
+  return static_cast<unsigned>((width + kThreads - 1) / kThreads);
+}
+
 }  // namespace
+
+int64_t batch_norm_partials(int64_t channels) {
+  // The most row blocks of any reduction, three sums a channel.
+  return max_reduce_blocks() * 3 * channels;
+}
+
+cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows, int64_t channels,
+                                  float eps, float momentum, float* partials, float* mean,
+                                  float* invstd, float* running_mean, float* running_var,
+                                  cudaStream_t stream) {
+  return dispatch(type, channels, {x}, [&](auto t, auto v) {
+    using T = decltype(t);
+    constexpr int V = decltype(v)::value;
+    const int64_t packs_per_row = channels / V;
+    if (packs_per_row == 0) return cudaSuccess;
+    const Shape s = reduce_shape(rows, packs_per_row);
+    const size_t shared = static_cast<size_t>(s.block.x) * s.block.y * 2 * V * sizeof(float);
+    batch_norm_statistics_kernel<T, V>
+        <<<s.grid, s.block, shared, stream>>>(static_cast<const T*>(x), rows, channels, partials);
+    batch_norm_statistics_finish_kernel<T><<<channel_blocks(channels), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), partials, s.grid.y, rows, channels, eps, momentum, mean, invstd,
+        running_mean, running_var);
+    return cudaGetLastError();
+  });
+}
 
 cudaError_t batch_norm_prelu_forward(const void* x, void* y, ElementType type, int64_t rows,
                                      int64_t channels, BatchNormPReLUParams p,
@@ -186,33 +374,13 @@ cudaError_t batch_norm_prelu_forward(const void* x, void* y, ElementType type, i
   return dispatch(type, channels, {x, y}, [&](auto t, auto v) {
     using T = decltype(t);
     constexpr int V = decltype(v)::value;
-    const int64_t packs = rows * channels / V;
-    if (packs == 0) return cudaSuccess;
-    batch_norm_prelu_forward_kernel<T, V><<<elementwise_blocks(packs), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), packs, channels, p);
+    const int64_t packs_per_row = channels / V;
+    if (packs_per_row == 0) return cudaSuccess;
+    const Shape s = elementwise_shape(rows, packs_per_row);
+    batch_norm_prelu_forward_kernel<T, V><<<s.grid, s.block, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), rows, channels, p);
     return cudaGetLastError();
   });
-}
-
-// The reduction's block shape and grid for a pack width of V elements.
-struct ReduceShape {
-  unsigned tx, ty, gx, gy;
-};
-
-ReduceShape reduce_shape(int64_t rows, int64_t packs_per_row) {
-  ReduceShape s;
-  s.tx = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(packs_per_row, 32)));
-  s.ty = 1;
-  while (s.ty * 2 * s.tx <= kThreads) s.ty *= 2;
-  s.gx = static_cast<unsigned>((packs_per_row + s.tx - 1) / s.tx);
-  const int64_t row_blocks = std::max<int64_t>(1, (rows + s.ty - 1) / s.ty);
-  s.gy = static_cast<unsigned>(std::min<int64_t>(row_blocks, 4 * multiprocessors() / s.gx + 1));
-  return s;
-}
-
-int64_t batch_norm_prelu_partials(int64_t channels) {
-  // reduce_shape's most row blocks, whatever the pack width.
-  return (4 * static_cast<int64_t>(multiprocessors()) + 1) * 3 * channels;
 }
 
 cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, ElementType type,
@@ -223,14 +391,13 @@ cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, Elem
     constexpr int V = decltype(v)::value;
     const int64_t packs_per_row = channels / V;
     if (packs_per_row == 0) return cudaSuccess;
-    const ReduceShape s = reduce_shape(rows, packs_per_row);
-    const size_t shared = static_cast<size_t>(s.tx) * s.ty * 3 * V * sizeof(float);
-    batch_norm_prelu_backward_reduce_kernel<T, V>
-        <<<dim3(s.gx, s.gy), dim3(s.tx, s.ty), shared, stream>>>(
-            static_cast<const T*>(x), static_cast<const T*>(dy), rows, channels, p, partials);
+    const Shape s = reduce_shape(rows, packs_per_row);
+    const size_t shared = static_cast<size_t>(s.block.x) * s.block.y * 3 * V * sizeof(float);
+    batch_norm_prelu_backward_reduce_kernel<T, V><<<s.grid, s.block, shared, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(dy), rows, channels, p, partials);
     const int64_t width = 3 * channels;
-    batch_norm_prelu_sum_partials_kernel<<<static_cast<unsigned>((width + kThreads - 1) / kThreads),
-                                           kThreads, 0, stream>>>(partials, s.gy, width, sums);
+    batch_norm_sum_partials_kernel<<<channel_blocks(width), kThreads, 0, stream>>>(
+        partials, s.grid.y, width, sums);
     return cudaGetLastError();
   });
 }
@@ -242,12 +409,12 @@ cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, void*
   return dispatch(type, channels, {x, dy, dx}, [&](auto t, auto v) {
     using T = decltype(t);
     constexpr int V = decltype(v)::value;
-    const int64_t packs = rows * channels / V;
-    if (packs == 0) return cudaSuccess;
+    const int64_t packs_per_row = channels / V;
+    if (packs_per_row == 0) return cudaSuccess;
+    const Shape s = elementwise_shape(rows, packs_per_row);
     batch_norm_prelu_backward_input_kernel<T, V>
-        <<<elementwise_blocks(packs), kThreads, 0, stream>>>(
-            static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), packs,
-            channels, 1.0f / static_cast<float>(rows), p, sums);
+        <<<s.grid, s.block, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
+                                         static_cast<T*>(dx), rows, channels, p, sums);
     return cudaGetLastError();
   });
 }

@@ -1,14 +1,19 @@
 #pragma once
 
-// Launchers of the fused batch norm + PReLU kernels (BatchNormImpl::forward_prelu). Plain pointers
-// and streams only, so that this header and the .cu file compile without LibTorch. Each returns
-// cudaGetLastError() after its launches; callers check it.
+// Launchers of the batch norm (+ PReLU) kernels (BatchNormImpl::forward and forward_prelu). Plain
+// pointers and streams only, so that this header and the .cu file compile without LibTorch. Each
+// returns cudaGetLastError() after its launches; callers check it.
 //
 // The data are `rows` x `channels` elements with the channel moving fastest: a channels-last
 // [N, C, H, W] map (rows = N H W) or an [N, C] matrix. Per channel c the kernels read mean[c] and
 // invstd[c] (the batch statistics), gamma[c] and beta[c] (batch norm's affine parameters) and
-// alpha[c * alpha_stride] (PReLU's slope: alpha_stride 1 per channel, 0 for one shared slope):
+// alpha[c * alpha_stride] (PReLU's slope: alpha_stride 1 per channel, 0 for one shared slope;
+// alpha null for batch norm alone, a slope of 1):
 //   x̂ = (x - mean) invstd,   z = gamma x̂ + beta,   y = z > 0 ? z : alpha z.
+//
+// Reductions over rows (the statistics, the parameters' gradients) sum blocks of rows into
+// `partials` (batch_norm_partials floats), which are then added in a fixed order: no atomics, so
+// every result is the same bits at every run (--deterministic).
 
 #include <cuda_runtime_api.h>
 
@@ -27,6 +32,17 @@ struct BatchNormPReLUParams {
   int alpha_stride;
 };
 
+int64_t batch_norm_partials(int64_t channels);
+
+// The batch statistics of x: mean[c] and invstd[c] = 1 / sqrt(var[c] + eps) with the biased
+// variance. Where running_mean is not null, also running_mean = (1 - momentum) running_mean +
+// momentum mean and running_var likewise with the unbiased variance, as LibTorch's batch norm.
+// rows >= 2.
+cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows, int64_t channels,
+                                  float eps, float momentum, float* partials, float* mean,
+                                  float* invstd, float* running_mean, float* running_var,
+                                  cudaStream_t stream);
+
 // y from x.
 cudaError_t batch_norm_prelu_forward(const void* x, void* y, ElementType type, int64_t rows,
                                      int64_t channels, BatchNormPReLUParams p, cudaStream_t stream);
@@ -34,10 +50,7 @@ cudaError_t batch_norm_prelu_forward(const void* x, void* y, ElementType type, i
 // Per channel, over the rows, given dy (the gradient of y): sums[c] = Σ dz,
 // sums[channels + c] = Σ dz x̂ and sums[2 channels + c] = Σ dy z [z <= 0], where
 // dz = z > 0 ? dy : alpha dy is the gradient of z: the gradients of beta, gamma and alpha,
-// `sums` [3, channels] float32. Blocks of rows sum into `partials` (batch_norm_prelu_partials
-// floats), which are then added in a fixed order: no atomics, so the sums are the same bits at
-// every run (--deterministic).
-int64_t batch_norm_prelu_partials(int64_t channels);
+// `sums` [3, channels] float32.
 cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, ElementType type,
                                              int64_t rows, int64_t channels, BatchNormPReLUParams p,
                                              float* partials, float* sums, cudaStream_t stream);
