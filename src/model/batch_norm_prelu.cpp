@@ -37,8 +37,8 @@ cuda::BatchNormPReLUParams params_of(const torch::Tensor& mean, const torch::Ten
           invstd.data_ptr<float>(),
           gamma.data_ptr<float>(),
           beta.data_ptr<float>(),
-          alpha.defined() ? alpha.data_ptr<float>() : nullptr,
-          alpha.defined() && alpha.numel() > 1 ? 1 : 0};
+          alpha.numel() > 0 ? alpha.data_ptr<float>() : nullptr,
+          alpha.numel() > 1 ? 1 : 0};
 }
 
 cudaStream_t stream_of(const torch::Tensor& t) {
@@ -47,8 +47,8 @@ cudaStream_t stream_of(const torch::Tensor& t) {
 
 class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFunction> {
  public:
-  // alpha undefined: batch norm alone. running_mean and running_var are updated unless undefined
-  // (a recomputation).
+  // alpha empty: batch norm alone. running_mean and running_var are updated unless empty (a
+  // recomputation). Empty rather than undefined: autograd records every input's device.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                const torch::Tensor& gamma, const torch::Tensor& beta,
                                const torch::Tensor& alpha, torch::Tensor running_mean,
@@ -63,7 +63,7 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     torch::Tensor invstd = torch::empty({channels}, floats);
     {
       const torch::Tensor partials = torch::empty({cuda::batch_norm_partials(channels)}, floats);
-      const bool running = running_mean.defined();
+      const bool running = running_mean.numel() > 0;
       MYRIAD_CHECK_CUDA(cuda::batch_norm_statistics(
           x.data_ptr(), type, rows, channels, static_cast<float>(eps), static_cast<float>(momentum),
           partials.data_ptr<float>(), mean.data_ptr<float>(), invstd.data_ptr<float>(),
@@ -72,7 +72,7 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     }
     const torch::Tensor g = gamma.to(torch::kFloat32).contiguous();
     const torch::Tensor b = beta.to(torch::kFloat32).contiguous();
-    const torch::Tensor a = alpha.defined() ? alpha.to(torch::kFloat32).contiguous() : alpha;
+    const torch::Tensor a = alpha.to(torch::kFloat32).contiguous();
     torch::Tensor y = torch::empty_like(x);
     MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_forward(x.data_ptr(), y.data_ptr(), type, rows,
                                                      channels, params_of(mean, invstd, g, b, a),
@@ -100,7 +100,7 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_input(x.data_ptr(), dy.data_ptr(),
                                                             dx.data_ptr(), type, rows, channels, p,
                                                             sums.data_ptr<float>(), stream_of(x)));
-    const torch::Tensor dalpha = !alpha.defined()     ? torch::Tensor()
+    const torch::Tensor dalpha = alpha.numel() == 0   ? torch::Tensor()
                                  : alpha.numel() == 1 ? sums[2].sum().reshape({1})
                                                       : sums[2];
     return {dx,
@@ -142,9 +142,10 @@ torch::Tensor BatchNormImpl::own_kernels(const torch::Tensor& x,
   }
   // Under autocast LibTorch's batch norm runs in the input's dtype with float32 statistics: so do
   // the kernels.
-  return BatchNormPReLUFunction::apply(x, weight, bias, prelu_weight,
-                                       recompute ? torch::Tensor() : running_mean,
-                                       recompute ? torch::Tensor() : running_var, momentum_, eps_);
+  const torch::Tensor none = torch::empty({0}, running_mean.options());
+  return BatchNormPReLUFunction::apply(
+      x, weight, bias, prelu_weight.defined() ? prelu_weight : none,
+      recompute ? none : running_mean, recompute ? none : running_var, momentum_, eps_);
 #else
   (void)x;
   (void)prelu_weight;

@@ -2,13 +2,13 @@
 
 #include <gtest/gtest.h>
 
-#include <ATen/Context.h>
 #include <torch/types.h>
 
 #include <string>
 
 #include "myriad/comm/comm_factory.h"
 #include "myriad/comm/process_context.h"
+#include "support/exact_float32.h"
 
 namespace myriad::testing {
 
@@ -37,26 +37,6 @@ class MpiTest : public ::testing::Test {
 };
 
 // For tests parameterised over the backends: "mpi" (CPU) and "nccl" (CUDA, skipped without GPUs).
-// Plain fp32 on the GPU while it lives: cuDNN convolutions default to TF32, whose 10-bit mantissa
-// puts a GPU gradient ~1e-3 away from the CPU reference.
-class ExactFloat32 {
- public:
-  ExactFloat32()
-      : cudnn_(at::globalContext().allowTF32CuDNN()),
-        cublas_(at::globalContext().allowTF32CuBLAS()) {
-    at::globalContext().setAllowTF32CuDNN(false);
-    at::globalContext().setAllowTF32CuBLAS(false);
-  }
-  ~ExactFloat32() {
-    at::globalContext().setAllowTF32CuDNN(cudnn_);
-    at::globalContext().setAllowTF32CuBLAS(cublas_);
-  }
-
- private:
-  bool cudnn_;
-  bool cublas_;
-};
-
 class BackendTest : public MpiTest, public ::testing::WithParamInterface<std::string> {
  protected:
   void SetUp() override;
