@@ -156,7 +156,9 @@ __global__ void batch_norm_statistics_finish_kernel(
   if (threadIdx.x % 32 != 0) return;
   const float n = static_cast<float>(rows);
   const float offset = s1 / n;
-  const float var = fmaxf(s2 / n - offset * offset, 0.0f);
+  // Rounding can take the difference below 0; NaN stays NaN (fmaxf would hide it in running_var).
+  const float diff = s2 / n - offset * offset;
+  const float var = diff < 0.0f ? 0.0f : diff;
   const float m = to_float(x[c]) + offset;
   mean[c] = m;
   invstd[c] = rsqrtf(var + eps);
