@@ -150,11 +150,19 @@ TEST(Backbone, ActivationCheckpointingKeepsGradientsAndStatistics) {
       (net->forward(images) * projection).sum().backward();
       nets.push_back(net);
     }
+    // Each gradient against the scale of them all: on a GPU cuDNN's backward convolutions need not
+    // repeat bit for bit, and some gradients (the FC's bias before batch norm) are float noise.
     const auto plain = nets[0]->named_parameters();
     const auto recomputed = nets[1]->named_parameters();
+    std::vector<torch::Tensor> flat;
+    for (const auto& item : plain) {
+      if (item.value().requires_grad()) flat.push_back(item.value().grad().reshape(-1).cpu());
+    }
+    const double scale = torch::cat(flat).norm().item<double>();
     for (const auto& item : plain) {
       if (!item.value().requires_grad()) continue;
-      EXPECT_TRUE(torch::allclose(item.value().grad(), recomputed[item.key()].grad(), 1e-4, 1e-6))
+      EXPECT_LE((item.value().grad() - recomputed[item.key()].grad()).norm().item<double>(),
+                1e-5 * scale)
           << item.key();
     }
     const auto a = nets[0]->named_buffers();
