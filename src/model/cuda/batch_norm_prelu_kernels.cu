@@ -59,6 +59,32 @@ __device__ inline void store(T* p, int64_t i, const Pack<T, V>& v) {
   reinterpret_cast<Pack<T, V>*>(p)[i] = v;
 }
 
+// This thread's rows: read(i) loads the data of pack i (its index in the whole tensor) for
+// kRowsAtOnce rows, then use(i, data) consumes each, so that the loads are in flight together.
+template <class Read, class Use>
+__device__ inline void for_each_row(const Lane& l, int64_t rows, Read&& read, Use&& use) {
+  using Data = decltype(read(int64_t{0}));
+  for (int64_t r = l.row; r < rows; r += kRowsAtOnce * l.row_step) {
+    Data data[kRowsAtOnce];
+#pragma unroll
+    for (int u = 0; u < kRowsAtOnce; ++u) {
+      const int64_t ru = r + u * l.row_step;
+      if (ru < rows) data[u] = read(ru * l.packs_per_row + l.pack);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowsAtOnce; ++u) {
+      const int64_t ru = r + u * l.row_step;
+      if (ru < rows) use(ru * l.packs_per_row + l.pack, data[u]);
+    }
+  }
+}
+
+// x and dy at one pack.
+template <typename T, int V>
+struct InputAndGradient {
+  Pack<T, V> x, dy;
+};
+
 // The block's sums over its rows: each thread's J x V sums go through shared memory (J V floats
 // per thread, the launch's dynamic size), are added over ty in a fixed tree, and the block's row of
 // partials [J, channels] is written at partials + blockIdx.y J channels.
@@ -121,24 +147,16 @@ __global__ void batch_norm_statistics_kernel(const T* __restrict__ x, int64_t ro
     float shift[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) shift[k] = to_float(first.e[k]);
-    for (int64_t r = l.row; r < rows; r += kRowsAtOnce * l.row_step) {
-      Pack<T, V> xs[kRowsAtOnce];
+    for_each_row(
+        l, rows, [&](int64_t i) { return load<T, V>(x, i); },
+        [&](int64_t, const Pack<T, V>& xs) {
 #pragma unroll
-      for (int u = 0; u < kRowsAtOnce; ++u) {
-        const int64_t ru = r + u * l.row_step;
-        if (ru < rows) xs[u] = load<T, V>(x, ru * l.packs_per_row + l.pack);
-      }
-#pragma unroll
-      for (int u = 0; u < kRowsAtOnce; ++u) {
-        if (r + u * l.row_step >= rows) continue;
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float d = to_float(xs[u].e[k]) - shift[k];
-          s[0][k] += d;
-          s[1][k] += d * d;
-        }
-      }
-    }
+          for (int k = 0; k < V; ++k) {
+            const float d = to_float(xs.e[k]) - shift[k];
+            s[0][k] += d;
+            s[1][k] += d * d;
+          }
+        });
   }
   write_block_sums(s, l, channels, partials);
 }
@@ -177,26 +195,17 @@ __global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x, T* __re
   Channel ch[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) ch[k] = channel(p, l.pack * V + k);
-  for (int64_t r = l.row; r < rows; r += kRowsAtOnce * l.row_step) {
-    Pack<T, V> in[kRowsAtOnce];
+  for_each_row(
+      l, rows, [&](int64_t i) { return load<T, V>(x, i); },
+      [&](int64_t i, const Pack<T, V>& in) {
+        Pack<T, V> out;
 #pragma unroll
-    for (int u = 0; u < kRowsAtOnce; ++u) {
-      const int64_t ru = r + u * l.row_step;
-      if (ru < rows) in[u] = load<T, V>(x, ru * l.packs_per_row + l.pack);
-    }
-#pragma unroll
-    for (int u = 0; u < kRowsAtOnce; ++u) {
-      const int64_t ru = r + u * l.row_step;
-      if (ru >= rows) continue;
-      Pack<T, V> out;
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float z = (to_float(in[u].e[k]) * ch[k].a + ch[k].b) * ch[k].gamma + ch[k].beta;
-        out.e[k] = from_float<T>(z > 0.0f ? z : ch[k].alpha * z);
-      }
-      store(y, ru * l.packs_per_row + l.pack, out);
-    }
-  }
+        for (int k = 0; k < V; ++k) {
+          const float z = (to_float(in.e[k]) * ch[k].a + ch[k].b) * ch[k].gamma + ch[k].beta;
+          out.e[k] = from_float<T>(z > 0.0f ? z : ch[k].alpha * z);
+        }
+        store(y, i, out);
+      });
 }
 
 template <typename T, int V>
@@ -210,30 +219,23 @@ __global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x,
     Channel ch[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) ch[k] = channel(p, l.pack * V + k);
-    for (int64_t r = l.row; r < rows; r += kRowsAtOnce * l.row_step) {
-      Pack<T, V> xs[kRowsAtOnce], gs[kRowsAtOnce];
+    for_each_row(
+        l, rows,
+        [&](int64_t i) {
+          return InputAndGradient<T, V>{load<T, V>(x, i), load<T, V>(dy, i)};
+        },
+        [&](int64_t, const InputAndGradient<T, V>& in) {
 #pragma unroll
-      for (int u = 0; u < kRowsAtOnce; ++u) {
-        const int64_t ru = r + u * l.row_step;
-        if (ru >= rows) continue;
-        xs[u] = load<T, V>(x, ru * l.packs_per_row + l.pack);
-        gs[u] = load<T, V>(dy, ru * l.packs_per_row + l.pack);
-      }
-#pragma unroll
-      for (int u = 0; u < kRowsAtOnce; ++u) {
-        if (r + u * l.row_step >= rows) continue;
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float xhat = to_float(xs[u].e[k]) * ch[k].a + ch[k].b;
-          const float z = xhat * ch[k].gamma + ch[k].beta;
-          const float g = to_float(gs[u].e[k]);
-          const float dz = z > 0.0f ? g : ch[k].alpha * g;
-          s[0][k] += dz;
-          s[1][k] += dz * xhat;
-          s[2][k] += z > 0.0f ? 0.0f : g * z;
-        }
-      }
-    }
+          for (int k = 0; k < V; ++k) {
+            const float xhat = to_float(in.x.e[k]) * ch[k].a + ch[k].b;
+            const float z = xhat * ch[k].gamma + ch[k].beta;
+            const float g = to_float(in.dy.e[k]);
+            const float dz = z > 0.0f ? g : ch[k].alpha * g;
+            s[0][k] += dz;
+            s[1][k] += dz * xhat;
+            s[2][k] += z > 0.0f ? 0.0f : g * z;
+          }
+        });
   }
   write_block_sums(s, l, channels, partials);
 }
@@ -265,32 +267,24 @@ __global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x,
     mean_dz[k] = sums[c] * inv_rows;
     mean_dz_xhat[k] = sums[channels + c] * inv_rows;
   }
-  for (int64_t r = l.row; r < rows; r += kRowsAtOnce * l.row_step) {
-    Pack<T, V> xs[kRowsAtOnce], gs[kRowsAtOnce];
+  for_each_row(
+      l, rows,
+      [&](int64_t i) {
+        return InputAndGradient<T, V>{load<T, V>(x, i), load<T, V>(dy, i)};
+      },
+      [&](int64_t i, const InputAndGradient<T, V>& in) {
+        Pack<T, V> out;
 #pragma unroll
-    for (int u = 0; u < kRowsAtOnce; ++u) {
-      const int64_t ru = r + u * l.row_step;
-      if (ru >= rows) continue;
-      xs[u] = load<T, V>(x, ru * l.packs_per_row + l.pack);
-      gs[u] = load<T, V>(dy, ru * l.packs_per_row + l.pack);
-    }
-#pragma unroll
-    for (int u = 0; u < kRowsAtOnce; ++u) {
-      const int64_t ru = r + u * l.row_step;
-      if (ru >= rows) continue;
-      Pack<T, V> out;
-#pragma unroll
-      for (int k = 0; k < V; ++k) {
-        const float xhat = to_float(xs[u].e[k]) * ch[k].a + ch[k].b;
-        const float z = xhat * ch[k].gamma + ch[k].beta;
-        const float g = to_float(gs[u].e[k]);
-        const float dz = z > 0.0f ? g : ch[k].alpha * g;
-        out.e[k] =
-            from_float<T>(ch[k].gamma * ch[k].a * (dz - mean_dz[k] - xhat * mean_dz_xhat[k]));
-      }
-      store(dx, ru * l.packs_per_row + l.pack, out);
-    }
-  }
+        for (int k = 0; k < V; ++k) {
+          const float xhat = to_float(in.x.e[k]) * ch[k].a + ch[k].b;
+          const float z = xhat * ch[k].gamma + ch[k].beta;
+          const float g = to_float(in.dy.e[k]);
+          const float dz = z > 0.0f ? g : ch[k].alpha * g;
+          out.e[k] =
+              from_float<T>(ch[k].gamma * ch[k].a * (dz - mean_dz[k] - xhat * mean_dz_xhat[k]));
+        }
+        store(dx, i, out);
+      });
 }
 
 int multiprocessors() {
