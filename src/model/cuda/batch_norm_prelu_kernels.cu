@@ -37,6 +37,17 @@ __device__ inline Channel channel(const BatchNormPReLUParams& p, int64_t c) {
           p.alpha != nullptr ? p.alpha[c * p.alpha_stride] : 1.0f};
 }
 
+// One element's x̂ and z from x, and dz, the gradient of z, from dy.
+struct Backward {
+  float xhat, z, dz;
+};
+
+__device__ inline Backward backward_of(const Channel& ch, float x, float dy) {
+  const float xhat = x * ch.a + ch.b;
+  const float z = xhat * ch.gamma + ch.beta;
+  return {xhat, z, z > 0.0f ? dy : ch.alpha * dy};
+}
+
 // This thread's pack of channels and first row, and the distance between its rows.
 struct Lane {
   int64_t pack, packs_per_row, row, row_step;
@@ -227,13 +238,11 @@ __global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x,
         [&](int64_t, const InputAndGradient<T, V>& in) {
 #pragma unroll
           for (int k = 0; k < V; ++k) {
-            const float xhat = to_float(in.x.e[k]) * ch[k].a + ch[k].b;
-            const float z = xhat * ch[k].gamma + ch[k].beta;
             const float g = to_float(in.dy.e[k]);
-            const float dz = z > 0.0f ? g : ch[k].alpha * g;
-            s[0][k] += dz;
-            s[1][k] += dz * xhat;
-            s[2][k] += z > 0.0f ? 0.0f : g * z;
+            const Backward b = backward_of(ch[k], to_float(in.x.e[k]), g);
+            s[0][k] += b.dz;
+            s[1][k] += b.dz * b.xhat;
+            s[2][k] += b.z > 0.0f ? 0.0f : g * b.z;
           }
         });
   }
@@ -276,12 +285,9 @@ __global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x,
         Pack<T, V> out;
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const float xhat = to_float(in.x.e[k]) * ch[k].a + ch[k].b;
-          const float z = xhat * ch[k].gamma + ch[k].beta;
-          const float g = to_float(in.dy.e[k]);
-          const float dz = z > 0.0f ? g : ch[k].alpha * g;
+          const Backward b = backward_of(ch[k], to_float(in.x.e[k]), to_float(in.dy.e[k]));
           out.e[k] =
-              from_float<T>(ch[k].gamma * ch[k].a * (dz - mean_dz[k] - xhat * mean_dz_xhat[k]));
+              from_float<T>(ch[k].gamma * ch[k].a * (b.dz - mean_dz[k] - b.xhat * mean_dz_xhat[k]));
         }
         store(dx, i, out);
       });
