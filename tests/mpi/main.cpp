@@ -1,12 +1,13 @@
 // Test main for the multi-rank binary: initialises MPI through ProcessContext, lets only rank 0
-// print GoogleTest's report (other ranks print their failures, tagged with their rank), and makes
-// every rank exit with the same code.
+// print GoogleTest's report (other ranks print their failures, tagged with their rank), makes
+// every rank exit with the same code, and ends the job when an exception escapes a test.
 
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <string>
 
 #include "mpi_test.h"
 #include "myriad/comm/comm_factory.h"
@@ -27,6 +28,23 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 
  private:
   int rank_;
+};
+
+// An exception that escapes a test on one rank leaves the others waiting in that test's next
+// collective, until ctest's timeout (5 minutes of a GPU node's time, once). With more than one
+// rank the job ends at once instead, after the failure is printed.
+class AbortOnEscapedException : public ::testing::EmptyTestEventListener {
+ public:
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    const std::string message = result.message();
+    const bool escaped =
+        message.rfind("C++ exception", 0) == 0 || message.rfind("Unknown C++ exception", 0) == 0;
+    if (!result.fatally_failed() || !escaped) return;
+    std::fprintf(stderr, "an exception escaped a test: ending every rank\n");
+    std::fflush(stdout);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
 };
 
 }  // namespace
@@ -55,6 +73,8 @@ int main(int argc, char** argv) {
       std::printf("[ myriad ] %d rank(s); NCCL tests %s\n", context.size(),
                   env.gpus ? "enabled" : "skipped (no GPU on every rank, or no NCCL build)");
     }
+    // Appended last: the failure is printed before the job ends.
+    if (context.size() > 1) listeners.Append(new AbortOnEscapedException);
     int local = RUN_ALL_TESTS();
     MPI_Allreduce(&local, &code, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     env.comms = nullptr;
