@@ -17,7 +17,7 @@
 # on two GPUs side by side where there are two) (default: all).
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX, and to the GPU
-# checks that it matches (gpu.async_checkpoint.bf16, gpu.async_checkpoint.fp16), so that the
+# checks that it matches (gpu.async_checkpoint.bf16, gpu.async_checkpoint.fp16, gpu.cuda_graphs), so that the
 # section can be split over calls shorter than a device's limit.
 # --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
 # stays off (NCCL_NVLS_ENABLE=0 and friends) unless the caller set those variables.
@@ -108,6 +108,15 @@ if wants tests; then
       status=1; note "ASYNC CHECKPOINTS ON GPUS FAILED ($precision): $(tail -n 3 "$out/async-checkpoint-gpu-$precision.txt")"
     fi
   done
+  # CUDA graphs against eager steps, their out-of-memory fallback, and the hang watchdog under them
+  # (tests/e2e/cuda_graphs_gpu.sh).
+  if [ -z "$tests_regex" ] || [[ gpu.cuda_graphs =~ $tests_regex ]]; then
+    if bash "$repo/tests/e2e/cuda_graphs_gpu.sh" "$bin" "$gpus" >"$out/cuda-graphs-gpu.txt" 2>&1; then
+      note "CUDA graphs on GPUs: $(grep -E '^(graphs|a stopped|the watchdog)' "$out/cuda-graphs-gpu.txt" | tr '\n' ' ')"
+    else
+      status=1; note "CUDA GRAPHS ON GPUS FAILED: $(tail -n 5 "$out/cuda-graphs-gpu.txt")"
+    fi
+  fi
 fi
 
 if wants collectives; then

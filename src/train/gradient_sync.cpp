@@ -1,6 +1,8 @@
 #include "myriad/train/gradient_sync.h"
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 
 #include "myriad/util/error.h"
@@ -10,9 +12,34 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "myriad/util/check_cuda.h"
 #endif
 
 namespace myriad {
+
+#ifdef MYRIAD_WITH_CUDA
+// An event that a CUDA graph records each time it is replayed (an event-record node): the events
+// recorded during a capture only order its streams, and no replay records them.
+struct GraphEvent {
+  cudaEvent_t event = nullptr;
+  GraphEvent() { MYRIAD_CHECK_CUDA(cudaEventCreate(&event)); }
+  ~GraphEvent() { cudaEventDestroy(event); }
+  GraphEvent(const GraphEvent&) = delete;
+  GraphEvent& operator=(const GraphEvent&) = delete;
+  void record(const c10::cuda::CUDAStream& stream) {
+    MYRIAD_CHECK_CUDA(cudaEventRecordWithFlags(event, stream.stream(), cudaEventRecordExternal));
+  }
+  float ms_until(const GraphEvent& later) const {
+    float ms = 0.0F;
+    MYRIAD_CHECK_CUDA(cudaEventElapsedTime(&ms, event, later.event));
+    return ms;
+  }
+};
+
+#endif
 
 struct GradientSynchronizer::Bucket {
   std::vector<size_t> params;
@@ -25,6 +52,8 @@ struct GradientSynchronizer::Bucket {
   at::cuda::CUDAEvent ready;  // gradients copied in, on the backward stream
   at::cuda::CUDAEvent start{cudaEventDefault};
   at::cuda::CUDAEvent done{cudaEventDefault};
+  // The same moments inside a graph, recorded by the graph's replays.
+  std::unique_ptr<GraphEvent> graph_start, graph_done;
 #endif
 };
 
@@ -33,9 +62,24 @@ struct GradientSynchronizer::CudaState {
   c10::cuda::CUDAStream stream;
   at::cuda::CUDAEvent wait_start{cudaEventDefault};
   at::cuda::CUDAEvent wait_end{cudaEventDefault};
+  GraphEvent backward_done, all_done;  // in the graph: the last gradient, the last all-reduce
   explicit CudaState(const torch::Device& device)
       : stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())) {}
 };
+
+namespace {
+
+// Calls back once autograd has added a parameter's gradient into its .grad.
+class SummedHook final : public torch::autograd::PostAccumulateGradHook {
+ public:
+  explicit SummedHook(std::function<void()> call) : call_(std::move(call)) {}
+  void operator()(const torch::autograd::Variable&) override { call_(); }
+
+ private:
+  std::function<void()> call_;
+};
+
+}  // namespace
 #else
 struct GradientSynchronizer::CudaState {};
 #endif
@@ -86,7 +130,13 @@ GradientSynchronizer::GradientSynchronizer(std::vector<torch::Tensor> params,
       b->wire = torch::empty_like(b->flat, b->flat.options().dtype(wire_dtype));
   }
 #ifdef MYRIAD_WITH_CUDA
-  if (device_.is_cuda()) cuda_ = std::make_unique<CudaState>(device_);
+  if (device_.is_cuda()) {
+    cuda_ = std::make_unique<CudaState>(device_);
+    for (auto& b : buckets_) {
+      b->graph_start = std::make_unique<GraphEvent>();
+      b->graph_done = std::make_unique<GraphEvent>();
+    }
+  }
 #endif
   for (size_t k = 0; k < params_.size(); ++k) {
     hooks_.push_back(
@@ -132,8 +182,14 @@ void GradientSynchronizer::launch(Bucket& bucket) {
     bucket.ready.record(c10::cuda::getCurrentCUDAStream(device_.index()));
     bucket.ready.block(cuda_->stream);
     c10::cuda::CUDAStreamGuard guard(cuda_->stream);
-    bucket.start.record(cuda_->stream);
+    if (recording_) {
+      bucket.graph_start->record(cuda_->stream);
+    } else {
+      bucket.start.record(cuda_->stream);
+    }
     all_reduce(bucket);
+    if (recording_) bucket.graph_done->record(cuda_->stream);
+    // Also inside a graph: what the recording stream's join waits for.
     bucket.done.record(cuda_->stream);
     return;
   }
@@ -155,30 +211,39 @@ void GradientSynchronizer::all_reduce(Bucket& bucket) {
 }
 
 void GradientSynchronizer::finish() {
-  for (auto& b : buckets_) {
-    if (b->launched) continue;
-    for (size_t k : b->params) {
-      if (!slots_[k].received) slot_view(k).zero_();
+  stats_from_graph_ = all_reduced_in_graph_;
+  // A replay that all-reduced the buckets joined its communication on the stream it ran on.
+  if (!all_reduced_in_graph_) {
+    for (auto& b : buckets_) {
+      if (b->launched) continue;
+      for (size_t k : b->params) {
+        if (!slots_[k].received) slot_view(k).zero_();
+      }
+      launch(*b);
     }
-    launch(*b);
-  }
 #ifdef MYRIAD_WITH_CUDA
-  if (cuda_) {
-    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
-    cuda_->wait_start.record(current);
-    for (auto& b : buckets_) b->done.block(current);
-    cuda_->wait_end.record(current);
-  }
+    if (cuda_) {
+      const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
+      cuda_->wait_start.record(current);
+      for (auto& b : buckets_) b->done.block(current);
+      cuda_->wait_end.record(current);
+    }
 #endif
+  }
   // The sums stay where the all-reduce left them: each .grad becomes a view of its slot, which
   // replaces the gradient autograd accumulated (no copy).
   for (size_t k = 0; k < params_.size(); ++k) params_[k].mutable_grad() = slot_view(k);
+  reset_counts();
+  last_pass_ = true;
+  all_reduced_in_graph_ = false;
+}
+
+void GradientSynchronizer::reset_counts() {
   for (auto& b : buckets_) {
     b->launched = false;
     b->pending = static_cast<int64_t>(b->params.size());
   }
   for (Slot& slot : slots_) slot.received = slot.counted = false;
-  last_pass_ = true;
 }
 
 std::vector<torch::Tensor> GradientSynchronizer::gradient_views() const {
@@ -192,13 +257,91 @@ void GradientSynchronizer::zero_buckets() {
   for (auto& b : buckets_) b->flat.zero_();
 }
 
-void GradientSynchronizer::pass_summed(bool last) {
+void GradientSynchronizer::pass_replayed(bool last, bool all_reduced) {
   for (Slot& slot : slots_) slot.received = true;
   if (!last) return;
   for (auto& b : buckets_) {
-    if (!b->launched) launch(*b);
+    if (all_reduced) {
+      b->launched = true;
+    } else if (!b->launched) {
+      launch(*b);
+    }
+  }
+  all_reduced_in_graph_ = all_reduced;
+}
+
+bool GradientSynchronizer::can_record_all_reduce() const {
+  return cuda_ != nullptr && comm_->capturable();
+}
+
+bool GradientSynchronizer::all_agree(bool ok) {
+  // Over MPI, not NCCL: no collective of this communicator runs eagerly between a recording of
+  // its all-reduces and their first replay.
+  const std::vector<int64_t> all = comm_->all_gather_counts(ok ? 1 : 0);
+  return std::all_of(all.begin(), all.end(), [](int64_t v) { return v == 1; });
+}
+
+void GradientSynchronizer::on_summed(size_t param) {
+  Slot& slot = slots_[param];
+  if (slot.counted) return;
+  slot.counted = true;
+  Bucket& bucket = *buckets_[slot.bucket];
+  if (--bucket.pending == 0 && record_all_reduce_) launch(bucket);
+}
+
+#ifdef MYRIAD_WITH_CUDA
+GradientSynchronizer::GraphBackward::GraphBackward(GradientSynchronizer& sync, bool all_reduce)
+    : sync_(sync) {
+  MYRIAD_CHECK(!all_reduce || sync.can_record_all_reduce(),
+               "a CUDA graph can record the gradient all-reduce only through NCCL");
+  if (all_reduce && !sync.nccl_warm_) {
+    // NCCL sets up a communicator's connections at its first collective: eagerly, not in the
+    // capture. The buckets hold zeros here (a step's first pass has not run), so the sums
+    // change nothing; every rank of the synchroniser records the same graphs at the same time.
+    for (auto& b : sync.buckets_) sync.launch(*b);
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(sync.device_.index());
+    for (auto& b : sync.buckets_) b->done.block(current);
+    sync.nccl_warm_ = true;
+  }
+  sync.reset_counts();
+  sync.recording_ = true;
+  sync.record_all_reduce_ = all_reduce;
+  for (size_t k = 0; k < sync.params_.size(); ++k) {
+    sync.params_[k].mutable_grad() = sync.slot_view(k);
+    torch::autograd::impl::set_post_acc_grad_hooks(
+        sync.params_[k], std::make_unique<SummedHook>([&sync, k] { sync.on_summed(k); }));
   }
 }
+
+GradientSynchronizer::GraphBackward::~GraphBackward() {
+  for (torch::Tensor& p : sync_.params_) {
+    torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+    p.mutable_grad().reset();
+  }
+  sync_.recording_ = false;
+  sync_.record_all_reduce_ = false;
+  sync_.reset_counts();
+}
+
+void GradientSynchronizer::GraphBackward::join() {
+  if (!sync_.record_all_reduce_) return;
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(sync_.device_.index());
+  sync_.cuda_->backward_done.record(current);
+  // Buckets of parameters that got no gradient: their places hold the zeros of zero_buckets().
+  for (auto& b : sync_.buckets_) {
+    if (!b->launched) sync_.launch(*b);
+  }
+  for (auto& b : sync_.buckets_) b->done.block(current);
+  sync_.cuda_->all_done.record(current);
+}
+#else
+GradientSynchronizer::GraphBackward::GraphBackward(GradientSynchronizer& sync, bool)
+    : sync_(sync) {
+  MYRIAD_THROW("CUDA graphs need a build with CUDA");
+}
+GradientSynchronizer::GraphBackward::~GraphBackward() = default;
+void GradientSynchronizer::GraphBackward::join() {}
+#endif
 
 void GradientSynchronizer::begin_pass(bool last) {
   last_pass_ = last;
@@ -218,6 +361,12 @@ void GradientSynchronizer::clear_gradients() {
 GradientSyncStats GradientSynchronizer::last_stats() {
   GradientSyncStats stats;
 #ifdef MYRIAD_WITH_CUDA
+  if (cuda_ && stats_from_graph_) {
+    MYRIAD_CHECK_CUDA(cudaEventSynchronize(cuda_->all_done.event));
+    for (auto& b : buckets_) stats.all_reduce_ms += b->graph_start->ms_until(*b->graph_done);
+    stats.exposed_ms = cuda_->backward_done.ms_until(cuda_->all_done);
+    return stats;
+  }
   if (cuda_) {
     cuda_->wait_end.synchronize();
     for (auto& b : buckets_) stats.all_reduce_ms += b->start.elapsed_time(b->done);

@@ -15,6 +15,7 @@
 
 #ifdef MYRIAD_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -347,8 +348,9 @@ std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activation
   MicroBatch& mb = micro_batches_[m];
   Activations out;
   clock_->start();
+  if (graphs_ && !graphs_->prepare(in, *step_sync_)) use_cuda_graphs(false);
   if (graphs_) {
-    out = graphs_->forward(m % graph_slots_, in, *step_sync_);
+    out = graphs_->forward(m % graph_slots_, in);
   } else {
     if (!layout_.first()) mb.input = in.x;
     std::unique_ptr<AutocastGuard> guard;
@@ -389,8 +391,8 @@ torch::Tensor PipelineEngine::backward_micro_batch(int m, const torch::Tensor& g
   torch::Tensor input_grad;
   clock_->start();
   if (graphs_) {
-    input_grad = graphs_->backward(m % graph_slots_, incoming);
-    sync.pass_summed(last_pass);
+    input_grad = graphs_->backward(m % graph_slots_, incoming, last_pass);
+    sync.pass_replayed(last_pass, last_pass && graphs_->all_reduces_last());
   } else {
     sync.begin_pass(last_pass);
     torch::autograd::backward({mb.output}, {incoming});
@@ -406,14 +408,7 @@ torch::Tensor PipelineEngine::train_step(const torch::Tensor& images, const torc
                                          const ClassifierStep& classify,
                                          GradientSynchronizer& sync) {
   split_step(images, keys, labels);
-  if (graphs_wanted_ && !graphs_) {
-    graph_slots_ = static_cast<int>(
-        micro_batches_in_flight(layout_.schedule, layout_.stages, layout_.micro_batches)
-            .at(static_cast<size_t>(layout_.stage)));
-    graphs_ = std::make_unique<StageGraphs>(backbone_, layout_.begin_block(), layout_.end_block(),
-                                            autocast_, stage_parameters(), !layout_.first(),
-                                            layout_.last(), graph_slots_);
-  }
+  if (graphs_wanted_ && !graphs_) graphs_ = make_graphs();
   // The graphs' backward adds every pass into the buckets: they start the step at zero.
   if (graphs_) sync.zero_buckets();
   step_sync_ = &sync;
@@ -422,6 +417,33 @@ torch::Tensor PipelineEngine::train_step(const torch::Tensor& images, const torc
   micro_batches_.clear();
   ++steps_;
   return loss;
+}
+
+void PipelineEngine::use_cuda_graphs(bool on) {
+  graphs_wanted_ = on;
+  if (on || !graphs_) return;
+  graphs_.reset();
+#ifdef MYRIAD_WITH_CUDA
+  c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+
+std::unique_ptr<StageGraphs> PipelineEngine::make_graphs() {
+  const int m_count = layout_.micro_batches;
+  const int slots = graph_slots_ = static_cast<int>(
+      micro_batches_in_flight(layout_.schedule, layout_.stages, m_count)
+          .at(static_cast<size_t>(layout_.stage)));
+  // Micro-batch m runs in slot m % slots; the step's last backward pass is GPipe's first
+  // micro-batch and 1F1B's last.
+  const int last = layout_.schedule == PipelineSchedule::k1F1B ? m_count - 1 : 0;
+  std::vector<StageGraphs::SlotUse> uses(static_cast<size_t>(slots));
+  for (int m = 0; m < m_count; ++m) {
+    StageGraphs::SlotUse& use = uses[static_cast<size_t>(m % slots)];
+    (m == last ? use.last_pass : use.other_passes) = true;
+  }
+  return std::make_unique<StageGraphs>(backbone_, layout_.begin_block(), layout_.end_block(),
+                                       autocast_, stage_parameters(),
+                                       !layout_.first(), layout_.last(), std::move(uses));
 }
 
 // Every forward, each micro-batch sent on as soon as it is computed; the classifier once on the

@@ -1,19 +1,25 @@
 #include "myriad/train/stage_graphs.h"
 
 #include <chrono>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "myriad/train/gradient_sync.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/error.h"
+#include "myriad/util/fault_point.h"
 #include "myriad/util/log.h"
 
 #ifdef MYRIAD_WITH_CUDA
 #include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
 #endif
 
 namespace myriad {
@@ -21,31 +27,31 @@ namespace myriad {
 struct StageGraphs::Slot {
 #ifdef MYRIAD_WITH_CUDA
   at::cuda::CUDAGraph forward;
-  at::cuda::CUDAGraph backward;
+  at::cuda::CUDAGraph backward;       // sums the gradients into the buckets
+  at::cuda::CUDAGraph backward_last;  // ... and all-reduces them: the step's last pass
 #endif
-  bool recorded = false;
   Activations in;   // what forward() copies each micro-batch into
   Activations out;  // what the forward graph writes
   torch::Tensor output_grad;
-  torch::Tensor input_grad;
+  torch::Tensor input_grad, input_grad_last;  // what each backward graph writes
 };
 
 StageGraphs::StageGraphs(Backbone& backbone, int64_t begin_block, int64_t end_block,
                          std::optional<torch::ScalarType> autocast,
                          std::vector<torch::Tensor> params, bool input_grad, bool float32_output,
-                         int slots)
+                         std::vector<SlotUse> slots)
     : backbone_(backbone),
       begin_(begin_block),
       end_(end_block),
       autocast_(autocast),
       params_(std::move(params)),
       input_grad_(input_grad),
-      float32_output_(float32_output) {
+      float32_output_(float32_output),
+      uses_(std::move(slots)) {
 #ifndef MYRIAD_WITH_CUDA
   MYRIAD_THROW("CUDA graphs need a build with CUDA");
 #endif
-  MYRIAD_CHECK(slots > 0, "CUDA graphs of a stage need at least one slot");
-  for (int s = 0; s < slots; ++s) slots_.push_back(std::make_unique<Slot>());
+  MYRIAD_CHECK(!uses_.empty(), "CUDA graphs of a stage need at least one slot");
 }
 
 StageGraphs::~StageGraphs() = default;
@@ -58,6 +64,23 @@ Activations StageGraphs::run(const Activations& in) const {
   return out;
 }
 
+namespace {
+
+bool same_layout(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  return !a.defined() || (a.sizes() == b.sizes() && a.strides() == b.strides() &&
+                          a.scalar_type() == b.scalar_type());
+}
+
+}  // namespace
+
+bool StageGraphs::recorded_for(const Activations& in) const {
+  if (slots_.empty()) return false;
+  const Activations& have = slots_.front()->in;
+  return same_layout(have.x, in.x) && same_layout(have.keys, in.keys) &&
+         same_layout(have.restore, in.restore);
+}
+
 #ifdef MYRIAD_WITH_CUDA
 
 namespace {
@@ -66,114 +89,253 @@ namespace {
 // will.
 constexpr int kWarmups = 2;
 
-bool same_layout(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.defined() != b.defined()) return false;
-  return !a.defined() || (a.sizes() == b.sizes() && a.strides() == b.strides() &&
-                          a.scalar_type() == b.scalar_type());
-}
-
 torch::Tensor static_copy(const torch::Tensor& t) {
   return t.defined() ? t.detach().clone(torch::MemoryFormat::Preserve) : t;
 }
 
+using PoolId = decltype(std::declval<at::cuda::CUDAGraph&>().pool());
+
+// One capture into `graph` (sharing `pool`, if given), begun on the current stream. A capture left
+// without end() (an error inside it) is ended and its memory pool released, so that the allocator
+// stops serving it and gives its memory back.
+class Capture {
+ public:
+  Capture(at::cuda::CUDAGraph& graph, c10::DeviceIndex device,
+          PoolId pool = {0, 0})
+      : graph_(graph), device_(device) {
+    // Other threads (data loading, checkpoint writing) may use CUDA meanwhile.
+    graph_.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+  }
+  ~Capture() {
+    if (ended_) return;
+    try {
+      graph_.capture_end();
+    } catch (const std::exception&) {
+      // The capture was invalid (a stream forked into it and never joined): capture_end threw
+      // before handing the pool back, so this does it; the error itself is the one already
+      // propagating. cudaStreamEndCapture's status is not sticky, but would be read as a later
+      // launch's error.
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(device_, graph_.pool());
+      c10::cuda::CUDACachingAllocator::releasePool(device_, graph_.pool());
+      (void)cudaGetLastError();
+    }
+  }
+  Capture(const Capture&) = delete;
+  Capture& operator=(const Capture&) = delete;
+  void end() {
+    ended_ = true;
+    graph_.capture_end();
+  }
+
+ private:
+  at::cuda::CUDAGraph& graph_;
+  c10::DeviceIndex device_;
+  bool ended_ = false;
+};
+
+// Autocast's cache of cast weights off for the scope: casts must be made inside the graph, not
+// taken from a cache that is emptied after it.
+class AutocastCacheOff {
+ public:
+  AutocastCacheOff() : was_(at::autocast::is_autocast_cache_enabled()) {
+    at::autocast::set_autocast_cache_enabled(false);
+  }
+  ~AutocastCacheOff() { at::autocast::set_autocast_cache_enabled(was_); }
+  AutocastCacheOff(const AutocastCacheOff&) = delete;
+  AutocastCacheOff& operator=(const AutocastCacheOff&) = delete;
+
+ private:
+  bool was_;
+};
+
+// The batch-norm statistics of blocks [begin, end), put back at the end of the scope.
+class BuffersKept {
+ public:
+  BuffersKept(Backbone& backbone, int64_t begin, int64_t end) {
+    for (const auto& item : backbone.named_buffers()) {
+      const int64_t block = backbone.block_of(item.key());
+      if (begin <= block && block < end) kept_.emplace_back(item.value(), item.value().clone());
+    }
+  }
+  ~BuffersKept() {
+    torch::NoGradGuard no_grad;
+    for (auto& [buffer, saved] : kept_) buffer.copy_(saved);
+  }
+  BuffersKept(const BuffersKept&) = delete;
+  BuffersKept& operator=(const BuffersKept&) = delete;
+
+ private:
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> kept_;
+};
+
+// The scope's work on a stream of its own, forked from the current one and joined back at its end
+// (on failure too): a capture needs a stream other than the legacy default.
+class SideStream {
+ public:
+  explicit SideStream(c10::DeviceIndex device)
+      : current_(c10::cuda::getCurrentCUDAStream(device)),
+        side_(c10::cuda::getStreamFromPool(false, device)) {
+    at::cuda::CUDAEvent fork;
+    fork.record(current_);
+    fork.block(side_);
+    guard_.emplace(side_);
+  }
+  ~SideStream() {
+    guard_.reset();
+    join_.record(side_);
+    join_.block(current_);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+
+ private:
+  c10::cuda::CUDAStream current_, side_;
+  at::cuda::CUDAEvent join_;
+  std::optional<c10::cuda::CUDAStreamGuard> guard_;
+};
+
+// The test fault point's memory cap (fault_graph_memory_fraction) for the scope.
+class FaultMemoryCap {
+ public:
+  explicit FaultMemoryCap(c10::DeviceIndex device)
+      : device_(device), fraction_(fault_graph_memory_fraction()) {
+    if (fraction_) c10::cuda::CUDACachingAllocator::setMemoryFraction(*fraction_, device_);
+  }
+  ~FaultMemoryCap() {
+    if (fraction_) c10::cuda::CUDACachingAllocator::setMemoryFraction(1.0, device_);
+  }
+  FaultMemoryCap(const FaultMemoryCap&) = delete;
+  FaultMemoryCap& operator=(const FaultMemoryCap&) = delete;
+
+ private:
+  c10::DeviceIndex device_;
+  std::optional<double> fraction_;
+};
+
+std::string first_line(const char* text) {
+  const std::string s = text;
+  return s.substr(0, s.find('\n'));
+}
+
 }  // namespace
 
-void StageGraphs::record(Slot& slot, const Activations& in, GradientSynchronizer& sync) {
+bool StageGraphs::prepare(const Activations& in, GradientSynchronizer& sync) {
+  if (recorded_for(in)) return true;
+  if (!slots_.empty()) {
+    log_warn("CUDA graphs: a micro-batch of {} after {}: recording the stage again", in.x.sizes(),
+             slots_.front()->in.x.sizes());
+    slots_.clear();
+  }
+  std::string failure;
+  try {
+    record_all(in, sync);
+  } catch (const c10::OutOfMemoryError& e) {
+    failure = first_line(e.what());
+  }
+  // The ranks that sum this stage's gradients must all replay, or none: their recorded
+  // all-reduces pair with each other.
+  if (sync.all_agree(failure.empty())) return true;
+  slots_.clear();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  log_warn(
+      "CUDA graphs: recording blocks [{}, {}) ran out of memory{}{}; the stage runs eagerly, as "
+      "with --cuda-graphs off",
+      begin_, end_, failure.empty() ? " on another rank" : ": ", failure);
+  return false;
+}
+
+void StageGraphs::record_all(const Activations& in, GradientSynchronizer& sync) {
   const torch::Device device = in.x.device();
   MYRIAD_CHECK(device.is_cuda(), "CUDA graphs need a CUDA device, not {}", device.str());
   const auto start = std::chrono::steady_clock::now();
+  all_reduces_last_ = sync.can_record_all_reduce();
+  {
+    // The warm-up trains nothing: the stage's batch-norm statistics are put back afterwards, and
+    // the gradient buckets ignore it.
+    const BuffersKept buffers(backbone_, begin_, end_);
+    const GradientSynchronizer::PausedHooks paused(sync);
+    const AutocastCacheOff cache_off;
+    const SideStream side(device.index());
+    Activations sample{static_copy(in.x).requires_grad_(input_grad_), in.keys, in.restore};
+    for (int w = 0; w < kWarmups; ++w) {
+      const Activations out = run(sample);
+      torch::autograd::backward({out.x}, {torch::ones_like(out.x)}, false, false, params_);
+    }
+    for (torch::Tensor& p : params_) p.mutable_grad().reset();
+    sample = {};
+    // What the warm-ups left cached goes back, for the graphs' pools to take.
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    const FaultMemoryCap cap(device.index());
+    for (size_t s = 0; s < uses_.size(); ++s) {
+      slots_.push_back(std::make_unique<Slot>());
+      record(*slots_.back(), in, sync);
+    }
+  }
+  log_info(
+      "CUDA graphs: blocks [{}, {}) recorded for micro-batches of {} in {:.1f} s ({} slot(s), "
+      "the gradient all-reduce {})",
+      begin_, end_, in.x.sizes(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+      uses_.size(), all_reduces_last_ ? "inside the last backward, overlapped" : "after the last backward");
+}
+
+void StageGraphs::record(Slot& slot, const Activations& in, GradientSynchronizer& sync) {
+  const SlotUse& use = uses_[slots_.size() - 1];
+  const c10::DeviceIndex device = in.x.device().index();
   slot.in = {static_copy(in.x).requires_grad_(input_grad_), static_copy(in.keys),
              static_copy(in.restore)};
-  // The warm-up trains nothing: the stage's batch-norm statistics are put back afterwards, and
-  // the gradient buckets ignore it.
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;
-  for (const auto& item : backbone_.named_buffers()) {
-    const int64_t block = backbone_.block_of(item.key());
-    if (begin_ <= block && block < end_) buffers.emplace_back(item.value(), item.value().clone());
-  }
-  const std::vector<torch::Tensor> views = sync.gradient_views();
   std::vector<torch::Tensor> inputs = params_;
   if (input_grad_) inputs.push_back(slot.in.x);
-  const auto gradients = [&](const Activations& out, const torch::Tensor& grad) {
-    return torch::autograd::grad({out.x}, inputs, {grad}, /*retain_graph=*/false,
-                                 /*create_graph=*/false, /*allow_unused=*/true);
-  };
-  sync.pause_hooks(true);
-  // Cast weights must be made inside the graph, not taken from a cache that is emptied after it.
-  const bool cache = at::autocast::is_autocast_cache_enabled();
-  at::autocast::set_autocast_cache_enabled(false);
-  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
-  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
-  at::cuda::CUDAEvent ready, recorded;
-  ready.record(current);
-  ready.block(side);
   {
-    const c10::cuda::CUDAStreamGuard guard(side);
-    for (int w = 0; w < kWarmups; ++w) {
-      const Activations out = run(slot.in);
-      gradients(out, torch::ones_like(out.x));
-    }
-    // Other threads (data loading, checkpoint writing) may use CUDA meanwhile.
-    slot.forward.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    Capture capture(slot.forward, device);
     slot.out = run(slot.in);
-    slot.forward.capture_end();
-    slot.output_grad = torch::empty_like(slot.out.x);
-    slot.backward.capture_begin(slot.forward.pool(), cudaStreamCaptureModeThreadLocal);
-    {
-      const std::vector<torch::Tensor> grads = gradients(slot.out, slot.output_grad);
-      torch::NoGradGuard no_grad;
-      for (size_t k = 0; k < params_.size(); ++k) {
-        if (grads[k].defined()) views[k].add_(grads[k]);
-      }
-      if (input_grad_) slot.input_grad = grads.back();
+    capture.end();
+  }
+  slot.output_grad = torch::empty_like(slot.out.x);
+  // One backward graph per use; the first of two keeps the autograd graph for the second.
+  const auto record_backward = [&](at::cuda::CUDAGraph& graph, torch::Tensor& input_grad,
+                                   bool last, bool retain) {
+    GradientSynchronizer::GraphBackward summing(sync, last && all_reduces_last_);
+    Capture capture(graph, device, slot.forward.pool());
+    torch::autograd::backward({slot.out.x}, {slot.output_grad}, retain, false, inputs);
+    summing.join();
+    capture.end();
+    if (input_grad_) {
+      input_grad = slot.in.x.grad();
+      slot.in.x.mutable_grad().reset();
     }
-    slot.backward.capture_end();
-    recorded.record(side);
-  }
-  recorded.block(current);
-  at::autocast::set_autocast_cache_enabled(cache);
-  sync.pause_hooks(false);
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& [buffer, saved] : buffers) buffer.copy_(saved);
-  }
+  };
+  if (use.other_passes) record_backward(slot.backward, slot.input_grad, false, use.last_pass);
+  if (use.last_pass) record_backward(slot.backward_last, slot.input_grad_last, true, false);
   slot.out = {slot.out.x.detach(), slot.out.keys, slot.out.restore};
-  slot.recorded = true;
-  log_info("CUDA graphs: blocks [{}, {}) recorded for micro-batches of {} in {:.1f} s", begin_,
-           end_, in.x.sizes(),
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
-Activations StageGraphs::forward(int slot_index, const Activations& in,
-                                 GradientSynchronizer& sync) {
-  std::unique_ptr<Slot>& slot = slots_.at(static_cast<size_t>(slot_index));
-  const bool same = slot->recorded && same_layout(slot->in.x, in.x) &&
-                    same_layout(slot->in.keys, in.keys) &&
-                    same_layout(slot->in.restore, in.restore);
-  if (!same) {
-    if (slot->recorded) {
-      log_warn("CUDA graphs: a micro-batch of {} after {}: recording the stage again", in.x.sizes(),
-               slot->in.x.sizes());
-    }
-    slot = std::make_unique<Slot>();
-    record(*slot, in, sync);
-  }
+Activations StageGraphs::forward(int slot_index, const Activations& in) {
+  Slot& slot = *slots_.at(static_cast<size_t>(slot_index));
   {
     torch::NoGradGuard no_grad;
-    slot->in.x.copy_(in.x);
-    if (in.keys.defined()) slot->in.keys.copy_(in.keys);
-    if (in.restore.defined()) slot->in.restore.copy_(in.restore);
+    slot.in.x.copy_(in.x);
+    if (in.keys.defined()) slot.in.keys.copy_(in.keys);
+    if (in.restore.defined()) slot.in.restore.copy_(in.restore);
   }
-  slot->forward.replay();
-  return slot->out;
+  slot.forward.replay();
+  return slot.out;
 }
 
-torch::Tensor StageGraphs::backward(int slot_index, const torch::Tensor& output_grad) {
+torch::Tensor StageGraphs::backward(int slot_index, const torch::Tensor& output_grad,
+                                    bool last_pass) {
   Slot& slot = *slots_.at(static_cast<size_t>(slot_index));
-  MYRIAD_CHECK(slot.recorded, "CUDA graphs: backward of slot {} before its forward", slot_index);
+  const SlotUse& use = uses_.at(static_cast<size_t>(slot_index));
+  MYRIAD_CHECK(last_pass ? use.last_pass : use.other_passes,
+               "CUDA graphs: slot {} has no backward recorded for {} pass", slot_index,
+               last_pass ? "the step's last" : "a step's earlier");
   {
     torch::NoGradGuard no_grad;
     slot.output_grad.copy_(output_grad);
+  }
+  if (last_pass) {
+    slot.backward_last.replay();
+    return slot.input_grad_last;
   }
   slot.backward.replay();
   return slot.input_grad;
@@ -182,11 +344,15 @@ torch::Tensor StageGraphs::backward(int slot_index, const torch::Tensor& output_
 #else
 
 // Unreachable: the constructor refuses a build without CUDA.
+bool StageGraphs::prepare(const Activations&, GradientSynchronizer&) {
+  return false;
+}
+void StageGraphs::record_all(const Activations&, GradientSynchronizer&) {}
 void StageGraphs::record(Slot&, const Activations&, GradientSynchronizer&) {}
-Activations StageGraphs::forward(int, const Activations&, GradientSynchronizer&) {
+Activations StageGraphs::forward(int, const Activations&) {
   return {};
 }
-torch::Tensor StageGraphs::backward(int, const torch::Tensor&) {
+torch::Tensor StageGraphs::backward(int, const torch::Tensor&, bool) {
   return {};
 }
 

@@ -26,6 +26,7 @@
 #include "myriad/train/async_checkpoint.h"
 #include "myriad/train/checkpoint_backbone.h"
 #include "myriad/train/gradient_sync.h"
+#include "myriad/train/graphs_choice.h"
 #include "myriad/train/loss_scaler.h"
 #include "myriad/train/lr_schedule.h"
 #include "myriad/train/metrics_log.h"
@@ -154,6 +155,9 @@ class Run {
   std::shared_ptr<Backbone> backbone_;
   PipelineLayout layout_;
   std::unique_ptr<Communicator> stage_comm_;  // with several stages
+  // Before the engine: its CUDA graphs hold the all-reduces they recorded on the synchroniser's
+  // communicator, which NCCL does not let go of while they exist.
+  std::unique_ptr<GradientSynchronizer> sync_;
   std::unique_ptr<PipelineEngine> engine_;
   // The balancer's forward + backward ms per micro-batch of each stage (when it profiled), which
   // the pipeline log sets beside the measured ones.
@@ -162,7 +166,6 @@ class Run {
   std::unique_ptr<ShardedMarginSoftmax> classifier_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   SkippableStep* backbone_step_ = nullptr;  // optimizer_'s step
-  std::unique_ptr<GradientSynchronizer> sync_;
   std::unique_ptr<Communicator> batch_norm_comm_;
   std::shared_ptr<DistributedSampler> sampler_;
   std::unique_ptr<BatchSource> loader_;
@@ -173,7 +176,7 @@ class Run {
   std::string config_ini_;
   PhaseTimer timer_;
   int64_t total_steps_ = 0;
-  bool graphs_ = false;  // the stage runs as CUDA graphs
+  std::optional<GraphsChoice> graphs_;
   CheckpointStore store_;
   std::optional<AsyncCheckpointer> checkpointer_;
   StopFile stop_file_;
@@ -314,7 +317,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       "{}{}, {} gradient buckets{}), {} classes ({} per rank), {}",
       placement, c_.precision, config.precision == "auto" ? " (--precision auto)" : "", c_.backbone,
       backbone_params / 1e6, backbone_->multiply_adds() / 1e9,
-      backbone_->channels_last() ? "channels-last" : "NCHW", graphs_ ? ", CUDA graphs" : "",
+      backbone_->channels_last() ? "channels-last" : "NCHW",
+      graphs_->describe().empty() ? "" : ", " + graphs_->describe(),
       sync_->bucket_count(),
       c_.grad_comm_dtype == "fp32" ? "" : ", all-reduced in " + c_.grad_comm_dtype, classes_,
       classifier_->partition().size(context.rank()), c_.margin.describe());
@@ -351,11 +355,9 @@ void Run::build_pipeline() {
   }
   engine_->place_stage();
   engine_->set_phase_timer(&timer_);
-  // auto: where it is measured and tested (docs/pipeline.md), one stage on a GPU.
-  graphs_ = c_.cuda_graphs == "on" ||
-            (c_.cuda_graphs == "auto" && device_.is_cuda() && layout_.stages == 1 && !c_.sync_bn &&
-             !c_.activation_checkpointing);
-  if (graphs_) engine_->use_cuda_graphs();
+  graphs_.emplace(c_.cuda_graphs,
+                  device_.is_cuda() && !c_.sync_bn && !c_.activation_checkpointing, *engine_,
+                  comms_.mpi(), device_);
   std::vector<torch::Tensor> state;
   for (auto& [name, tensor] : engine_->stage_state()) state.push_back(tensor);
   broadcast_tensors(state, stage_comm());
@@ -575,7 +577,7 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
   // graphs keep their activations in pools of their own, where they count as free between
   // replays: what the allocator holds is then the figure that runs out.
   const std::vector<int64_t> peaks = comm_.all_gather_counts(
-      graphs_ ? peak_reserved_device_memory(device_) : peak_device_memory(device_));
+      engine_->cuda_graphs() ? peak_reserved_device_memory(device_) : peak_device_memory(device_));
   const int64_t memory = *std::max_element(peaks.begin(), peaks.end());
   log_info(
       "step {}/{} epoch {} loss {:.4f} lr {:.4g} | {:.1f} samples/s | {:.1f} ms/step: data {:.1f}, "
@@ -724,6 +726,7 @@ TrainResult Run::execute() {
   run_start_ = window_start_ = Clock::now();
   for (int64_t step = start_step_; step < total_steps_; ++step) {
     HangWatchdog::instance().step_started(step);
+    graphs_->before_step();
     if (step + 1 == c_.profile_first) set_profiler_capture(device_, true);
     // A checkpoint's copy of the backbone is done before this step changes it.
     checkpointer_->order_before_step();
@@ -775,6 +778,7 @@ TrainResult Run::execute() {
     sync_->clear_gradients();
     timer_.stop();
     if (fp16) scaler_.update(overflow);
+    graphs_->after_step();
     if (step + 1 == c_.profile_last) set_profiler_capture(device_, false);
     ++window_steps_;
 

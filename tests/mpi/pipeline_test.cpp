@@ -12,6 +12,8 @@
 #include "myriad/model/backbone.h"
 #include "myriad/train/gradient_sync.h"
 #include "myriad/train/pipeline.h"
+#include "myriad/util/device.h"
+#include "myriad/util/format.h"
 #include "support/reference_softmax.h"
 
 namespace myriad::testing {
@@ -105,23 +107,26 @@ class PipelineTest : public BackendTest {
     auto net = make_net(name);
     net->set_channels_last(run.channels_last);
     const PipelineLayout l = layout(*net, run.micro_batches, run.schedule);
+    // Declared first, so that it outlives the engine's CUDA graphs, which hold the all-reduces they
+    // recorded on its communicator.
+    std::optional<GradientSynchronizer> sync;
     PipelineEngine engine(
         l, *net, world() > 1 ? environment().comms->create_split(device(), 0, rank()) : nullptr,
         device(), run.autocast, 16);
     engine.place_stage();
     if (run.cuda_graphs) engine.use_cuda_graphs();
     const std::vector<torch::Tensor> params = engine.stage_parameters();
-    GradientSynchronizer sync(params, environment().comms->create_split(device(), rank(), 0), 4096);
+    sync.emplace(params, environment().comms->create_split(device(), rank(), 0), 4096);
     torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.01).momentum(0.9));
     ShardedMarginSoftmax classifier = make_classifier(23, WeightUpdate::kFused, run.sample_rate);
     Trained out;
     for (int64_t step = 0; step < steps; ++step) {
       const torch::Tensor loss =
-          train_step(engine, classifier, sync, images[step],
+          train_step(engine, classifier, *sync, images[step],
                      torch::arange(step * batch, (step + 1) * batch, torch::kInt64), labels[step]);
       out.losses.push_back(loss.item<double>());
       optimizer.step();
-      sync.clear_gradients();
+      sync->clear_gradients();
     }
     for (const auto& [entry, tensor] : engine.stage_state())
       out.parameters.push_back(tensor.detach().cpu().to(torch::kFloat64));
@@ -362,6 +367,90 @@ TEST_P(PipelineTest, CudaGraphsComputeWhatEagerComputes) {
     const Trained eager = train_stages(c.net, run, images, labels);
     run.cuda_graphs = true;
     expect_same_training(eager, train_stages(c.net, run, images, labels), c.tolerance);
+  }
+}
+
+// --deterministic's settings for a scope (use_deterministic_algorithms), put back after it.
+class DeterministicScope {
+ public:
+  DeterministicScope()
+      : cudnn_(at::globalContext().deterministicCuDNN()),
+        benchmark_(at::globalContext().benchmarkCuDNN()),
+        algorithms_(at::globalContext().deterministicAlgorithms()),
+        warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
+    use_deterministic_algorithms();
+  }
+  ~DeterministicScope() {
+    at::globalContext().setDeterministicCuDNN(cudnn_);
+    at::globalContext().setBenchmarkCuDNN(benchmark_);
+    at::globalContext().setDeterministicAlgorithms(algorithms_, warn_only_);
+  }
+
+ private:
+  bool cudnn_, benchmark_, algorithms_, warn_only_;
+};
+
+// The gradient all-reduce recorded inside the graphs' last backward, overlapped with it: data
+// parallelism over every rank (one stage), each rank its own samples, gives the gradients of
+// eager steps bit for bit under --deterministic's settings, with float32, bfloat16 and float16 on
+// the wire; in the step that records the graphs and in the next, which replays them. smallcnn on
+// 1F1B's single slot records both of its backward graphs (an earlier pass's and the last, which
+// all-reduces), r18 under bf16 autocast on GPipe one each in two slots. GPUs only.
+TEST_P(PipelineTest, CapturedAllReduceGivesEagerGradientsBitForBit) {
+  if (!device().is_cuda()) GTEST_SKIP() << "CUDA graphs need GPUs";
+  const DeterministicScope deterministic;
+  const ExactFloat32 exact;
+  struct Case {
+    const char* net;
+    PipelineSchedule schedule;
+    std::optional<torch::ScalarType> autocast;
+    torch::ScalarType wire;
+  };
+  // Gradients (every bucket, after the all-reduce) and losses of two steps.
+  const auto train = [&](const Case& c, bool graphs) {
+    const int64_t steps = 2, batch = 8;
+    const InputShape shape = input_of(c.net);
+    torch::manual_seed(21);
+    const torch::Tensor images =
+        torch::randn({world(), steps, batch, shape.channels, shape.height, shape.width})[rank()];
+    const torch::Tensor labels = torch::randint(0, 23, {world(), steps, batch}, torch::kInt64)[rank()];
+    auto net = make_net(c.net);
+    net->set_channels_last(true);
+    PipelineLayout l = pipeline_layout(world(), rank(), 1, 2);
+    l.schedule = c.schedule;
+    l.cut = {0, net->num_blocks()};
+    std::optional<GradientSynchronizer> sync;  // outlives the engine's graphs, as above
+    PipelineEngine engine(l, *net, nullptr, device(), c.autocast, 16);
+    engine.place_stage();
+    if (graphs) engine.use_cuda_graphs();
+    const std::vector<torch::Tensor> params = engine.stage_parameters();
+    sync.emplace(params, environment().comms->create(device()), 4096, c.wire);
+    torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.01).momentum(0.9));
+    ShardedMarginSoftmax classifier = make_classifier(23, WeightUpdate::kFused);
+    std::vector<torch::Tensor> out;
+    for (int64_t step = 0; step < steps; ++step) {
+      const torch::Tensor keys =
+          torch::arange(step * batch, (step + 1) * batch, torch::kInt64) + 1000 * rank();
+      out.push_back(train_step(engine, classifier, *sync, images[step], keys, labels[step]).cpu());
+      for (const torch::Tensor& b : sync->buffers()) out.push_back(b.cpu());
+      optimizer.step();
+      sync->clear_gradients();
+    }
+    return out;
+  };
+  for (const Case& c : {Case{"smallcnn", PipelineSchedule::k1F1B, std::nullopt, torch::kFloat32},
+                        Case{"smallcnn", PipelineSchedule::k1F1B, std::nullopt, torch::kBFloat16},
+                        Case{"smallcnn", PipelineSchedule::k1F1B, std::nullopt, torch::kFloat16},
+                        Case{"r18", PipelineSchedule::kGPipe, torch::kBFloat16, torch::kBFloat16}}) {
+    SCOPED_TRACE(str_format("{}, {}, {} on the wire", c.net, schedule_name(c.schedule),
+                            c10::toString(c.wire)));
+    const std::vector<torch::Tensor> eager = train(c, false);
+    const std::vector<torch::Tensor> replayed = train(c, true);
+    ASSERT_EQ(replayed.size(), eager.size());
+    for (size_t k = 0; k < eager.size(); ++k) {
+      EXPECT_TRUE(torch::equal(replayed[k], eager[k])) << "tensor " << k << " differs by up to "
+          << (replayed[k] - eager[k]).abs().max().item<double>();
+    }
   }
 }
 

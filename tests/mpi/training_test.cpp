@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "mpi_test.h"
@@ -229,7 +230,7 @@ TEST_P(TrainingTest, VitOnWRanksComputesWhatOneRankComputes) {
 }
 
 // The buckets as a CUDA graph's backward fills them (StageGraphs): gradients added straight into
-// gradient_views() over two passes, pass_summed() after each, leave in .grad after finish() the
+// gradient_views() over two passes, pass_replayed() after each, leave in .grad after finish() the
 // sum over the passes and the ranks, as the hooks would; a backward while the hooks are paused
 // (a graph's warm-up) leaves the buckets alone.
 TEST_P(TrainingTest, BucketsFilledWithoutHooksSumOverPassesAndRanks) {
@@ -241,7 +242,7 @@ TEST_P(TrainingTest, BucketsFilledWithoutHooksSumOverPassesAndRanks) {
   EXPECT_GT(sync.bucket_count(), 1);
   std::vector<torch::Tensor> want(params.size());
   sync.zero_buckets();
-  sync.pause_hooks(true);
+  std::optional<GradientSynchronizer::PausedHooks> paused(sync);
   (params[0].sum() * 1000.0 + params[2].sum()).backward();
   const std::vector<torch::Tensor> views = sync.gradient_views();
   for (int pass = 0; pass < 2; ++pass) {
@@ -257,9 +258,9 @@ TEST_P(TrainingTest, BucketsFilledWithoutHooksSumOverPassesAndRanks) {
         want[k] = want[k].defined() ? want[k] + theirs : theirs;
       }
     }
-    sync.pass_summed(pass == 1);
+    sync.pass_replayed(pass == 1, /*all_reduced=*/false);
   }
-  sync.pause_hooks(false);
+  paused.reset();
   sync.finish();
   for (size_t k = 0; k < params.size(); ++k) {
     EXPECT_LE(relative_error(params[k].grad(), want[k]), 1e-6) << "parameter " << k;

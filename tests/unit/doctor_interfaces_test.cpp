@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/doctor/driver_version.h"
 #include "apps/doctor/interfaces.h"
 
 namespace myriad {
@@ -76,6 +77,27 @@ TEST(DoctorInterfaces, HostLocalNames) {
   EXPECT_TRUE(is_host_local_interface("lo"));
   EXPECT_FALSE(is_host_local_interface("eth0"));
   EXPECT_FALSE(is_host_local_interface("ib0"));
+}
+
+// /proc/driver/nvidia/version as the proprietary and the open kernel modules write it: the
+// version, not the word after "Kernel Module" (the open module's is "for").
+TEST(DoctorDriverVersion, ReadsBothKernelModulesLines) {
+  EXPECT_EQ(driver_version_from_proc(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue Sep 23 09:55:41 "
+                "UTC 2025\nGCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n"),
+            "580.95.05");
+  EXPECT_EQ(driver_version_from_proc(
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release "
+                "Build  (dvs-builder@U16-I3-B03-4-3)  Sun Jul 27 06:54:38 UTC 2025\nGCC version: "
+                " gcc version 13.3.0\n"),
+            "580.65.06");
+  EXPECT_EQ(driver_version_from_proc("NVRM version: NVIDIA UNIX aarch64 Kernel Module  550.54.15\n"),
+            "550.54.15");
+  // No NVRM line, or none with a version: nothing, not a word of the line.
+  EXPECT_EQ(driver_version_from_proc("GCC version:  gcc version 13.3.0\n"), "");
+  EXPECT_EQ(driver_version_from_proc("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64\n"),
+            "");
+  EXPECT_EQ(driver_version_from_proc(""), "");
 }
 
 }  // namespace

@@ -39,6 +39,9 @@ class Communicator {
   virtual const char* backend() const = 0;
   // The device whose tensors this communicator moves.
   virtual torch::Device device() const = 0;
+  // Whether its collectives can be recorded into a CUDA graph (stream capture) and replayed: NCCL
+  // enqueues device work only, MPI blocks the host.
+  virtual bool capturable() const { return false; }
 
   // In place; every rank passes a contiguous tensor of the same dtype and shape.
   void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);

@@ -20,6 +20,7 @@ class NcclCommunicator final : public Communicator {
 
   const char* backend() const override { return "nccl"; }
   torch::Device device() const override { return device_; }
+  bool capturable() const override { return true; }
   ncclComm_t handle() const { return comm_; }
 
  protected:

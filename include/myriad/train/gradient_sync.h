@@ -55,16 +55,55 @@ class GradientSynchronizer {
   void clear_gradients();
   int64_t bucket_count() const { return static_cast<int64_t>(buckets_.size()); }
 
-  // For a backward that sums the gradients into the buckets itself, as a CUDA graph of a stage
-  // does (StageGraphs): each parameter's place in its bucket (the view finish() hands out),
-  // zeroed by zero_buckets() before the step's first pass. After each such pass, pass_summed()
-  // records that every parameter has its gradient; after the `last`, it launches every bucket's
-  // all-reduce at once (a graph's backward is one launch: nothing to overlap). While hooks are
-  // paused they ignore gradients, so that a graph's warm-up and capture leave the buckets alone.
+  // For a backward that sums the gradients into the buckets itself, as the CUDA graphs of a stage
+  // do (StageGraphs): each parameter's place in its bucket (the view finish() hands out), zeroed
+  // by zero_buckets() before the step's first pass. After each replayed pass, pass_replayed()
+  // records that every parameter has its gradient; after the `last`, the buckets' all-reduces ran
+  // inside that replay if it was recorded with them (`all_reduced`), and are launched now if not.
   std::vector<torch::Tensor> gradient_views() const;
   void zero_buckets();
-  void pass_summed(bool last);
-  void pause_hooks(bool paused) { hooks_paused_ = paused; }
+  void pass_replayed(bool last, bool all_reduced);
+  // Whether a graph can record the all-reduces (a communicator that NCCL runs).
+  bool can_record_all_reduce() const;
+  // Every rank of this synchroniser holds `ok` (collective, on the host).
+  bool all_agree(bool ok);
+
+  // While hooks are paused they ignore gradients, so that a graph's warm-up leaves the buckets
+  // alone; the pause ends with the scope, on failure too.
+  class PausedHooks {
+   public:
+    explicit PausedHooks(GradientSynchronizer& sync) : sync_(sync) { sync_.hooks_paused_ = true; }
+    ~PausedHooks() { sync_.hooks_paused_ = false; }
+    PausedHooks(const PausedHooks&) = delete;
+    PausedHooks& operator=(const PausedHooks&) = delete;
+
+   private:
+    GradientSynchronizer& sync_;
+  };
+
+  // The recording of a backward into a CUDA graph (StageGraphs), opened before its capture begins.
+  // Each parameter's .grad is its place in the buckets meanwhile, so that autograd adds every
+  // gradient into it in place (the graph's memory holds no second copy of the gradients), and a
+  // hook after that addition counts the parameter's bucket down. With `all_reduce` (the step's
+  // last pass) a bucket's all-reduce, with --grad-comm-dtype's casts, is recorded as soon as its
+  // last gradient is in, on the communication stream forked from the recording one: every replay
+  // then overlaps it with the rest of the backward, as an eager step does. join(), inside the
+  // capture after the backward, records the rest and the recording stream's wait for them all.
+  // Closing it puts the gradients and hooks back, on failure too. A graph that recorded the
+  // all-reduces must be destroyed before this synchroniser: NCCL's communicator waits for the
+  // graphs that use it. CUDA builds only.
+  class GraphBackward {
+   public:
+    GraphBackward(GradientSynchronizer& sync, bool all_reduce);
+    ~GraphBackward();
+    GraphBackward(const GraphBackward&) = delete;
+    GraphBackward& operator=(const GraphBackward&) = delete;
+    void join();
+
+   private:
+    GradientSynchronizer& sync_;
+  };
+
   // Timing of the last finished step (waits for the device).
   GradientSyncStats last_stats();
 
@@ -78,7 +117,11 @@ class GradientSynchronizer {
   };
   torch::Tensor slot_view(size_t param) const;
   void on_gradient(size_t param, const torch::Tensor& grad);
+  // A parameter's gradient was added into its place by a backward being recorded.
+  void on_summed(size_t param);
   void launch(Bucket& bucket);
+  // Resets the per-step counts of every bucket and parameter.
+  void reset_counts();
   // The bucket's sum over ranks, in place, through its wire buffer when it has one.
   void all_reduce(Bucket& bucket);
 
@@ -90,6 +133,11 @@ class GradientSynchronizer {
   torch::Device device_;
   bool last_pass_ = true;
   bool hooks_paused_ = false;
+  bool recording_ = false;           // a GraphBackward is open
+  bool record_all_reduce_ = false;   // ... with the all-reduces
+  bool all_reduced_in_graph_ = false;  // this step's all-reduces ran inside a replay
+  bool stats_from_graph_ = false;      // ... the last finished step's did
+  bool nccl_warm_ = false;             // a first all-reduce of every bucket ran eagerly
   struct CudaState;
   std::unique_ptr<CudaState> cuda_;
 };

@@ -130,8 +130,11 @@ class PipelineEngine {
   // Times the passes as "forward" and "backward" into `timer` (null: no timing).
   void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }
   // From the next step on, this stage's micro-batches run as CUDA graphs (StageGraphs), recorded
-  // at that step: one slot per micro-batch the schedule holds at once.
-  void use_cuda_graphs() { graphs_wanted_ = true; }
+  // at that step: one slot per micro-batch the schedule holds at once; or, with false, eagerly,
+  // and the graphs' memory is given back. A recording that runs out of memory turns them off.
+  void use_cuda_graphs(bool on = true);
+  // Whether this stage's micro-batches run as CUDA graphs (or will from the next step).
+  bool cuda_graphs() const { return graphs_wanted_; }
 
  private:
   struct MicroBatch;
@@ -175,6 +178,8 @@ class PipelineEngine {
   std::vector<torch::Tensor> image_parts_, key_parts_, label_parts_;
   std::unique_ptr<BusyClock> clock_;
   PhaseTimer* timer_ = nullptr;
+  // The graphs of this stage's micro-batches, or none, and how the schedule uses their slots.
+  std::unique_ptr<StageGraphs> make_graphs();
   bool graphs_wanted_ = false;
   std::unique_ptr<StageGraphs> graphs_;
   int graph_slots_ = 0;

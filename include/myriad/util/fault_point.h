@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace myriad {
@@ -10,5 +11,10 @@ namespace myriad {
 // dies at that moment would. Tests use it to prove that no moment of a checkpoint loses the
 // previous one (tests/e2e/async_checkpoint.sh).
 void fault_point(const std::string& phase, int64_t step);
+
+// Memory testing: $MYRIAD_FAULT_GRAPH_MEMORY_FRACTION (a number in (0, 1]) is the fraction of the
+// device's memory that this process's CUDA allocator may hold while CUDA graphs record
+// (StageGraphs), so that a test makes the recording run out of memory where eager steps fit.
+std::optional<double> fault_graph_memory_fraction();
 
 }  // namespace myriad

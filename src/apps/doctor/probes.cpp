@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "driver_version.h"
 #include "myriad/classifier/mixed_gemm.h"
 #include "myriad/comm/communicator.h"
 #include "myriad/comm/hang_watchdog.h"
@@ -60,20 +61,11 @@ std::string cuda_version_text(int version) {
   return str_format("{}.{}", version / 1000, (version % 1000) / 10);
 }
 
-// The kernel driver's version ("580.159.04"), from the line of /proc/driver/nvidia/version that
-// names the kernel module; empty when there is none (a container without it).
 std::string kernel_driver_version() {
   std::ifstream in("/proc/driver/nvidia/version");
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t at = line.find("Kernel Module");
-    if (at == std::string::npos) continue;
-    std::istringstream words(line.substr(at + std::strlen("Kernel Module")));
-    std::string version;
-    words >> version;
-    return version;
-  }
-  return "";
+  std::ostringstream text;
+  text << in.rdbuf();
+  return driver_version_from_proc(text.str());
 }
 
 std::string uuid_text(const cudaUUID_t& uuid) {

@@ -1,0 +1,50 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "myriad/train/pipeline.h"
+
+namespace myriad {
+
+class Communicator;
+
+// Whether the backbone's micro-batches run as CUDA graphs (--cuda-graphs; docs/training.md, "CUDA
+// graphs"). on: from the first step. off: never. auto, where graphs can run (a GPU, no SyncBN, no
+// activation checkpointing): measured, since graphs pay only where the host's kernel launches
+// outlast the GPU's work (deep backbones, small micro-batches). The run's first step is eager
+// (cuDNN's search, lazy initialisation); the next kTrialSteps are timed eagerly, one step records
+// the graphs, and the kTrialSteps after it are timed replaying them. Graphs stay if the slowest
+// rank's replayed step is more than kMargin faster than its eager one; otherwise their memory is
+// given back. A recording that runs out of memory leaves the run eager (StageGraphs). Every rank
+// takes the same decision; the choice and its figures are logged once.
+class GraphsChoice {
+ public:
+  static constexpr int kTrialSteps = 3;
+  static constexpr double kMargin = 0.02;
+
+  // `mode` is --cuda-graphs; `possible` whether this run's stage can run as graphs; `mpi` spans
+  // every rank of the run.
+  GraphsChoice(const std::string& mode, bool possible, PipelineEngine& engine, Communicator& mpi,
+               const torch::Device& device);
+  // How the start-up line names the choice: "", "CUDA graphs" or "CUDA graphs: auto".
+  std::string describe() const;
+  // Around each step of the run (collective at the end of the trial): sets the engine's mode for
+  // the step, and times the trial's steps (waiting for the device at their end).
+  void before_step();
+  void after_step();
+
+ private:
+  enum class Phase { kFixed, kFirst, kEager, kRecord, kGraphs };
+  void decide();
+
+  PipelineEngine& engine_;
+  Communicator& mpi_;
+  torch::Device device_;
+  Phase phase_ = Phase::kFixed;
+  int steps_in_phase_ = 0;
+  double eager_seconds_ = 0.0, graph_seconds_ = 0.0;  // summed over the timed steps
+  double step_start_ = 0.0;
+};
+
+}  // namespace myriad
