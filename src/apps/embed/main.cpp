@@ -19,6 +19,7 @@
 #include "myriad/train/evaluation.h"
 #include "myriad/util/atomic_output.h"
 #include "myriad/util/cli.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hdf5_file.h"
@@ -197,8 +198,7 @@ int run(ProcessContext& context, int argc, char** argv) {
     file.reset();
     out->commit();
   });
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = seconds_since(start);
   log_info("wrote {}: {} embeddings of {} in {:.1f} s ({:.0f} images/s over {} rank(s))", o.output,
            info.size, dim, seconds, info.size / std::max(seconds, 1e-9), context.size());
   return kExitOk;
