@@ -11,7 +11,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -820,17 +819,10 @@ TrainResult Run::execute() {
 
 TrainResult train(ProcessContext& context, const TrainConfig& config,
                   const std::string& config_ini) {
-  const int threads = config.threads > 0
-                          ? config.threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                            context.local_size());
-  torch::set_num_threads(threads);
+  set_torch_threads(config.threads, context.local_size());
   install_stop_handlers();
   // From here on a rank that waits on dead peers ends the job, whatever it is doing.
-  HangWatchdog::instance().start(config.hang_timeout);
-  struct StopWatchdog {
-    ~StopWatchdog() { HangWatchdog::instance().stop(); }
-  } stop_watchdog;
+  const WatchdogSession watchdog(config.hang_timeout);
   Run run(context, config, config_ini);
   run.open_outputs();
   // Libraries started by the run (CUDA, NCCL, the MPI transports) may install handlers of their

@@ -342,14 +342,8 @@ int run(ProcessContext& context, int argc, char** argv) {
     return kExitOk;
   }
   // A host or link that dies during the checks ends the job as it would end training.
-  HangWatchdog::instance().start(config.hang_timeout);
-  struct StopWatchdog {
-    ~StopWatchdog() { HangWatchdog::instance().stop(); }
-  } stop_watchdog;
-  torch::set_num_threads(config.threads > 0
-                             ? config.threads
-                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                               context.local_size()));
+  const WatchdogSession watchdog(config.hang_timeout);
+  set_torch_threads(config.threads, context.local_size());
   const torch::Device device = context.select_device(parse_device_preference(config.device));
   config.precision = resolve_precision(config.precision, device);
   MYRIAD_CHECK_COLLECTIVE(config.precision != "fp16" || device.is_cuda(),

@@ -8,7 +8,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/comm/comm_factory.h"
@@ -100,10 +99,7 @@ int run(ProcessContext& context, int argc, char** argv) {
   if (o.batch_size <= 0) throw UsageError("--batch-size must be positive");
   if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16")
     throw UsageError(str_format("--precision must be fp32, bf16 or fp16, got '{}'", o.precision));
-  torch::set_num_threads(o.threads > 0
-                             ? o.threads
-                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                               context.local_size()));
+  set_torch_threads(o.threads, context.local_size());
 
   const torch::Device device = context.select_device(parse_device_preference(o.device));
   MYRIAD_CHECK_COLLECTIVE(o.precision != "fp16" || device.is_cuda(), "--precision fp16 needs GPUs");
