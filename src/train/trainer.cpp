@@ -209,8 +209,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   // --batch-size is per replica: a pipeline's stages share their replica's batch.
   const int64_t global_batch = c_.batch_size * layout_.replicas;
 
-  if (c_.data == "synthetic" || c_.data == "synthetic-resident") {
-    classes_ = c_.num_classes > 0 ? c_.num_classes : 1000;
+  if (uses_synthetic_data(c_)) {
+    classes_ = synthetic_classes(c_);
     const int64_t size =
         c_.synthetic_size > 0
             ? c_.synthetic_size
@@ -336,8 +336,7 @@ void Run::build_pipeline() {
   }
   backbone_->set_activation_checkpointing(c_.activation_checkpointing);
   // Before the profile, which must time the layout that trains.
-  backbone_->set_channels_last(c_.channels_last == "on" ||
-                               (c_.channels_last == "auto" && device_.is_cuda()));
+  backbone_->set_channels_last(use_channels_last(c_, device_));
   layout_.cut = choose_cut();
   if (layout_.stages > 1) {
     stage_comm_ = comms_.create_split(device_, layout_.stage, layout_.replica);
@@ -392,9 +391,8 @@ std::vector<int64_t> Run::choose_cut() {
     const Activations sample{
         torch::randn({micro_batch, c_.input.channels, c_.input.height, c_.input.width}),
         torch::arange(micro_batch, torch::kInt64), torch::Tensor()};
-    const double state_factor = c_.optimizer == "adamw" ? 4.0 : 3.0;
     const std::vector<BlockCost> costs =
-        profile_blocks(*backbone_, sample, device_, autocast_, state_factor);
+        profile_blocks(*backbone_, sample, device_, autocast_, parameter_state_factor(c_));
     for (int64_t b = 0; b < blocks; ++b) {
       table[b][0] = costs[b].seconds;
       table[b][1] = costs[b].activation_bytes;

@@ -227,8 +227,7 @@ Profile profile_backbone(const TrainConfig& config, const torch::Device& device,
                          int64_t profile_batch) {
   const std::shared_ptr<Backbone> backbone = make_backbone(backbone_options(config));
   backbone->to(device);
-  backbone->set_channels_last(config.channels_last == "on" ||
-                              (config.channels_last == "auto" && device.is_cuda()));
+  backbone->set_channels_last(use_channels_last(config, device));
   backbone->train();
   Profile p;
   for (const torch::Tensor& t : backbone->parameters()) p.params += t.numel();
@@ -237,9 +236,9 @@ Profile profile_backbone(const TrainConfig& config, const torch::Device& device,
       torch::arange(profile_batch, torch::kInt64), torch::Tensor()};
   std::optional<torch::ScalarType> autocast;
   if (config.precision != "fp32") autocast = parse_float_dtype(config.precision);
-  const double state_factor = config.optimizer == "adamw" ? 4.0 : 3.0;
   const double scale = static_cast<double>(config.batch_size) / static_cast<double>(profile_batch);
-  for (const BlockCost& cost : profile_blocks(*backbone, sample, device, autocast, state_factor)) {
+  for (const BlockCost& cost :
+       profile_blocks(*backbone, sample, device, autocast, parameter_state_factor(config))) {
     p.seconds += cost.seconds * scale;
     p.activation_bytes += cost.activation_bytes * scale;
   }
@@ -475,8 +474,8 @@ int run(ProcessContext& context, int argc, char** argv) {
   // The classes, from the data file when --num-classes does not give them; the file must open on
   // every host.
   int64_t classes = config.num_classes;
-  if (config.data == "synthetic" || config.data == "synthetic-resident") {
-    if (classes == 0) classes = 1000;
+  if (uses_synthetic_data(config)) {
+    classes = synthetic_classes(config);
   } else {
     int64_t in_file = 0;
     check_on_every_rank(context, host_of_rank, str_format("reading --data '{}'", config.data),
