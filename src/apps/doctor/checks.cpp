@@ -250,7 +250,7 @@ Findings check_interfaces(Survey& s) {
     if (s.mpi_interfaces[r] == "none") no_mpi.push_back(r);
   }
   if (!local_nccl.empty()) {
-    // Without GPUs NCCL does not run: the run is only slower.
+    // Without GPUs the run does not use NCCL, and this is only a warning.
     findings.push_back(
         {s.device.is_cuda() ? Severity::kError : Severity::kWarning,
          str_format("NCCL would use a host-local interface (or none) on {} ({}): set "
