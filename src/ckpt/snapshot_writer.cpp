@@ -18,6 +18,7 @@
 
 #include "myriad/ckpt/checksum.h"
 #include "myriad/util/atomic_output.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/error.h"
 #include "myriad/util/fault_point.h"
 #include "myriad/util/file_io.h"
@@ -42,10 +43,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int64_t kMaxBufferBytes = int64_t{64} << 20;
 constexpr int64_t kMinBufferBytes = int64_t{64} << 10;
 constexpr int64_t kAlign = 4096;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 int64_t round_up(int64_t bytes, int64_t unit) {
   return (bytes + unit - 1) / unit * unit;

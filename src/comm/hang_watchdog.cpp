@@ -107,6 +107,14 @@ void HangWatchdog::stop() {
   monitor.join();
 }
 
+WatchdogSession::WatchdogSession(double timeout_seconds) {
+  HangWatchdog::instance().start(timeout_seconds);
+}
+
+WatchdogSession::~WatchdogSession() {
+  HangWatchdog::instance().stop();
+}
+
 bool HangWatchdog::running() const {
   return state_->running.load();
 }

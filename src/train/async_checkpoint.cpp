@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <future>
 #include <limits>
@@ -12,6 +11,7 @@
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/process_context.h"
 #include "myriad/util/atomic_output.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/error.h"
 #include "myriad/util/fault_point.h"
 #include "myriad/util/format.h"
@@ -26,19 +26,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
 
 // The most host memory the snapshot buffers may take: `requested` bytes, or without a request
 // this rank's share of the host's free memory, less a quarter left to the data loaders and the
@@ -176,7 +163,7 @@ void AsyncCheckpointer::publish() {
     fault_point("manifest", p.step);
     on_every_rank(context_, what, [&] {
       if (context_.rank() != 0) return;
-      manifest.created = utc_now();
+      manifest.created = utc_text(unix_seconds());
       write_file_atomically((fs::path(p.temporary) / kManifestFile).string(),
                             manifest.to_json().dump(2) + "\n");
       sync_path(p.temporary);

@@ -35,7 +35,7 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
   s.embedding_size = config.embedding_size;
   s.sample_rate = config.sample_rate;
   s.gemm_bytes = config.precision == "fp32" ? 4 : 2;
-  const int64_t states = config.optimizer == "adamw" ? 2 : 1;
+  const int64_t states = optimizer_states(config);
   s.classifier_states = states;
   s.classifier_state_bytes = config.classifier_state_dtype == "bf16" ? 2 : 4;
   s.classifier_weight_bytes = config.classifier_weight_dtype == "bf16" ? 2 : 4;

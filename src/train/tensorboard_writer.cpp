@@ -2,10 +2,10 @@
 
 #include <unistd.h>
 
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 
+#include "myriad/util/clock.h"
 #include "myriad/util/crc32c.h"
 #include "myriad/util/error.h"
 
@@ -45,10 +45,6 @@ void put_bytes(std::string& out, uint32_t field, const std::string& bytes) {
 constexpr uint32_t kWallTime = 1, kStep = 2, kFileVersion = 3, kSummary = 5;
 // tensorflow.Summary.value, and Summary.Value's tag and simple_value.
 constexpr uint32_t kSummaryValue = 1, kTag = 1, kSimpleValue = 2;
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 
@@ -91,7 +87,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& directory) {
                error.message());
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  const double now = now_seconds();
+  const double now = unix_seconds();
   path_ = (std::filesystem::path(directory) /
            str_format("events.out.tfevents.{}.{}", static_cast<int64_t>(now), host))
               .string();
@@ -101,7 +97,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& directory) {
 }
 
 void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t step) {
-  write_record(scalar_event(tag, static_cast<float>(value), step, now_seconds()));
+  write_record(scalar_event(tag, static_cast<float>(value), step, unix_seconds()));
 }
 
 void TensorBoardWriter::write_record(const std::string& event) {

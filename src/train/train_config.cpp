@@ -285,4 +285,24 @@ BackboneOptions backbone_options(const TrainConfig& config) {
   return b;
 }
 
+bool uses_synthetic_data(const TrainConfig& config) {
+  return config.data == "synthetic" || config.data == "synthetic-resident";
+}
+
+int64_t synthetic_classes(const TrainConfig& config) {
+  return config.num_classes > 0 ? config.num_classes : 1000;
+}
+
+bool use_channels_last(const TrainConfig& config, const torch::Device& device) {
+  return config.channels_last == "on" || (config.channels_last == "auto" && device.is_cuda());
+}
+
+int64_t optimizer_states(const TrainConfig& config) {
+  return config.optimizer == "adamw" ? 2 : 1;
+}
+
+double parameter_state_factor(const TrainConfig& config) {
+  return 2.0 + static_cast<double>(optimizer_states(config));
+}
+
 }  // namespace myriad

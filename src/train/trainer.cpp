@@ -11,7 +11,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -213,8 +212,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   // --batch-size is per replica: a pipeline's stages share their replica's batch.
   const int64_t global_batch = c_.batch_size * layout_.replicas;
 
-  if (c_.data == "synthetic" || c_.data == "synthetic-resident") {
-    classes_ = c_.num_classes > 0 ? c_.num_classes : 1000;
+  if (uses_synthetic_data(c_)) {
+    classes_ = synthetic_classes(c_);
     const int64_t size =
         c_.synthetic_size > 0
             ? c_.synthetic_size
@@ -341,8 +340,7 @@ void Run::build_pipeline() {
   }
   backbone_->set_activation_checkpointing(c_.activation_checkpointing);
   // Before the profile, which must time the layout that trains.
-  backbone_->set_channels_last(c_.channels_last == "on" ||
-                               (c_.channels_last == "auto" && device_.is_cuda()));
+  backbone_->set_channels_last(use_channels_last(c_, device_));
   layout_.cut = choose_cut();
   if (layout_.stages > 1) {
     stage_comm_ = comms_.create_split(device_, layout_.stage, layout_.replica);
@@ -395,9 +393,8 @@ std::vector<int64_t> Run::choose_cut() {
     const Activations sample{
         torch::randn({micro_batch, c_.input.channels, c_.input.height, c_.input.width}),
         torch::arange(micro_batch, torch::kInt64), torch::Tensor()};
-    const double state_factor = c_.optimizer == "adamw" ? 4.0 : 3.0;
     const std::vector<BlockCost> costs =
-        profile_blocks(*backbone_, sample, device_, autocast_, state_factor);
+        profile_blocks(*backbone_, sample, device_, autocast_, parameter_state_factor(c_));
     for (int64_t b = 0; b < blocks; ++b) {
       table[b][0] = costs[b].seconds;
       table[b][1] = costs[b].activation_bytes;
@@ -824,17 +821,10 @@ TrainResult Run::execute() {
 
 TrainResult train(ProcessContext& context, const TrainConfig& config,
                   const std::string& config_ini) {
-  const int threads = config.threads > 0
-                          ? config.threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                            context.local_size());
-  torch::set_num_threads(threads);
+  set_torch_threads(config.threads, context.local_size());
   install_stop_handlers();
   // From here on a rank that waits on dead peers ends the job, whatever it is doing.
-  HangWatchdog::instance().start(config.hang_timeout);
-  struct StopWatchdog {
-    ~StopWatchdog() { HangWatchdog::instance().stop(); }
-  } stop_watchdog;
+  const WatchdogSession watchdog(config.hang_timeout);
   Run run(context, config, config_ini);
   run.open_outputs();
   // Libraries started by the run (CUDA, NCCL, the MPI transports) may install handlers of their

@@ -1,8 +1,11 @@
 #include "myriad/util/device.h"
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include "myriad/util/error.h"
 
@@ -120,6 +123,13 @@ cuda::ElementType element_type(torch::ScalarType dtype) {
     default:
       MYRIAD_THROW("no CUDA kernel takes {} (float32, bfloat16 or float16)", c10::toString(dtype));
   }
+}
+
+void set_torch_threads(int requested, int ranks_on_host) {
+  at::set_num_threads(
+      requested > 0
+          ? requested
+          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks_on_host));
 }
 
 void use_deterministic_algorithms() {

@@ -14,13 +14,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
 
 #include "myriad/util/atomic_output.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/error.h"
 #include "myriad/util/exit_codes.h"
 #include "myriad/util/log.h"
@@ -31,19 +31,6 @@ namespace myriad {
 namespace {
 
 namespace fs = std::filesystem;
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string utc_text(double seconds) {
-  const auto time = static_cast<std::time_t>(seconds);
-  std::tm parts{};
-  gmtime_r(&time, &parts);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &parts);
-  return text;
-}
 
 std::string first_line(const std::string& path) {
   std::ifstream in(path);
@@ -87,7 +74,7 @@ Holder this_process(const std::string& host) {
   me.pid_start = process_start_ticks(static_cast<int>(me.pid)).value_or(0);
   me.slurm_job_id = environment("SLURM_JOB_ID");
   me.slurm_restart_count = std::atoll(environment("SLURM_RESTART_COUNT").c_str());
-  me.since = now_seconds();
+  me.since = unix_seconds();
   me.nonce =
       str_format("{:016x}", std::random_device{}() * 0x100000000ull + std::random_device{}());
   return me;
@@ -176,7 +163,7 @@ Found read_lock(const std::string& file) {
 
 // Why the lock's holder is gone for sure, or "" while it may still run.
 std::string why_gone(const Found& found, const Holder& me) {
-  const double age = now_seconds() - found.heartbeat;
+  const double age = unix_seconds() - found.heartbeat;
   const bool silent = age > RunLock::kStaleSeconds;
   if (!found.holder) {
     return silent ? str_format("it names no holder and has had no heartbeat for {:.0f} s", age)
@@ -198,7 +185,7 @@ std::string why_gone(const Found& found, const Holder& me) {
 }
 
 std::string refusal(const std::string& directory, const std::string& what, const Found& found) {
-  const double age = std::max(0.0, now_seconds() - found.heartbeat);
+  const double age = std::max(0.0, unix_seconds() - found.heartbeat);
   const std::string holder =
       found.holder ? describe(*found.holder) : "a lock file that names no holder";
   return str_format(

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 
+#include "myriad/util/clock.h"
 #include "myriad/util/process_info.h"
 
 namespace myriad {
@@ -43,8 +44,7 @@ double process_start() {
     }
   }
   if (!ticks || *ticks == 0 || btime == 0) {
-    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
+    return unix_seconds();
   }
   return static_cast<double>(btime) + static_cast<double>(*ticks) / sysconf(_SC_CLK_TCK);
 }

@@ -57,6 +57,16 @@ class HangWatchdog {
   State* state_;
 };
 
+// The watchdog runs with `timeout_seconds` (HangWatchdog::start) from construction to destruction,
+// so that it stops however a run or a preflight ends, an exception included.
+class WatchdogSession {
+ public:
+  explicit WatchdogSession(double timeout_seconds);
+  ~WatchdogSession();
+  WatchdogSession(const WatchdogSession&) = delete;
+  WatchdogSession& operator=(const WatchdogSession&) = delete;
+};
+
 // This rank is blocked on others from construction to destruction. `what` names the operation
 // ("all_reduce") and `detail` where it runs ("mpi, 4 ranks"); both must outlive the scope. Nested
 // scopes report the outermost one.

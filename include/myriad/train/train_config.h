@@ -108,4 +108,19 @@ std::string resolve_precision(const std::string& precision, const torch::Device&
 // The backbone `config` describes.
 BackboneOptions backbone_options(const TrainConfig& config);
 
+// Values derived from a configuration: the decisions that myriad-train and myriad-doctor (which
+// predicts the run) must take alike.
+
+// Whether --data names generated images ("synthetic", "synthetic-resident") rather than a file.
+bool uses_synthetic_data(const TrainConfig& config);
+// The classes of synthetic data: --num-classes, or 1,000 without it.
+int64_t synthetic_classes(const TrainConfig& config);
+// Whether the backbone runs channels-last on `device`: --channels-last, where auto is on GPUs.
+bool use_channels_last(const TrainConfig& config, const torch::Device& device);
+// The optimizer's tensors per parameter: SGD's momentum, or AdamW's two moments.
+int64_t optimizer_states(const TrainConfig& config);
+// The bytes a trained parameter holds as a multiple of its own: itself, its gradient and the
+// optimizer's states.
+double parameter_state_factor(const TrainConfig& config);
+
 }  // namespace myriad

@@ -48,6 +48,10 @@ torch::ScalarType parse_float_dtype(const std::string& name);
 // The element type of myriad's CUDA kernels that `dtype` is; an error for other types.
 cuda::ElementType element_type(torch::ScalarType dtype);
 
+// Sets LibTorch's intra-op threads: `requested`, or with 0 this host's cores shared among its
+// `ranks_on_host` ranks (at least one each), so that the ranks of a host do not oversubscribe it.
+void set_torch_threads(int requested, int ranks_on_host);
+
 // Puts cuDNN and cuBLAS in their deterministic modes (no autotuning, fixed cuBLAS workspace) so
 // that a run repeats bit for bit on the same GPUs. Call it before the first GEMM.
 void use_deterministic_algorithms();

@@ -22,6 +22,7 @@
 #include "myriad/train/training_checkpoint.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/cli.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/exit_codes.h"
@@ -72,7 +73,7 @@ double timed_collectively(const ProcessContext& context, Work work) {
   const auto start = std::chrono::steady_clock::now();
   work();
   MYRIAD_CHECK_MPI(MPI_Barrier(context.world()));
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return seconds_since(start);
 }
 
 }  // namespace
@@ -139,8 +140,7 @@ int run_checkpoint_bench(ProcessContext& context, int argc, char** argv) {
     checkpointer.order_before_step();
     checkpointer.order_before_backward();
     synchronize_device(device);
-    blocked_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    blocked_seconds = seconds_since(start);
     checkpointer.complete();
   });
   const std::string checkpoint = store.directory_for(state.step);

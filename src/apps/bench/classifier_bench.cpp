@@ -16,6 +16,7 @@
 #include "myriad/comm/process_context.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/cli.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/exit_codes.h"
@@ -25,10 +26,6 @@
 namespace myriad {
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // Dense matrix-product rate of this device in `dtype`, the ceiling the classifier is compared to.
 double measure_gemm_tflops(const torch::Device& device, torch::ScalarType dtype) {

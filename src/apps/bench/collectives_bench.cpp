@@ -12,6 +12,7 @@
 #include "bench_commands.h"
 #include "myriad/comm/comm_factory.h"
 #include "myriad/comm/process_context.h"
+#include "myriad/train/step_model.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/cli.h"
 #include "myriad/util/device.h"
@@ -109,7 +110,7 @@ Case make_case(Collective kind, int64_t bytes, torch::ScalarType dtype, ReduceOp
       c.count = bytes / element;
       c.input = pattern(c.count, 0, rank + 1, dtype, device);
       c.expected = pattern(c.count, 0, reduced_scale, dtype, device);
-      c.bus_factor = 2.0 * (world - 1) / world;
+      c.bus_factor = all_reduce_bus_factor(world);
       break;
     case Collective::kAllGather: {
       const int64_t per_rank = bytes / element / world;
@@ -119,7 +120,7 @@ Case make_case(Collective kind, int64_t bytes, torch::ScalarType dtype, ReduceOp
       for (int64_t r = 0; r < world; ++r)
         blocks.push_back(pattern(per_rank, r * per_rank, r + 1, dtype, device));
       c.expected = torch::cat(blocks);
-      c.bus_factor = static_cast<double>(world - 1) / world;
+      c.bus_factor = all_gather_bus_factor(world);
       break;
     }
     case Collective::kReduceScatter: {
@@ -127,7 +128,7 @@ Case make_case(Collective kind, int64_t bytes, torch::ScalarType dtype, ReduceOp
       c.count = per_rank * world;
       c.input = pattern(c.count, 0, rank + 1, dtype, device);
       c.expected = pattern(per_rank, rank * per_rank, reduced_scale, dtype, device);
-      c.bus_factor = static_cast<double>(world - 1) / world;
+      c.bus_factor = all_gather_bus_factor(world);
       break;
     }
     case Collective::kBroadcast:

@@ -14,6 +14,7 @@
 #include "myriad/model/backbone.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/cli.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/error.h"
 #include "myriad/util/exit_codes.h"
 
@@ -59,8 +60,7 @@ int run_loader_bench(ProcessContext& context, int argc, char** argv) {
   for (int i = 0; i < 2; ++i) loader.next();
   const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) loader.next();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = seconds_since(start);
   double rate = steps * batch / seconds;
   double total = rate;
   MYRIAD_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, context.world()));

@@ -22,6 +22,7 @@
 #include "myriad/train/step_model.h"
 #include "myriad/util/atomic_output.h"
 #include "myriad/util/check_mpi.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/log.h"
@@ -38,10 +39,6 @@ namespace myriad {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Runs `call` once to warm up, then `iters` times; the mean seconds per call, the device's queue
 // included.

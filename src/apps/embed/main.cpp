@@ -8,7 +8,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/comm/comm_factory.h"
@@ -19,6 +18,7 @@
 #include "myriad/train/evaluation.h"
 #include "myriad/util/atomic_output.h"
 #include "myriad/util/cli.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hdf5_file.h"
@@ -99,10 +99,7 @@ int run(ProcessContext& context, int argc, char** argv) {
   if (o.batch_size <= 0) throw UsageError("--batch-size must be positive");
   if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16")
     throw UsageError(str_format("--precision must be fp32, bf16 or fp16, got '{}'", o.precision));
-  torch::set_num_threads(o.threads > 0
-                             ? o.threads
-                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                                               context.local_size()));
+  set_torch_threads(o.threads, context.local_size());
 
   const torch::Device device = context.select_device(parse_device_preference(o.device));
   MYRIAD_CHECK_COLLECTIVE(o.precision != "fp16" || device.is_cuda(), "--precision fp16 needs GPUs");
@@ -197,8 +194,7 @@ int run(ProcessContext& context, int argc, char** argv) {
     file.reset();
     out->commit();
   });
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = seconds_since(start);
   log_info("wrote {}: {} embeddings of {} in {:.1f} s ({:.0f} images/s over {} rank(s))", o.output,
            info.size, dim, seconds, info.size / std::max(seconds, 1e-9), context.size());
   return kExitOk;
