@@ -11,4 +11,9 @@ namespace myriad {
 // previous one (tests/e2e/async_checkpoint.sh).
 void fault_point(const std::string& phase, int64_t step);
 
+// Straggler testing: $MYRIAD_FAULT_SLOW_RANK="rank:seconds" ("2:0.2") makes that rank sleep so
+// long in each step, as a slow GPU would compute (tests/e2e/straggler_report.sh). Malformed values
+// are an Error. Every other rank returns at once.
+void fault_slow_step(int rank);
+
 }  // namespace myriad
