@@ -49,6 +49,8 @@ struct HangWatchdog::State {
   std::atomic<const char*> wait_what{nullptr};
   std::atomic<const char*> wait_detail{nullptr};
   std::atomic<int> wait_ranks{0};
+  // Nanoseconds spent in outermost scopes that have ended, for the straggler report.
+  std::atomic<int64_t> waited_ns{0};
   // The last wait entered, for a step that hangs outside any scope (a device synchronisation).
   std::atomic<int64_t> last_wait_at{0};
 
@@ -121,6 +123,10 @@ bool HangWatchdog::running() const {
 
 double HangWatchdog::timeout_seconds() const {
   return state_->timeout.load();
+}
+
+double HangWatchdog::waited_seconds() const {
+  return state_->waited_ns.load(std::memory_order_relaxed) / 1e9;
 }
 
 void HangWatchdog::step_started(int64_t step) {
@@ -206,7 +212,12 @@ WaitScope::WaitScope(const char* what, const char* detail, int ranks) {
 }
 
 WaitScope::~WaitScope() {
-  HangWatchdog::instance().state_->wait_depth.fetch_sub(1, std::memory_order_release);
+  HangWatchdog::State& s = *HangWatchdog::instance().state_;
+  if (outermost_) {
+    s.waited_ns.fetch_add(now_ns() - s.wait_since.load(std::memory_order_relaxed),
+                          std::memory_order_relaxed);
+  }
+  s.wait_depth.fetch_sub(1, std::memory_order_release);
 }
 
 LocalWork::LocalWork(const char* what) {

@@ -31,11 +31,13 @@
 #include "myriad/train/metrics_log.h"
 #include "myriad/train/multi_tensor_optimizer.h"
 #include "myriad/train/pipeline.h"
+#include "myriad/train/straggler_report.h"
 #include "myriad/train/training_checkpoint.h"
 #include "myriad/util/atomic_output.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
+#include "myriad/util/fault_point.h"
 #include "myriad/util/hdf5_file.h"
 #include "myriad/util/log.h"
 #include "myriad/util/phase_timer.h"
@@ -174,6 +176,7 @@ class Run {
   std::optional<MetricsLog> metrics_;  // once open_outputs() has run
   std::string config_ini_;
   PhaseTimer timer_;
+  StragglerReport stragglers_;
   int64_t total_steps_ = 0;
   std::optional<GraphsChoice> graphs_;
   CheckpointStore store_;
@@ -197,6 +200,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       scaler_(device_),
       config_ini_(std::move(config_ini)),
       timer_(device_, true),
+      stragglers_(context),
       store_(config.checkpoint_dir),
       stop_file_(default_stop_file(config.run_dir)) {
   c_.precision = resolve_precision(c_.precision, device_);
@@ -621,6 +625,7 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
                    {"peak_memory_bytes_per_rank", peaks},
                    {"pipeline", pipeline},
                    {"loss_scale", loss_scale},
+                   {"stragglers", stragglers_.report(step + 1)},
                    {"elapsed_sec", seconds_between(run_start_, now)}});
   window_start_ = Clock::now();
   window_steps_ = 0;
@@ -734,6 +739,8 @@ TrainResult Run::execute() {
     set_learning_rate(*optimizer_, c_.lr * factor);
     classifier_->optimizer().set_lr(c_.classifier_lr * factor);
 
+    stragglers_.step_started();
+    fault_slow_step(context_.rank());
     timer_.mark("forward");
     // The first stage loaded the replica's batch; the classifier needs its labels on the last.
     const torch::Tensor labels = engine_->route_labels(
@@ -774,6 +781,7 @@ TrainResult Run::execute() {
     backbone_step_->step_unless(overflow);
     sync_->clear_gradients();
     timer_.stop();
+    stragglers_.step_finished();
     if (fp16) scaler_.update(overflow);
     graphs_->after_step();
     if (step + 1 == c_.profile_last) set_profiler_capture(device_, false);

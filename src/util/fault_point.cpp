@@ -3,9 +3,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <regex>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "myriad/util/error.h"
 
@@ -30,6 +34,20 @@ std::optional<double> fault_graph_memory_fraction() {
   MYRIAD_CHECK(*end == '\0' && fraction > 0.0 && fraction <= 1.0,
                "MYRIAD_FAULT_GRAPH_MEMORY_FRACTION must be a number in (0, 1], not '{}'", text);
   return fraction;
+}
+
+void fault_slow_step(int rank) {
+  // Read once: the step loop calls this every step.
+  static const std::pair<int, double> slow = [] {
+    const char* value = std::getenv("MYRIAD_FAULT_SLOW_RANK");
+    if (value == nullptr) return std::make_pair(-1, 0.0);
+    std::cmatch match;
+    MYRIAD_CHECK(std::regex_match(value, match, std::regex(R"(([0-9]+):([0-9]*\.?[0-9]+))")),
+                 "MYRIAD_FAULT_SLOW_RANK must be RANK:SECONDS (\"2:0.2\"), not '{}'", value);
+    return std::make_pair(std::stoi(match[1].str()), std::stod(match[2].str()));
+  }();
+  if (rank != slow.first) return;
+  std::this_thread::sleep_for(std::chrono::duration<double>(slow.second));
 }
 
 }  // namespace myriad

@@ -246,6 +246,10 @@ expect L8 0 "--gpus-per-node must be a positive number, not '0'" "$launch" --gpu
 expect L9 0 "cannot create the stop file '$fix/file/stop'" "$launch" --hostfile "$fix/hosts" --stop-file "$fix/file/stop" --exe "$bin/myriad-train"
 expect L10 0 "not inside a Slurm job" env -u SLURM_JOB_ID bash "$repo/launch/slurm/train.sbatch"
 expect L11 0 "--grace must be a positive number of seconds, not '0'" "$launch" --grace 0 --exe "$bin/myriad-train"
+expect L12 0 "--max-restarts must be a number of restarts \(0 or more\), not '-1'" "$launch" --max-restarts -1 --exe "$bin/myriad-train"
+expect L13 0 "--max-restarts must be a number of restarts \(0 or more\), not 'two'" "$launch" --max-restarts two --exe "$bin/myriad-train"
+expect L14 0 "--min-ranks 3 is more than the 2 slots of '.*/hosts': the job could never run" "$launch" --hostfile "$fix/hosts" --min-ranks 3 --exe "$bin/myriad-train"
+expect L15 0 "--max-restarts needs the executable's --run-dir" "$launch" --hostfile "$fix/hosts" --max-restarts 1 --exe "$bin/myriad-train"
 
 # --- the run time -------------------------------------------------------------------------------
 expect R1 2 "cannot create the run directory '.*/file/run'" "$bin/myriad-train" --data "$fix/good.h5" "${train_args[@]}" --max-steps 2 --run-dir "$fix/file/run"

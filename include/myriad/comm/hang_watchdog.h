@@ -36,6 +36,9 @@ class HangWatchdog {
   void stop();
   bool running() const;
   double timeout_seconds() const;
+  // Seconds this process has spent blocked on other ranks in wait scopes that have ended, whether
+  // or not the monitor runs: what a step took minus what it waited is its own work.
+  double waited_seconds() const;
 
   // Step `step` (counted from 0) begins. The step clock is armed from the second call on.
   void step_started(int64_t step);

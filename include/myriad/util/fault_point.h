@@ -17,4 +17,9 @@ void fault_point(const std::string& phase, int64_t step);
 // (StageGraphs), so that a test makes the recording run out of memory where eager steps fit.
 std::optional<double> fault_graph_memory_fraction();
 
+// Straggler testing: $MYRIAD_FAULT_SLOW_RANK="rank:seconds" ("2:0.2") makes that rank sleep so
+// long in each step, as a slow GPU would compute (tests/e2e/straggler_report.sh). Malformed values
+// are an Error. Every other rank returns at once.
+void fault_slow_step(int rank);
+
 }  // namespace myriad
