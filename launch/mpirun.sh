@@ -31,8 +31,10 @@
 # same per-rank --batch-size: the global batch shrinks with the ranks. Each restart is one line
 # here and one {"kind": "restart"} record in RUN_DIR/metrics.jsonl.
 #
-# Every NCCL_*, MYRIAD_*, UCX_*, CUDA_* and OMP_* variable set here is passed to every rank, and
-# so are PATH and LD_LIBRARY_PATH; OMPI_MCA_* variables configure mpirun itself. As root, mpirun
+# Every NCCL_*, MYRIAD_*, UCX_*, CUDA_*, OMP_* and OPENBLAS_* variable set here is passed to every
+# rank (OpenBLAS's core type picks its GEMM kernels, and so the CPU's rounding: ranks on other
+# hosts must not pick theirs), and so are PATH and LD_LIBRARY_PATH; OMPI_MCA_* variables configure
+# mpirun itself. As root, mpirun
 # needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1.
 #
 # Stopping (docs/training.md, "Stopping and preemption"): mpirun runs as a child in a session of
@@ -150,7 +152,7 @@ done
 # The stop request, and the time from which a request counts (an older file is from another run).
 export MYRIAD_STOP_FILE=$stop_file MYRIAD_STOP_SINCE
 MYRIAD_STOP_SINCE=$(date +%s.%N)
-for name in PATH LD_LIBRARY_PATH $(compgen -e | grep -E '^(NCCL|MYRIAD|UCX|CUDA|OMP)_' || true); do
+for name in PATH LD_LIBRARY_PATH $(compgen -e | grep -E '^(NCCL|MYRIAD|UCX|CUDA|OMP|OPENBLAS)_' || true); do
   [ -z "${!name+set}" ] || options+=(-x "$name")
 done
 command=(mpirun --bind-to none "${placement[@]}" -np "$world" "${options[@]}" "$exe" "$@")
