@@ -34,3 +34,39 @@ python_with() {
   echo "SKIP: no python3 with $*" >&2
   exit 77
 }
+
+# The hang tests (hang_watchdog.sh, cuda_graphs_gpu.sh). rank_pid RUN_DIR RANK: the pid of that
+# rank of the myriad-train run writing RUN_DIR.
+rank_pid() {
+  local pid
+  for pid in $(pgrep -f "myriad-train.*$1"); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+      echo "$pid"
+      return
+    fi
+  done
+}
+
+# stall_rank RUN_DIR RANK TIMEOUT: once the run of the background job $job has published a
+# checkpoint in RUN_DIR, stops its rank RANK (SIGSTOP: alive and silent, as behind a cut link) and
+# waits for the job, which must end non-zero within TIMEOUT + 60 s; sets code and took (seconds).
+# Calls the caller's fail otherwise.
+stall_rank() {
+  local run=$1 rank=$2 timeout=$3 victim stopped_at
+  for _ in $(seq 1 240); do
+    [ -s "$run/checkpoints/LATEST" ] && break
+    sleep 0.5
+  done
+  [ -s "$run/checkpoints/LATEST" ] || fail "the run did not reach its first checkpoint"
+  victim=$(rank_pid "$run" "$rank")
+  [ -n "$victim" ] || fail "rank $rank not found"
+  kill -STOP "$victim"
+  stopped_at=$(date +%s)
+  set +e
+  wait "$job"
+  code=$?
+  set -e
+  took=$(($(date +%s) - stopped_at))
+  [ "$code" -ne 0 ] || fail "the job exited 0 after a rank stopped"
+  [ "$took" -le $((timeout + 60)) ] || fail "the job took $took s to end (timeout $timeout s)"
+}
