@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "myriad/model/batch_norm.h"
+#include "myriad/model/onnx_graph.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hash_random.h"
@@ -77,6 +78,29 @@ class AttentionImpl : public torch::nn::Module {
     return proj_(out.transpose(1, 2).reshape({batch, tokens, dim}));
   }
 
+  // [N, T, dim] -> [N, T, dim]; the scale is folded into the queries' weights.
+  std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const {
+    namespace layers = onnx_layers;
+    const int64_t dim = qkv_->weight.size(1), head = dim / heads_;
+    const torch::Tensor w = qkv_->weight.view({3, dim, dim});
+    const auto heads = [&](const torch::Tensor& weight, const char* which,
+                           std::vector<int64_t> perm) {
+      const std::string n = name + "." + which;
+      const std::string y = layers::linear_tokens(g, x, weight, {}, n);
+      return g.node("Transpose", n + ".heads", {layers::reshape(g, y, {-1, heads_, head}, n + ".split")},
+                    {{"perm", std::move(perm)}});
+    };
+    const std::string q = heads(w[0] / std::sqrt(static_cast<double>(head)), "q", {0, 2, 1, 3});
+    const std::string k = heads(w[1], "k", {0, 2, 3, 1});
+    const std::string v = heads(w[2], "v", {0, 2, 1, 3});
+    const std::string scores = g.node(
+        "Softmax", name + ".softmax", {g.node("MatMul", name + ".scores", {q, k})}, {{"axis", int64_t{-1}}});
+    std::string out = g.node("MatMul", name + ".mix", {scores, v});
+    out = g.node("Transpose", name + ".merge", {out}, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+    out = layers::reshape(g, out, {-1, dim}, name + ".concat");
+    return layers::linear_tokens(g, out, proj_->weight, proj_->bias, name + ".proj");
+  }
+
  private:
   int64_t heads_;
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr};
@@ -90,6 +114,14 @@ class MlpImpl : public torch::nn::Module {
     fc2_ = register_module("fc2", linear(hidden, dim));
   }
   torch::Tensor forward(const torch::Tensor& x) { return fc2_(torch::hardtanh(fc1_(x), 0.0, 6.0)); }
+  std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const {
+    namespace layers = onnx_layers;
+    const std::string h = layers::linear_tokens(g, x, fc1_->weight, fc1_->bias, name + ".fc1");
+    const std::string relu6 = g.node("Clip", name + ".relu6",
+                                     {h, g.constant(name + ".min", torch::zeros({}, torch::kFloat32)),
+                                      g.constant(name + ".max", torch::full({}, 6.0f))});
+    return layers::linear_tokens(g, relu6, fc2_->weight, fc2_->bias, name + ".fc2");
+  }
 
  private:
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
@@ -109,6 +141,15 @@ class VitBlockImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const Drop& drop) {
     const torch::Tensor y = x + drop(attn_(norm1_(x)), 0);
     return y + drop(mlp_(norm2_(y)), 1);
+  }
+  std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const {
+    namespace layers = onnx_layers;
+    const std::string a =
+        attn_->to_onnx(g, layers::layer_norm(g, x, *norm1_, name + ".norm1"), name + ".attn");
+    const std::string y = g.node("Add", name + ".add1", {x, a});
+    const std::string m =
+        mlp_->to_onnx(g, layers::layer_norm(g, y, *norm2_, name + ".norm2"), name + ".mlp");
+    return g.node("Add", name + ".add2", {y, m});
   }
 
  private:
@@ -169,6 +210,21 @@ Vit::Vit(const BackboneOptions& options, const VitConfig& config)
       if (l->bias.defined()) l->bias.zero_();
     }
   }
+}
+
+std::string Vit::to_onnx(OnnxGraph& g, const std::string& x) const {
+  namespace layers = onnx_layers;
+  const int64_t dim = config_.dim;
+  std::string y = layers::conv(g, x, *proj_, "patch_embed.proj");
+  y = layers::reshape(g, y, {dim, tokens_}, "patch_embed.flatten");
+  y = g.node("Transpose", "patch_embed.tokens", {y}, {{"perm", std::vector<int64_t>{0, 2, 1}}});
+  y = g.node("Add", "pos_embed", {y, g.constant("pos_embed", pos_embed_)});
+  const auto blocks = blocks_->children();
+  for (size_t i = 0; i < blocks.size(); ++i)
+    y = blocks[i]->as<VitBlockImpl>()->to_onnx(g, y, "blocks." + std::to_string(i));
+  y = layers::layer_norm(g, y, *norm_, "norm");
+  y = layers::reshape(g, y, {tokens_ * dim}, "feature.flatten");
+  return layers::sequential(g, y, *feature_, "feature");
 }
 
 Activations Vit::forward_block(int64_t block, Activations in) {
