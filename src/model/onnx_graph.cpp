@@ -1,7 +1,8 @@
 #include "myriad/model/onnx_graph.h"
 
 #include <algorithm>
-#include <climits>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -191,11 +192,11 @@ void OnnxGraph::write(const std::string& path, const std::string& data_path,
   model.add_length_prefix(field::kModelGraph, graph_size);
 
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  MYRIAD_CHECK(out.good(), "cannot create '{}'", path);
+  MYRIAD_CHECK(out.good(), "cannot create '{}': {}", path, std::strerror(errno));
   std::ofstream data;
   if (external) {
     data.open(data_path, std::ios::binary | std::ios::trunc);
-    MYRIAD_CHECK(data.good(), "cannot create '{}'", data_path);
+    MYRIAD_CHECK(data.good(), "cannot create '{}': {}", data_path, std::strerror(errno));
   }
   write_bytes(out, model.bytes().data(), model.size());
   write_bytes(out, graph.bytes().data(), graph.size());
@@ -257,8 +258,8 @@ std::vector<int64_t> pads_of(const torch::ExpandingArray<2>& a) {
 std::string conv(OnnxGraph& g, const std::string& x, const torch::nn::Conv2dImpl& conv,
                  const std::string& name, const BatchNormImpl* bn) {
   const auto& o = conv.options;
-  const auto* padding = std::get_if<torch::ExpandingArray<2>>(&o.padding());
-  MYRIAD_CHECK(padding != nullptr && o.padding_mode().index() == 0,
+  const auto* padding = c10::get_if<torch::ExpandingArray<2>>(&o.padding());
+  MYRIAD_CHECK(padding != nullptr && c10::get_if<torch::enumtype::kZeros>(&o.padding_mode()),
                "{}: only explicit zero padding exports to ONNX", name);
   const auto [w, b] = fold(conv.weight, conv.bias, bn);
   std::vector<std::string> inputs{x, g.constant(name + ".weight", w)};
@@ -311,8 +312,9 @@ std::string layer_norm(OnnxGraph& g, const std::string& x, const torch::nn::Laye
   const std::string var = g.node("ReduceMean", name + ".var", {square}, {last});
   const std::string eps =
       g.constant(name + ".eps", torch::full({1}, norm.options.eps(), torch::kFloat32));
-  const std::string std = g.node("Sqrt", name + ".std", {g.node("Add", name + ".add_eps", {var, eps})});
-  const std::string normed = g.node("Div", name + ".normalise", {centred, std});
+  const std::string deviation =
+      g.node("Sqrt", name + ".std", {g.node("Add", name + ".add_eps", {var, eps})});
+  const std::string normed = g.node("Div", name + ".normalise", {centred, deviation});
   const std::string scaled =
       g.node("Mul", name + ".weight", {normed, g.constant(name + ".weight", norm.weight)});
   return g.node("Add", name + ".bias", {scaled, g.constant(name + ".bias", norm.bias)});

@@ -118,8 +118,8 @@ class MlpImpl : public torch::nn::Module {
     namespace layers = onnx_layers;
     const std::string h = layers::linear_tokens(g, x, fc1_->weight, fc1_->bias, name + ".fc1");
     const std::string relu6 = g.node("Clip", name + ".relu6",
-                                     {h, g.constant(name + ".min", torch::zeros({}, torch::kFloat32)),
-                                      g.constant(name + ".max", torch::full({}, 6.0f))});
+                                     {h, g.constant(name + ".min", torch::scalar_tensor(0.0, torch::kFloat32)),
+                                      g.constant(name + ".max", torch::scalar_tensor(6.0, torch::kFloat32))});
     return layers::linear_tokens(g, relu6, fc2_->weight, fc2_->bias, name + ".fc2");
   }
 
