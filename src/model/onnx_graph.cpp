@@ -85,7 +85,9 @@ void write_bytes(std::ofstream& out, const void* data, size_t bytes) {
 }  // namespace
 
 OnnxGraph::OnnxGraph(std::string input_name, std::vector<int64_t> shape)
-    : input_name_(unique(input_name)), input_shape_(std::move(shape)) {}
+    : input_shape_(std::move(shape)) {
+  input_name_ = unique(input_name);
+}
 
 std::string OnnxGraph::unique(const std::string& name) {
   std::string result = name;

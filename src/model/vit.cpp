@@ -117,9 +117,13 @@ class MlpImpl : public torch::nn::Module {
   std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const {
     namespace layers = onnx_layers;
     const std::string h = layers::linear_tokens(g, x, fc1_->weight, fc1_->bias, name + ".fc1");
-    const std::string relu6 = g.node("Clip", name + ".relu6",
-                                     {h, g.constant(name + ".min", torch::scalar_tensor(0.0, torch::kFloat32)),
-                                      g.constant(name + ".max", torch::scalar_tensor(6.0, torch::kFloat32))});
+    // ReLU6 as relu(h) - relu(h - 6): OpenCV 4.6 reads Clip only with the bounds as attributes,
+    // which opset 11 replaced by inputs.
+    const std::string shifted = g.node(
+        "Add", name + ".minus6", {h, g.constant(name + ".minus6", torch::full({1}, -6.0f))});
+    const std::string relu6 = g.node("Sub", name + ".relu6",
+                                     {g.node("Relu", name + ".relu", {h}),
+                                      g.node("Relu", name + ".relu_above6", {shifted})});
     return layers::linear_tokens(g, relu6, fc2_->weight, fc2_->bias, name + ".fc2");
   }
 
