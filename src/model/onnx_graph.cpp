@@ -233,11 +233,18 @@ std::pair<torch::Tensor, torch::Tensor> bn_affine(const BatchNormImpl& bn) {
   return {scale, shift};
 }
 
-// `weight` [out, ...] and `bias` [out] (undefined: none) with `bn` after them folded in, float32.
+// `weight` [out, ...] and `bias` [out] (undefined: none) with `input` before them (on the second
+// dimension of a 2-D weight) and `bn` after them folded in, float32.
 std::pair<torch::Tensor, torch::Tensor> fold(const torch::Tensor& weight, const torch::Tensor& bias,
-                                             const BatchNormImpl* bn) {
+                                             const BatchNormImpl* bn,
+                                             const InputAffine* input = nullptr) {
   torch::Tensor w = weight.to(torch::kFloat64);
   torch::Tensor b = bias.defined() ? bias.to(torch::kFloat64) : torch::Tensor();
+  if (input != nullptr) {
+    const torch::Tensor shift = w.matmul(input->shift.to(torch::kFloat64));
+    b = b.defined() ? b + shift : shift;
+    w = w * input->scale.to(torch::kFloat64).view({1, -1});
+  }
   if (bn != nullptr) {
     const auto [scale, shift] = bn_affine(*bn);
     std::vector<int64_t> shape(w.dim(), 1);
@@ -275,17 +282,19 @@ std::string conv(OnnxGraph& g, const std::string& x, const torch::nn::Conv2dImpl
 }
 
 std::string linear(OnnxGraph& g, const std::string& x, const torch::nn::LinearImpl& linear,
-                   const std::string& name, const BatchNormImpl* bn) {
-  const auto [w, b] = fold(linear.weight, linear.bias, bn);
+                   const std::string& name, const BatchNormImpl* bn, const InputAffine* input) {
+  const auto [w, b] = fold(linear.weight, linear.bias, bn, input);
   std::vector<std::string> inputs{x, g.constant(name + ".weight", w)};
   if (b.defined()) inputs.push_back(g.constant(name + ".bias", b));
   return g.node("Gemm", name, inputs, {{"transB", int64_t{1}}});
 }
 
 std::string linear_tokens(OnnxGraph& g, const std::string& x, const torch::Tensor& weight,
-                          const torch::Tensor& bias, const std::string& name) {
-  std::string y = g.node("MatMul", name, {x, g.constant(name + ".weight", weight.t())});
-  if (bias.defined()) y = g.node("Add", name + ".add", {y, g.constant(name + ".bias", bias)});
+                          const torch::Tensor& bias, const std::string& name,
+                          const InputAffine* input) {
+  const auto [w, b] = fold(weight, bias, nullptr, input);
+  std::string y = g.node("MatMul", name, {x, g.constant(name + ".weight", w.t())});
+  if (b.defined()) y = g.node("Add", name + ".add", {y, g.constant(name + ".bias", b)});
   return y;
 }
 
@@ -306,20 +315,22 @@ std::string prelu(OnnxGraph& g, const std::string& x, const torch::Tensor& slope
 }
 
 std::string layer_norm(OnnxGraph& g, const std::string& x, const torch::nn::LayerNormImpl& norm,
-                       const std::string& name) {
-  const OnnxAttribute last{"axes", std::vector<int64_t>{-1}};
-  const std::string mean = g.node("ReduceMean", name + ".mean", {x}, {last});
+                       const std::string& name, InputAffine* affine) {
+  // Means over the last dimension as a product with [1/D ... 1/D]: OpenCV 4.6's ReduceMean gives
+  // wrong shapes for batches of more than one.
+  const int64_t dim = norm.weight.size(0);
+  const std::string average =
+      g.constant(name + ".average", torch::full({dim, 1}, 1.0 / static_cast<double>(dim)));
+  const std::string mean = g.node("MatMul", name + ".mean", {x, average});
   const std::string centred = g.node("Sub", name + ".centre", {x, mean});
   const std::string square = g.node("Mul", name + ".square", {centred, centred});
-  const std::string var = g.node("ReduceMean", name + ".var", {square}, {last});
+  const std::string var = g.node("MatMul", name + ".var", {square, average});
   const std::string eps =
       g.constant(name + ".eps", torch::full({1}, norm.options.eps(), torch::kFloat32));
   const std::string deviation =
       g.node("Sqrt", name + ".std", {g.node("Add", name + ".add_eps", {var, eps})});
-  const std::string normed = g.node("Div", name + ".normalise", {centred, deviation});
-  const std::string scaled =
-      g.node("Mul", name + ".weight", {normed, g.constant(name + ".weight", norm.weight)});
-  return g.node("Add", name + ".bias", {scaled, g.constant(name + ".bias", norm.bias)});
+  *affine = {norm.weight, norm.bias};
+  return g.node("Div", name + ".normalise", {centred, deviation});
 }
 
 std::string reshape(OnnxGraph& g, const std::string& x, const std::vector<int64_t>& rest,

@@ -59,16 +59,22 @@ def blobs(images, mean, std):
     return ((images.astype(np.float32) - mean) / std).transpose(0, 3, 1, 2).copy()
 
 
-def run_opencv(path, blob):
+def run_opencv(path, blob, batched):
+    """One image at a time; CNNs also as one batch (the dynamic batch), which must agree.
+    OpenCV 4.6 runs the ViTs' 3-D token graphs for batches of one only."""
     import cv2
     net = cv2.dnn.readNetFromONNX(path)
     out = []
-    # One image at a time, then the rest as one batch: the dynamic batch both ways.
-    net.setInput(blob[:1])
-    out.append(net.forward().copy())
-    net.setInput(blob[1:])
-    out.append(net.forward().copy())
-    return np.concatenate(out)
+    for image in blob:
+        net.setInput(image[None])
+        out.append(net.forward().copy())
+    out = np.concatenate(out)
+    if batched:
+        net.setInput(blob)
+        whole = net.forward()
+        scale = np.abs(out).max()
+        assert np.abs(whole - out).max() <= 1e-4 * scale, "a batch differs from its images one by one"
+    return out
 
 
 def run_onnxruntime(path, blob, provider):
@@ -124,7 +130,8 @@ def main():
     assert images.shape[3] == shape[1] and (images.shape[2], images.shape[1]) == input_size
     blob = blobs(images, mean, std)
     if args.runtime == "opencv":
-        raw = run_opencv(args.model, blob)
+        batched = not any(node.op_type == "MatMul" for node in model.graph.node)
+        raw = run_opencv(args.model, blob, batched)
     else:
         raw = run_onnxruntime(args.model, blob, "CUDAExecutionProvider" if args.runtime.endswith(
             "cuda") else "CPUExecutionProvider")

@@ -75,25 +75,33 @@ class OnnxGraph {
 // into the convolution or linear layer before it where there is one (computed in float64).
 namespace onnx_layers {
 
+// y = x * scale + shift over a linear layer's input features, folded into its weights (LayerNorm's
+// affine part: OpenCV 4.6 broadcasts a constant over dim 1 only, not over the last dimension).
+struct InputAffine {
+  torch::Tensor scale, shift;
+};
+
 // Conv2d (with its bias, if any), followed by `bn` folded in when given.
 std::string conv(OnnxGraph& g, const std::string& x, const torch::nn::Conv2dImpl& conv,
                  const std::string& name, const BatchNormImpl* bn = nullptr);
-// Linear on [N, in] (Gemm), followed by `bn` folded in when given.
+// Linear on [N, in] (Gemm), `input` before it and `bn` after it folded in when given.
 std::string linear(OnnxGraph& g, const std::string& x, const torch::nn::LinearImpl& linear,
-                   const std::string& name, const BatchNormImpl* bn = nullptr);
-// Linear on [N, T, in] (MatMul, Add).
+                   const std::string& name, const BatchNormImpl* bn = nullptr,
+                   const InputAffine* input = nullptr);
+// Linear on [N, T, in] (MatMul, Add), `input` before it folded in when given.
 std::string linear_tokens(OnnxGraph& g, const std::string& x, const torch::Tensor& weight,
-                          const torch::Tensor& bias, const std::string& name);
+                          const torch::Tensor& bias, const std::string& name,
+                          const InputAffine* input = nullptr);
 // Batch norm alone, on [N, C] or [N, C, H, W] (`spatial`): x * scale + shift.
 std::string batch_norm(OnnxGraph& g, const std::string& x, const BatchNormImpl& bn,
                        const std::string& name, bool spatial);
 // PReLU with one slope per channel of [N, C, H, W].
 std::string prelu(OnnxGraph& g, const std::string& x, const torch::Tensor& slope,
                   const std::string& name);
-// LayerNorm over the last dimension, in basic operators: OpenCV 4.6 has no LayerNormalization
-// (opset 17).
+// LayerNorm over the last dimension in basic operators (OpenCV 4.6 has no LayerNormalization, of
+// opset 17), without its affine part, which `affine` returns for the linear layers after it.
 std::string layer_norm(OnnxGraph& g, const std::string& x, const torch::nn::LayerNormImpl& norm,
-                       const std::string& name);
+                       const std::string& name, InputAffine* affine);
 // [N, ...] -> [N, rest...]: the batch dimension stays dynamic.
 std::string reshape(OnnxGraph& g, const std::string& x, const std::vector<int64_t>& rest,
                     const std::string& name);
