@@ -5,8 +5,9 @@
 # with the preprocessing insightface's ArcFaceONNX derives from the graph. Every backbone, each
 # from a fresh checkpoint and a briefly trained one (weights and batch-norm statistics moved);
 # smallcnn's written by 3 ranks.
-# Large networks run at small inputs (docs/insightface.md, "Deploying", gives the times); vit_h
-# (600 M parameters) only with MYRIAD_ONNX_GIANT=1, and then its export and the checker only.
+# Large networks run at small inputs to keep CI short on 2 cores; vit_h (600 M parameters, external
+# data) only with MYRIAD_ONNX_GIANT=1, and then its export and the checker only. Each case prints
+# its time.
 #   tests/e2e/onnx_export.sh BIN_DIR
 source "$(dirname "$0")/common.sh"
 py=$(python_with cv2 onnx h5py numpy)
