@@ -17,7 +17,8 @@
 # on two GPUs side by side where there are two) (default: all).
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX, and to the GPU
-# checks that it matches (gpu.async_checkpoint.bf16, gpu.async_checkpoint.fp16, gpu.cuda_graphs), so that the
+# checks that it matches (gpu.async_checkpoint.bf16, gpu.async_checkpoint.fp16, gpu.cuda_graphs,
+# gpu.onnx), so that the
 # section can be split over calls shorter than a device's limit.
 # --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
 # stays off (NCCL_NVLS_ENABLE=0 and friends) unless the caller set those variables.
@@ -116,6 +117,15 @@ if wants tests; then
     else
       status=1; note "CUDA GRAPHS ON GPUS FAILED: $(tail -n 5 "$out/cuda-graphs-gpu.txt")"
     fi
+  fi
+  # The ONNX export run by onnxruntime, CPU and CUDA providers, against myriad-embed on the GPU.
+  if [ -z "$tests_regex" ] || [[ "gpu.onnx" =~ $tests_regex ]]; then
+    bash "$repo/tests/e2e/onnx_runtime_gpu.sh" "$bin" >"$out/onnx-gpu.txt" 2>&1
+    case $? in
+      0) note "onnx export on onnxruntime (CPU, CUDA): $(grep -c within "$out/onnx-gpu.txt") runs within 1e-4 of myriad-embed; worst: $(grep -o 'distance [0-9.e-]*' "$out/onnx-gpu.txt" | sort -k2 -g | tail -n 1)" ;;
+      77) note "onnx export on onnxruntime: skipped ($(tail -n 1 "$out/onnx-gpu.txt"))" ;;
+      *) status=1; note "ONNX EXPORT ON ONNXRUNTIME FAILED: $(tail -n 3 "$out/onnx-gpu.txt")" ;;
+    esac
   fi
 fi
 

@@ -48,9 +48,11 @@ debian_packages=(
   libgtest-dev nlohmann-json3-dev libturbojpeg0-dev libpng-dev zlib1g-dev hdf5-tools
   dataset-fashion-mnist
 )
-# What only the tests use: a private one-node Slurm (tests/e2e/slurm_requeue.sh), and Python with
-# h5py and PyTorch for writing and reading reference files independently of myriad.
-test_packages=(slurm-wlm munge python3 python3-h5py python3-torch)
+# What only the tests use: a private one-node Slurm (tests/e2e/slurm_requeue.sh), Python with
+# h5py and PyTorch for writing and reading reference files independently of myriad, and ONNX's
+# checker with OpenCV's DNN module as the independent readers of exported ONNX files
+# (tests/e2e/onnx_export.sh).
+test_packages=(slurm-wlm munge python3 python3-h5py python3-torch python3-onnx python3-opencv)
 
 torch_prefix_from_python() {
   command -v python3 >/dev/null 2>&1 || return 1

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "myriad/model/batch_norm.h"
+#include "myriad/model/onnx_graph.h"
 #include "myriad/util/error.h"
 
 namespace myriad {
@@ -22,7 +23,7 @@ torch::nn::PReLU prelu(int64_t channels) {
   return torch::nn::PReLU(torch::nn::PReLUOptions().num_parameters(channels));
 }
 
-class BasicBlockImpl : public torch::nn::Module {
+class BasicBlockImpl : public torch::nn::Module, public OnnxModule {
  public:
   // `positions`: pixels of the input, for the count of multiply-adds.
   BasicBlockImpl(int64_t in, int64_t planes, int64_t stride, int64_t positions) {
@@ -47,6 +48,17 @@ class BasicBlockImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor out = bn3_(conv2_(bn2_->forward_prelu(conv1_(bn1_(x)), prelu_->weight)));
     return out + (downsample_ ? downsample_->forward(x) : x);
+  }
+
+  std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const override {
+    namespace layers = onnx_layers;
+    std::string y = layers::batch_norm(g, x, *bn1_, name + ".bn1", /*spatial=*/true);
+    y = layers::conv(g, y, *conv1_, name + ".conv1", bn2_.get());
+    y = layers::prelu(g, y, prelu_->weight, name + ".prelu");
+    y = layers::conv(g, y, *conv2_, name + ".conv2", bn3_.get());
+    const std::string shortcut =
+        downsample_ ? layers::sequential(g, x, *downsample_, name + ".downsample") : x;
+    return g.node("Add", name + ".add", {y, shortcut});
   }
 
  private:
@@ -120,6 +132,22 @@ Activations IResNet::forward_block(int64_t block, Activations in) {
     unit -= static_cast<int64_t>(layer->size());
   }
   MYRIAD_THROW("an IResNet has no block {}", block);
+}
+
+std::string IResNet::to_onnx(OnnxGraph& g, const std::string& x) const {
+  namespace layers = onnx_layers;
+  std::string y = layers::prelu(g, layers::conv(g, x, *conv1_, "conv1", bn1_.get()),
+                                prelu_->weight, "prelu");
+  for (int stage = 0; stage < 4; ++stage) {
+    const auto blocks = layers_[stage]->children();
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      y = dynamic_cast<const OnnxModule&>(*blocks[b])
+              .to_onnx(g, y, "layer" + std::to_string(stage + 1) + "." + std::to_string(b));
+    }
+  }
+  y = layers::batch_norm(g, y, *bn2_, "bn2", /*spatial=*/true);
+  y = g.node("Flatten", "flatten", {y}, {{"axis", int64_t{1}}});
+  return layers::linear(g, y, *fc_, "fc", features_.get());
 }
 
 std::string IResNet::legacy_name(const std::string& name) const {

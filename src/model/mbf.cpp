@@ -3,6 +3,7 @@
 #include <string>
 
 #include "myriad/model/batch_norm.h"
+#include "myriad/model/onnx_graph.h"
 #include "myriad/util/error.h"
 
 namespace myriad {
@@ -12,7 +13,7 @@ namespace {
 // Conv2d (no bias) and BatchNorm2d, then PReLU unless `linear`, as `layers` (arcface_torch's
 // ConvBlock and LinearBlock). `side` is the square map's side, in then out; `multiply_adds`
 // accumulates.
-class ConvUnitImpl : public torch::nn::Module {
+class ConvUnitImpl : public torch::nn::Module, public OnnxModule {
  public:
   ConvUnitImpl(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups, bool linear,
                int64_t& side, int64_t& multiply_adds) {
@@ -38,6 +39,9 @@ class ConvUnitImpl : public torch::nn::Module {
     const torch::Tensor y = conv_(x);
     return prelu_ ? bn_->forward_prelu(y, prelu_->weight) : bn_(y);
   }
+  std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const override {
+    return onnx_layers::sequential(g, x, *layers_, name + ".layers");
+  }
 
  private:
   torch::nn::Sequential layers_{nullptr};  // holds the three, for their state-dict names
@@ -48,7 +52,7 @@ class ConvUnitImpl : public torch::nn::Module {
 TORCH_MODULE(ConvUnit);
 
 // 1x1 to `groups` channels, 3x3 depthwise, 1x1 linear to `out` (arcface_torch's DepthWise).
-class DepthWiseImpl : public torch::nn::Module {
+class DepthWiseImpl : public torch::nn::Module, public OnnxModule {
  public:
   DepthWiseImpl(int64_t in, int64_t out, int64_t stride, int64_t groups, bool residual,
                 int64_t& side, int64_t& multiply_adds)
@@ -61,6 +65,10 @@ class DepthWiseImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor y = layers_->forward(x);
     return residual_ ? x + y : y;
+  }
+  std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const override {
+    const std::string y = onnx_layers::sequential(g, x, *layers_, name + ".layers");
+    return residual_ ? g.node("Add", name + ".add", {x, y}) : y;
   }
 
  private:
@@ -79,12 +87,15 @@ torch::nn::Sequential residual_group(int64_t channels, int64_t count, int64_t gr
 }
 
 // A module holding `units` as its `layers`, so that names read layers.K.layers.J.
-class GroupImpl : public torch::nn::Module {
+class GroupImpl : public torch::nn::Module, public OnnxModule {
  public:
   explicit GroupImpl(torch::nn::Sequential units) {
     layers_ = register_module("layers", std::move(units));
   }
   torch::nn::Sequential& layers() { return layers_; }
+  std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const override {
+    return onnx_layers::sequential(g, x, *layers_, name + ".layers");
+  }
 
  private:
   torch::nn::Sequential layers_{nullptr};
@@ -141,6 +152,15 @@ Mbf::Mbf(const BackboneOptions& options) {
       torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
   }
   torch::nn::init::kaiming_normal_(linear->weight, 0.0, torch::kFanOut, torch::kReLU);
+}
+
+std::string Mbf::to_onnx(OnnxGraph& g, const std::string& x) const {
+  std::string y = x;
+  const auto layers = layers_->children();
+  for (size_t k = 0; k < layers.size(); ++k)
+    y = dynamic_cast<const OnnxModule&>(*layers[k]).to_onnx(g, y, "layers." + std::to_string(k));
+  y = dynamic_cast<const OnnxModule&>(*conv_sep_).to_onnx(g, y, "conv_sep");
+  return dynamic_cast<const OnnxModule&>(*features_).to_onnx(g, y, "features");
 }
 
 Activations Mbf::forward_block(int64_t block, Activations in) {

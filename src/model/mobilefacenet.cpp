@@ -3,6 +3,7 @@
 #include <string>
 
 #include "myriad/model/batch_norm.h"
+#include "myriad/model/onnx_graph.h"
 #include "myriad/util/error.h"
 
 namespace myriad {
@@ -27,7 +28,7 @@ int64_t add_conv_block(torch::nn::Sequential& layers, int64_t& positions, int64_
   return positions * conv->weight.numel();
 }
 
-class BottleneckImpl : public torch::nn::Module {
+class BottleneckImpl : public torch::nn::Module, public OnnxModule {
  public:
   // `positions`: pixels of the input, then of the output; `multiply_adds` accumulates.
   BottleneckImpl(int64_t in, int64_t out, int64_t expansion, int64_t stride, int64_t& positions,
@@ -42,6 +43,10 @@ class BottleneckImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor y = body_->forward(x);
     return residual_ ? x + y : y;
+  }
+  std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const override {
+    const std::string y = onnx_layers::sequential(g, x, *body_, name + ".body");
+    return residual_ ? g.node("Add", name + ".add", {x, y}) : y;
   }
 
  private:
@@ -106,6 +111,11 @@ MobileFaceNet::MobileFaceNet(const BackboneOptions& options) {
     if (auto* c = module->as<torch::nn::Conv2d>())
       torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut);
   }
+}
+
+std::string MobileFaceNet::to_onnx(OnnxGraph& g, const std::string& x) const {
+  return g.node("Flatten", "flatten", {onnx_layers::sequential(g, x, *body_, "body")},
+                {{"axis", int64_t{1}}});
 }
 
 Activations MobileFaceNet::forward_block(int64_t block, Activations in) {

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "myriad/model/batch_norm.h"
+#include "myriad/model/onnx_graph.h"
 #include "myriad/util/error.h"
 
 namespace myriad {
@@ -60,6 +61,12 @@ SmallCnn::SmallCnn(const BackboneOptions& options) {
       torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
     }
   }
+}
+
+std::string SmallCnn::to_onnx(OnnxGraph& g, const std::string& x) const {
+  std::string y = onnx_layers::sequential(g, x, *features_, "features");
+  y = g.node("Flatten", "flatten", {y}, {{"axis", int64_t{1}}});
+  return onnx_layers::linear(g, y, *fc_, "fc", embedding_.get());
 }
 
 Activations SmallCnn::forward_block(int64_t block, Activations in) {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "myriad/model/batch_norm.h"
+#include "myriad/model/onnx_graph.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hash_random.h"
@@ -77,6 +78,31 @@ class AttentionImpl : public torch::nn::Module {
     return proj_(out.transpose(1, 2).reshape({batch, tokens, dim}));
   }
 
+  // [N, T, dim] -> [N, T, dim]; the scale is folded into the queries' weights, `norm` (the
+  // LayerNorm's affine part before) into all three.
+  std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name,
+                      const onnx_layers::InputAffine& norm) const {
+    namespace layers = onnx_layers;
+    const int64_t dim = qkv_->weight.size(1), head = dim / heads_;
+    const torch::Tensor w = qkv_->weight.view({3, dim, dim});
+    const auto heads = [&](const torch::Tensor& weight, const char* which,
+                           std::vector<int64_t> perm) {
+      const std::string n = name + "." + which;
+      const std::string y = layers::linear_tokens(g, x, weight, {}, n, &norm);
+      return g.node("Transpose", n + ".heads", {layers::reshape(g, y, {-1, heads_, head}, n + ".split")},
+                    {{"perm", std::move(perm)}});
+    };
+    const std::string q = heads(w[0] / std::sqrt(static_cast<double>(head)), "q", {0, 2, 1, 3});
+    const std::string k = heads(w[1], "k", {0, 2, 3, 1});
+    const std::string v = heads(w[2], "v", {0, 2, 1, 3});
+    const std::string scores = g.node(
+        "Softmax", name + ".softmax", {g.node("MatMul", name + ".scores", {q, k})}, {{"axis", int64_t{-1}}});
+    std::string out = g.node("MatMul", name + ".mix", {scores, v});
+    out = g.node("Transpose", name + ".merge", {out}, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+    out = layers::reshape(g, out, {-1, dim}, name + ".concat");
+    return layers::linear_tokens(g, out, proj_->weight, proj_->bias, name + ".proj");
+  }
+
  private:
   int64_t heads_;
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr};
@@ -90,6 +116,20 @@ class MlpImpl : public torch::nn::Module {
     fc2_ = register_module("fc2", linear(hidden, dim));
   }
   torch::Tensor forward(const torch::Tensor& x) { return fc2_(torch::hardtanh(fc1_(x), 0.0, 6.0)); }
+  std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name,
+                      const onnx_layers::InputAffine& norm) const {
+    namespace layers = onnx_layers;
+    const std::string h =
+        layers::linear_tokens(g, x, fc1_->weight, fc1_->bias, name + ".fc1", &norm);
+    // ReLU6 as relu(h) - relu(h - 6): OpenCV 4.6 reads Clip only with the bounds as attributes,
+    // which opset 11 replaced by inputs.
+    const std::string shifted = g.node(
+        "Add", name + ".minus6", {h, g.constant(name + ".minus6", torch::full({1}, -6.0f))});
+    const std::string relu6 = g.node("Sub", name + ".relu6",
+                                     {g.node("Relu", name + ".relu", {h}),
+                                      g.node("Relu", name + ".relu_above6", {shifted})});
+    return layers::linear_tokens(g, relu6, fc2_->weight, fc2_->bias, name + ".fc2");
+  }
 
  private:
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr};
@@ -109,6 +149,16 @@ class VitBlockImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const Drop& drop) {
     const torch::Tensor y = x + drop(attn_(norm1_(x)), 0);
     return y + drop(mlp_(norm2_(y)), 1);
+  }
+  std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const {
+    namespace layers = onnx_layers;
+    layers::InputAffine affine;
+    const std::string a = attn_->to_onnx(
+        g, layers::layer_norm(g, x, *norm1_, name + ".norm1", &affine), name + ".attn", affine);
+    const std::string y = g.node("Add", name + ".add1", {x, a});
+    const std::string m = mlp_->to_onnx(
+        g, layers::layer_norm(g, y, *norm2_, name + ".norm2", &affine), name + ".mlp", affine);
+    return g.node("Add", name + ".add2", {y, m});
   }
 
  private:
@@ -169,6 +219,29 @@ Vit::Vit(const BackboneOptions& options, const VitConfig& config)
       if (l->bias.defined()) l->bias.zero_();
     }
   }
+}
+
+std::string Vit::to_onnx(OnnxGraph& g, const std::string& x) const {
+  namespace layers = onnx_layers;
+  const int64_t dim = config_.dim;
+  std::string y = layers::conv(g, x, *proj_, "patch_embed.proj");
+  y = layers::reshape(g, y, {dim, tokens_}, "patch_embed.flatten");
+  y = g.node("Transpose", "patch_embed.tokens", {y}, {{"perm", std::vector<int64_t>{0, 2, 1}}});
+  // [T, dim]: OpenCV 4.6 broadcasts a constant over the batch only without a leading 1.
+  y = g.node("Add", "pos_embed", {y, g.constant("pos_embed", pos_embed_[0])});
+  const auto blocks = blocks_->children();
+  for (size_t i = 0; i < blocks.size(); ++i)
+    y = blocks[i]->as<VitBlockImpl>()->to_onnx(g, y, "blocks." + std::to_string(i));
+  layers::InputAffine affine;
+  y = layers::layer_norm(g, y, *norm_, "norm", &affine);
+  y = layers::reshape(g, y, {tokens_ * dim}, "feature.flatten");
+  // The affine part of `norm`, per token-major feature, folded into the first linear layer.
+  affine = {affine.scale.repeat({tokens_}), affine.shift.repeat({tokens_})};
+  const auto head = feature_->children();
+  y = layers::linear(g, y, *head[0]->as<torch::nn::LinearImpl>(), "feature.0",
+                     head[1]->as<BatchNormImpl>(), &affine);
+  return layers::linear(g, y, *head[2]->as<torch::nn::LinearImpl>(), "feature.2",
+                        head[3]->as<BatchNormImpl>());
 }
 
 Activations Vit::forward_block(int64_t block, Activations in) {

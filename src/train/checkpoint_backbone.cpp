@@ -4,6 +4,7 @@
 
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/ckpt/torch_file.h"
+#include "myriad/model/onnx_graph.h"
 #include "myriad/train/train_config.h"
 #include "myriad/train/training_checkpoint.h"
 #include "myriad/util/atomic_output.h"
@@ -28,9 +29,26 @@ std::shared_ptr<Backbone> load_checkpoint_backbone(const std::string& directory,
   return backbone;
 }
 
-void export_backbone(const std::string& directory, const std::string& output) {
+BackboneFormat parse_backbone_format(const std::string& text) {
+  if (text == "state-dict") return BackboneFormat::kStateDict;
+  if (text == "onnx") return BackboneFormat::kOnnx;
+  throw UsageError(str_format("--format must be state-dict or onnx, got '{}'", text));
+}
+
+void export_backbone(const std::string& directory, const std::string& output,
+                     BackboneFormat format) {
   BackboneOptions options;
   const std::shared_ptr<Backbone> backbone = load_checkpoint_backbone(directory, &options);
+  if (format == BackboneFormat::kOnnx) {
+    const std::vector<std::string> written = write_onnx(*backbone, options, output);
+    log_info(
+        "wrote {}: {} (insightface's {}) as ONNX, input 'data' [batch, {}, {}, {}] of pixels x / "
+        "127.5 - 1, output 'embedding' [batch, {}]{}",
+        output, options.name, insightface_name(options.name), options.input.channels,
+        options.input.height, options.input.width, options.embedding_size,
+        written.size() > 1 ? str_format(", weights in {}", written[1]) : "");
+    return;
+  }
   const StateDict state = backbone->state_dict();
   AtomicOutput out(output);
   write_torch_state_dict(state, out.temporary_path());

@@ -145,6 +145,22 @@ damaged() { cp -r "$ckpt" "$fix/$1"; }
 damaged ckpt-no-shard && rm "$fix/ckpt-no-shard/$step/classifier-00001.h5"
 damaged ckpt-flipped && printf 'X' | dd of="$fix/ckpt-flipped/$step/classifier-00000.h5" bs=1 seek=3000 conv=notrunc status=none
 damaged ckpt-cut-manifest && head -c 200 "$ckpt/$step/manifest.json" >"$fix/ckpt-cut-manifest/$step/manifest.json"
+damaged ckpt-flipped-backbone && printf 'X' | dd of="$fix/ckpt-flipped-backbone/$step/replicated.h5" bs=1 seek=3000 conv=notrunc status=none
+damaged ckpt-unknown-net && sed -i 's/backbone = smallcnn/backbone = resnet9000/' "$fix/ckpt-unknown-net/$step/manifest.json"
+grep -q resnet9000 "$fix/ckpt-unknown-net/$step/manifest.json"
+# A pipeline checkpoint that lacks its last stage (the head's blocks), its manifest's checksum
+# made to match: what a writer that lost a stage would leave.
+damaged ckpt-no-head && "$py" - "$fix/ckpt-no-head/$step" <<'EOF'
+import json, os, sys, zlib, h5py
+d = sys.argv[1]
+with h5py.File(os.path.join(d, "replicated.h5"), "a") as f:
+    for name in [n for n in f["backbone"] if n.startswith(("fc", "embedding"))]:
+        del f["backbone"][name]
+data = open(os.path.join(d, "replicated.h5"), "rb").read()
+manifest = json.load(open(os.path.join(d, "manifest.json")))
+manifest["files"]["replicated.h5"] = {"bytes": len(data), "crc32": "%08x" % zlib.crc32(data)}
+json.dump(manifest, open(os.path.join(d, "manifest.json"), "w"))
+EOF
 printf 'localhost slots=2\n' >"$fix/hosts"
 printf '# no hosts here\n\n' >"$fix/no-hosts"
 echo "a file, not a directory" >"$fix/file"
@@ -233,6 +249,12 @@ expect C7 2 "holds a classifier of 5 classes x 32, this run has 5 x 16" $(train 
 expect C8 2 "backbone optimizer is sgd, this run's adamw" $(train --resume "$ckpt/$step" --optimizer adamw)
 expect C9 0 "is neither a checkpoint nor a directory of checkpoints" "$bin/myriad-ckpt" export-backbone "$fix" --output "$run/b.pt"
 expect C10 0 "--world-size must be positive" "$bin/myriad-ckpt" reshard "$ckpt" --world-size 0 --output "$run/re"
+onnx() { echo "$bin/myriad-ckpt" export-backbone "$1" --output "${2:-$run/b.onnx}" --format onnx; }
+expect C11 0 "replicated.h5' is corrupt: checksum" $(onnx "$fix/ckpt-flipped-backbone/$step")
+expect C12 0 "unknown --backbone 'resnet9000'" $(onnx "$fix/ckpt-unknown-net/$step")
+expect C13 0 "does not fit this backbone: [0-9]+ missing \(fc.weight, .*\)" $(onnx "$fix/ckpt-no-head/$step")
+expect C14 0 "cannot create '.*/file/b.onnx" $(onnx "$ckpt/$step" "$fix/file/b.onnx")
+expect C15 0 "--format must be state-dict or onnx, got 'tflite'" "$bin/myriad-ckpt" export-backbone "$ckpt" --output "$run/b.onnx" --format tflite
 
 # --- launchers ----------------------------------------------------------------------------------
 expect L1 0 "unknown option '--turbo'" "$launch" --turbo

@@ -12,6 +12,8 @@
 
 namespace myriad {
 
+class OnnxGraph;
+
 struct InputShape {
   int64_t channels = 3;
   int64_t height = 112;
@@ -98,6 +100,10 @@ class Backbone : public torch::nn::Module {
 
   // Block `block` on `in` (one block: the unit of pipeline stages and of checkpointing).
   virtual Activations forward_block(int64_t block, Activations in) = 0;
+
+  // The inference graph (as eval mode computes: batch norm's running statistics, no dropout, no
+  // masking or drop path) appended to `g` on images `x`; returns the embedding's name.
+  virtual std::string to_onnx(OnnxGraph& g, const std::string& x) const = 0;
 
  protected:
   // Declares the next block: `name` for logs, and the state-dict names it owns (an entry belongs

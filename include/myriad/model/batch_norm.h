@@ -27,6 +27,8 @@ class BatchNormImpl : public torch::nn::Module {
   torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   Communicator* sync = nullptr;
 
+  double eps() const { return eps_; }
+
  private:
   bool runs_own_kernels(const torch::Tensor& x) const;
   // Batch norm, followed by PReLU unless prelu_weight is undefined, in our kernels.

@@ -20,6 +20,7 @@ class Mbf final : public Backbone {
  public:
   explicit Mbf(const BackboneOptions& options);
   Activations forward_block(int64_t block, Activations in) override;
+  std::string to_onnx(OnnxGraph& g, const std::string& x) const override;
 
  private:
   torch::nn::ModuleList layers_{nullptr};

@@ -15,6 +15,7 @@ class MobileFaceNet final : public Backbone {
  public:
   explicit MobileFaceNet(const BackboneOptions& options);
   Activations forward_block(int64_t block, Activations in) override;
+  std::string to_onnx(OnnxGraph& g, const std::string& x) const override;
 
  private:
   torch::nn::Sequential body_{nullptr};

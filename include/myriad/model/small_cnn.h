@@ -13,6 +13,7 @@ class SmallCnn final : public Backbone {
  public:
   explicit SmallCnn(const BackboneOptions& options);
   Activations forward_block(int64_t block, Activations in) override;
+  std::string to_onnx(OnnxGraph& g, const std::string& x) const override;
 
  private:
   torch::nn::Sequential features_{nullptr};

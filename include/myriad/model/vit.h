@@ -42,6 +42,7 @@ class Vit final : public Backbone {
  public:
   Vit(const BackboneOptions& options, const VitConfig& config);
   Activations forward_block(int64_t block, Activations in) override;
+  std::string to_onnx(OnnxGraph& g, const std::string& x) const override;
 
   const VitConfig& config() const { return config_; }
 

@@ -14,10 +14,23 @@ namespace myriad {
 std::shared_ptr<Backbone> load_checkpoint_backbone(const std::string& directory,
                                                    BackboneOptions* options = nullptr);
 
-// The backbone of checkpoint `directory` as a torch.save state dict, under insightface's names
-// and in its state_dict() order, so that arcface_torch's model of the same network loads it with
-// load_state_dict(strict=True). Written under a temporary name, renamed into place when complete.
-void export_backbone(const std::string& directory, const std::string& output);
+// What export_backbone writes.
+enum class BackboneFormat {
+  // A torch.save state dict, under insightface's names and in its state_dict() order, so that
+  // arcface_torch's model of the same network loads it with load_state_dict(strict=True).
+  kStateDict,
+  // The inference graph as ONNX (write_onnx in myriad/model/onnx_graph.h), for onnxruntime,
+  // OpenCV, TensorRT and insightface's ArcFaceONNX.
+  kOnnx,
+};
+
+// "state-dict" or "onnx"; anything else is a UsageError.
+BackboneFormat parse_backbone_format(const std::string& text);
+
+// The backbone of checkpoint `directory` in `format`, written under a temporary name and renamed
+// into place when complete.
+void export_backbone(const std::string& directory, const std::string& output,
+                     BackboneFormat format = BackboneFormat::kStateDict);
 
 // Starts `backbone` from a torch.save state dict (read_torch_state_dict: read as data, a `module.`
 // prefix and arcface_torch's training checkpoints accepted), which must fit it exactly.

@@ -82,11 +82,17 @@ int run_inspect(ProcessContext& context, int argc, char** argv) {
 }
 
 int run_export_backbone(ProcessContext& context, int argc, char** argv) {
-  const auto args =
-      parse(argc, argv, "export-backbone options", {},
-            "file for torch.load: the backbone's state dict under insightface's names",
-            "usage: myriad-ckpt export-backbone CHECKPOINT --output backbone.pt", context);
-  if (args) export_backbone(args->checkpoint, args->output);
+  std::string format = "state-dict";
+  po::options_description extra;
+  extra.add_options()("format", po::value(&format)->default_value(format),
+                      "state-dict (for torch.load and arcface_torch) or onnx (the inference graph, "
+                      "for onnxruntime, OpenCV and insightface)");
+  const auto args = parse(
+      argc, argv, "export-backbone options", extra,
+      "file to write: the backbone's state dict under insightface's names, or its ONNX graph",
+      "usage: myriad-ckpt export-backbone CHECKPOINT --output backbone.pt [--format onnx]",
+      context);
+  if (args) export_backbone(args->checkpoint, args->output, parse_backbone_format(format));
   return kExitOk;
 }
 
@@ -124,7 +130,8 @@ int main(int argc, char** argv) {
         {{"inspect", "manifest, shards, sizes, and whether every checksum is valid",
           myriad::run_inspect},
          {"export-backbone",
-          "the backbone's state dict for torch.load and arcface_torch's load_state_dict",
+          "the backbone's state dict for torch.load and arcface_torch's load_state_dict, or its "
+          "ONNX graph (--format onnx)",
           myriad::run_export_backbone},
          {"merge-classifier", "all classifier shards as one HDF5 [C, D]",
           myriad::run_merge_classifier},
