@@ -1,5 +1,7 @@
 #include "myriad/model/onnx_graph.h"
 
+#include <torch/version.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -255,6 +257,17 @@ std::pair<torch::Tensor, torch::Tensor> fold(const torch::Tensor& weight, const 
   return {w.to(torch::kFloat32), b.defined() ? b.to(torch::kFloat32) : b};
 }
 
+// A module option's alternative, or null: LibTorch 1.x holds its options in c10::variant, 2.x in
+// std::variant.
+template <typename T, typename Variant>
+const T* alternative(const Variant& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return std::get_if<T>(&v);
+#else
+  return c10::get_if<T>(&v);
+#endif
+}
+
 std::vector<int64_t> pair_of(const torch::ExpandingArray<2>& a) { return {(*a)[0], (*a)[1]}; }
 
 // ONNX pads of a symmetric 2-D padding: begins, then ends.
@@ -267,8 +280,8 @@ std::vector<int64_t> pads_of(const torch::ExpandingArray<2>& a) {
 std::string conv(OnnxGraph& g, const std::string& x, const torch::nn::Conv2dImpl& conv,
                  const std::string& name, const BatchNormImpl* bn) {
   const auto& o = conv.options;
-  const auto* padding = c10::get_if<torch::ExpandingArray<2>>(&o.padding());
-  MYRIAD_CHECK(padding != nullptr && c10::get_if<torch::enumtype::kZeros>(&o.padding_mode()),
+  const auto* padding = alternative<torch::ExpandingArray<2>>(o.padding());
+  MYRIAD_CHECK(padding != nullptr && alternative<torch::enumtype::kZeros>(o.padding_mode()),
                "{}: only explicit zero padding exports to ONNX", name);
   const auto [w, b] = fold(conv.weight, conv.bias, bn);
   std::vector<std::string> inputs{x, g.constant(name + ".weight", w)};

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 
+#include "myriad/util/clock.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hash_random.h"
 
@@ -197,7 +198,7 @@ void GradientSynchronizer::launch(Bucket& bucket) {
   const auto start = std::chrono::steady_clock::now();
   all_reduce(bucket);
   bucket.host_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      1e3 * seconds_since(start);
 }
 
 void GradientSynchronizer::all_reduce(Bucket& bucket) {

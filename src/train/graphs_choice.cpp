@@ -1,21 +1,15 @@
 #include "myriad/train/graphs_choice.h"
 
-#include <chrono>
-
 #include "myriad/comm/communicator.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/device.h"
 #include "myriad/util/log.h"
 
 namespace myriad {
 
-namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+bool cuda_graphs_possible(const TrainConfig& config, const torch::Device& device) {
+  return device.is_cuda() && !config.sync_bn && !config.activation_checkpointing;
 }
-
-}  // namespace
 
 GraphsChoice::GraphsChoice(const std::string& mode, bool possible, PipelineEngine& engine,
                            Communicator& mpi, const torch::Device& device)
@@ -39,7 +33,7 @@ void GraphsChoice::before_step() {
   if (phase_ == Phase::kRecord) engine_.use_cuda_graphs(true);
   if (phase_ == Phase::kEager || phase_ == Phase::kGraphs) {
     synchronize_device(device_);
-    step_start_ = now_seconds();
+    step_start_ = std::chrono::steady_clock::now();
   }
 }
 
@@ -60,7 +54,7 @@ void GraphsChoice::after_step() {
     case Phase::kEager:
     case Phase::kGraphs:
       synchronize_device(device_);
-      (phase_ == Phase::kEager ? eager_seconds_ : graph_seconds_) += now_seconds() - step_start_;
+      (phase_ == Phase::kEager ? eager_seconds_ : graph_seconds_) += seconds_since(step_start_);
       if (++steps_in_phase_ < kTrialSteps) return;
       if (phase_ == Phase::kEager) return next(Phase::kRecord);
       decide();
@@ -74,7 +68,7 @@ void GraphsChoice::decide() {
                      (1e3 / kTrialSteps);
   mpi_.all_reduce(ms, ReduceOp::kMax);
   const double eager = ms[0].item<double>(), graphs = ms[1].item<double>();
-  const bool pay = graphs < (1.0 - kMargin) * eager;
+  const bool pay = graphs_pay(graphs, eager);
   if (!pay) engine_.use_cuda_graphs(false);
   log_info(
       "CUDA graphs (--cuda-graphs auto): {}: {:.1f} ms per step replayed against {:.1f} ms eager "

@@ -9,6 +9,7 @@
 #include "myriad/train/gradient_sync.h"
 #include "myriad/train/stage_graphs.h"
 #include "myriad/util/autocast.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/phase_timer.h"
@@ -121,7 +122,7 @@ std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sam
     for (int r = 0; r < kRepeats; ++r) run(false);
     wait_for(device);
     BlockCost& cost = costs[static_cast<size_t>(b)];
-    cost.seconds = std::chrono::duration<double>(Clock::now() - start).count() / kRepeats;
+    cost.seconds = seconds_since(start) / kRepeats;
     Activations out;
 #ifdef MYRIAD_WITH_CUDA
     if (device.is_cuda()) {
@@ -178,7 +179,7 @@ class PipelineEngine::BusyClock {
       return;
     }
 #endif
-    seconds_ += std::chrono::duration<double>(Clock::now() - started_).count();
+    seconds_ += seconds_since(started_);
   }
   double take() {
 #ifdef MYRIAD_WITH_CUDA

@@ -8,6 +8,7 @@
 
 #include "myriad/train/gradient_sync.h"
 #include "myriad/util/autocast.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/error.h"
 #include "myriad/util/fault_point.h"
 #include "myriad/util/log.h"
@@ -275,7 +276,7 @@ void StageGraphs::record_all(const Activations& in, GradientSynchronizer& sync) 
       "CUDA graphs: blocks [{}, {}) recorded for micro-batches of {} in {:.1f} s ({} slot(s), "
       "the gradient all-reduce {})",
       begin_, end_, in.x.sizes(),
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+      seconds_since(start),
       uses_.size(), all_reduces_last_ ? "inside the last backward, overlapped" : "after the last backward");
 }
 

@@ -94,7 +94,9 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   const double last_bucket =
       collective_seconds(std::min(c.grad_all_reduce_bytes, static_cast<double>(s.bucket_bytes)),
                          reduce, rates.all_reduce_busbw, rates.collective_latency);
-  c.exposed_all_reduce = std::max(last_bucket, c.grad_all_reduce - 2.0 / 3.0 * c.backbone);
+  c.exposed_all_reduce = s.measured_exposed_all_reduce >= 0.0
+                             ? s.measured_exposed_all_reduce
+                             : std::max(last_bucket, c.grad_all_reduce - 2.0 / 3.0 * c.backbone);
   // Forward gathers float32 features and int64 labels; backward reduce-scatters the features'
   // float32 gradient.
   c.feature_bytes = b * (4.0 * d + 8.0);

@@ -35,6 +35,7 @@
 #include "myriad/train/training_checkpoint.h"
 #include "myriad/util/atomic_output.h"
 #include "myriad/util/autocast.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/fault_point.h"
@@ -50,10 +51,6 @@ namespace myriad {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 
 std::string duration_text(double seconds) {
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
@@ -357,9 +354,8 @@ void Run::build_pipeline() {
   }
   engine_->place_stage();
   engine_->set_phase_timer(&timer_);
-  graphs_.emplace(c_.cuda_graphs,
-                  device_.is_cuda() && !c_.sync_bn && !c_.activation_checkpointing, *engine_,
-                  comms_.mpi(), device_);
+  graphs_.emplace(c_.cuda_graphs, cuda_graphs_possible(c_, device_), *engine_, comms_.mpi(),
+                  device_);
   std::vector<torch::Tensor> state;
   for (auto& [name, tensor] : engine_->stage_state()) state.push_back(tensor);
   broadcast_tensors(state, stage_comm());
@@ -559,8 +555,7 @@ torch::Tensor Run::sample_keys(const Batch& batch) const {
 
 void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, double lr) {
   const double loss_value = loss.item<double>();
-  const auto now = Clock::now();
-  const double elapsed = seconds_between(window_start_, now);
+  const double elapsed = seconds_since(window_start_);
   const double samples_per_sec = window_steps_ * c_.batch_size * layout_.replicas / elapsed;
   std::map<std::string, double> phases = timer_.totals();
   timer_.reset();
@@ -626,7 +621,7 @@ void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, d
                    {"pipeline", pipeline},
                    {"loss_scale", loss_scale},
                    {"stragglers", stragglers_.report(step + 1)},
-                   {"elapsed_sec", seconds_between(run_start_, now)}});
+                   {"elapsed_sec", seconds_since(run_start_)}});
   window_start_ = Clock::now();
   window_steps_ = 0;
   window_data_seconds_ = 0.0;
@@ -734,7 +729,7 @@ TrainResult Run::execute() {
     checkpointer_->order_before_step();
     const auto wait_start = Clock::now();
     Batch batch = loader_->next();
-    window_data_seconds_ += seconds_between(wait_start, Clock::now());
+    window_data_seconds_ += seconds_since(wait_start);
     const double factor = schedule_.factor(step);
     set_learning_rate(*optimizer_, c_.lr * factor);
     classifier_->optimizer().set_lr(c_.classifier_lr * factor);
@@ -821,7 +816,7 @@ TrainResult Run::execute() {
   }
   evaluate(total_steps_, total_steps_ / sampler_->steps_per_epoch(), result);
   log_info("done: {} steps in {}", total_steps_,
-           duration_text(seconds_between(run_start_, Clock::now())));
+           duration_text(seconds_since(run_start_)));
   return result;
 }
 

@@ -12,6 +12,7 @@
 #include "myriad/model/backbone.h"
 #include "myriad/train/loss_scaler.h"
 #include "myriad/train/optimizer_state.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/error.h"
 #include "myriad/util/format.h"
 #include "myriad/util/hdf5_file.h"
@@ -246,7 +247,7 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
                        static_cast<uint64_t>(context.rank()));
   }
   const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      seconds_since(start);
   log_info("resumed from {} (step {}, epoch {}) in {:.1f} s", directory, state.step,
            state.position.epoch, seconds);
 }

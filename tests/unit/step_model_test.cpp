@@ -77,6 +77,18 @@ TEST(StepModel, CachedStepCountedByHand) {
   EXPECT_DOUBLE_EQ(c.total_memory, 60 + 60 + 574 + 1200 + 500);
 }
 
+TEST(StepModel, MeasuredExposureReplacesTheModel) {
+  StepShape shape = small_step();
+  shape.measured_exposed_all_reduce = 0.05;
+  const StepCost c = predict_step(shape, small_rates());
+  // The whole all-reduce is still modelled (0.44 s, as above); only its exposed part is taken.
+  EXPECT_NEAR(c.grad_all_reduce, 0.44, 1e-12);
+  EXPECT_DOUBLE_EQ(c.exposed_all_reduce, 0.05);
+  EXPECT_NEAR(c.step, 0.3 + 0.2 + 0.05 + 0.18 + 0.116, 1e-12);
+  shape.measured_exposed_all_reduce = 0.0;
+  EXPECT_DOUBLE_EQ(predict_step(shape, small_rates()).exposed_all_reduce, 0.0);
+}
+
 TEST(StepModel, ChunkedStepRecomputesTheLogits) {
   StepShape s = small_step();
   s.classifier_workspace = 2 * 66;  // plan_chunks' budget of two rows: 3 chunks

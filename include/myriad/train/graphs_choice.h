@@ -1,13 +1,19 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
 #include "myriad/train/pipeline.h"
+#include "myriad/train/train_config.h"
 
 namespace myriad {
 
 class Communicator;
+
+// Whether a run of `config` on `device` can take CUDA graphs: a GPU, without SyncBN's collectives
+// inside the forward and without activation checkpointing's recomputation.
+bool cuda_graphs_possible(const TrainConfig& config, const torch::Device& device);
 
 // Whether the backbone's micro-batches run as CUDA graphs (--cuda-graphs; docs/training.md, "CUDA
 // graphs"). on: from the first step. off: never. auto, where graphs can run (a GPU, no SyncBN, no
@@ -27,6 +33,10 @@ class GraphsChoice {
   // every rank of the run.
   GraphsChoice(const std::string& mode, bool possible, PipelineEngine& engine, Communicator& mpi,
                const torch::Device& device);
+  // auto's rule, on the slowest rank's step times: graphs stay if they are more than kMargin faster.
+  static bool graphs_pay(double graph_seconds, double eager_seconds) {
+    return graph_seconds < (1.0 - kMargin) * eager_seconds;
+  }
   // How the start-up line names the choice: "", "CUDA graphs" or "CUDA graphs: auto".
   std::string describe() const;
   // Around each step of the run (collective at the end of the trial): sets the engine's mode for
@@ -44,7 +54,7 @@ class GraphsChoice {
   Phase phase_ = Phase::kFixed;
   int steps_in_phase_ = 0;
   double eager_seconds_ = 0.0, graph_seconds_ = 0.0;  // summed over the timed steps
-  double step_start_ = 0.0;
+  std::chrono::steady_clock::time_point step_start_;
 };
 
 }  // namespace myriad

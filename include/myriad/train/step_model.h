@@ -39,6 +39,9 @@ struct StepShape {
   int64_t bucket_bytes = int64_t{25} << 20;
   double backbone_seconds = 0.0;  // forward + backward of batch_per_rank images
   double activation_bytes = 0.0;  // what the backbone keeps from forward to backward
+  // The part of the gradient all-reduce that backward did not hide, where it was measured (the
+  // doctor runs the training step on the real links); negative: modelled (predict_step).
+  double measured_exposed_all_reduce = -1.0;
 };
 
 // The step `config` describes on `ranks` ranks, with C = `num_classes` and a backbone of
@@ -90,7 +93,8 @@ struct StepCost {
 // and embedding element, the row read and its GEMM copy written, and the fused update reading and
 // writing the row and its state and reading its float32 gradient. Three GEMMs when the logits are
 // cached, four (and a second pass over the rows) when backward recomputes them. The backbone's
-// all-reduce overlaps backward (two thirds of the backbone's time) except for its last bucket.
+// all-reduce overlaps backward (two thirds of the backbone's time) except for its last bucket,
+// unless the shape holds a measured exposure.
 StepCost predict_step(const StepShape& shape, const StepRates& rates);
 
 }  // namespace myriad

@@ -17,9 +17,12 @@
 #include "myriad/comm/process_context.h"
 #include "myriad/data/hdf5_image_dataset.h"
 #include "myriad/model/backbone.h"
+#include "myriad/train/gradient_sync.h"
+#include "myriad/train/graphs_choice.h"
 #include "myriad/train/pipeline.h"
 #include "myriad/train/step_model.h"
 #include "myriad/util/check_mpi.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/format.h"
@@ -99,31 +102,103 @@ Findings check_on_every_rank(const Survey& s, const std::string& what, Work&& wo
 
 struct Profile {
   int64_t params = 0;
-  double seconds = 0.0;           // forward + backward of --batch-size images
   double activation_bytes = 0.0;  // at --batch-size
 };
 
-// A few forward and backward passes of the configured backbone on this rank's device.
-Profile profile_backbone(const TrainConfig& config, const torch::Device& device,
-                         int64_t profile_batch) {
+// The configured backbone, as myriad-train builds it on `device` (training mode).
+std::shared_ptr<Backbone> training_backbone(const TrainConfig& config,
+                                            const torch::Device& device) {
   const std::shared_ptr<Backbone> backbone = make_backbone(backbone_options(config));
   backbone->to(device);
   backbone->set_channels_last(use_channels_last(config, device));
   backbone->train();
+  return backbone;
+}
+
+std::optional<torch::ScalarType> autocast_of(const TrainConfig& config) {
+  if (config.precision == "fp32") return std::nullopt;
+  return parse_float_dtype(config.precision);
+}
+
+// The backbone's size and what its forward keeps for backward (block by block, as the pipeline
+// balancer measures it), scaled from `profile_batch` images to --batch-size.
+Profile profile_backbone(const TrainConfig& config, const torch::Device& device,
+                         int64_t profile_batch) {
+  const std::shared_ptr<Backbone> backbone = training_backbone(config, device);
   Profile p;
   for (const torch::Tensor& t : backbone->parameters()) p.params += t.numel();
   const Activations sample{
       torch::randn({profile_batch, config.input.channels, config.input.height, config.input.width}),
       torch::arange(profile_batch, torch::kInt64), torch::Tensor()};
-  std::optional<torch::ScalarType> autocast;
-  if (config.precision != "fp32") autocast = parse_float_dtype(config.precision);
   const double scale = static_cast<double>(config.batch_size) / static_cast<double>(profile_batch);
-  for (const BlockCost& cost :
-       profile_blocks(*backbone, sample, device, autocast, parameter_state_factor(config))) {
-    p.seconds += cost.seconds * scale;
+  for (const BlockCost& cost : profile_blocks(*backbone, sample, device, autocast_of(config),
+                                              parameter_state_factor(config))) {
     p.activation_bytes += cost.activation_bytes * scale;
   }
   return p;
+}
+
+// This rank's backbone step as myriad-train runs it: the PipelineEngine of one stage over
+// `profile_batch` images (--micro-batches of them), its gradients bucketed and all-reduced among
+// all ranks on a communicator of their own (a collective call), timed over
+// GraphsChoice::kTrialSteps steps after a first one, as --cuda-graphs auto times them: eagerly,
+// and where graphs can run, replaying the graphs a further step recorded. Seconds per step, and
+// of them what the all-reduce added after backward.
+struct StepTimes {
+  double eager = 0.0, eager_exposed = 0.0;
+  double graphs = 0.0, graphs_exposed = 0.0;  // zero: not measured
+};
+
+StepTimes time_training_steps(const Survey& s, int64_t profile_batch) {
+  const TrainConfig& config = s.config;
+  const torch::Device& device = s.device;
+  const std::shared_ptr<Backbone> backbone = training_backbone(config, device);
+  PipelineLayout layout =
+      pipeline_layout(s.context.size(), s.context.rank(), 1, config.micro_batches);
+  layout.cut = {0, backbone->num_blocks()};
+  // The synchroniser outlives the engine: graphs that recorded its all-reduces go first.
+  std::unique_ptr<GradientSynchronizer> sync;
+  PipelineEngine engine(layout, *backbone, nullptr, device, autocast_of(config),
+                        config.embedding_size);
+  engine.place_stage();
+  sync = std::make_unique<GradientSynchronizer>(engine.stage_parameters(), s.comms->create(device),
+                                                config.bucket_bytes,
+                                                parse_float_dtype(config.grad_comm_dtype));
+  const auto on_device = torch::TensorOptions().device(device);
+  const torch::Tensor images = torch::randn(
+      {profile_batch, config.input.channels, config.input.height, config.input.width}, on_device);
+  const torch::Tensor keys = torch::arange(profile_batch, on_device.dtype(torch::kInt64));
+  const torch::Tensor labels = torch::zeros({profile_batch}, on_device.dtype(torch::kInt64));
+  const torch::Tensor direction = torch::randn({profile_batch, config.embedding_size}, on_device);
+  // The classifier's place: a loss whose gradient reaches every embedding.
+  const auto classify = [&](const torch::Tensor& embeddings, const torch::Tensor&) {
+    const torch::Tensor loss = (embeddings * direction.narrow(0, 0, embeddings.size(0))).sum();
+    loss.backward();
+    return loss.detach();
+  };
+  const auto step = [&] {
+    engine.train_step(images, keys, labels, classify, *sync);
+    sync->finish();
+    sync->clear_gradients();
+  };
+  // Seconds per step over the trial, and the exposed all-reduce of its last step.
+  const auto trial = [&](double& seconds, double& exposed) {
+    synchronize_device(device);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < GraphsChoice::kTrialSteps; ++i) step();
+    synchronize_device(device);
+    seconds = seconds_since(start) / GraphsChoice::kTrialSteps;
+    exposed = 1e-3 * sync->last_stats().exposed_ms;
+  };
+  StepTimes times;
+  step();  // cuDNN's search, NCCL's first collectives
+  trial(times.eager, times.eager_exposed);
+  if (config.cuda_graphs != "off" && cuda_graphs_possible(config, device)) {
+    engine.use_cuda_graphs(true);
+    step();  // records (and falls back to eager, on every rank, when memory runs out)
+    if (engine.cuda_graphs()) trial(times.graphs, times.graphs_exposed);
+  }
+  return times;
 }
 
 // The rows of the classifier's GEMM measurement: a chunk of classes whose logits take at most
@@ -340,7 +415,6 @@ Findings check_compute(Survey& s) {
       });
   release_cached_memory(s.device);
   s.backbone_params = profile.params;
-  s.backbone_seconds = per_rank(s.context, profile.seconds);
   s.activation_bytes = per_rank(s.context, profile.activation_bytes);
   s.gemm_rate = per_rank(s.context, gemm_rate);
   s.memory_rate = per_rank(s.context, memory_rate);
@@ -372,6 +446,34 @@ Findings check_network(Survey& s) {
   s.world_all_reduce = lowest(per_rank(s.context, among.all_reduce_busbw));
   s.world_all_gather = lowest(per_rank(s.context, among.all_gather_busbw));
   s.world_latency = highest(per_rank(s.context, small.all_reduce_seconds));
+  return {};
+}
+
+Findings check_step(Survey& s) {
+  if (lowest(s.gemm_rate) <= 0.0) {
+    // The profile failed (check_compute said where): the step would fail the same way.
+    s.backbone_seconds.assign(static_cast<size_t>(s.context.size()), 0.0);
+    return {};
+  }
+  // The all-reduces inside make this collective: a rank's failure ends the run as a failed
+  // collective does, rather than being gathered rank by rank.
+  const StepTimes own = time_training_steps(s, s.profile_batch);
+  release_cached_memory(s.device);
+  const double scale = static_cast<double>(s.config.batch_size) / static_cast<double>(s.profile_batch);
+  const std::vector<double> eager = per_rank(s.context, own.eager);
+  const std::vector<double> graphs = per_rank(s.context, own.graphs);
+  s.eager_step = highest(eager) * scale;
+  s.graphs_step = lowest(graphs) > 0.0 ? highest(graphs) * scale : 0.0;
+  // --cuda-graphs' choice, as the run takes it from the slowest rank's steps.
+  s.graphs = s.graphs_step > 0.0 &&
+             (s.config.cuda_graphs == "on" || GraphsChoice::graphs_pay(s.graphs_step, s.eager_step));
+  // The slowest rank's compute, and the rest of the slowest step as the all-reduce's exposed part
+  // (a faster rank's exposure includes its wait for the slowest one, which compute counts).
+  const double step = s.graphs ? own.graphs : own.eager;
+  const double exposed = s.graphs ? own.graphs_exposed : own.eager_exposed;
+  s.backbone_seconds = per_rank(s.context, (step - exposed) * scale);
+  s.exposed_all_reduce =
+      std::max(0.0, (s.graphs ? s.graphs_step : s.eager_step) - highest(s.backbone_seconds));
   return {};
 }
 

@@ -67,7 +67,6 @@ struct Survey {
   // check_compute: this rank's backbone, then the measures of every rank.
   int64_t profile_batch = 0;
   int64_t backbone_params = 0;
-  std::vector<double> backbone_seconds;  // forward + backward of --batch-size images
   std::vector<double> activation_bytes;  // at --batch-size
   std::vector<double> gemm_rate;
   std::vector<double> memory_rate;
@@ -83,6 +82,14 @@ struct Survey {
   double world_all_gather = 0.0;
   double world_latency = 0.0;  // seconds of a small all-reduce on the slowest rank
   std::vector<HostLink> links;
+  // check_step: myriad-train's backbone step at --batch-size, on the slowest rank: eager, and
+  // replaying CUDA graphs (zero where they cannot run); whether the run takes graphs; per rank
+  // the step without the all-reduce's exposed part, and that part.
+  double eager_step = 0.0;
+  double graphs_step = 0.0;
+  bool graphs = false;
+  std::vector<double> backbone_seconds;
+  double exposed_all_reduce = 0.0;
   // check_memory, per rank: bytes free and bytes the configuration needs.
   std::vector<double> free_memory;
   std::vector<double> needed_memory;
@@ -95,6 +102,7 @@ Findings check_run_directory(Survey& s);  // --run-dir and --checkpoint-dir shar
 Findings check_data(Survey& s);           // the classes; the data file opens on every host
 Findings check_compute(Survey& s);        // the backbone's profile, GEMM and memory rates
 Findings check_network(Survey& s);        // bandwidth within hosts, among ranks, between hosts
+Findings check_step(Survey& s);           // the backbone's training step, eager and as graphs
 Findings check_memory(Survey& s);         // the configuration fits every rank's memory
 Findings check_links(Survey& s);          // no host's link is much slower than the others'
 
@@ -102,6 +110,6 @@ Findings check_links(Survey& s);          // no host's link is much slower than 
 using Check = Findings (*)(Survey&);
 inline constexpr Check kChecks[] = {check_devices, check_interfaces, check_run_directory,
                                     check_data,    check_compute,    check_network,
-                                    check_memory,  check_links};
+                                    check_step,    check_memory,     check_links};
 
 }  // namespace myriad

@@ -25,6 +25,7 @@ Prediction predict(const Survey& s) {
   StepShape shape = step_shape(s.config, s.context.size(), s.classes, s.backbone_params);
   shape.backbone_seconds = *std::max_element(s.backbone_seconds.begin(), s.backbone_seconds.end());
   shape.activation_bytes = *std::max_element(s.activation_bytes.begin(), s.activation_bytes.end());
+  shape.measured_exposed_all_reduce = s.exposed_all_reduce;
   Prediction p;
   p.rates.gemm_flops = *std::min_element(s.gemm_rate.begin(), s.gemm_rate.end());
   p.rates.memory_bandwidth = *std::min_element(s.memory_rate.begin(), s.memory_rate.end());
@@ -76,20 +77,28 @@ void print_bandwidth(const Survey& s) {
   }
 }
 
+// How the backbone's step was measured: "CUDA graphs (21.0 ms replayed, 25.3 ms eager)".
+std::string step_mode(const Survey& s) {
+  if (s.graphs_step <= 0.0) return str_format("eager, {:.1f} ms", 1e3 * s.eager_step);
+  return str_format("{} ({:.1f} ms replayed, {:.1f} ms eager{})",
+                    s.graphs ? "CUDA graphs" : "eager", 1e3 * s.graphs_step, 1e3 * s.eager_step,
+                    s.config.cuda_graphs == "auto" ? ": --cuda-graphs auto's choice" : "");
+}
+
 void print_prediction(const Survey& s, const StepCost& cost) {
   const TrainConfig& config = s.config;
   std::printf(
       "# predicted step for this configuration (%s, C = %s, %lld per rank, %s, gradients in "
-      "%s): %.1f ms = backbone %.1f (profiled at %lld images, slowest rank) + classifier %.1f "
-      "(GEMM %.1f, memory traffic %.1f) + exposed all-reduce %.1f (of %.1f: %s) + features "
-      "%.1f + softmax statistics %.1f\n",
+      "%s): %.1f ms = backbone %.1f (myriad-train's step at %lld images, slowest rank: %s) + "
+      "classifier %.1f (GEMM %.1f, memory traffic %.1f) + exposed all-reduce %.1f (measured; "
+      "of a modelled %.1f for %s) + features %.1f + softmax statistics %.1f\n",
       config.backbone.c_str(), classes_text(s.classes).c_str(),
       static_cast<long long>(config.batch_size), config.precision.c_str(),
       config.grad_comm_dtype.c_str(), 1e3 * cost.step, 1e3 * cost.backbone,
-      static_cast<long long>(s.profile_batch), 1e3 * cost.classifier(), 1e3 * cost.classifier_gemm,
-      1e3 * cost.classifier_memory, 1e3 * cost.exposed_all_reduce, 1e3 * cost.grad_all_reduce,
-      format_bytes(cost.grad_all_reduce_bytes).c_str(), 1e3 * cost.feature_comm,
-      1e3 * cost.stats_comm);
+      static_cast<long long>(s.profile_batch), step_mode(s).c_str(), 1e3 * cost.classifier(),
+      1e3 * cost.classifier_gemm, 1e3 * cost.classifier_memory, 1e3 * cost.exposed_all_reduce,
+      1e3 * cost.grad_all_reduce, format_bytes(cost.grad_all_reduce_bytes).c_str(),
+      1e3 * cost.feature_comm, 1e3 * cost.stats_comm);
   std::printf(
       "# predicted memory per rank: %s = classifier weight %s + optimizer state %s + workspace "
       "%s + backbone state %s + activations %s%s\n",
