@@ -25,8 +25,7 @@ constexpr int kModelIrVersion = 1, kModelProducerName = 2, kModelProducerVersion
 constexpr int kOpsetVersion = 2;
 constexpr int kGraphNode = 1, kGraphName = 2, kGraphInitializer = 5, kGraphInput = 11,
               kGraphOutput = 12;
-constexpr int kNodeInput = 1, kNodeOutput = 2, kNodeName = 3, kNodeOpType = 4,
-              kNodeAttribute = 5;
+constexpr int kNodeInput = 1, kNodeOutput = 2, kNodeName = 3, kNodeOpType = 4, kNodeAttribute = 5;
 constexpr int kAttributeName = 1, kAttributeF = 2, kAttributeI = 3, kAttributeInts = 8,
               kAttributeType = 20;
 constexpr int kTensorDims = 1, kTensorDataType = 2, kTensorName = 8, kTensorRawData = 9,
@@ -118,12 +117,11 @@ std::string OnnxGraph::node(const std::string& op, const std::string& name,
 void OnnxGraph::set_output(const std::string& value, const std::string& name,
                            std::vector<int64_t> shape) {
   // The producing node's output takes the graph output's name, so no Identity node is needed.
-  auto producer = std::find_if(nodes_.begin(), nodes_.end(),
-                               [&](const Node& n) { return n.output == value; });
+  auto producer =
+      std::find_if(nodes_.begin(), nodes_.end(), [&](const Node& n) { return n.output == value; });
   MYRIAD_CHECK(producer != nodes_.end(), "ONNX graph: no node computes '{}'", value);
   producer->output = unique(name);
-  for (Node& n : nodes_)
-    std::replace(n.inputs.begin(), n.inputs.end(), value, producer->output);
+  for (Node& n : nodes_) std::replace(n.inputs.begin(), n.inputs.end(), value, producer->output);
   output_name_ = producer->output;
   output_shape_ = std::move(shape);
 }
@@ -134,7 +132,9 @@ int64_t OnnxGraph::initializer_bytes() const {
   return total;
 }
 
-bool OnnxGraph::needs_external_data() const { return initializer_bytes() > kInlineLimit; }
+bool OnnxGraph::needs_external_data() const {
+  return initializer_bytes() > kInlineLimit;
+}
 
 void OnnxGraph::write(const std::string& path, const std::string& data_path,
                       const std::string& data_location) const {
@@ -147,7 +147,8 @@ void OnnxGraph::write(const std::string& path, const std::string& data_path,
     node.add_bytes(field::kNodeOutput, n.output);
     node.add_bytes(field::kNodeName, n.name);
     node.add_bytes(field::kNodeOpType, n.op);
-    for (const OnnxAttribute& a : n.attributes) node.add_message(field::kNodeAttribute, attribute(a));
+    for (const OnnxAttribute& a : n.attributes)
+      node.add_message(field::kNodeAttribute, attribute(a));
     graph.add_message(field::kGraphNode, node);
   }
   graph.add_bytes(field::kGraphName, "myriad");
@@ -166,10 +167,9 @@ void OnnxGraph::write(const std::string& path, const std::string& data_path,
     const int64_t bytes = i.value.nbytes();
     uint64_t size = t.size();
     if (external) {
-      const std::pair<const char*, std::string> entries[] = {
-          {"location", data_location},
-          {"offset", std::to_string(offset)},
-          {"length", std::to_string(bytes)}};
+      const std::pair<const char*, std::string> entries[] = {{"location", data_location},
+                                                             {"offset", std::to_string(offset)},
+                                                             {"length", std::to_string(bytes)}};
       for (const auto& [key, value] : entries) {
         ProtoMessage entry;
         entry.add_bytes(field::kEntryKey, key);
@@ -268,7 +268,9 @@ const T* alternative(const Variant& v) {
 #endif
 }
 
-std::vector<int64_t> pair_of(const torch::ExpandingArray<2>& a) { return {(*a)[0], (*a)[1]}; }
+std::vector<int64_t> pair_of(const torch::ExpandingArray<2>& a) {
+  return {(*a)[0], (*a)[1]};
+}
 
 // ONNX pads of a symmetric 2-D padding: begins, then ends.
 std::vector<int64_t> pads_of(const torch::ExpandingArray<2>& a) {
@@ -316,8 +318,9 @@ std::string batch_norm(OnnxGraph& g, const std::string& x, const BatchNormImpl& 
   const auto [scale, shift] = bn_affine(bn);
   const std::vector<int64_t> shape =
       spatial ? std::vector<int64_t>{-1, 1, 1} : std::vector<int64_t>{-1};
-  const std::string y = g.node(
-      "Mul", name + ".scale", {x, g.constant(name + ".scale", scale.to(torch::kFloat32).view(shape))});
+  const std::string y =
+      g.node("Mul", name + ".scale",
+             {x, g.constant(name + ".scale", scale.to(torch::kFloat32).view(shape))});
   return g.node("Add", name + ".shift",
                 {y, g.constant(name + ".shift", shift.to(torch::kFloat32).view(shape))});
 }

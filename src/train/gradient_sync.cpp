@@ -197,8 +197,7 @@ void GradientSynchronizer::launch(Bucket& bucket) {
 #endif
   const auto start = std::chrono::steady_clock::now();
   all_reduce(bucket);
-  bucket.host_ms =
-      1e3 * seconds_since(start);
+  bucket.host_ms = 1e3 * seconds_since(start);
 }
 
 void GradientSynchronizer::all_reduce(Bucket& bucket) {
@@ -336,8 +335,7 @@ void GradientSynchronizer::GraphBackward::join() {
   sync_.cuda_->all_done.record(current);
 }
 #else
-GradientSynchronizer::GraphBackward::GraphBackward(GradientSynchronizer& sync, bool)
-    : sync_(sync) {
+GradientSynchronizer::GraphBackward::GraphBackward(GradientSynchronizer& sync, bool) : sync_(sync) {
   MYRIAD_THROW("CUDA graphs need a build with CUDA");
 }
 GradientSynchronizer::GraphBackward::~GraphBackward() = default;

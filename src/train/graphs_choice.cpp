@@ -64,8 +64,8 @@ void GraphsChoice::after_step() {
 
 void GraphsChoice::decide() {
   // The slowest rank's steps, in ms: every rank then takes the same decision.
-  torch::Tensor ms = torch::tensor({eager_seconds_, graph_seconds_}, torch::kFloat64) *
-                     (1e3 / kTrialSteps);
+  torch::Tensor ms =
+      torch::tensor({eager_seconds_, graph_seconds_}, torch::kFloat64) * (1e3 / kTrialSteps);
   mpi_.all_reduce(ms, ReduceOp::kMax);
   const double eager = ms[0].item<double>(), graphs = ms[1].item<double>();
   const bool pay = graphs_pay(graphs, eager);

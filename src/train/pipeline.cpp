@@ -431,9 +431,9 @@ void PipelineEngine::use_cuda_graphs(bool on) {
 
 std::unique_ptr<StageGraphs> PipelineEngine::make_graphs() {
   const int m_count = layout_.micro_batches;
-  const int slots = graph_slots_ = static_cast<int>(
-      micro_batches_in_flight(layout_.schedule, layout_.stages, m_count)
-          .at(static_cast<size_t>(layout_.stage)));
+  const int slots = graph_slots_ =
+      static_cast<int>(micro_batches_in_flight(layout_.schedule, layout_.stages, m_count)
+                           .at(static_cast<size_t>(layout_.stage)));
   // Micro-batch m runs in slot m % slots; the step's last backward pass is GPipe's first
   // micro-batch and 1F1B's last.
   const int last = layout_.schedule == PipelineSchedule::k1F1B ? m_count - 1 : 0;
@@ -443,8 +443,8 @@ std::unique_ptr<StageGraphs> PipelineEngine::make_graphs() {
     (m == last ? use.last_pass : use.other_passes) = true;
   }
   return std::make_unique<StageGraphs>(backbone_, layout_.begin_block(), layout_.end_block(),
-                                       autocast_, stage_parameters(),
-                                       !layout_.first(), layout_.last(), std::move(uses));
+                                       autocast_, stage_parameters(), !layout_.first(),
+                                       layout_.last(), std::move(uses));
 }
 
 // Every forward, each micro-batch sent on as soon as it is computed; the classifier once on the

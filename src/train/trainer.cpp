@@ -31,6 +31,7 @@
 #include "myriad/train/metrics_log.h"
 #include "myriad/train/multi_tensor_optimizer.h"
 #include "myriad/train/pipeline.h"
+#include "myriad/train/progress_report.h"
 #include "myriad/train/straggler_report.h"
 #include "myriad/train/training_checkpoint.h"
 #include "myriad/util/atomic_output.h"
@@ -51,13 +52,6 @@ namespace myriad {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string duration_text(double seconds) {
-  const int64_t s = static_cast<int64_t>(seconds + 0.5);
-  if (s >= 3600) return str_format("{}h{:02}m", s / 3600, (s / 60) % 60);
-  if (s >= 60) return str_format("{}m{:02}s", s / 60, s % 60);
-  return str_format("{}s", s);
-}
 
 // Opens an HDF5 set on every rank; if any rank cannot (a file missing on one node), all fail.
 std::shared_ptr<const ImageSource> open_dataset(const ProcessContext& context,
@@ -132,8 +126,6 @@ class Run {
   TrainingState training_state();
   void resume();
   void checkpoint(int64_t steps_done, const DataPosition& next);
-  void log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, double lr);
-  nlohmann::json log_pipeline(double step_seconds);
   // The keys of this replica's samples of `batch` (Activations::keys).
   torch::Tensor sample_keys(const Batch& batch) const;
   // The ranks holding this rank's pipeline stage (all ranks with one stage).
@@ -158,7 +150,7 @@ class Run {
   std::unique_ptr<GradientSynchronizer> sync_;
   std::unique_ptr<PipelineEngine> engine_;
   // The balancer's forward + backward ms per micro-batch of each stage (when it profiled), which
-  // the pipeline log sets beside the measured ones.
+  // the progress report sets beside the measured ones.
   std::vector<double> predicted_stage_ms_;
   std::vector<torch::Tensor> params_;  // this stage's trainable parameters
   std::unique_ptr<ShardedMarginSoftmax> classifier_;
@@ -181,11 +173,7 @@ class Run {
   StopFile stop_file_;
   int64_t start_step_ = 0;
   DataPosition start_position_;
-  // Progress since the last log record.
-  Clock::time_point window_start_;
-  int64_t window_steps_ = 0;
-  double window_data_seconds_ = 0.0;
-  Clock::time_point run_start_;
+  std::optional<ProgressReport> progress_;  // once the parts it reads exist
 };
 
 Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_ini)
@@ -309,6 +297,10 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
     loader_ = std::make_unique<ResidentBatch>(positions, sampler_, device_);
   }
 
+  progress_.emplace(ProgressReport::Sources{
+      c_, device_, context.size(), layout_.replicas, comm_, comms_.mpi(), timer_, *sync_, *engine_,
+      scaler_, stragglers_, static_cast<double>(backbone_->multiply_adds()),
+      std::move(predicted_stage_ms_)});
   int64_t backbone_params = 0;
   for (const torch::Tensor& p : backbone_->parameters()) backbone_params += p.numel();
   const std::string placement = context.placement(device_);
@@ -318,8 +310,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       placement, c_.precision, config.precision == "auto" ? " (--precision auto)" : "", c_.backbone,
       backbone_params / 1e6, backbone_->multiply_adds() / 1e9,
       backbone_->channels_last() ? "channels-last" : "NCHW",
-      graphs_->describe().empty() ? "" : ", " + graphs_->describe(),
-      sync_->bucket_count(),
+      graphs_->describe().empty() ? "" : ", " + graphs_->describe(), sync_->bucket_count(),
       c_.grad_comm_dtype == "fp32" ? "" : ", all-reduced in " + c_.grad_comm_dtype, classes_,
       classifier_->partition().size(context.rank()), c_.margin.describe());
   log_info(
@@ -553,126 +544,6 @@ torch::Tensor Run::sample_keys(const Batch& batch) const {
                        torch::dtype(torch::kInt64).device(device_));
 }
 
-void Run::log_progress(int64_t step, int64_t epoch, const torch::Tensor& loss, double lr) {
-  const double loss_value = loss.item<double>();
-  const double elapsed = seconds_since(window_start_);
-  const double samples_per_sec = window_steps_ * c_.batch_size * layout_.replicas / elapsed;
-  std::map<std::string, double> phases = timer_.totals();
-  timer_.reset();
-  const GradientSyncStats sync = sync_->last_stats();
-  const double step_ms = 1e3 * elapsed / window_steps_;
-  const double data_ms = 1e3 * window_data_seconds_ / window_steps_;
-  for (auto& [name, ms] : phases) ms /= window_steps_;
-  const double hidden =
-      sync.all_reduce_ms > 0 ? std::max(0.0, 1.0 - sync.exposed_ms / sync.all_reduce_ms) : 1.0;
-  const double eta = (total_steps_ - step - 1) * elapsed / window_steps_;
-  // The backbone's rate per GPU, counted as 2 x multiply-adds and training as 3 x forward.
-  const double tflops = 6.0 * static_cast<double>(backbone_->multiply_adds()) * samples_per_sec /
-                        context_.size() / 1e12;
-  // Every rank's peak: a pipeline's stages hold different blocks, so rank 0's says little. CUDA
-  // graphs keep their activations in pools of their own, where they count as free between
-  // replays: what the allocator holds is then the figure that runs out.
-  const std::vector<int64_t> peaks = comm_.all_gather_counts(
-      engine_->cuda_graphs() ? peak_reserved_device_memory(device_) : peak_device_memory(device_));
-  const int64_t memory = *std::max_element(peaks.begin(), peaks.end());
-  log_info(
-      "step {}/{} epoch {} loss {:.4f} lr {:.4g} | {:.1f} samples/s | {:.1f} ms/step: data {:.1f}, "
-      "forward "
-      "{:.1f}, backward {:.1f}, communication {:.1f} ({:.0f}% of {:.1f} ms hidden), optimizer "
-      "{:.1f} | backbone {:.1f} TFLOP/s per GPU{} | ETA {}",
-      step + 1, total_steps_, epoch, loss_value, lr, samples_per_sec, step_ms, data_ms,
-      phases["forward"], phases["backward"], phases["communication"], 100.0 * hidden,
-      sync.all_reduce_ms, phases["optimizer"], tflops,
-      memory > 0 ? " | peak memory " + format_bytes(static_cast<double>(memory)) +
-                       (peaks.size() > 1 ? " (the most of any rank)" : "")
-                 : "",
-      duration_text(eta));
-  const nlohmann::json pipeline = log_pipeline(elapsed / window_steps_);
-  // fp16: the steps that the device skipped, counted there and read here, with the loss.
-  nlohmann::json loss_scale = nullptr;
-  if (c_.precision == "fp16") {
-    const DynamicLossScaler::Report report = scaler_.take_report();
-    if (report.skipped_steps > 0)
-      log_warn(
-          "{} of the last {} steps had non-finite gradients, and every rank skipped them; "
-          "the loss scale is now {}",
-          report.skipped_steps, window_steps_, report.scale);
-    loss_scale = {{"scale", report.scale}, {"skipped_steps", report.skipped_steps}};
-  }
-  metrics_->write({{"kind", "train"},
-                   {"step", step + 1},
-                   {"epoch", epoch},
-                   {"loss", loss_value},
-                   {"lr", lr},
-                   {"samples_per_sec", samples_per_sec},
-                   {"step_ms", step_ms},
-                   {"time_ms",
-                    {{"data", data_ms},
-                     {"forward", phases["forward"]},
-                     {"backward", phases["backward"]},
-                     {"communication", phases["communication"]},
-                     {"optimizer", phases["optimizer"]}}},
-                   {"all_reduce_ms", sync.all_reduce_ms},
-                   {"communication_hidden", hidden},
-                   {"backbone_tflops_per_gpu", tflops},
-                   {"eta_sec", eta},
-                   {"peak_memory_bytes", memory},
-                   {"peak_memory_bytes_per_rank", peaks},
-                   {"pipeline", pipeline},
-                   {"loss_scale", loss_scale},
-                   {"stragglers", stragglers_.report(step + 1)},
-                   {"elapsed_sec", seconds_since(run_start_)}});
-  window_start_ = Clock::now();
-  window_steps_ = 0;
-  window_data_seconds_ = 0.0;
-}
-
-// With several stages or micro-batches: what each stage computed (busy, not waiting), the bubble
-// that leaves against GPipe's (P - 1) / (M + P - 1), and the bytes sent between stages; logged by
-// rank 0, recorded in the metrics. Collective.
-nlohmann::json Run::log_pipeline(double step_seconds) {
-  const PipelineTimes mine = engine_->take_times();
-  if (layout_.stages == 1 && layout_.micro_batches == 1) return nullptr;
-  torch::Tensor all = torch::tensor({mine.busy_seconds / std::max<int64_t>(mine.steps, 1),
-                                     mine.bytes_sent / std::max<int64_t>(mine.steps, 1)},
-                                    torch::kFloat64);
-  all = comms_.mpi().all_gather(all.view({1, 2})).view({layout_.replicas, layout_.stages, 2});
-  const torch::Tensor per_stage = all.mean(0);  // over replicas
-  std::vector<double> busy_ms;
-  std::string busy_text, per_micro_batch_text, predicted_text;
-  for (int s = 0; s < layout_.stages; ++s) {
-    const char* separator = s == 0 ? "" : ", ";
-    busy_ms.push_back(1e3 * per_stage[s][0].item<double>());
-    busy_text += str_format("{}{:.1f}", separator, busy_ms.back());
-    per_micro_batch_text +=
-        str_format("{}{:.2f}", separator, busy_ms.back() / layout_.micro_batches);
-    if (!predicted_stage_ms_.empty())
-      predicted_text += str_format("{}{:.2f}", separator, predicted_stage_ms_[s]);
-  }
-  const double mean_busy = per_stage.select(1, 0).mean().item<double>();
-  const double bubble = std::max(0.0, 1.0 - mean_busy / step_seconds);
-  const double ideal = static_cast<double>(layout_.stages - 1) /
-                       static_cast<double>(layout_.micro_batches + layout_.stages - 1);
-  const double bytes = per_stage.select(1, 1).sum().item<double>();
-  log_info(
-      "pipeline: {} stage(s) x {} micro-batches ({}), stages busy {} ms of {:.1f} ms per step ({} "
-      "ms per micro-batch{}): bubble {:.0f}% (ideal (P-1)/(M+P-1) = {:.0f}%), {} sent between "
-      "stages per replica and step",
-      layout_.stages, layout_.micro_batches, schedule_name(layout_.schedule), busy_text,
-      1e3 * step_seconds, per_micro_batch_text,
-      predicted_text.empty() ? "" : "; predicted " + predicted_text, 100.0 * bubble, 100.0 * ideal,
-      format_bytes(bytes));
-  nlohmann::json record = {{"stages", layout_.stages},
-                           {"micro_batches", layout_.micro_batches},
-                           {"schedule", schedule_name(layout_.schedule)},
-                           {"stage_busy_ms", busy_ms},
-                           {"bubble", bubble},
-                           {"gpipe_bubble", ideal},
-                           {"bytes_per_step", bytes}};
-  if (!predicted_stage_ms_.empty()) record["predicted_stage_ms"] = predicted_stage_ms_;
-  return record;
-}
-
 void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {
   if (!val_ && pairs_.empty()) return;
   const LocalWork work("an evaluation");
@@ -720,7 +591,7 @@ TrainResult Run::execute() {
   TrainResult result;
   const bool fp16 = c_.precision == "fp16";
   backbone_->train();
-  run_start_ = window_start_ = Clock::now();
+  progress_->start(total_steps_);
   for (int64_t step = start_step_; step < total_steps_; ++step) {
     HangWatchdog::instance().step_started(step);
     graphs_->before_step();
@@ -729,7 +600,7 @@ TrainResult Run::execute() {
     checkpointer_->order_before_step();
     const auto wait_start = Clock::now();
     Batch batch = loader_->next();
-    window_data_seconds_ += seconds_since(wait_start);
+    progress_->add_data_wait(seconds_since(wait_start));
     const double factor = schedule_.factor(step);
     set_learning_rate(*optimizer_, c_.lr * factor);
     classifier_->optimizer().set_lr(c_.classifier_lr * factor);
@@ -780,10 +651,10 @@ TrainResult Run::execute() {
     if (fp16) scaler_.update(overflow);
     graphs_->after_step();
     if (step + 1 == c_.profile_last) set_profiler_capture(device_, false);
-    ++window_steps_;
+    progress_->step_done();
 
     if ((step + 1) % c_.log_every == 0 || step + 1 == total_steps_)
-      log_progress(step, batch.position.epoch, loss, c_.lr * factor);
+      progress_->write(*metrics_, step, batch.position.epoch, loss, c_.lr * factor);
     if (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0 && step + 1 < total_steps_) {
       evaluate(step + 1, batch.position.epoch, result);
     }
@@ -815,8 +686,7 @@ TrainResult Run::execute() {
     }
   }
   evaluate(total_steps_, total_steps_ / sampler_->steps_per_epoch(), result);
-  log_info("done: {} steps in {}", total_steps_,
-           duration_text(seconds_since(run_start_)));
+  progress_->log_done();
   return result;
 }
 

@@ -246,8 +246,7 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
     torch::manual_seed(static_cast<uint64_t>(state.step) * 1000003u +
                        static_cast<uint64_t>(context.rank()));
   }
-  const double seconds =
-      seconds_since(start);
+  const double seconds = seconds_since(start);
   log_info("resumed from {} (step {}, epoch {}) in {:.1f} s", directory, state.step,
            state.position.epoch, seconds);
 }

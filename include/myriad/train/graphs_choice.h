@@ -33,7 +33,8 @@ class GraphsChoice {
   // every rank of the run.
   GraphsChoice(const std::string& mode, bool possible, PipelineEngine& engine, Communicator& mpi,
                const torch::Device& device);
-  // auto's rule, on the slowest rank's step times: graphs stay if they are more than kMargin faster.
+  // auto's rule, on the slowest rank's step times: graphs stay if they are more than kMargin
+  // faster.
   static bool graphs_pay(double graph_seconds, double eager_seconds) {
     return graph_seconds < (1.0 - kMargin) * eager_seconds;
   }

@@ -459,14 +459,15 @@ Findings check_step(Survey& s) {
   // collective does, rather than being gathered rank by rank.
   const StepTimes own = time_training_steps(s, s.profile_batch);
   release_cached_memory(s.device);
-  const double scale = static_cast<double>(s.config.batch_size) / static_cast<double>(s.profile_batch);
+  const double scale =
+      static_cast<double>(s.config.batch_size) / static_cast<double>(s.profile_batch);
   const std::vector<double> eager = per_rank(s.context, own.eager);
   const std::vector<double> graphs = per_rank(s.context, own.graphs);
   s.eager_step = highest(eager) * scale;
   s.graphs_step = lowest(graphs) > 0.0 ? highest(graphs) * scale : 0.0;
   // --cuda-graphs' choice, as the run takes it from the slowest rank's steps.
-  s.graphs = s.graphs_step > 0.0 &&
-             (s.config.cuda_graphs == "on" || GraphsChoice::graphs_pay(s.graphs_step, s.eager_step));
+  s.graphs = s.graphs_step > 0.0 && (s.config.cuda_graphs == "on" ||
+                                     GraphsChoice::graphs_pay(s.graphs_step, s.eager_step));
   // The slowest rank's compute, and the rest of the slowest step as the all-reduce's exposed part
   // (a faster rank's exposure includes its wait for the slowest one, which compute counts).
   const double step = s.graphs ? own.graphs : own.eager;

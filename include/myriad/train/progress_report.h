@@ -1,0 +1,72 @@
+#pragma once
+
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "myriad/train/train_config.h"
+
+namespace myriad {
+
+class Communicator;
+class DynamicLossScaler;
+class GradientSynchronizer;
+class MetricsLog;
+class PhaseTimer;
+class PipelineEngine;
+class StragglerReport;
+
+// The run's progress, one window of --log-every steps at a time (docs/training.md, "Logs and
+// metrics"): the log line (loss, samples/s, the step's phases, the all-reduce hidden, the
+// backbone's TFLOP/s, the peak memory of any rank, the ETA), the pipeline's stage times and
+// bubble, fp16's skipped steps, and the same as one "train" record of metrics.jsonl (and so of
+// TensorBoard), with the straggler report.
+class ProgressReport {
+ public:
+  // What the report reads, all owned by the run and outliving the report.
+  struct Sources {
+    const TrainConfig& config;
+    torch::Device device;
+    int world = 1;       // ranks
+    int replicas = 1;    // data-parallel replicas (ranks / pipeline stages)
+    Communicator& comm;  // all ranks, this device's tensors
+    Communicator& mpi;   // all ranks, CPU tensors
+    PhaseTimer& timer;
+    GradientSynchronizer& sync;
+    PipelineEngine& engine;
+    DynamicLossScaler& scaler;
+    StragglerReport& stragglers;
+    double backbone_multiply_adds = 0.0;  // per image
+    // The balancer's forward + backward ms per micro-batch of each stage, when it profiled.
+    std::vector<double> predicted_stage_ms;
+  };
+  explicit ProgressReport(Sources sources);
+
+  // At the run's first step (of this process: after a resume too).
+  void start(int64_t total_steps);
+  // A step's wait for its batch.
+  void add_data_wait(double seconds) { window_data_seconds_ += seconds; }
+  void step_done() { ++window_steps_; }
+  // Ends the window at `step` (0-based): the log line on rank 0 and the metrics record
+  // (collective: every rank's peak memory and stage times are gathered).
+  void write(MetricsLog& metrics, int64_t step, int64_t epoch, const torch::Tensor& loss,
+             double lr);
+  // The run's last line: "done: N steps in 1h02m".
+  void log_done() const;
+
+ private:
+  // With several stages or micro-batches: the pipeline's part of the line and the record.
+  nlohmann::json pipeline_record(double step_seconds);
+
+  Sources s_;
+  int64_t total_steps_ = 0;
+  std::chrono::steady_clock::time_point run_start_;
+  std::chrono::steady_clock::time_point window_start_;
+  int64_t window_steps_ = 0;
+  double window_data_seconds_ = 0.0;
+};
+
+}  // namespace myriad

@@ -1,0 +1,166 @@
+#include "myriad/train/progress_report.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "myriad/comm/communicator.h"
+#include "myriad/train/gradient_sync.h"
+#include "myriad/train/loss_scaler.h"
+#include "myriad/train/metrics_log.h"
+#include "myriad/train/pipeline.h"
+#include "myriad/train/straggler_report.h"
+#include "myriad/util/clock.h"
+#include "myriad/util/device.h"
+#include "myriad/util/format.h"
+#include "myriad/util/log.h"
+#include "myriad/util/phase_timer.h"
+
+namespace myriad {
+
+namespace {
+
+std::string duration_text(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return str_format("{}h{:02}m", s / 3600, (s / 60) % 60);
+  if (s >= 60) return str_format("{}m{:02}s", s / 60, s % 60);
+  return str_format("{}s", s);
+}
+
+}  // namespace
+
+ProgressReport::ProgressReport(Sources sources) : s_(std::move(sources)) {}
+
+void ProgressReport::start(int64_t total_steps) {
+  total_steps_ = total_steps;
+  run_start_ = window_start_ = std::chrono::steady_clock::now();
+}
+
+void ProgressReport::log_done() const {
+  log_info("done: {} steps in {}", total_steps_, duration_text(seconds_since(run_start_)));
+}
+
+void ProgressReport::write(MetricsLog& metrics, int64_t step, int64_t epoch,
+                           const torch::Tensor& loss, double lr) {
+  const double loss_value = loss.item<double>();
+  const double elapsed = seconds_since(window_start_);
+  const double samples_per_sec = window_steps_ * s_.config.batch_size * s_.replicas / elapsed;
+  std::map<std::string, double> phases = s_.timer.totals();
+  s_.timer.reset();
+  const GradientSyncStats sync = s_.sync.last_stats();
+  const double step_ms = 1e3 * elapsed / window_steps_;
+  const double data_ms = 1e3 * window_data_seconds_ / window_steps_;
+  for (auto& [name, ms] : phases) ms /= window_steps_;
+  const double hidden =
+      sync.all_reduce_ms > 0 ? std::max(0.0, 1.0 - sync.exposed_ms / sync.all_reduce_ms) : 1.0;
+  const double eta = (total_steps_ - step - 1) * elapsed / window_steps_;
+  // The backbone's rate per GPU, counted as 2 x multiply-adds and training as 3 x forward.
+  const double tflops = 6.0 * s_.backbone_multiply_adds * samples_per_sec / s_.world / 1e12;
+  // Every rank's peak: a pipeline's stages hold different blocks, so rank 0's says little. CUDA
+  // graphs keep their activations in pools of their own, where they count as free between
+  // replays: what the allocator holds is then the figure that runs out.
+  const std::vector<int64_t> peaks =
+      s_.comm.all_gather_counts(s_.engine.cuda_graphs() ? peak_reserved_device_memory(s_.device)
+                                                        : peak_device_memory(s_.device));
+  const int64_t memory = *std::max_element(peaks.begin(), peaks.end());
+  log_info(
+      "step {}/{} epoch {} loss {:.4f} lr {:.4g} | {:.1f} samples/s | {:.1f} ms/step: data {:.1f}, "
+      "forward "
+      "{:.1f}, backward {:.1f}, communication {:.1f} ({:.0f}% of {:.1f} ms hidden), optimizer "
+      "{:.1f} | backbone {:.1f} TFLOP/s per GPU{} | ETA {}",
+      step + 1, total_steps_, epoch, loss_value, lr, samples_per_sec, step_ms, data_ms,
+      phases["forward"], phases["backward"], phases["communication"], 100.0 * hidden,
+      sync.all_reduce_ms, phases["optimizer"], tflops,
+      memory > 0 ? " | peak memory " + format_bytes(static_cast<double>(memory)) +
+                       (peaks.size() > 1 ? " (the most of any rank)" : "")
+                 : "",
+      duration_text(eta));
+  const nlohmann::json pipeline = pipeline_record(elapsed / window_steps_);
+  // fp16: the steps that the device skipped, counted there and read here, with the loss.
+  nlohmann::json loss_scale = nullptr;
+  if (s_.config.precision == "fp16") {
+    const DynamicLossScaler::Report report = s_.scaler.take_report();
+    if (report.skipped_steps > 0)
+      log_warn(
+          "{} of the last {} steps had non-finite gradients, and every rank skipped them; "
+          "the loss scale is now {}",
+          report.skipped_steps, window_steps_, report.scale);
+    loss_scale = {{"scale", report.scale}, {"skipped_steps", report.skipped_steps}};
+  }
+  metrics.write({{"kind", "train"},
+                 {"step", step + 1},
+                 {"epoch", epoch},
+                 {"loss", loss_value},
+                 {"lr", lr},
+                 {"samples_per_sec", samples_per_sec},
+                 {"step_ms", step_ms},
+                 {"time_ms",
+                  {{"data", data_ms},
+                   {"forward", phases["forward"]},
+                   {"backward", phases["backward"]},
+                   {"communication", phases["communication"]},
+                   {"optimizer", phases["optimizer"]}}},
+                 {"all_reduce_ms", sync.all_reduce_ms},
+                 {"communication_hidden", hidden},
+                 {"backbone_tflops_per_gpu", tflops},
+                 {"eta_sec", eta},
+                 {"peak_memory_bytes", memory},
+                 {"peak_memory_bytes_per_rank", peaks},
+                 {"pipeline", pipeline},
+                 {"loss_scale", loss_scale},
+                 {"stragglers", s_.stragglers.report(step + 1)},
+                 {"elapsed_sec", seconds_since(run_start_)}});
+  window_start_ = std::chrono::steady_clock::now();
+  window_steps_ = 0;
+  window_data_seconds_ = 0.0;
+}
+
+// With several stages or micro-batches: what each stage computed (busy, not waiting), the bubble
+// that leaves against GPipe's (P - 1) / (M + P - 1), and the bytes sent between stages; logged by
+// rank 0, recorded in the metrics. Collective.
+nlohmann::json ProgressReport::pipeline_record(double step_seconds) {
+  const PipelineTimes mine = s_.engine.take_times();
+  const PipelineLayout& layout = s_.engine.layout();
+  if (layout.stages == 1 && layout.micro_batches == 1) return nullptr;
+  torch::Tensor all = torch::tensor({mine.busy_seconds / std::max<int64_t>(mine.steps, 1),
+                                     mine.bytes_sent / std::max<int64_t>(mine.steps, 1)},
+                                    torch::kFloat64);
+  all = s_.mpi.all_gather(all.view({1, 2})).view({layout.replicas, layout.stages, 2});
+  const torch::Tensor per_stage = all.mean(0);  // over replicas
+  std::vector<double> busy_ms;
+  std::string busy_text, per_micro_batch_text, predicted_text;
+  for (int s = 0; s < layout.stages; ++s) {
+    const char* separator = s == 0 ? "" : ", ";
+    busy_ms.push_back(1e3 * per_stage[s][0].item<double>());
+    busy_text += str_format("{}{:.1f}", separator, busy_ms.back());
+    per_micro_batch_text +=
+        str_format("{}{:.2f}", separator, busy_ms.back() / layout.micro_batches);
+    if (!s_.predicted_stage_ms.empty())
+      predicted_text += str_format("{}{:.2f}", separator, s_.predicted_stage_ms[s]);
+  }
+  const double mean_busy = per_stage.select(1, 0).mean().item<double>();
+  const double bubble = std::max(0.0, 1.0 - mean_busy / step_seconds);
+  const double ideal = static_cast<double>(layout.stages - 1) /
+                       static_cast<double>(layout.micro_batches + layout.stages - 1);
+  const double bytes = per_stage.select(1, 1).sum().item<double>();
+  log_info(
+      "pipeline: {} stage(s) x {} micro-batches ({}), stages busy {} ms of {:.1f} ms per step ({} "
+      "ms per micro-batch{}): bubble {:.0f}% (ideal (P-1)/(M+P-1) = {:.0f}%), {} sent between "
+      "stages per replica and step",
+      layout.stages, layout.micro_batches, schedule_name(layout.schedule), busy_text,
+      1e3 * step_seconds, per_micro_batch_text,
+      predicted_text.empty() ? "" : "; predicted " + predicted_text, 100.0 * bubble, 100.0 * ideal,
+      format_bytes(bytes));
+  nlohmann::json record = {{"stages", layout.stages},
+                           {"micro_batches", layout.micro_batches},
+                           {"schedule", schedule_name(layout.schedule)},
+                           {"stage_busy_ms", busy_ms},
+                           {"bubble", bubble},
+                           {"gpipe_bubble", ideal},
+                           {"bytes_per_step", bytes}};
+  if (!s_.predicted_stage_ms.empty()) record["predicted_stage_ms"] = s_.predicted_stage_ms;
+  return record;
+}
+
+}  // namespace myriad
