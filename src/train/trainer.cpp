@@ -31,6 +31,7 @@
 #include "myriad/train/metrics_log.h"
 #include "myriad/train/multi_tensor_optimizer.h"
 #include "myriad/train/pipeline.h"
+#include "myriad/train/pipeline_plan.h"
 #include "myriad/train/progress_report.h"
 #include "myriad/train/straggler_report.h"
 #include "myriad/train/training_checkpoint.h"
@@ -118,8 +119,10 @@ class Run {
   TrainResult execute();
 
  private:
+  void open_data(int64_t global_batch);
   void build_pipeline();
-  std::vector<int64_t> choose_cut();
+  void make_loader();
+  void log_start(int64_t global_batch) const;
   void evaluate(int64_t step, int64_t epoch, TrainResult& result);
   void init_classifier();
   // The state a checkpoint holds, as of now.
@@ -132,7 +135,8 @@ class Run {
   Communicator& stage_comm() { return stage_comm_ ? *stage_comm_ : comm_; }
 
   ProcessContext& context_;
-  TrainConfig c_;  // as given, with --precision resolved for the device
+  TrainConfig c_;                    // as given, with --precision resolved for the device
+  bool precision_was_auto_ = false;  // so the start-up line can say that it was resolved
   torch::Device device_;
   CommFactory comms_;
   Communicator& comm_;
@@ -188,6 +192,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       stragglers_(context),
       store_(config.checkpoint_dir),
       stop_file_(default_stop_file(config.run_dir)) {
+  precision_was_auto_ = c_.precision == "auto";
   c_.precision = resolve_precision(c_.precision, device_);
   MYRIAD_CHECK_COLLECTIVE(c_.precision != "fp16" || device_.is_cuda(),
                           "--precision fp16 needs GPUs");
@@ -201,38 +206,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   // --batch-size is per replica: a pipeline's stages share their replica's batch.
   const int64_t global_batch = c_.batch_size * layout_.replicas;
 
-  if (uses_synthetic_data(c_)) {
-    classes_ = synthetic_classes(c_);
-    const int64_t size =
-        c_.synthetic_size > 0
-            ? c_.synthetic_size
-            : std::max(100 * global_batch, std::min<int64_t>(64 * classes_, int64_t{1} << 22));
-    data_ = std::make_shared<SyntheticDataset>(size, classes_, static_cast<int>(c_.input.channels),
-                                               static_cast<int>(c_.input.height),
-                                               static_cast<int>(c_.input.width), c_.seed);
-  } else {
-    data_ = open_dataset(context, "--data", c_.data);
-    check_shape(data_->info(), c_.input, "--data");
-    classes_ = c_.num_classes > 0 ? c_.num_classes : data_->info().num_classes;
-    MYRIAD_CHECK_COLLECTIVE(classes_ >= data_->info().num_classes,
-                            "--num-classes {} is smaller than the {} classes of '{}'", classes_,
-                            data_->info().num_classes, c_.data);
-  }
-  if (!c_.val_data.empty()) {
-    val_ = open_dataset(context, "--val-data", c_.val_data);
-    check_shape(val_->info(), c_.input, "--val-data");
-    MYRIAD_CHECK_COLLECTIVE(val_->info().num_classes <= classes_,
-                            "'{}' has {} classes, the classifier {}", c_.val_data,
-                            val_->info().num_classes, classes_);
-  }
-  for (const std::string& path : c_.eval_pairs) {
-    auto images = open_dataset(context, "--eval-pairs", path, false);
-    check_shape(images->info(), c_.input, "--eval-pairs");
-    std::vector<bool> issame;
-    on_every_rank(context, str_format("reading the pairs of '{}'", path),
-                  [&] { issame = read_pair_labels(path, images->info().size); });
-    pairs_.emplace_back(std::move(images), std::move(issame));
-  }
+  open_data(global_batch);
 
   // The classifier first: a pipeline's cut must fit beside it in each GPU's memory.
   classifier_ =
@@ -277,6 +251,53 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
                         [this](const nlohmann::json& record) { metrics_->write(record); });
   if (context.rank() == 0 && stop_file_.clear_if_stale())
     log_warn("removed the stop request '{}': it is from before this run", stop_file_.path());
+  make_loader();
+  progress_.emplace(ProgressReport::Sources{
+      c_, device_, context.size(), layout_.replicas, comm_, comms_.mpi(), timer_, *sync_, *engine_,
+      scaler_, stragglers_, static_cast<double>(backbone_->multiply_adds()),
+      std::move(predicted_stage_ms_)});
+  log_start(global_batch);
+}
+
+// The training data (or the synthetic set) and C, the validation set and the verification pairs:
+// opened on every rank, their shapes checked against --input-shape.
+void Run::open_data(int64_t global_batch) {
+  if (uses_synthetic_data(c_)) {
+    classes_ = synthetic_classes(c_);
+    const int64_t size =
+        c_.synthetic_size > 0
+            ? c_.synthetic_size
+            : std::max(100 * global_batch, std::min<int64_t>(64 * classes_, int64_t{1} << 22));
+    data_ = std::make_shared<SyntheticDataset>(size, classes_, static_cast<int>(c_.input.channels),
+                                               static_cast<int>(c_.input.height),
+                                               static_cast<int>(c_.input.width), c_.seed);
+  } else {
+    data_ = open_dataset(context_, "--data", c_.data);
+    check_shape(data_->info(), c_.input, "--data");
+    classes_ = c_.num_classes > 0 ? c_.num_classes : data_->info().num_classes;
+    MYRIAD_CHECK_COLLECTIVE(classes_ >= data_->info().num_classes,
+                            "--num-classes {} is smaller than the {} classes of '{}'", classes_,
+                            data_->info().num_classes, c_.data);
+  }
+  if (!c_.val_data.empty()) {
+    val_ = open_dataset(context_, "--val-data", c_.val_data);
+    check_shape(val_->info(), c_.input, "--val-data");
+    MYRIAD_CHECK_COLLECTIVE(val_->info().num_classes <= classes_,
+                            "'{}' has {} classes, the classifier {}", c_.val_data,
+                            val_->info().num_classes, classes_);
+  }
+  for (const std::string& path : c_.eval_pairs) {
+    auto images = open_dataset(context_, "--eval-pairs", path, false);
+    check_shape(images->info(), c_.input, "--eval-pairs");
+    std::vector<bool> issame;
+    on_every_rank(context_, str_format("reading the pairs of '{}'", path),
+                  [&] { issame = read_pair_labels(path, images->info().size); });
+    pairs_.emplace_back(std::move(images), std::move(issame));
+  }
+}
+
+// The first stage's loader from the resumed position; the other stages follow its positions.
+void Run::make_loader() {
   if (layout_.first()) {
     LoaderOptions lo;
     lo.start = start_position_;
@@ -296,23 +317,22 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
     positions.next = sampler_->advance(start_position_, 1);
     loader_ = std::make_unique<ResidentBatch>(positions, sampler_, device_);
   }
+}
 
-  progress_.emplace(ProgressReport::Sources{
-      c_, device_, context.size(), layout_.replicas, comm_, comms_.mpi(), timer_, *sync_, *engine_,
-      scaler_, stragglers_, static_cast<double>(backbone_->multiply_adds()),
-      std::move(predicted_stage_ms_)});
+// The start-up lines: placement, precision, backbone, graphs, buckets, classes, data and steps.
+void Run::log_start(int64_t global_batch) const {
   int64_t backbone_params = 0;
   for (const torch::Tensor& p : backbone_->parameters()) backbone_params += p.numel();
-  const std::string placement = context.placement(device_);
+  const std::string placement = context_.placement(device_);
   log_info(
       "myriad-train: {}; {}{} (backbone {}, {:.1f}M parameters, {:.2f}G multiply-adds per image, "
       "{}{}, {} gradient buckets{}), {} classes ({} per rank), {}",
-      placement, c_.precision, config.precision == "auto" ? " (--precision auto)" : "", c_.backbone,
+      placement, c_.precision, precision_was_auto_ ? " (--precision auto)" : "", c_.backbone,
       backbone_params / 1e6, backbone_->multiply_adds() / 1e9,
       backbone_->channels_last() ? "channels-last" : "NCHW",
       graphs_->describe().empty() ? "" : ", " + graphs_->describe(), sync_->bucket_count(),
       c_.grad_comm_dtype == "fp32" ? "" : ", all-reduced in " + c_.grad_comm_dtype, classes_,
-      classifier_->partition().size(context.rank()), c_.margin.describe());
+      classifier_->partition().size(context_.rank()), c_.margin.describe());
   log_info(
       "data {} ({} images {}x{}x{}), global batch {} ({} per {}), {} steps per epoch, {} steps",
       data_->info().name, data_->info().size, data_->info().channels, data_->info().height,
@@ -333,7 +353,11 @@ void Run::build_pipeline() {
   backbone_->set_activation_checkpointing(c_.activation_checkpointing);
   // Before the profile, which must time the layout that trains.
   backbone_->set_channels_last(use_channels_last(c_, device_));
-  layout_.cut = choose_cut();
+  PipelinePlan plan =
+      plan_pipeline(c_, *backbone_, comms_.mpi(), context_.rank(), device_, autocast_);
+  layout_.cut = plan.cut;
+  layout_.schedule = plan.schedule;
+  predicted_stage_ms_ = std::move(plan.predicted_stage_ms);
   if (layout_.stages > 1) {
     stage_comm_ = comms_.create_split(device_, layout_.stage, layout_.replica);
     engine_ = std::make_unique<PipelineEngine>(
@@ -360,104 +384,6 @@ void Run::build_pipeline() {
   // Dropout differs between ranks, as in any data-parallel run.
   torch::manual_seed(c_.seed + 1000003 * static_cast<uint64_t>(context_.rank() + 1));
   params_ = engine_->stage_parameters();
-}
-
-// The first block of every stage: all blocks with one stage; a hand cut (--pipeline-split); or
-// the fastest cut that fits in memory under the profile rank 0 takes of every block.
-std::vector<int64_t> Run::choose_cut() {
-  const int64_t blocks = backbone_->num_blocks();
-  const int stages = layout_.stages;
-  MYRIAD_CHECK_COLLECTIVE(blocks >= stages,
-                          "--pipeline-stages {}: backbone {} has only {} blocks to cut", stages,
-                          c_.backbone, blocks);
-  std::vector<int64_t> cut = {0, blocks};
-  if (!c_.pipeline_split.empty()) cut = parse_pipeline_split(c_.pipeline_split, stages, blocks);
-  layout_.schedule =
-      c_.pipeline_schedule == "1f1b" ? PipelineSchedule::k1F1B : PipelineSchedule::kGPipe;
-  const bool profile = c_.pipeline_profile || (stages > 1 && c_.pipeline_split.empty());
-  if (!profile) return cut;
-
-  const int64_t micro_batch = c_.batch_size / c_.micro_batches;
-  torch::Tensor table = torch::zeros({blocks, 3}, torch::kFloat64);
-  if (context_.rank() == 0) {
-    torch::manual_seed(c_.seed);
-    const Activations sample{
-        torch::randn({micro_batch, c_.input.channels, c_.input.height, c_.input.width}),
-        torch::arange(micro_batch, torch::kInt64), torch::Tensor()};
-    const std::vector<BlockCost> costs =
-        profile_blocks(*backbone_, sample, device_, autocast_, parameter_state_factor(c_));
-    for (int64_t b = 0; b < blocks; ++b) {
-      table[b][0] = costs[b].seconds;
-      table[b][1] = costs[b].activation_bytes;
-      table[b][2] = costs[b].state_bytes;
-    }
-  }
-  // One profile for all: every rank computes the same cut from it.
-  comms_.mpi().broadcast(table, 0);
-  std::vector<BlockCost> costs(static_cast<size_t>(blocks));
-  for (int64_t b = 0; b < blocks; ++b) {
-    costs[b] = {table[b][0].item<double>(), table[b][1].item<double>(), table[b][2].item<double>()};
-  }
-  double memory = static_cast<double>(c_.pipeline_memory);
-  if (memory <= 0) {
-    const DeviceMemory device = device_memory(device_);
-    memory = device.total > 0 ? 0.9 * static_cast<double>(device.free) -
-                                    static_cast<double>(c_.classifier_workspace)
-                              : std::numeric_limits<double>::infinity();
-  }
-  // The fastest cut that fits under `schedule` (the hand cut, if it fits), or none.
-  const bool balance = c_.pipeline_split.empty() && stages > 1;
-  const auto fitting = [&](PipelineSchedule schedule) -> std::optional<StageCut> {
-    const std::vector<int64_t> in_flight =
-        micro_batches_in_flight(schedule, stages, c_.micro_batches);
-    if (balance) return balance_stages(costs, in_flight, memory);
-    StageCut given = evaluate_cut(costs, cut, in_flight);
-    const double most = *std::max_element(given.stage_bytes.begin(), given.stage_bytes.end());
-    return most <= memory ? std::optional<StageCut>(given) : std::nullopt;
-  };
-  std::optional<StageCut> best = fitting(layout_.schedule);
-  // auto: GPipe, unless only 1F1B's fewer micro-batches in flight fit (and if neither does, the
-  // error below says what 1F1B would need).
-  if (!best && c_.pipeline_schedule == "auto" && c_.micro_batches > 1) {
-    best = fitting(PipelineSchedule::k1F1B);
-    layout_.schedule = PipelineSchedule::k1F1B;
-    if (best) {
-      log_info(
-          "pipeline schedule 1f1b (--pipeline-schedule auto): with the activations of all {} "
-          "micro-batches held, as GPipe holds them, no cut fits in {} per GPU",
-          c_.micro_batches, format_bytes(memory));
-    }
-  }
-  const std::vector<int64_t> in_flight =
-      micro_batches_in_flight(layout_.schedule, stages, c_.micro_batches);
-  if (balance) {
-    MYRIAD_CHECK_COLLECTIVE(
-        best.has_value(),
-        "no cut of {}'s {} blocks into {} stages fits in {} per GPU, with the activations of {} "
-        "micro-batches of {} samples held ({}): use more stages, a smaller --batch-size{}, or "
-        "--activation-checkpointing",
-        c_.backbone, blocks, stages, format_bytes(memory), in_flight.front(), micro_batch,
-        schedule_name(layout_.schedule),
-        c_.pipeline_schedule == "gpipe" && c_.micro_batches > 1 ? ", --pipeline-schedule 1f1b"
-                                                                : "");
-    cut = best->cut;
-  }
-  const StageCut chosen = evaluate_cut(costs, cut, in_flight);
-  for (const double seconds : chosen.stage_seconds) predicted_stage_ms_.push_back(1e3 * seconds);
-  if (c_.pipeline_profile) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      log_info("block {} {}: {:.2f} ms forward+backward, {} activations, {} state", b,
-               backbone_->block_name(b), 1e3 * costs[b].seconds,
-               format_bytes(costs[b].activation_bytes), format_bytes(costs[b].state_bytes));
-    }
-  }
-  for (int s = 0; s < stages; ++s) {
-    log_info(
-        "pipeline stage {}: blocks [{}, {}) ({} to {}), predicted {:.2f} ms per micro-batch, {}", s,
-        cut[s], cut[s + 1], backbone_->block_name(cut[s]), backbone_->block_name(cut[s + 1] - 1),
-        1e3 * chosen.stage_seconds[s], format_bytes(chosen.stage_bytes[s]));
-  }
-  return cut;
 }
 
 void Run::open_outputs() {

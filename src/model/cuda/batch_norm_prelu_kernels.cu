@@ -11,8 +11,12 @@
 // channels % kVector == 0 and 16-byte aligned data (every IResNet width), otherwise one element.
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "batch_norm_prelu_kernels.h"
@@ -293,11 +297,30 @@ __global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x,
       });
 }
 
+void check_query(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string("batch-norm kernels: ") + what + " failed: " +
+                             cudaGetErrorString(status));
+  }
+}
+
+// The current device's multiprocessors, asked of the driver once per device: every launch sizes
+// its grid with it, and batch_norm_partials() its buffer, so the two must agree (a guessed count
+// could make the buffer too small for the launch).
 int multiprocessors() {
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return 108;
+  constexpr int kMaxDevices = 64;
+  static std::array<std::atomic<int>, kMaxDevices> counts{};
+  int device = 0;
+  check_query(cudaGetDevice(&device), "cudaGetDevice");
+  if (device < 0 || device >= kMaxDevices) {
+    throw std::runtime_error("batch-norm kernels: device index " + std::to_string(device) +
+                             " is beyond the " + std::to_string(kMaxDevices) + " supported");
+  }
+  int count = counts[device].load(std::memory_order_relaxed);
+  if (count == 0) {
+    check_query(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
+                "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
+    counts[device].store(count, std::memory_order_relaxed);
   }
   return count;
 }

@@ -1,0 +1,136 @@
+#include "myriad/train/pipeline_plan.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "myriad/comm/communicator.h"
+#include "myriad/model/backbone.h"
+#include "myriad/train/pipeline_balance.h"
+#include "myriad/util/device.h"
+#include "myriad/util/error.h"
+#include "myriad/util/format.h"
+#include "myriad/util/log.h"
+
+namespace myriad {
+
+namespace {
+
+// Every block's cost at one micro-batch, profiled by rank 0 and broadcast: one profile for all.
+std::vector<BlockCost> block_costs(const TrainConfig& c, Backbone& backbone, Communicator& mpi,
+                                   int rank, const torch::Device& device,
+                                   std::optional<torch::ScalarType> autocast) {
+  const int64_t blocks = backbone.num_blocks();
+  const int64_t micro_batch = c.batch_size / c.micro_batches;
+  torch::Tensor table = torch::zeros({blocks, 3}, torch::kFloat64);
+  if (rank == 0) {
+    torch::manual_seed(c.seed);
+    const Activations sample{
+        torch::randn({micro_batch, c.input.channels, c.input.height, c.input.width}),
+        torch::arange(micro_batch, torch::kInt64), torch::Tensor()};
+    const std::vector<BlockCost> costs =
+        profile_blocks(backbone, sample, device, autocast, parameter_state_factor(c));
+    for (int64_t b = 0; b < blocks; ++b) {
+      table[b][0] = costs[b].seconds;
+      table[b][1] = costs[b].activation_bytes;
+      table[b][2] = costs[b].state_bytes;
+    }
+  }
+  mpi.broadcast(table, 0);
+  std::vector<BlockCost> costs(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) {
+    costs[b] = {table[b][0].item<double>(), table[b][1].item<double>(), table[b][2].item<double>()};
+  }
+  return costs;
+}
+
+// What a stage may hold: --pipeline-memory, or 90% of the device's free memory less the
+// classifier's workspace (no limit on the CPU).
+double stage_memory(const TrainConfig& c, const torch::Device& device) {
+  if (c.pipeline_memory > 0) return static_cast<double>(c.pipeline_memory);
+  const DeviceMemory memory = device_memory(device);
+  return memory.total > 0
+             ? 0.9 * static_cast<double>(memory.free) - static_cast<double>(c.classifier_workspace)
+             : std::numeric_limits<double>::infinity();
+}
+
+void log_plan(const TrainConfig& c, const Backbone& backbone, const std::vector<BlockCost>& costs,
+              const std::vector<int64_t>& cut, const StageCut& chosen) {
+  if (c.pipeline_profile) {
+    for (int64_t b = 0; b < backbone.num_blocks(); ++b) {
+      log_info("block {} {}: {:.2f} ms forward+backward, {} activations, {} state", b,
+               backbone.block_name(b), 1e3 * costs[b].seconds,
+               format_bytes(costs[b].activation_bytes), format_bytes(costs[b].state_bytes));
+    }
+  }
+  for (size_t s = 0; s + 1 < cut.size(); ++s) {
+    log_info(
+        "pipeline stage {}: blocks [{}, {}) ({} to {}), predicted {:.2f} ms per micro-batch, {}", s,
+        cut[s], cut[s + 1], backbone.block_name(cut[s]), backbone.block_name(cut[s + 1] - 1),
+        1e3 * chosen.stage_seconds[s], format_bytes(chosen.stage_bytes[s]));
+  }
+}
+
+}  // namespace
+
+PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicator& mpi, int rank,
+                           const torch::Device& device, std::optional<torch::ScalarType> autocast) {
+  const int64_t blocks = backbone.num_blocks();
+  const int stages = c.pipeline_stages;
+  MYRIAD_CHECK_COLLECTIVE(blocks >= stages,
+                          "--pipeline-stages {}: backbone {} has only {} blocks to cut", stages,
+                          c.backbone, blocks);
+  PipelinePlan plan;
+  plan.cut = {0, blocks};
+  if (!c.pipeline_split.empty()) plan.cut = parse_pipeline_split(c.pipeline_split, stages, blocks);
+  plan.schedule =
+      c.pipeline_schedule == "1f1b" ? PipelineSchedule::k1F1B : PipelineSchedule::kGPipe;
+  const bool profile = c.pipeline_profile || (stages > 1 && c.pipeline_split.empty());
+  if (!profile) return plan;
+
+  const std::vector<BlockCost> costs = block_costs(c, backbone, mpi, rank, device, autocast);
+  const double memory = stage_memory(c, device);
+  // The fastest cut that fits under `schedule` (the hand cut, if it fits), or none.
+  const bool balance = c.pipeline_split.empty() && stages > 1;
+  const auto fitting = [&](PipelineSchedule schedule) -> std::optional<StageCut> {
+    const std::vector<int64_t> in_flight =
+        micro_batches_in_flight(schedule, stages, c.micro_batches);
+    if (balance) return balance_stages(costs, in_flight, memory);
+    StageCut given = evaluate_cut(costs, plan.cut, in_flight);
+    const double most = *std::max_element(given.stage_bytes.begin(), given.stage_bytes.end());
+    return most <= memory ? std::optional<StageCut>(given) : std::nullopt;
+  };
+  std::optional<StageCut> best = fitting(plan.schedule);
+  // auto: GPipe, unless only 1F1B's fewer micro-batches in flight fit (and if neither does, the
+  // error below says what 1F1B would need).
+  if (!best && c.pipeline_schedule == "auto" && c.micro_batches > 1) {
+    best = fitting(PipelineSchedule::k1F1B);
+    plan.schedule = PipelineSchedule::k1F1B;
+    if (best) {
+      log_info(
+          "pipeline schedule 1f1b (--pipeline-schedule auto): with the activations of all {} "
+          "micro-batches held, as GPipe holds them, no cut fits in {} per GPU",
+          c.micro_batches, format_bytes(memory));
+    }
+  }
+  const std::vector<int64_t> in_flight =
+      micro_batches_in_flight(plan.schedule, stages, c.micro_batches);
+  if (balance) {
+    MYRIAD_CHECK_COLLECTIVE(
+        best.has_value(),
+        "no cut of {}'s {} blocks into {} stages fits in {} per GPU, with the activations of {} "
+        "micro-batches of {} samples held ({}): use more stages, a smaller --batch-size{}, or "
+        "--activation-checkpointing",
+        c.backbone, blocks, stages, format_bytes(memory), in_flight.front(),
+        c.batch_size / c.micro_batches, schedule_name(plan.schedule),
+        c.pipeline_schedule == "gpipe" && c.micro_batches > 1 ? ", --pipeline-schedule 1f1b" : "");
+    plan.cut = best->cut;
+  }
+  const StageCut chosen = evaluate_cut(costs, plan.cut, in_flight);
+  for (const double seconds : chosen.stage_seconds)
+    plan.predicted_stage_ms.push_back(1e3 * seconds);
+  log_plan(c, backbone, costs, plan.cut, chosen);
+  return plan;
+}
+
+}  // namespace myriad
