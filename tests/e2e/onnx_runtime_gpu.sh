@@ -9,13 +9,14 @@
 # reproduced (with OpenCV's blobFromImages where cv2 is installed). Exit 77 where Python lacks
 # onnxruntime, onnx, h5py or numpy. An onnxruntime without the CUDA execution provider (the
 # CPU-only wheel, as on the GPU image of docs/benchmarks.md) runs the CPU provider and says so.
+# MYRIAD_ONNX_GPU_NETS="vit_h" runs a subset.
 #   tests/e2e/onnx_runtime_gpu.sh BIN_DIR
 source "$(dirname "$0")/common.sh"
 py=$(python_with onnxruntime onnx h5py numpy)
 check="$(dirname "$0")/onnx_check.py"
 device=${device:-cuda}
 
-for net in r50 r100 vit_t vit_h; do
+for net in ${MYRIAD_ONNX_GPU_NETS:-r50 r100 vit_t vit_h}; do
   run="$work/$net"
   mpirun --oversubscribe --bind-to none -np 1 "$bin/myriad-train" --data synthetic \
     --input-shape 3x112x112 --backbone "$net" --num-classes 100 --batch-size 32 --log-every 1 \
