@@ -11,7 +11,9 @@
 #include <cmath>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "data_commands.h"
 #include "myriad/comm/process_context.h"
@@ -19,6 +21,7 @@
 #include "myriad/data/image_codec.h"
 #include "myriad/data/recordio.h"
 #include "myriad/util/cli.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/error.h"
 #include "myriad/util/exit_codes.h"
 #include "myriad/util/log.h"
@@ -97,97 +100,126 @@ Converted convert(const RecordIoReader& reader, int64_t key, int64_t num_classes
   return c;
 }
 
-}  // namespace
-
-int run_from_rec(ProcessContext& context, int argc, char** argv) {
-  po::options_description options("from-rec options");
+// The command line.
+struct FromRecOptions {
   std::string rec, idx, output;
   int workers = 0, channels = 3;
   bool skip_bad = false;
+};
+
+// `argv` into `o`, checked, with the defaults that depend on others filled in; false where it
+// asked for help only.
+bool parse_from_rec_options(const ProcessContext& context, int argc, char** argv,
+                            FromRecOptions& o) {
+  po::options_description options("from-rec options");
   // clang-format off
   options.add_options()
-      ("rec", po::value(&rec)->required(), "MXNet RecordIO file (train.rec)")
-      ("idx", po::value(&idx), "its index (default: the .rec path with .idx)")
-      ("output", po::value(&output)->required(), "HDF5 file to write")
-      ("channels", po::value(&channels)->default_value(channels), "channels the images decode to: 3 (RGB) or 1")
-      ("skip-bad", po::bool_switch(&skip_bad), "skip (and count) corrupt or truncated records instead of stopping")
-      ("workers", po::value(&workers)->default_value(0), "threads reading and checking records (0: all cores)");
+      ("rec", po::value(&o.rec)->required(), "MXNet RecordIO file (train.rec)")
+      ("idx", po::value(&o.idx), "its index (default: the .rec path with .idx)")
+      ("output", po::value(&o.output)->required(), "HDF5 file to write")
+      ("channels", po::value(&o.channels)->default_value(o.channels), "channels the images decode to: 3 (RGB) or 1")
+      ("skip-bad", po::bool_switch(&o.skip_bad), "skip (and count) corrupt or truncated records instead of stopping")
+      ("workers", po::value(&o.workers)->default_value(0), "threads reading and checking records (0: all cores)");
   // clang-format on
   po::variables_map values;
   if (!parse_command_line(
           argc, argv, options, values,
           "usage: myriad-data from-rec --rec train.rec [--idx train.idx] --output X.h5",
           context.rank())) {
-    return kExitOk;
+    return false;
   }
-  if (channels != 1 && channels != 3) throw UsageError("--channels must be 1 or 3");
-  if (workers <= 0) workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (idx.empty()) idx = std::filesystem::path(rec).replace_extension(".idx").string();
+  if (o.channels != 1 && o.channels != 3) throw UsageError("--channels must be 1 or 3");
+  if (o.workers <= 0)
+    o.workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (o.idx.empty()) o.idx = std::filesystem::path(o.rec).replace_extension(".idx").string();
+  return true;
+}
 
-  const auto start = std::chrono::steady_clock::now();
-  const RecordIoReader reader(rec, idx);
-  int64_t bad = 0;
-  const Layout layout = read_layout(reader, skip_bad, bad);
-  const int64_t n = static_cast<int64_t>(layout.images.size());
-  MYRIAD_CHECK(n > 0, "'{}' holds no image records", rec);
-  log_info("{}: {} image records{}", rec, n,
-           layout.num_classes > 0
-               ? str_format(", {} identities (insightface header)", layout.num_classes)
-               : std::string(", no header: classes counted from the labels"));
-
+// The output as the records stream in: created at the first good record, whose image size every
+// other must have.
+struct Conversion {
   std::unique_ptr<Hdf5ImageWriter> writer;
   ImageShape first;
   int64_t written = 0, max_label = -1;
+  int64_t bad = 0;  // records missing from the index or rejected
+};
+
+// Writes the good records of `block` (skipping and counting the bad ones with --skip-bad).
+void write_block(std::vector<Converted>& block, const FromRecOptions& o, const Layout& layout,
+                 Conversion& out) {
+  std::vector<std::string> images;
+  std::vector<int64_t> labels;
+  for (Converted& c : block) {
+    if (c.error.empty() && out.writer != nullptr &&
+        (c.shape.height != out.first.height || c.shape.width != out.first.width)) {
+      c.error = str_format("{} holds a {}x{} image; the dataset's are {}x{}", c.what,
+                           c.shape.height, c.shape.width, out.first.height, out.first.width);
+    }
+    if (!c.error.empty()) {
+      MYRIAD_CHECK(o.skip_bad, "{} (--skip-bad skips bad records)", c.error);
+      if (out.bad++ < kReportedBadRecords) log_warn("skipping {}", c.error);
+      continue;
+    }
+    if (out.writer == nullptr) {
+      out.first = c.shape;
+      // Sized for every record; finish() drops the rows of skipped ones.
+      out.writer = std::make_unique<Hdf5ImageWriter>(
+          o.output, static_cast<int64_t>(layout.images.size()), out.first.height, out.first.width,
+          o.channels, /*encoded=*/true, layout.num_classes > 0 ? layout.num_classes : 1);
+    }
+    out.max_label = std::max(out.max_label, c.label);
+    images.push_back(std::move(c.image));
+    labels.push_back(c.label);
+  }
+  if (!images.empty()) {
+    out.writer->write_encoded(out.written, images);
+    out.writer->write_labels(out.written, labels);
+    out.written += static_cast<int64_t>(images.size());
+  }
+}
+
+// Converts every image record of `layout` into `out`, a block at a time on `o.workers` threads.
+void convert_all(const RecordIoReader& reader, const Layout& layout, const FromRecOptions& o,
+                 Conversion& out) {
+  const int64_t n = static_cast<int64_t>(layout.images.size());
   ProgressBar progress("converting", n);
   for (int64_t begin = 0; begin < n; begin += kBlockRecords) {
     const int64_t count = std::min(kBlockRecords, n - begin);
     std::vector<Converted> block(static_cast<size_t>(count));
-    parallel_for(count, workers, [&](int64_t i) {
+    parallel_for(count, o.workers, [&](int64_t i) {
       block[i] = convert(reader, layout.images[begin + i], layout.num_classes);
     });
-    std::vector<std::string> images;
-    std::vector<int64_t> labels;
-    for (Converted& c : block) {
-      if (c.error.empty() && writer != nullptr &&
-          (c.shape.height != first.height || c.shape.width != first.width)) {
-        c.error = str_format("{} holds a {}x{} image; the dataset's are {}x{}", c.what,
-                             c.shape.height, c.shape.width, first.height, first.width);
-      }
-      if (!c.error.empty()) {
-        MYRIAD_CHECK(skip_bad, "{} (--skip-bad skips bad records)", c.error);
-        if (bad++ < kReportedBadRecords) log_warn("skipping {}", c.error);
-        continue;
-      }
-      if (writer == nullptr) {
-        first = c.shape;
-        // Sized for every record; finish() drops the rows of skipped ones.
-        writer = std::make_unique<Hdf5ImageWriter>(output, n, first.height, first.width, channels,
-                                                   /*encoded=*/true,
-                                                   layout.num_classes > 0 ? layout.num_classes : 1);
-      }
-      max_label = std::max(max_label, c.label);
-      images.push_back(std::move(c.image));
-      labels.push_back(c.label);
-    }
-    if (!images.empty()) {
-      writer->write_encoded(written, images);
-      writer->write_labels(written, labels);
-      written += static_cast<int64_t>(images.size());
-    }
+    write_block(block, o, layout, out);
     progress.advance(count);
   }
   progress.finish();
-  MYRIAD_CHECK(writer != nullptr, "every record of '{}' is bad", rec);
-  const int64_t num_classes = layout.num_classes > 0 ? layout.num_classes : max_label + 1;
-  writer->set_attribute("source", rec);
-  writer->set_attribute("num_classes", num_classes);
-  writer->finish(written);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+int run_from_rec(ProcessContext& context, int argc, char** argv) {
+  FromRecOptions o;
+  if (!parse_from_rec_options(context, argc, argv, o)) return kExitOk;
+  const auto start = std::chrono::steady_clock::now();
+  const RecordIoReader reader(o.rec, o.idx);
+  Conversion out;
+  const Layout layout = read_layout(reader, o.skip_bad, out.bad);
+  const int64_t n = static_cast<int64_t>(layout.images.size());
+  MYRIAD_CHECK(n > 0, "'{}' holds no image records", o.rec);
+  log_info("{}: {} image records{}", o.rec, n,
+           layout.num_classes > 0
+               ? str_format(", {} identities (insightface header)", layout.num_classes)
+               : std::string(", no header: classes counted from the labels"));
+  convert_all(reader, layout, o, out);
+  MYRIAD_CHECK(out.writer != nullptr, "every record of '{}' is bad", o.rec);
+  const int64_t num_classes = layout.num_classes > 0 ? layout.num_classes : out.max_label + 1;
+  out.writer->set_attribute("source", o.rec);
+  out.writer->set_attribute("num_classes", num_classes);
+  out.writer->finish(out.written);
   log_info("wrote {}: {} images {}x{}x{} (JPEG bytes unchanged), {} classes{}; {:.0f} images/s",
-           output, written, first.height, first.width, channels, num_classes,
-           bad > 0 ? str_format(", {} bad records skipped", bad) : std::string(),
-           written / seconds);
+           o.output, out.written, out.first.height, out.first.width, o.channels, num_classes,
+           out.bad > 0 ? str_format(", {} bad records skipped", out.bad) : std::string(),
+           out.written / seconds_since(start));
   return kExitOk;
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 #include <thread>
 
 #include "data_commands.h"
@@ -56,30 +57,76 @@ void write_images(const ImageSource& source, Hdf5ImageWriter& writer, bool label
   progress.finish();
 }
 
-}  // namespace
-
-int run_synthetic(ProcessContext& context, int argc, char** argv) {
-  po::options_description options("synthetic options");
-  std::string output, shape_text, pairs_output;
+// The command line.
+struct SyntheticOptions {
+  std::string output, pairs_output;
+  int channels = 0, height = 0, width = 0;
   int64_t size = 10000, classes = 100, images_per_class = 16, views_from = 0, pairs = 6000;
-  int quality = 0;
+  int quality = 0;  // 0: raw pixels
   uint64_t seed = 0;
   bool prototypes = false;
   double noise = PrototypeOptions().noise;
+};
+
+// Whether the command line set option `name` (rather than leaving its default).
+bool given(const po::variables_map& values, const char* name) {
+  return values.count(name) && !values[name].defaulted();
+}
+
+// What only --prototypes takes, checked.
+void check_prototype_options(const po::variables_map& values, SyntheticOptions& o) {
+  if (o.images_per_class < 1) throw UsageError("--images-per-class must be positive");
+  if (given(values, "size")) {
+    // --size is another way to say the images per class; both must agree.
+    if (o.size % o.classes != 0) {
+      throw UsageError(str_format(
+          "--prototypes makes as many images of each class: --size {} is no multiple of the {} "
+          "classes",
+          o.size, o.classes));
+    }
+    if (given(values, "images-per-class") && o.size / o.classes != o.images_per_class) {
+      throw UsageError(str_format("--size {} is not {} classes x --images-per-class {}", o.size,
+                                  o.classes, o.images_per_class));
+    }
+    o.images_per_class = o.size / o.classes;
+  }
+  if (o.classes > std::numeric_limits<int64_t>::max() / o.images_per_class)
+    throw UsageError(
+        str_format("{} classes x {} images is too many", o.classes, o.images_per_class));
+  if (!(o.noise >= 0 && o.noise < 1e6)) throw UsageError("--noise must be in [0, 1e6) grey levels");
+  if (given(values, "pairs") && o.pairs_output.empty())
+    throw UsageError("--pairs needs --pairs-output");
+  if (!o.pairs_output.empty() && o.pairs < 10)
+    throw UsageError(
+        str_format("--pairs must be at least 10 (10-fold verification), got {}", o.pairs));
+  if (!o.pairs_output.empty() && o.classes < 2)
+    throw UsageError("verification pairs need --num-classes of at least 2");
+  // Views are numbered from --views-from on: the last must be a number.
+  constexpr int64_t kMaxCount = std::numeric_limits<int64_t>::max();
+  if (o.views_from > kMaxCount - o.images_per_class) throw UsageError("--views-from is too large");
+  if (!o.pairs_output.empty() && o.pairs > (kMaxCount - o.views_from) / 2)
+    throw UsageError("--pairs is too large for --views-from");
+}
+
+// `argv` into `o`, checked; false where it asked for help only.
+bool parse_synthetic_options(const ProcessContext& context, int argc, char** argv,
+                             SyntheticOptions& o) {
+  po::options_description options("synthetic options");
+  std::string shape_text;
   // clang-format off
   options.add_options()
-      ("output", po::value(&output), "HDF5 file to write")
-      ("size", count_option(&size), "images (e.g. 1600K); with --prototypes: classes x --images-per-class")
-      ("num-classes", count_option(&classes), "classes (e.g. 100K)")
+      ("output", po::value(&o.output), "HDF5 file to write")
+      ("size", count_option(&o.size), "images (e.g. 1600K); with --prototypes: classes x --images-per-class")
+      ("num-classes", count_option(&o.classes), "classes (e.g. 100K)")
       ("input-shape", po::value(&shape_text)->default_value("3x112x112"), "CxHxW")
-      ("jpeg-quality", po::value(&quality)->default_value(0), "store JPEG bytes of this quality (1-100); 0: raw pixels")
-      ("seed", po::value(&seed)->default_value(0), "seed")
-      ("prototypes", po::bool_switch(&prototypes), "learnable at any class count: each class a random prototype, its images noisy views of it")
-      ("images-per-class", count_option(&images_per_class), "with --prototypes: images (views) of each class")
-      ("views-from", count_option(&views_from), "with --prototypes: the first view of each class; a held-out set starts at the training set's --images-per-class")
-      ("noise", real_option(&noise), "with --prototypes: per-pixel noise, standard deviation in grey levels")
-      ("pairs-output", po::value(&pairs_output), "with --prototypes: a verification pairs file (--eval-pairs) of views from --views-from on")
-      ("pairs", count_option(&pairs), "pairs in --pairs-output, half of them of one class");
+      ("jpeg-quality", po::value(&o.quality)->default_value(0), "store JPEG bytes of this quality (1-100); 0: raw pixels")
+      ("seed", po::value(&o.seed)->default_value(0), "seed")
+      ("prototypes", po::bool_switch(&o.prototypes), "learnable at any class count: each class a random prototype, its images noisy views of it")
+      ("images-per-class", count_option(&o.images_per_class), "with --prototypes: images (views) of each class")
+      ("views-from", count_option(&o.views_from), "with --prototypes: the first view of each class; a held-out set starts at the training set's --images-per-class")
+      ("noise", real_option(&o.noise), "with --prototypes: per-pixel noise, standard deviation in grey levels")
+      ("pairs-output", po::value(&o.pairs_output), "with --prototypes: a verification pairs file (--eval-pairs) of views from --views-from on")
+      ("pairs", count_option(&o.pairs), "pairs in --pairs-output, half of them of one class");
   // clang-format on
   po::variables_map values;
   if (!parse_command_line(argc, argv, options, values,
@@ -89,100 +136,91 @@ int run_synthetic(ProcessContext& context, int argc, char** argv) {
                           "--images-per-class N [--views-from K] [--output X.h5] "
                           "[--pairs-output P.h5 --pairs M]",
                           context.rank())) {
-    return kExitOk;
+    return false;
   }
-  auto given = [&](const char* name) { return values.count(name) && !values[name].defaulted(); };
-  if (!prototypes) {
+  if (!o.prototypes) {
     for (const char* name : {"images-per-class", "views-from", "noise", "pairs-output", "pairs"}) {
-      if (given(name)) throw UsageError(str_format("--{} needs --prototypes", name));
+      if (given(values, name)) throw UsageError(str_format("--{} needs --prototypes", name));
     }
-    if (output.empty()) throw UsageError("the option '--output' is required but missing");
+    if (o.output.empty()) throw UsageError("the option '--output' is required but missing");
   }
-  if (output.empty() && pairs_output.empty())
+  if (o.output.empty() && o.pairs_output.empty())
     throw UsageError("--prototypes writes --output, --pairs-output or both: give at least one");
-  if (!output.empty() && output == pairs_output)
+  if (!o.output.empty() && o.output == o.pairs_output)
     throw UsageError("--output and --pairs-output must be different files");
-  if (size < 1 || classes < 1) throw UsageError("--size and --num-classes must be positive");
-  if (quality < 0 || quality > 100)
+  if (o.size < 1 || o.classes < 1) throw UsageError("--size and --num-classes must be positive");
+  if (o.quality < 0 || o.quality > 100)
     throw UsageError("--jpeg-quality must be in 1..100, or 0 for raw pixels");
   const InputShape shape = parse_input_shape(shape_text);
-  const int c = static_cast<int>(shape.channels), h = static_cast<int>(shape.height),
-            w = static_cast<int>(shape.width);
-  const std::string encoding = quality > 0 ? str_format("JPEG quality {}", quality) : "raw";
+  o.channels = static_cast<int>(shape.channels);
+  o.height = static_cast<int>(shape.height);
+  o.width = static_cast<int>(shape.width);
+  if (o.prototypes) check_prototype_options(values, o);
+  return true;
+}
 
-  if (!prototypes) {
-    const SyntheticDataset source(size, classes, c, h, w, seed);
-    Hdf5ImageWriter writer(output, size, h, w, c, quality > 0, classes);
-    writer.set_attribute("source", "myriad-data synthetic");
-    write_images(source, writer, true, quality, "synthetic");
-    writer.finish();
-    log_info("wrote {}: {} images {}x{}x{} ({}), {} classes", output, size, h, w, c, encoding,
-             classes);
-    return kExitOk;
-  }
+std::string encoding_name(int quality) {
+  return quality > 0 ? str_format("JPEG quality {}", quality) : "raw";
+}
 
-  if (images_per_class < 1) throw UsageError("--images-per-class must be positive");
-  if (given("size")) {
-    // --size is another way to say the images per class; both must agree.
-    if (size % classes != 0) {
-      throw UsageError(str_format(
-          "--prototypes makes as many images of each class: --size {} is no multiple of the {} "
-          "classes",
-          size, classes));
-    }
-    if (given("images-per-class") && size / classes != images_per_class) {
-      throw UsageError(str_format("--size {} is not {} classes x --images-per-class {}", size,
-                                  classes, images_per_class));
-    }
-    images_per_class = size / classes;
-  }
-  if (classes > std::numeric_limits<int64_t>::max() / images_per_class)
-    throw UsageError(str_format("{} classes x {} images is too many", classes, images_per_class));
-  if (!(noise >= 0 && noise < 1e6)) throw UsageError("--noise must be in [0, 1e6) grey levels");
-  if (given("pairs") && pairs_output.empty()) throw UsageError("--pairs needs --pairs-output");
-  if (!pairs_output.empty() && pairs < 10)
-    throw UsageError(
-        str_format("--pairs must be at least 10 (10-fold verification), got {}", pairs));
-  if (!pairs_output.empty() && classes < 2)
-    throw UsageError("verification pairs need --num-classes of at least 2");
-  // Views are numbered from --views-from on: the last must be a number.
-  constexpr int64_t kMaxCount = std::numeric_limits<int64_t>::max();
-  if (views_from > kMaxCount - images_per_class) throw UsageError("--views-from is too large");
-  if (!pairs_output.empty() && pairs > (kMaxCount - views_from) / 2)
-    throw UsageError("--pairs is too large for --views-from");
+void write_synthetic(const SyntheticOptions& o) {
+  const int c = o.channels, h = o.height, w = o.width;
+  const SyntheticDataset source(o.size, o.classes, c, h, w, o.seed);
+  Hdf5ImageWriter writer(o.output, o.size, h, w, c, o.quality > 0, o.classes);
+  writer.set_attribute("source", "myriad-data synthetic");
+  write_images(source, writer, true, o.quality, "synthetic");
+  writer.finish();
+  log_info("wrote {}: {} images {}x{}x{} ({}), {} classes", o.output, o.size, h, w, c,
+           encoding_name(o.quality), o.classes);
+}
 
-  PrototypeOptions o;
-  o.num_classes = classes;
-  o.images_per_class = images_per_class;
-  o.channels = c;
-  o.height = h;
-  o.width = w;
-  o.seed = seed;
-  o.first_view = views_from;
-  o.noise = noise;
-  const PrototypeDataset source(o);
+void write_prototypes(const SyntheticOptions& o) {
+  const int c = o.channels, h = o.height, w = o.width;
+  PrototypeOptions p;
+  p.num_classes = o.classes;
+  p.images_per_class = o.images_per_class;
+  p.channels = c;
+  p.height = h;
+  p.width = w;
+  p.seed = o.seed;
+  p.first_view = o.views_from;
+  p.noise = o.noise;
+  const PrototypeDataset source(p);
   const std::string provenance =
-      str_format("myriad-data synthetic --prototypes --seed {} --noise {} --views-from {}", seed,
-                 noise, views_from);
-  if (!output.empty()) {
-    Hdf5ImageWriter writer(output, source.info().size, h, w, c, quality > 0, classes);
+      str_format("myriad-data synthetic --prototypes --seed {} --noise {} --views-from {}", o.seed,
+                 o.noise, o.views_from);
+  if (!o.output.empty()) {
+    Hdf5ImageWriter writer(o.output, source.info().size, h, w, c, o.quality > 0, o.classes);
     writer.set_attribute("source",
-                         str_format("{} --images-per-class {}", provenance, images_per_class));
-    write_images(source, writer, true, quality, "prototypes");
+                         str_format("{} --images-per-class {}", provenance, o.images_per_class));
+    write_images(source, writer, true, o.quality, "prototypes");
     writer.finish();
     log_info("wrote {}: {} images {}x{}x{} ({}), {} classes of {} views each (views {}..{})",
-             output, source.info().size, h, w, c, encoding, classes, images_per_class, views_from,
-             views_from + images_per_class - 1);
+             o.output, source.info().size, h, w, c, encoding_name(o.quality), o.classes,
+             o.images_per_class, o.views_from, o.views_from + o.images_per_class - 1);
   }
-  if (!pairs_output.empty()) {
-    const PrototypePairs images(source, pairs);
-    Hdf5ImageWriter writer(pairs_output, 2 * pairs, h, w, c, quality > 0, /*num_classes=*/0);
+  if (!o.pairs_output.empty()) {
+    const PrototypePairs images(source, o.pairs);
+    Hdf5ImageWriter writer(o.pairs_output, 2 * o.pairs, h, w, c, o.quality > 0,
+                           /*num_classes=*/0);
     writer.set_attribute("source", provenance);
-    write_images(images, writer, false, quality, "pairs");
+    write_images(images, writer, false, o.quality, "pairs");
     writer.write_issame(images.issame());
     writer.finish();
-    log_info("wrote {}: {} pairs ({} of one class) of views {}.. of {} classes", pairs_output,
-             pairs, (pairs + 1) / 2, views_from, classes);
+    log_info("wrote {}: {} pairs ({} of one class) of views {}.. of {} classes", o.pairs_output,
+             o.pairs, (o.pairs + 1) / 2, o.views_from, o.classes);
+  }
+}
+
+}  // namespace
+
+int run_synthetic(ProcessContext& context, int argc, char** argv) {
+  SyntheticOptions o;
+  if (!parse_synthetic_options(context, argc, argv, o)) return kExitOk;
+  if (o.prototypes) {
+    write_prototypes(o);
+  } else {
+    write_synthetic(o);
   }
   return kExitOk;
 }

@@ -122,7 +122,7 @@ if wants tests; then
   if [ -z "$tests_regex" ] || [[ "gpu.onnx" =~ $tests_regex ]]; then
     bash "$repo/tests/e2e/onnx_runtime_gpu.sh" "$bin" >"$out/onnx-gpu.txt" 2>&1
     case $? in
-      0) note "onnx export on onnxruntime: $(grep -c within "$out/onnx-gpu.txt") runs within 1e-4 of myriad-embed ($(grep -o 'onnxruntime-c[a-z]*' "$out/onnx-gpu.txt" | sort | uniq -c | tr '\n' ' ')); worst: $(grep -o 'distance [0-9.e-]*' "$out/onnx-gpu.txt" | sort -k2 -g | tail -n 1)$(grep -m1 -o 'SKIP: onnxruntime has no CUDAExecutionProvider' "$out/onnx-gpu.txt")" ;;
+      0) note "onnx export on onnxruntime: $(grep -c within "$out/onnx-gpu.txt") runs within 1e-4 of myriad-embed ($(grep -o 'onnxruntime-c[a-z]*' "$out/onnx-gpu.txt" | sort | uniq -c | tr '\n' ' ')); worst: $(grep -o 'distance [0-9.e-]*' "$out/onnx-gpu.txt" | sort -k2 -g | tail -n 1)$(grep -m1 -o 'SKIP: onnxruntime has no CUDAExecutionProvider' "$out/onnx-gpu.txt" | sed 's/^/; /')" ;;
       77) note "onnx export on onnxruntime: skipped ($(tail -n 1 "$out/onnx-gpu.txt"))" ;;
       *) status=1; note "ONNX EXPORT ON ONNXRUNTIME FAILED: $(tail -n 3 "$out/onnx-gpu.txt")" ;;
     esac

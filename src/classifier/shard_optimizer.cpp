@@ -35,12 +35,6 @@ void write_rows(torch::Tensor& t, const torch::Tensor& index, int64_t begin, int
 
 }  // namespace
 
-OptimizerKind parse_optimizer_kind(const std::string& name) {
-  if (name == "sgd") return OptimizerKind::kSgd;
-  if (name == "adamw") return OptimizerKind::kAdamW;
-  throw UsageError(str_format("unknown optimizer '{}' (sgd or adamw)", name));
-}
-
 torch::Tensor row_grad_of_rows(const torch::Tensor& rows, const torch::Tensor& grad,
                                RowGradient grad_of) {
   if (grad_of == RowGradient::kRow) return grad;

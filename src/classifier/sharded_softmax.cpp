@@ -203,20 +203,38 @@ void ShardedMarginSoftmax::check_labels(const torch::Tensor& y, const torch::Ten
 torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
                                                 const torch::Tensor& labels, int64_t* step_id) {
   NoAutocast no_autocast;
-  const MarginParams params = options_.margin.params();
-  const int64_t dim = options_.embedding_size;
-  const int rank = comm_.rank();
   auto step = std::make_unique<Step>();
   step->id = ++forwards_;
   *step_id = step->id;
   step->feature_dtype = features.scalar_type();
-
   phase("gather");
+  const Gathered in = gather_inputs(*step, features, labels);
+  normalize_features(*step, in.x);
+  choose_rows(*step, in.y);
+  RowStatistics local = forward_chunks(*step);
+  phase("reduce_stats");
+  const torch::Tensor loss = reduce_statistics(*step, local);
+  if (parts_) {
+    // A part's labels were checked with the step's (begin_parts), and its features are checked
+    // with the other parts' at finish_parts: no host synchronisation per part.
+    step->finite_rows = in.x.isfinite().all(1);
+    pending_ = std::move(step);
+    return loss;
+  }
+  check_inputs(*step, in);
+  pending_ = std::move(step);
+  return pending_->skip ? torch::full_like(loss, std::numeric_limits<float>::quiet_NaN()) : loss;
+}
+
+ShardedMarginSoftmax::Gathered ShardedMarginSoftmax::gather_inputs(Step& step,
+                                                                   const torch::Tensor& features,
+                                                                   const torch::Tensor& labels) {
+  const int64_t dim = options_.embedding_size;
   // Gather first: the gathered tensors are identical on every rank, so every check below fails
   // on all ranks alike, and the collectives themselves reject ranks whose inputs disagree.
-  step->counts = comm_.all_gather_counts(features.dim() > 0 ? features.size(0) : 0);
-  const torch::Tensor x = comm_.all_gather(features.detach(), step->counts);
-  torch::Tensor y = comm_.all_gather(labels.detach(), step->counts);
+  step.counts = comm_.all_gather_counts(features.dim() > 0 ? features.size(0) : 0);
+  const torch::Tensor x = comm_.all_gather(features.detach(), step.counts);
+  const torch::Tensor y = comm_.all_gather(labels.detach(), step.counts);
   MYRIAD_CHECK_COLLECTIVE(
       x.dim() == 2 && x.size(1) == dim,
       "features have {} dimensions of width {}, but the classifier expects [batch, {}]", x.dim(),
@@ -225,106 +243,108 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
                           c10::toString(x.scalar_type()));
   MYRIAD_CHECK_COLLECTIVE(y.dim() == 1 && !y.is_floating_point() && y.scalar_type() != torch::kBool,
                           "labels must be a 1-D integer tensor");
-  step->batch = x.size(0);
-  MYRIAD_CHECK_COLLECTIVE(step->batch > 0 || parts_, "the global batch is empty");
-  step->divisor = parts_ ? parts_->batch : step->batch;
-  for (int r = 0; r < rank; ++r) step->local_begin += step->counts[r];
-  y = y.to(torch::kInt64);
+  step.batch = x.size(0);
+  MYRIAD_CHECK_COLLECTIVE(step.batch > 0 || parts_, "the global batch is empty");
+  step.divisor = parts_ ? parts_->batch : step.batch;
+  for (int r = 0; r < comm_.rank(); ++r) step.local_begin += step.counts[r];
+  return {x, y.to(torch::kInt64)};
+}
 
+void ShardedMarginSoftmax::normalize_features(Step& step, const torch::Tensor& x) const {
   const torch::Tensor xf = x.to(torch::kFloat32);
-  if (params.normalized) {
+  if (options_.margin.params().normalized) {
     const torch::Tensor norm = xf.norm(2, 1, true).clamp_min(1e-12);
-    step->inv_xnorm = norm.reciprocal();
-    step->xn = xf * step->inv_xnorm;
+    step.inv_xnorm = norm.reciprocal();
+    step.xn = xf * step.inv_xnorm;
   } else {
-    step->xn = xf.contiguous();
+    step.xn = xf.contiguous();
   }
-  step->xg = step->xn.to(options_.gemm_dtype).contiguous();
+  step.xg = step.xn.to(options_.gemm_dtype).contiguous();
+}
 
+void ShardedMarginSoftmax::choose_rows(Step& step, const torch::Tensor& y) {
+  const int rank = comm_.rank();
   // Every part of a step takes the rows Partial FC sampled for the whole step.
   const torch::Tensor local_target = local_targets(y);
-  step->active = parts_ ? parts_->active : sampled_rows(local_target, ++steps_);
-  if (step->active.defined()) {
-    step->active_rows = step->active.size(0);
-    const torch::Tensor position = torch::searchsorted(step->active, local_target.clamp_min(0));
-    step->target_col = torch::where(local_target.ge(0), position, local_target);
+  step.active = parts_ ? parts_->active : sampled_rows(local_target, ++steps_);
+  if (step.active.defined()) {
+    step.active_rows = step.active.size(0);
+    const torch::Tensor position = torch::searchsorted(step.active, local_target.clamp_min(0));
+    step.target_col = torch::where(local_target.ge(0), position, local_target);
   } else {
-    step->active_rows = partition_.size(rank);
-    step->target_col = local_target;
+    step.active_rows = partition_.size(rank);
+    step.target_col = local_target;
   }
-
   const RowSource source =
-      row_source(weight_.scalar_type(), options_.gemm_dtype, step->active.defined());
-  step->stored_rows = source == RowSource::kStored;
+      row_source(weight_.scalar_type(), options_.gemm_dtype, step.active.defined());
+  step.stored_rows = source == RowSource::kStored;
   const int64_t gemm_bytes = static_cast<int64_t>(torch::elementSize(options_.gemm_dtype));
-  step->plan = plan_chunks(step->active_rows, step->batch, dim, gemm_bytes, source,
-                           options_.workspace_bytes);
-  last_plan_ = step->plan;
-  const auto f32 = x.options().dtype(torch::kFloat32);
-  torch::Tensor row_max = torch::full({step->batch}, -std::numeric_limits<float>::infinity(), f32);
-  torch::Tensor row_sum = torch::zeros({step->batch}, f32);
-  torch::Tensor target_logit = torch::zeros({step->batch}, f32);
-  for (int64_t begin = 0; begin < step->active_rows; begin += step->plan.chunk_rows) {
-    const int64_t end = std::min(begin + step->plan.chunk_rows, step->active_rows);
+  step.plan = plan_chunks(step.active_rows, step.batch, options_.embedding_size, gemm_bytes, source,
+                          options_.workspace_bytes);
+  last_plan_ = step.plan;
+}
+
+ShardedMarginSoftmax::RowStatistics ShardedMarginSoftmax::forward_chunks(Step& step) {
+  const MarginParams params = options_.margin.params();
+  const auto f32 = step.xn.options().dtype(torch::kFloat32);
+  RowStatistics local{torch::full({step.batch}, -std::numeric_limits<float>::infinity(), f32),
+                      torch::zeros({step.batch}, f32), torch::zeros({step.batch}, f32)};
+  for (int64_t begin = 0; begin < step.active_rows; begin += step.plan.chunk_rows) {
+    const int64_t end = std::min(begin + step.plan.chunk_rows, step.active_rows);
     phase("prepare_rows");
-    torch::Tensor rows = chunk_rows(*step, begin, end);
-    if (step->stored_rows && params.normalized) {
-      step->row_scales.push_back(chunk_inv_norms(weight_, begin, end));
+    torch::Tensor rows = chunk_rows(step, begin, end);
+    if (step.stored_rows && params.normalized) {
+      step.row_scales.push_back(chunk_inv_norms(weight_, begin, end));
     }
-    const torch::Tensor scale =
-        step->row_scales.empty() ? torch::Tensor() : step->row_scales.back();
-    torch::Tensor dot = torch::empty({end - begin, step->batch}, f32);
+    const torch::Tensor scale = step.row_scales.empty() ? torch::Tensor() : step.row_scales.back();
+    torch::Tensor dot = torch::empty({end - begin, step.batch}, f32);
     phase("gemm_logits");
-    gemm_f32(dot, rows, false, step->xg, true, false);
+    gemm_f32(dot, rows, false, step.xg, true, false);
     phase("softmax_stats");
-    accumulate_chunk_stats(dot, scale, step->target_col, begin, params, row_max, row_sum,
-                           target_logit);
-    if (step->plan.cache) {
-      step->cached_dot.push_back(std::move(dot));
-      step->cached_rows.push_back(std::move(rows));
+    accumulate_chunk_stats(dot, scale, step.target_col, begin, params, local.max, local.sum,
+                           local.target_logit);
+    if (step.plan.cache) {
+      step.cached_dot.push_back(std::move(dot));
+      step.cached_rows.push_back(std::move(rows));
     }
   }
+  return local;
+}
 
+torch::Tensor ShardedMarginSoftmax::reduce_statistics(Step& step, RowStatistics& local) {
   // Softmax statistics across shards: the max, then sum-exp and target logit in one all-reduce.
-  phase("reduce_stats");
-  torch::Tensor global_max = row_max.clone();
+  torch::Tensor global_max = local.max.clone();
   comm_.all_reduce(global_max, ReduceOp::kMax);
   torch::Tensor packed =
-      torch::stack({row_sum.mul_(row_max.sub_(global_max).exp_()), target_logit}, 1).contiguous();
+      torch::stack({local.sum.mul_(local.max.sub_(global_max).exp_()), local.target_logit}, 1)
+          .contiguous();
   comm_.all_reduce(packed, ReduceOp::kSum);
   const torch::Tensor sum_exp = packed.select(1, 0);
-  step->row_max = global_max;
-  step->row_inv_sum = sum_exp.reciprocal();
+  step.row_max = global_max;
+  step.row_inv_sum = sum_exp.reciprocal();
   // The samples' share of the mean loss over the whole step's batch.
-  torch::Tensor loss =
-      (sum_exp.log() + global_max - packed.select(1, 1)).sum() / static_cast<double>(step->divisor);
-  if (parts_) {
-    // A part's labels were checked with the step's (begin_parts), and its features are checked
-    // with the other parts' at finish_parts: no host synchronisation per part.
-    step->finite_rows = x.isfinite().all(1);
-    pending_ = std::move(step);
-    return loss;
-  }
+  return (sum_exp.log() + global_max - packed.select(1, 1)).sum() /
+         static_cast<double>(step.divisor);
+}
+
+void ShardedMarginSoftmax::check_inputs(Step& step, const Gathered& in) const {
   // One host synchronisation validates labels and features, once all of forward is queued so
   // that the device never waits for the host. Until then bad values are harmless: labels outside
   // [0, C) belong to no shard, and non-finite features only make non-finite logits.
   const torch::Tensor summary =
-      torch::stack({y.min().to(torch::kFloat64), y.max().to(torch::kFloat64),
-                    x.isfinite().all().to(torch::kFloat64)})
+      torch::stack({in.y.min().to(torch::kFloat64), in.y.max().to(torch::kFloat64),
+                    in.x.isfinite().all().to(torch::kFloat64)})
           .cpu();
-  check_labels(y, summary, step->counts);
-  if (summary[2].item<double>() == 0.0) {
-    if (options_.non_finite == NonFinitePolicy::kError) {
-      const int64_t bad = first_true(x.isfinite().all(1).logical_not_());
-      MYRIAD_THROW_COLLECTIVE("the features of {} contain NaN or infinity",
-                              sample_origin(bad, step->counts));
-    }
-    step->skip = true;
-    step->cached_dot.clear();
-    step->cached_rows.clear();
+  check_labels(in.y, summary, step.counts);
+  if (summary[2].item<double>() != 0.0) return;
+  if (options_.non_finite == NonFinitePolicy::kError) {
+    const int64_t bad = first_true(in.x.isfinite().all(1).logical_not_());
+    MYRIAD_THROW_COLLECTIVE("the features of {} contain NaN or infinity",
+                            sample_origin(bad, step.counts));
   }
-  pending_ = std::move(step);
-  return pending_->skip ? torch::full_like(loss, std::numeric_limits<float>::quiet_NaN()) : loss;
+  step.skip = true;
+  step.cached_dot.clear();
+  step.cached_rows.clear();
 }
 
 ShardedMarginSoftmax::GradientScale ShardedMarginSoftmax::gradient_scale(const torch::Tensor& grad,

@@ -11,6 +11,18 @@ DevicePreference parse_device_preference(const std::string& name) {
   throw UsageError(str_format("unknown device '{}' (expected auto, cpu or cuda)", name));
 }
 
+const char* to_string(DevicePreference preference) {
+  switch (preference) {
+    case DevicePreference::kAuto:
+      return "auto";
+    case DevicePreference::kCpu:
+      return "cpu";
+    case DevicePreference::kCuda:
+      return "cuda";
+  }
+  MYRIAD_THROW("no DevicePreference {}", static_cast<int>(preference));
+}
+
 int choose_local_gpu(int local_rank, int local_size, int visible_gpus) {
   MYRIAD_CHECK(visible_gpus > 0, "no CUDA device is visible to this rank");
   MYRIAD_CHECK(local_rank >= 0 && local_rank < local_size, "local rank {} outside [0, {})",

@@ -103,209 +103,246 @@ class Unpickler {
     while (true) {
       const size_t at = pos_;
       const auto op = static_cast<unsigned char>(take(1)[0]);
-      switch (op) {
-        case 0x80:  // PROTO
-          take(1);
-          break;
-        case 0x95:  // FRAME: a hint for buffered readers; the data follows inline
-          take(8);
-          break;
-        case '.':  // STOP
-          result_.root_ = pop(at);
-          check_acyclic(at);
-          return std::move(result_);
-        case 'N':
-          push(make(Kind::kNone));
-          break;
-        case 0x88:
-          push(boolean(true));
-          break;
-        case 0x89:
-          push(boolean(false));
-          break;
-        case 'I':
-          push(text_int(line(), at));
-          break;
-        case 'L':
-          push(integer(parse_int(line(), at)));
-          break;
-        case 'J':
-          push(integer(static_cast<int32_t>(little_endian(4))));
-          break;
-        case 'K':
-          push(integer(static_cast<int64_t>(little_endian(1))));
-          break;
-        case 'M':
-          push(integer(static_cast<int64_t>(little_endian(2))));
-          break;
-        case 0x8a:  // LONG1
-          push(integer(long_bytes(little_endian(1), at)));
-          break;
-        case 0x8b:  // LONG4
-          push(integer(long_bytes(little_endian(4), at)));
-          break;
-        case 'F':
-          push(real(parse_float(line(), at)));
-          break;
-        case 'G':
-          push(real(big_endian_double()));
-          break;
-        case 'U':
-        case 'C':
-          push(bytes(take(little_endian(1)), Kind::kBytes));
-          break;
-        case 'T':
-        case 'B':
-          push(bytes(take(little_endian(4)), Kind::kBytes));
-          break;
-        case 0x8e:
-          push(bytes(take(little_endian(8)), Kind::kBytes));
-          break;
-        case 0x8c:
-          push(bytes(take(little_endian(1)), Kind::kString));
-          break;
-        case 'X':
-          push(bytes(take(little_endian(4)), Kind::kString));
-          break;
-        case 0x8d:
-          push(bytes(take(little_endian(8)), Kind::kString));
-          break;
-        case 'V':
-          push(bytes(line(), Kind::kString));
-          break;
-        case ']':
-          push(make(Kind::kList));
-          break;
-        case ')':
-          push(make(Kind::kTuple));
-          break;
-        case '}':
-          push(make(Kind::kDict));
-          break;
-        case '(':
-          marks_.push_back(stack_.size());
-          break;
-        case 'l':
-          push(collect(Kind::kList, at));
-          break;
-        case 't':
-          push(collect(Kind::kTuple, at));
-          break;
-        case 'd': {
-          PickleValue* dict = collect(Kind::kDict, at);
-          MYRIAD_CHECK(dict->items.size() % 2 == 0,
-                       "{} is malformed: a dict of an odd number of keys and values at byte {}",
-                       what_, at);
-          push(dict);
-          break;
-        }
-        case 0x85:
-          push(tuple_of(1, at));
-          break;
-        case 0x86:
-          push(tuple_of(2, at));
-          break;
-        case 0x87:
-          push(tuple_of(3, at));
-          break;
-        case 'a':
-          append({pop(at)}, at);
-          break;
-        case 'e':
-          append(since_mark(at), at);
-          break;
-        case 's': {
-          PickleValue* value = pop(at);
-          PickleValue* key = pop(at);
-          set_items({key, value}, at);
-          break;
-        }
-        case 'u': {
-          std::vector<const PickleValue*> pairs = since_mark(at);
-          MYRIAD_CHECK(pairs.size() % 2 == 0,
-                       "{} is malformed: SETITEMS of an odd number of keys and values at byte {}",
-                       what_, at);
-          set_items(pairs, at);
-          break;
-        }
-        case 'q':
-          memo_[static_cast<int64_t>(little_endian(1))] = top(at);
-          break;
-        case 'r':
-          memo_[static_cast<int64_t>(little_endian(4))] = top(at);
-          break;
-        case 'p':
-          memo_[parse_int(line(), at)] = top(at);
-          break;
-        case 0x94:  // MEMOIZE
-          memo_[static_cast<int64_t>(memo_.size())] = top(at);
-          break;
-        case 'h':
-          push(recall(static_cast<int64_t>(little_endian(1)), at));
-          break;
-        case 'j':
-          push(recall(static_cast<int64_t>(little_endian(4)), at));
-          break;
-        case 'g':
-          push(recall(parse_int(line(), at), at));
-          break;
-        case 'c': {
-          const std::string module = line();
-          push(global(module, line(), at));
-          break;
-        }
-        case 0x93: {  // STACK_GLOBAL
-          const PickleValue* name = pop(at);
-          const PickleValue* module = pop(at);
-          MYRIAD_CHECK(module->kind == Kind::kString && name->kind == Kind::kString,
-                       "{} is malformed: STACK_GLOBAL at byte {} needs two strings, found a {} "
-                       "and a {}",
-                       what_, at, module->kind_name(), name->kind_name());
-          push(global(module->bytes, name->bytes, at));
-          break;
-        }
-        case 'R':
-          push(call(at));
-          break;
-        case 'b': {  // BUILD
-          const PickleValue* state = pop(at);
-          PickleValue* target = top(at);
-          MYRIAD_CHECK(target->kind == Kind::kCall && target->state == nullptr,
-                       "{} is malformed: BUILD of a {} at byte {}", what_, target->kind_name(), at);
-          target->state = state;
-          break;
-        }
-        case 'Q': {  // BINPERSID
-          PickleValue* id = make(Kind::kPersistentId);
-          id->items = {pop(at)};
-          push(id);
-          break;
-        }
-        case 'P': {  // PERSID
-          PickleValue* id = make(Kind::kPersistentId);
-          id->items = {bytes(line(), Kind::kString)};
-          push(id);
-          break;
-        }
-        case '0':  // POP
-          pop(at);
-          break;
-        case '1':  // POP_MARK
-          since_mark(at);
-          break;
-        case '2':  // DUP
-          push(top(at));
-          break;
-        default:
-          MYRIAD_THROW(
-              "{}: unsupported pickle opcode 0x{:x} at byte {}; myriad reads pickles of plain "
-              "data (lists, tuples, dicts, bytes, strings, numbers, bools) and builds no objects",
-              what_, static_cast<int>(op), at);
+      if (op == '.') {  // STOP
+        result_.root_ = pop(at);
+        check_acyclic(at);
+        return std::move(result_);
       }
+      const bool handled = push_constant(op, at) || push_text(op) || build_container(op, at) ||
+                           fill_container(op, at) || use_memo(op, at) ||
+                           record_object_as_data(op, at) || handle_stack_and_framing(op, at);
+      MYRIAD_CHECK(handled,
+                   "{}: unsupported pickle opcode 0x{:x} at byte {}; myriad reads pickles of plain "
+                   "data (lists, tuples, dicts, bytes, strings, numbers, bools) and builds no "
+                   "objects",
+                   what_, static_cast<int>(op), at);
     }
   }
 
  private:
+  // Each handler below owns a disjoint set of opcodes and consumes no input for any other, so the
+  // order in which run() tries them does not matter.
+
+  bool push_constant(unsigned char op, size_t at) {
+    switch (op) {
+      case 'N':
+        push(make(Kind::kNone));
+        return true;
+      case 0x88:  // NEWTRUE
+        push(boolean(true));
+        return true;
+      case 0x89:  // NEWFALSE
+        push(boolean(false));
+        return true;
+      case 'I':
+        push(text_int(line(), at));
+        return true;
+      case 'L':
+        push(integer(parse_int(line(), at)));
+        return true;
+      case 'J':
+        push(integer(static_cast<int32_t>(little_endian(4))));
+        return true;
+      case 'K':
+        push(integer(static_cast<int64_t>(little_endian(1))));
+        return true;
+      case 'M':
+        push(integer(static_cast<int64_t>(little_endian(2))));
+        return true;
+      case 0x8a:  // LONG1
+        push(integer(long_bytes(little_endian(1), at)));
+        return true;
+      case 0x8b:  // LONG4
+        push(integer(long_bytes(little_endian(4), at)));
+        return true;
+      case 'F':
+        push(real(parse_float(line(), at)));
+        return true;
+      case 'G':
+        push(real(big_endian_double()));
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  bool push_text(unsigned char op) {
+    switch (op) {
+      case 'U':
+      case 'C':
+        push(sized(1, Kind::kBytes));
+        return true;
+      case 'T':
+      case 'B':
+        push(sized(4, Kind::kBytes));
+        return true;
+      case 0x8e:  // BINBYTES8
+        push(sized(8, Kind::kBytes));
+        return true;
+      case 0x8c:  // SHORT_BINUNICODE
+        push(sized(1, Kind::kString));
+        return true;
+      case 'X':
+        push(sized(4, Kind::kString));
+        return true;
+      case 0x8d:  // BINUNICODE8
+        push(sized(8, Kind::kString));
+        return true;
+      case 'V':
+        push(bytes(line(), Kind::kString));
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  bool build_container(unsigned char op, size_t at) {
+    switch (op) {
+      case ']':
+        push(make(Kind::kList));
+        return true;
+      case ')':
+        push(make(Kind::kTuple));
+        return true;
+      case '}':
+        push(make(Kind::kDict));
+        return true;
+      case '(':
+        marks_.push_back(stack_.size());
+        return true;
+      case 'l':
+        push(collect(Kind::kList, at));
+        return true;
+      case 't':
+        push(collect(Kind::kTuple, at));
+        return true;
+      case 'd': {
+        PickleValue* dict = collect(Kind::kDict, at);
+        check_pairs(dict->items, "a dict", at);
+        push(dict);
+        return true;
+      }
+      case 0x85:  // TUPLE1
+        push(tuple_of(1, at));
+        return true;
+      case 0x86:  // TUPLE2
+        push(tuple_of(2, at));
+        return true;
+      case 0x87:  // TUPLE3
+        push(tuple_of(3, at));
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  bool fill_container(unsigned char op, size_t at) {
+    switch (op) {
+      case 'a':
+        append({pop(at)}, at);
+        return true;
+      case 'e':
+        append(since_mark(at), at);
+        return true;
+      case 's': {
+        PickleValue* value = pop(at);
+        PickleValue* key = pop(at);
+        set_items({key, value}, at);
+        return true;
+      }
+      case 'u': {
+        const std::vector<const PickleValue*> pairs = since_mark(at);
+        check_pairs(pairs, "SETITEMS", at);
+        set_items(pairs, at);
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
+  bool use_memo(unsigned char op, size_t at) {
+    switch (op) {
+      case 'q':
+      case 'r':
+      case 'p':
+        memo_[memo_key(op, at)] = top(at);
+        return true;
+      case 0x94:  // MEMOIZE
+        memo_[static_cast<int64_t>(memo_.size())] = top(at);
+        return true;
+      case 'h':
+      case 'j':
+      case 'g':
+        push(recall(memo_key(op, at), at));
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  // Globals, calls and persistent ids are what a pickle would run; they are kept as nodes instead.
+  bool record_object_as_data(unsigned char op, size_t at) {
+    switch (op) {
+      case 'c': {
+        const std::string module = line();
+        push(global(module, line(), at));
+        return true;
+      }
+      case 0x93: {  // STACK_GLOBAL
+        const PickleValue* name = pop(at);
+        const PickleValue* module = pop(at);
+        MYRIAD_CHECK(module->kind == Kind::kString && name->kind == Kind::kString,
+                     "{} is malformed: STACK_GLOBAL at byte {} needs two strings, found a {} "
+                     "and a {}",
+                     what_, at, module->kind_name(), name->kind_name());
+        push(global(module->bytes, name->bytes, at));
+        return true;
+      }
+      case 'R':
+        push(call(at));
+        return true;
+      case 'b': {  // BUILD
+        const PickleValue* state = pop(at);
+        PickleValue* target = top(at);
+        MYRIAD_CHECK(target->kind == Kind::kCall && target->state == nullptr,
+                     "{} is malformed: BUILD of a {} at byte {}", what_, target->kind_name(), at);
+        target->state = state;
+        return true;
+      }
+      case 'Q':  // BINPERSID
+        push(persistent_id(pop(at)));
+        return true;
+      case 'P':  // PERSID
+        push(persistent_id(bytes(line(), Kind::kString)));
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  bool handle_stack_and_framing(unsigned char op, size_t at) {
+    switch (op) {
+      case 0x80:  // PROTO
+        take(1);
+        return true;
+      case 0x95:  // FRAME: a hint for buffered readers; the data follows inline
+        take(8);
+        return true;
+      case '0':  // POP
+        pop(at);
+        return true;
+      case '1':  // POP_MARK
+        since_mark(at);
+        return true;
+      case '2':  // DUP
+        push(top(at));
+        return true;
+      default:
+        return false;
+    }
+  }
+
   std::string take(uint64_t n) {
     MYRIAD_CHECK(n <= data_.size() - pos_, "{} is truncated: {} bytes needed at byte {} of {}",
                  what_, n, pos_, data_.size());
@@ -390,6 +427,8 @@ class Unpickler {
     v->bytes = std::move(b);
     return v;
   }
+  // Bytes or text after a little-endian length of `width` bytes.
+  PickleValue* sized(int width, Kind kind) { return bytes(take(little_endian(width)), kind); }
   // Protocol 0 writes True and False as the integers "01" and "00".
   PickleValue* text_int(const std::string& text, size_t at) {
     if (text == "01" || text == "00") return boolean(text == "01");
@@ -413,6 +452,11 @@ class Unpickler {
     v->items = args->items;
     return v;
   }
+  PickleValue* persistent_id(const PickleValue* id) {
+    PickleValue* v = make(Kind::kPersistentId);
+    v->items = {id};
+    return v;
+  }
 
   void push(PickleValue* v) { stack_.push_back(v); }
   PickleValue* pop(size_t at) {
@@ -431,6 +475,12 @@ class Unpickler {
     MYRIAD_CHECK(it != memo_.end(), "{} is malformed: memo {} at byte {} was never stored", what_,
                  key, at);
     return it->second;
+  }
+  // PUT and GET name a memo slot alike: in one byte (q, h), four bytes (r, j) or a line (p, g).
+  int64_t memo_key(unsigned char op, size_t at) {
+    if (op == 'q' || op == 'h') return static_cast<int64_t>(little_endian(1));
+    if (op == 'r' || op == 'j') return static_cast<int64_t>(little_endian(4));
+    return parse_int(line(), at);
   }
   // The items above the last mark, which is removed.
   std::vector<const PickleValue*> since_mark(size_t at) {
@@ -452,6 +502,13 @@ class Unpickler {
     v->items.resize(static_cast<size_t>(n));
     for (int i = n - 1; i >= 0; --i) v->items[static_cast<size_t>(i)] = pop(at);
     return v;
+  }
+  // DICT and SETITEMS take keys and values alternating; a key without a value is damage.
+  void check_pairs(const std::vector<const PickleValue*>& items, const char* whose,
+                   size_t at) const {
+    MYRIAD_CHECK(items.size() % 2 == 0,
+                 "{} is malformed: {} of an odd number of keys and values at byte {}", what_, whose,
+                 at);
   }
   // APPEND / APPENDS to the list below (or to what a call made, as data).
   void append(const std::vector<const PickleValue*>& items, size_t at) {

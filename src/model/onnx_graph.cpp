@@ -39,6 +39,9 @@ constexpr int64_t kFloat = 1, kInt64 = 7;
 constexpr int64_t kExternal = 1;
 // The IR version of opset 13's release (ONNX 1.8).
 constexpr int64_t kIrVersion = 7;
+// Initializers of at least this many bytes go to the external data when a model needs it (onnx's
+// convert_model_to_external_data uses the same threshold).
+constexpr int64_t kExternalMinBytes = 1024;
 // Protobuf refuses messages of 2 GiB or more; this leaves room for everything but the weights.
 constexpr int64_t kInlineLimit = (int64_t{1} << 31) - (int64_t{64} << 20);
 
@@ -156,7 +159,10 @@ void OnnxGraph::write(const std::string& path, const std::string& data_path,
   graph.add_message(field::kGraphOutput, value_info(output_name_, output_shape_));
 
   // Each initializer: its header here, then its raw bytes (inline) or their place in data_path.
+  // Small ones (shapes, axes) stay inline even then, as onnx's own converter keeps them: shape
+  // inference reads a Reshape's shape from the model and cannot follow it into external data.
   std::vector<ProtoMessage> headers;
+  std::vector<bool> outside;
   uint64_t graph_size = graph.size();
   int64_t offset = 0;
   for (const Initializer& i : initializers_) {
@@ -166,7 +172,8 @@ void OnnxGraph::write(const std::string& path, const std::string& data_path,
     t.add_bytes(field::kTensorName, i.name);
     const int64_t bytes = i.value.nbytes();
     uint64_t size = t.size();
-    if (external) {
+    outside.push_back(external && bytes >= kExternalMinBytes);
+    if (outside.back()) {
       const std::pair<const char*, std::string> entries[] = {{"location", data_location},
                                                              {"offset", std::to_string(offset)},
                                                              {"length", std::to_string(bytes)}};
@@ -206,13 +213,13 @@ void OnnxGraph::write(const std::string& path, const std::string& data_path,
   write_bytes(out, graph.bytes().data(), graph.size());
   for (size_t k = 0; k < initializers_.size(); ++k) {
     const torch::Tensor& value = initializers_[k].value;
-    const uint64_t size = headers[k].size() + (external ? 0 : value.nbytes());
+    const uint64_t size = headers[k].size() + (outside[k] ? 0 : value.nbytes());
     ProtoMessage prefix;
     prefix.add_length_prefix(field::kGraphInitializer, size);
     write_bytes(out, prefix.bytes().data(), prefix.size());
     write_bytes(out, headers[k].bytes().data(), headers[k].size());
     // Raw data is little-endian, as the tensors are on the machines myriad runs on.
-    write_bytes(external ? data : out, value.data_ptr(), value.nbytes());
+    write_bytes(outside[k] ? data : out, value.data_ptr(), value.nbytes());
   }
   out.flush();
   MYRIAD_CHECK(out.good(), "cannot write '{}'", path);

@@ -11,11 +11,16 @@ bool cuda_graphs_possible(const TrainConfig& config, const torch::Device& device
   return device.is_cuda() && !config.sync_bn && !config.activation_checkpointing;
 }
 
-GraphsChoice::GraphsChoice(const std::string& mode, bool possible, PipelineEngine& engine,
-                           Communicator& mpi, const torch::Device& device)
+bool cuda_graphs_expected(const TrainConfig& config, const torch::Device& device) {
+  return config.cuda_graphs == Toggle::kOn ||
+         (config.cuda_graphs == Toggle::kAuto && cuda_graphs_possible(config, device));
+}
+
+GraphsChoice::GraphsChoice(Toggle mode, bool possible, PipelineEngine& engine, Communicator& mpi,
+                           const torch::Device& device)
     : engine_(engine), mpi_(mpi), device_(device) {
-  if (mode == "on") engine_.use_cuda_graphs(true);
-  if (mode == "auto" && possible) {
+  if (mode == Toggle::kOn) engine_.use_cuda_graphs(true);
+  if (mode == Toggle::kAuto && possible) {
     phase_ = Phase::kFirst;
     log_info(
         "CUDA graphs (--cuda-graphs auto): {} eager steps, then {} replayed after the step that "

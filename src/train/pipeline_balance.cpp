@@ -21,6 +21,11 @@ double stage_bytes(const std::vector<BlockCost>& costs, int64_t begin, int64_t e
   return bytes;
 }
 
+std::vector<BlockCost> replayed_costs(std::vector<BlockCost> costs) {
+  for (BlockCost& cost : costs) cost.seconds = cost.replay_seconds;
+  return costs;
+}
+
 StageCut evaluate_cut(const std::vector<BlockCost>& costs, const std::vector<int64_t>& cut,
                       const std::vector<int64_t>& in_flight) {
   StageCut out;

@@ -6,6 +6,7 @@
 
 #include "myriad/comm/communicator.h"
 #include "myriad/model/backbone.h"
+#include "myriad/train/graphs_choice.h"
 #include "myriad/train/pipeline_balance.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
@@ -22,7 +23,7 @@ std::vector<BlockCost> block_costs(const TrainConfig& c, Backbone& backbone, Com
                                    std::optional<torch::ScalarType> autocast) {
   const int64_t blocks = backbone.num_blocks();
   const int64_t micro_batch = c.batch_size / c.micro_batches;
-  torch::Tensor table = torch::zeros({blocks, 3}, torch::kFloat64);
+  torch::Tensor table = torch::zeros({blocks, 4}, torch::kFloat64);
   if (rank == 0) {
     torch::manual_seed(c.seed);
     const Activations sample{
@@ -32,14 +33,16 @@ std::vector<BlockCost> block_costs(const TrainConfig& c, Backbone& backbone, Com
         profile_blocks(backbone, sample, device, autocast, parameter_state_factor(c));
     for (int64_t b = 0; b < blocks; ++b) {
       table[b][0] = costs[b].seconds;
-      table[b][1] = costs[b].activation_bytes;
-      table[b][2] = costs[b].state_bytes;
+      table[b][1] = costs[b].replay_seconds;
+      table[b][2] = costs[b].activation_bytes;
+      table[b][3] = costs[b].state_bytes;
     }
   }
   mpi.broadcast(table, 0);
   std::vector<BlockCost> costs(static_cast<size_t>(blocks));
   for (int64_t b = 0; b < blocks; ++b) {
-    costs[b] = {table[b][0].item<double>(), table[b][1].item<double>(), table[b][2].item<double>()};
+    costs[b] = {table[b][0].item<double>(), table[b][1].item<double>(), table[b][2].item<double>(),
+                table[b][3].item<double>()};
   }
   return costs;
 }
@@ -55,19 +58,22 @@ double stage_memory(const TrainConfig& c, const torch::Device& device) {
 }
 
 void log_plan(const TrainConfig& c, const Backbone& backbone, const std::vector<BlockCost>& costs,
-              const std::vector<int64_t>& cut, const StageCut& chosen) {
+              const std::vector<int64_t>& cut, const StageCut& chosen,
+              const StagePrediction& predicted) {
   if (c.pipeline_profile) {
     for (int64_t b = 0; b < backbone.num_blocks(); ++b) {
-      log_info("block {} {}: {:.2f} ms forward+backward, {} activations, {} state", b,
-               backbone.block_name(b), 1e3 * costs[b].seconds,
-               format_bytes(costs[b].activation_bytes), format_bytes(costs[b].state_bytes));
+      log_info(
+          "block {} {}: {:.2f} ms forward+backward ({:.2f} replayed), {} activations, {} state", b,
+          backbone.block_name(b), 1e3 * costs[b].seconds, 1e3 * costs[b].replay_seconds,
+          format_bytes(costs[b].activation_bytes), format_bytes(costs[b].state_bytes));
     }
   }
   for (size_t s = 0; s + 1 < cut.size(); ++s) {
     log_info(
-        "pipeline stage {}: blocks [{}, {}) ({} to {}), predicted {:.2f} ms per micro-batch, {}", s,
-        cut[s], cut[s + 1], backbone.block_name(cut[s]), backbone.block_name(cut[s + 1] - 1),
-        1e3 * chosen.stage_seconds[s], format_bytes(chosen.stage_bytes[s]));
+        "pipeline stage {}: blocks [{}, {}) ({} to {}), predicted {:.2f} ms per micro-batch "
+        "({:.2f} replayed as CUDA graphs), {}",
+        s, cut[s], cut[s + 1], backbone.block_name(cut[s]), backbone.block_name(cut[s + 1] - 1),
+        predicted.eager_ms[s], predicted.replay_ms[s], format_bytes(chosen.stage_bytes[s]));
   }
 }
 
@@ -83,12 +89,14 @@ PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicato
   PipelinePlan plan;
   plan.cut = {0, blocks};
   if (!c.pipeline_split.empty()) plan.cut = parse_pipeline_split(c.pipeline_split, stages, blocks);
-  plan.schedule =
-      c.pipeline_schedule == "1f1b" ? PipelineSchedule::k1F1B : PipelineSchedule::kGPipe;
+  plan.schedule = c.pipeline_schedule == ScheduleChoice::k1F1B ? PipelineSchedule::k1F1B
+                                                               : PipelineSchedule::kGPipe;
   const bool profile = c.pipeline_profile || (stages > 1 && c.pipeline_split.empty());
   if (!profile) return plan;
 
-  const std::vector<BlockCost> costs = block_costs(c, backbone, mpi, rank, device, autocast);
+  const std::vector<BlockCost> measured = block_costs(c, backbone, mpi, rank, device, autocast);
+  const std::vector<BlockCost> costs =
+      cuda_graphs_expected(c, device) ? replayed_costs(measured) : measured;
   const double memory = stage_memory(c, device);
   // The fastest cut that fits under `schedule` (the hand cut, if it fits), or none.
   const bool balance = c.pipeline_split.empty() && stages > 1;
@@ -103,7 +111,7 @@ PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicato
   std::optional<StageCut> best = fitting(plan.schedule);
   // auto: GPipe, unless only 1F1B's fewer micro-batches in flight fit (and if neither does, the
   // error below says what 1F1B would need).
-  if (!best && c.pipeline_schedule == "auto" && c.micro_batches > 1) {
+  if (!best && c.pipeline_schedule == ScheduleChoice::kAuto && c.micro_batches > 1) {
     best = fitting(PipelineSchedule::k1F1B);
     plan.schedule = PipelineSchedule::k1F1B;
     if (best) {
@@ -123,13 +131,19 @@ PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicato
         "--activation-checkpointing",
         c.backbone, blocks, stages, format_bytes(memory), in_flight.front(),
         c.batch_size / c.micro_batches, schedule_name(plan.schedule),
-        c.pipeline_schedule == "gpipe" && c.micro_batches > 1 ? ", --pipeline-schedule 1f1b" : "");
+        c.pipeline_schedule == ScheduleChoice::kGPipe && c.micro_batches > 1
+            ? ", --pipeline-schedule 1f1b"
+            : "");
     plan.cut = best->cut;
   }
   const StageCut chosen = evaluate_cut(costs, plan.cut, in_flight);
-  for (const double seconds : chosen.stage_seconds)
-    plan.predicted_stage_ms.push_back(1e3 * seconds);
-  log_plan(c, backbone, costs, plan.cut, chosen);
+  const StageCut eager = evaluate_cut(measured, plan.cut, in_flight);
+  const StageCut replayed = evaluate_cut(replayed_costs(measured), plan.cut, in_flight);
+  for (size_t s = 0; s < eager.stage_seconds.size(); ++s) {
+    plan.predicted.eager_ms.push_back(1e3 * eager.stage_seconds[s]);
+    plan.predicted.replay_ms.push_back(1e3 * replayed.stage_seconds[s]);
+  }
+  log_plan(c, backbone, measured, plan.cut, chosen, plan.predicted);
   return plan;
 }
 

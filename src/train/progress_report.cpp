@@ -79,7 +79,7 @@ void ProgressReport::write(MetricsLog& metrics, int64_t step, int64_t epoch,
   const nlohmann::json pipeline = pipeline_record(elapsed / window_steps_);
   // fp16: the steps that the device skipped, counted there and read here, with the loss.
   nlohmann::json loss_scale = nullptr;
-  if (s_.config.precision == "fp16") {
+  if (s_.config.precision == Precision::kFp16) {
     const DynamicLossScaler::Report report = s_.scaler.take_report();
     if (report.skipped_steps > 0)
       log_warn(
@@ -128,6 +128,7 @@ nlohmann::json ProgressReport::pipeline_record(double step_seconds) {
                                     torch::kFloat64);
   all = s_.mpi.all_gather(all.view({1, 2})).view({layout.replicas, layout.stages, 2});
   const torch::Tensor per_stage = all.mean(0);  // over replicas
+  const std::vector<double>& predicted = s_.predicted_stage_ms.for_mode(s_.engine.cuda_graphs());
   std::vector<double> busy_ms;
   std::string busy_text, per_micro_batch_text, predicted_text;
   for (int s = 0; s < layout.stages; ++s) {
@@ -136,8 +137,7 @@ nlohmann::json ProgressReport::pipeline_record(double step_seconds) {
     busy_text += str_format("{}{:.1f}", separator, busy_ms.back());
     per_micro_batch_text +=
         str_format("{}{:.2f}", separator, busy_ms.back() / layout.micro_batches);
-    if (!s_.predicted_stage_ms.empty())
-      predicted_text += str_format("{}{:.2f}", separator, s_.predicted_stage_ms[s]);
+    if (!predicted.empty()) predicted_text += str_format("{}{:.2f}", separator, predicted[s]);
   }
   const double mean_busy = per_stage.select(1, 0).mean().item<double>();
   const double bubble = std::max(0.0, 1.0 - mean_busy / step_seconds);
@@ -159,7 +159,7 @@ nlohmann::json ProgressReport::pipeline_record(double step_seconds) {
                            {"bubble", bubble},
                            {"gpipe_bubble", ideal},
                            {"bytes_per_step", bytes}};
-  if (!s_.predicted_stage_ms.empty()) record["predicted_stage_ms"] = s_.predicted_stage_ms;
+  if (!predicted.empty()) record["predicted_stage_ms"] = predicted;
   return record;
 }
 

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "myriad/train/train_config.h"
-#include "myriad/util/device.h"
 
 namespace myriad {
 
@@ -34,20 +33,19 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
   s.num_classes = num_classes;
   s.embedding_size = config.embedding_size;
   s.sample_rate = config.sample_rate;
-  s.gemm_bytes = config.precision == "fp32" ? 4 : 2;
+  // The GPUs that the model is for compute in bfloat16 at full speed.
+  const Precision precision = resolve_precision(config.precision, /*fast_bfloat16=*/true);
+  s.gemm_bytes = precision == Precision::kFp32 ? 4 : 2;
   const int64_t states = optimizer_states(config);
   s.classifier_states = states;
-  s.classifier_state_bytes = config.classifier_state_dtype == "bf16" ? 2 : 4;
-  s.classifier_weight_bytes = config.classifier_weight_dtype == "bf16" ? 2 : 4;
-  // "auto" precision is bf16 on the GPUs that the model is for.
-  s.classifier_rows =
-      row_source(parse_float_dtype(config.classifier_weight_dtype),
-                 parse_float_dtype(config.precision == "auto" ? "bf16" : config.precision),
-                 config.sample_rate < 1.0);
+  s.classifier_state_bytes = config.classifier_state_dtype == torch::kBFloat16 ? 2 : 4;
+  s.classifier_weight_bytes = config.classifier_weight_dtype == torch::kBFloat16 ? 2 : 4;
+  s.classifier_rows = row_source(config.classifier_weight_dtype, compute_dtype(precision),
+                                 config.sample_rate < 1.0);
   s.classifier_workspace = config.classifier_workspace;
   s.backbone_params = backbone_params;
   s.backbone_states = states;
-  s.grad_comm_bytes = config.grad_comm_dtype == "fp32" ? 4 : 2;
+  s.grad_comm_bytes = config.grad_comm_dtype == torch::kFloat32 ? 4 : 2;
   s.bucket_bytes = config.bucket_bytes;
   return s;
 }

@@ -1,7 +1,10 @@
 #include "myriad/train/train_config.h"
 
 #include <algorithm>
+#include <array>
+#include <optional>
 #include <sstream>
+#include <type_traits>
 
 #include "myriad/util/cli.h"
 #include "myriad/util/device.h"
@@ -35,11 +38,71 @@ void require(bool ok, const std::string& message) {
   if (!ok) throw UsageError(message);
 }
 
-bool one_of(const std::string& value, std::initializer_list<const char*> allowed) {
-  for (const char* a : allowed) {
-    if (value == a) return true;
+// The choices of each option, in the order its errors list them.
+constexpr std::array<Precision, 4> kPrecisions = {Precision::kAuto, Precision::kFp32,
+                                                  Precision::kBf16, Precision::kFp16};
+constexpr std::array<Toggle, 3> kToggles = {Toggle::kAuto, Toggle::kOn, Toggle::kOff};
+constexpr std::array<ScheduleChoice, 3> kSchedules = {ScheduleChoice::kAuto, ScheduleChoice::kGPipe,
+                                                      ScheduleChoice::k1F1B};
+constexpr std::array<OptimizerKind, 2> kOptimizers = {OptimizerKind::kSgd, OptimizerKind::kAdamW};
+constexpr std::array<LrScheduleKind, 3> kLrSchedules = {
+    LrScheduleKind::kPoly, LrScheduleKind::kCosine, LrScheduleKind::kStep};
+constexpr std::array<DevicePreference, 3> kDevices = {
+    DevicePreference::kAuto, DevicePreference::kCpu, DevicePreference::kCuda};
+const std::array<torch::ScalarType, 3> kCommDtypes = {torch::kFloat32, torch::kBFloat16,
+                                                      torch::kFloat16};
+// The classifier's kernels keep weights and optimizer states in these only.
+const std::array<torch::ScalarType, 2> kClassifierDtypes = {torch::kFloat32, torch::kBFloat16};
+
+// A choice as its option spells it.
+const char* name_of(torch::ScalarType dtype) {
+  return float_dtype_name(dtype);
+}
+template <class Enum>
+const char* name_of(Enum value) {
+  return to_string(value);
+}
+
+// "--option must be a, b or c".
+template <class Choices>
+std::string must_be(const std::string& option, const Choices& allowed) {
+  std::string list;
+  for (size_t i = 0; i < allowed.size(); ++i) {
+    if (i > 0) list += i + 1 < allowed.size() ? ", " : " or ";
+    list += name_of(*(allowed.begin() + i));
   }
-  return false;
+  return str_format("--{} must be {}", option, list);
+}
+
+// The one of `allowed` that `text` spells, if any.
+template <class Choices>
+auto find_choice(const std::string& text, const Choices& allowed)
+    -> std::optional<std::decay_t<decltype(*allowed.begin())>> {
+  for (const auto value : allowed) {
+    if (text == name_of(value)) return value;
+  }
+  return std::nullopt;
+}
+
+// `text`, the value of --`option`, as one of `allowed`; anything else is a UsageError.
+template <class Choices>
+auto parse_choice(const std::string& option, const std::string& text, const Choices& allowed) {
+  const auto value = find_choice(text, allowed);
+  require(value.has_value(), str_format("{}, got '{}'", must_be(option, allowed), text));
+  return *value;
+}
+
+// The choice that --`option` gives in `values`.
+template <class Choices>
+auto choice(const po::variables_map& values, const std::string& option, const Choices& allowed) {
+  return parse_choice(option, values[option].as<std::string>(), allowed);
+}
+
+// The dtype that --`option` gives the classifier, whose error lists the choices only.
+torch::ScalarType classifier_dtype(const po::variables_map& values, const std::string& option) {
+  const auto dtype = find_choice(values[option].as<std::string>(), kClassifierDtypes);
+  require(dtype.has_value(), must_be(option, kClassifierDtypes));
+  return *dtype;
 }
 
 }  // namespace
@@ -61,41 +124,41 @@ po::options_description train_options(TrainConfig& c) {
       ("activation-checkpointing", po::bool_switch(&c.activation_checkpointing), "keep only each block's input in forward and recompute it in backward: less memory, about a third more compute")
       ("embedding-size", po::value(&c.embedding_size)->default_value(c.embedding_size), "embedding dimension D")
       ("dropout", real_option(&c.dropout), "dropout before the embedding layer")
-      ("channels-last", po::value(&c.channels_last)->default_value(c.channels_last), "convolutions in channels-last (NHWC) layout: auto (on GPUs, where cuDNN's NHWC kernels are the fast ones), on or off")
+      ("channels-last", po::value<std::string>()->default_value(name_of(c.channels_last)), "convolutions in channels-last (NHWC) layout: auto (on GPUs, where cuDNN's NHWC kernels are the fast ones), on or off")
       ("sync-bn", po::bool_switch(&c.sync_bn), "batch norm over the global batch (SyncBN): training does not depend on how the batch is split")
-      ("cuda-graphs", po::value(&c.cuda_graphs)->default_value(c.cuda_graphs), "on: record the backbone's forward and backward of a micro-batch as CUDA graphs once and replay them, with no per-kernel launch cost on the host, which dominates deep backbones at small micro-batches, and the gradient all-reduce overlapped inside the replayed backward (GPUs; not with --sync-bn or --activation-checkpointing); auto: on GPUs where they may run, whichever of eager steps and graphs the first steps measure faster; off. A recording that runs out of memory goes on eagerly")
+      ("cuda-graphs", po::value<std::string>()->default_value(name_of(c.cuda_graphs)), "on: record the backbone's forward and backward of a micro-batch as CUDA graphs once and replay them, with no per-kernel launch cost on the host, which dominates deep backbones at small micro-batches, and the gradient all-reduce overlapped inside the replayed backward (GPUs; not with --sync-bn or --activation-checkpointing); auto: on GPUs where they may run, whichever of eager steps and graphs the first steps measure faster; off. A recording that runs out of memory goes on eagerly")
       ("num-classes", count_option(&c.num_classes), "classes C (default: the data's num_classes attribute)")
       ("synthetic-size", count_option(&c.synthetic_size), "images of --data synthetic (default: 64 per class, at least one epoch of 100 steps)")
       ("batch-size", count_option(&c.batch_size), "samples per replica and step: per rank with one pipeline stage")
       ("micro-batches", po::value(&c.micro_batches)->default_value(c.micro_batches), "micro-batches per step: gradient accumulation, and what pipeline stages overlap (must divide --batch-size)")
       ("pipeline-stages", po::value(&c.pipeline_stages)->default_value(c.pipeline_stages), "cut the backbone into this many consecutive stages on neighbouring ranks (must divide the ranks; docs/pipeline.md)")
       ("pipeline-split", po::value(&c.pipeline_split), "the first block of each stage after the first, e.g. 26,52,78 (default: the fastest cut, from a profile of every block)")
-      ("pipeline-schedule", po::value(&c.pipeline_schedule)->default_value(c.pipeline_schedule), "gpipe (all forwards, then all backwards: fastest), 1f1b (stage s holds min(P - s, M) micro-batches: the most memory left), or auto: gpipe unless the profile says its micro-batches do not fit")
+      ("pipeline-schedule", po::value<std::string>()->default_value(name_of(c.pipeline_schedule)), "gpipe (all forwards, then all backwards: fastest), 1f1b (stage s holds min(P - s, M) micro-batches: the most memory left), or auto: gpipe unless the profile says its micro-batches do not fit")
       ("pipeline-profile", po::bool_switch(&c.pipeline_profile), "log every block's profiled time and memory, and the cut's predicted stage times (also with one stage)")
       ("pipeline-memory", po::value<std::string>()->default_value("0"), "memory a stage may use per GPU (e.g. 70G; 0: what the device has left after the classifier)")
       ("epochs", count_option(&c.epochs), "passes over the training data")
       ("max-steps", count_option(&c.max_steps), "stop after this many steps (0: --epochs decides)")
-      ("optimizer", po::value(&c.optimizer)->default_value(c.optimizer), "sgd or adamw, for the backbone and the classifier")
+      ("optimizer", po::value<std::string>()->default_value(name_of(c.optimizer)), "sgd or adamw, for the backbone and the classifier")
       ("lr", real_option(&c.lr), "peak learning rate")
       ("weight-decay", real_option(&c.weight_decay), "weight decay")
       ("momentum", real_option(&c.momentum), "SGD momentum")
       ("nesterov", po::bool_switch(&c.nesterov), "Nesterov momentum")
       ("classifier-lr", po::value(&c.classifier_lr)->default_value(0.0), "peak learning rate of the classifier (default: --lr)")
       ("classifier-weight-decay", po::value(&c.classifier_weight_decay)->default_value(-1.0), "classifier weight decay (default: --weight-decay)")
-      ("classifier-state-dtype", po::value(&c.classifier_state_dtype)->default_value(c.classifier_state_dtype), "classifier optimizer state: fp32 or bf16")
-      ("classifier-weight-dtype", po::value(&c.classifier_weight_dtype)->default_value(c.classifier_weight_dtype), "classifier weights: fp32, or bf16 updated with stochastic rounding (half the memory)")
+      ("classifier-state-dtype", po::value<std::string>()->default_value(name_of(c.classifier_state_dtype)), "classifier optimizer state: fp32 or bf16")
+      ("classifier-weight-dtype", po::value<std::string>()->default_value(name_of(c.classifier_weight_dtype)), "classifier weights: fp32, or bf16 updated with stochastic rounding (half the memory)")
       ("classifier-workspace", po::value<std::string>()->default_value("2G"), "memory budget of the classifier's chunks (e.g. 512M, 8G)")
-      ("lr-schedule", po::value(&c.lr_schedule)->default_value(c.lr_schedule), "poly, cosine or step, after the warmup")
+      ("lr-schedule", po::value<std::string>()->default_value(name_of(c.lr_schedule)), "poly, cosine or step, after the warmup")
       ("poly-power", real_option(&c.poly_power), "exponent of the poly schedule")
       ("lr-steps", po::value<std::string>(), "steps at which the step schedule multiplies the rate by --lr-gamma (e.g. 10000,20000)")
       ("lr-gamma", real_option(&c.lr_gamma), "factor of the step schedule")
       ("warmup-steps", count_option(&c.warmup_steps), "linear warmup from 0 to --lr")
       ("warmup-epochs", real_option(&c.warmup_epochs), "linear warmup over this many epochs (may be fractional); replaces --warmup-steps")
-      ("precision", po::value(&c.precision)->default_value(c.precision), "auto (bf16 on GPUs of compute capability 8.0 or later, fp32 on the CPU and older GPUs), fp32, bf16 (autocast) or fp16 (autocast and dynamic loss scaling)")
+      ("precision", po::value<std::string>()->default_value(name_of(c.precision)), "auto (bf16 on GPUs of compute capability 8.0 or later, fp32 on the CPU and older GPUs), fp32, bf16 (autocast) or fp16 (autocast and dynamic loss scaling)")
       ("sample-rate", real_option(&c.sample_rate), "Partial FC: fraction of negative classes per step, in (0, 1]")
       ("grad-clip", real_option(&c.grad_clip), "clip the backbone gradient's global norm to this (0: off)")
       ("bucket-size", po::value<std::string>()->default_value("25M"), "gradient all-reduce bucket size (bytes, e.g. 25M)")
-      ("grad-comm-dtype", po::value(&c.grad_comm_dtype)->default_value(c.grad_comm_dtype), "dtype of the gradient all-reduce: fp32, or bf16/fp16 to halve the bytes on slow links between hosts (summed in that dtype, then cast back)")
+      ("grad-comm-dtype", po::value<std::string>()->default_value(name_of(c.grad_comm_dtype)), "dtype of the gradient all-reduce: fp32, or bf16/fp16 to halve the bytes on slow links between hosts (summed in that dtype, then cast back)")
       ("log-every", count_option(&c.log_every), "log and record metrics every this many steps")
       ("eval-every", count_option(&c.eval_every), "evaluate every this many steps (0: at the end only)")
       ("eval-batch-size", count_option(&c.eval_batch_size), "samples per rank and evaluation batch")
@@ -105,7 +168,7 @@ po::options_description train_options(TrainConfig& c) {
       ("workers", po::value(&c.workers)->default_value(c.workers), "data loader threads per rank")
       ("prefetch", po::value(&c.prefetch)->default_value(c.prefetch), "batches the loader prepares ahead")
       ("no-flip", po::bool_switch(), "no random horizontal flip")
-      ("device", po::value(&c.device)->default_value(c.device), "auto, cpu or cuda")
+      ("device", po::value<std::string>()->default_value(name_of(c.device)), "auto, cpu or cuda")
       ("checkpoint-dir", po::value(&c.checkpoint_dir), "where checkpoints go (default: RUN_DIR/checkpoints)")
       ("checkpoint-every", count_option(&c.checkpoint_every), "write a checkpoint every this many steps, and at the end (0: only when stopped by a signal)")
       ("checkpoint-keep", po::value(&c.checkpoint_keep)->default_value(c.checkpoint_keep), "how many checkpoints to keep")
@@ -120,7 +183,11 @@ po::options_description train_options(TrainConfig& c) {
   return options;
 }
 
-void finish_train_config(const po::variables_map& values, TrainConfig& c) {
+namespace {
+
+// The options given as text that are not choices: shapes, byte sizes, lists, step ranges, and the
+// defaults that other options decide.
+void read_text_options(const po::variables_map& values, TrainConfig& c) {
   c.input = parse_input_shape(values["input-shape"].as<std::string>());
   c.margin = margin_from_options(values);
   c.classifier_workspace = parse_byte_size(values["classifier-workspace"].as<std::string>());
@@ -152,13 +219,15 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   c.random_flip = !values["no-flip"].as<bool>();
   if (c.classifier_lr == 0.0) c.classifier_lr = c.lr;
   if (c.classifier_weight_decay < 0.0) c.classifier_weight_decay = c.weight_decay;
+}
 
+// The model's, the batch's and the pipeline's options: choices parsed, values checked.
+void finish_model_options(const po::variables_map& values, TrainConfig& c) {
   require(!c.run_dir.empty(), "--run-dir must not be empty");
   require(std::find(backbone_names().begin(), backbone_names().end(), c.backbone) !=
               backbone_names().end(),
           str_format("unknown --backbone '{}'", c.backbone));
-  require(one_of(c.channels_last, {"auto", "on", "off"}),
-          str_format("--channels-last must be auto, on or off, got '{}'", c.channels_last));
+  c.channels_last = choice(values, "channels-last", kToggles);
   require(c.embedding_size > 0, "--embedding-size must be positive");
   require(c.dropout >= 0.0 && c.dropout < 1.0, "--dropout must be in [0, 1)");
   require(c.num_classes >= 0, "--num-classes must be positive");
@@ -171,39 +240,36 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(c.pipeline_stages > 0, "--pipeline-stages must be positive");
   require(c.pipeline_split.empty() || c.pipeline_stages > 1,
           "--pipeline-split needs --pipeline-stages 2 or more");
-  require(one_of(c.cuda_graphs, {"auto", "on", "off"}),
-          str_format("--cuda-graphs must be auto, on or off, got '{}'", c.cuda_graphs));
-  require(c.cuda_graphs != "on" || !c.sync_bn,
+  c.cuda_graphs = choice(values, "cuda-graphs", kToggles);
+  require(c.cuda_graphs != Toggle::kOn || !c.sync_bn,
           "--cuda-graphs on and --sync-bn exclude each other (SyncBN's all-reduces are not "
           "recorded)");
-  require(c.cuda_graphs != "on" || !c.activation_checkpointing,
+  require(c.cuda_graphs != Toggle::kOn || !c.activation_checkpointing,
           "--cuda-graphs on and --activation-checkpointing exclude each other");
-  require(
-      one_of(c.pipeline_schedule, {"auto", "gpipe", "1f1b"}),
-      str_format("--pipeline-schedule must be auto, gpipe or 1f1b, got '{}'", c.pipeline_schedule));
+  c.pipeline_schedule = choice(values, "pipeline-schedule", kSchedules);
+}
+
+// The optimizer's, the run's and the checkpoints' options: choices parsed, values checked.
+void finish_training_options(const po::variables_map& values, TrainConfig& c) {
   require(c.epochs > 0, "--epochs must be positive");
   require(c.max_steps >= 0, "--max-steps must not be negative");
-  require(one_of(c.optimizer, {"sgd", "adamw"}),
-          str_format("--optimizer must be sgd or adamw, got '{}'", c.optimizer));
+  c.optimizer = choice(values, "optimizer", kOptimizers);
   require(c.lr > 0.0 && c.classifier_lr > 0.0, "learning rates must be positive");
   require(c.weight_decay >= 0.0, "--weight-decay must not be negative");
   require(c.momentum >= 0.0 && c.momentum < 1.0, "--momentum must be in [0, 1)");
-  require(one_of(c.classifier_state_dtype, {"fp32", "bf16"}),
-          "--classifier-state-dtype must be fp32 or bf16");
-  require(one_of(c.classifier_weight_dtype, {"fp32", "bf16"}),
-          "--classifier-weight-dtype must be fp32 or bf16");
+  c.classifier_state_dtype = classifier_dtype(values, "classifier-state-dtype");
+  c.classifier_weight_dtype = classifier_dtype(values, "classifier-weight-dtype");
   require(c.classifier_workspace > 0, "--classifier-workspace must be positive");
-  require(one_of(c.lr_schedule, {"poly", "cosine", "step"}),
-          str_format("--lr-schedule must be poly, cosine or step, got '{}'", c.lr_schedule));
+  c.lr_schedule = choice(values, "lr-schedule", kLrSchedules);
   require(c.poly_power > 0.0, "--poly-power must be positive");
   require(c.lr_gamma > 0.0, "--lr-gamma must be positive");
-  require(c.lr_schedule != "step" || !c.lr_steps.empty(), "--lr-schedule step needs --lr-steps");
+  require(c.lr_schedule != LrScheduleKind::kStep || !c.lr_steps.empty(),
+          "--lr-schedule step needs --lr-steps");
   require(c.warmup_steps >= 0, "--warmup-steps must not be negative");
   require(c.warmup_epochs >= 0.0, "--warmup-epochs must not be negative");
   require(c.warmup_epochs == 0.0 || c.warmup_steps == 0,
           "--warmup-epochs and --warmup-steps exclude each other");
-  require(one_of(c.precision, {"auto", "fp32", "bf16", "fp16"}),
-          str_format("--precision must be auto, fp32, bf16 or fp16, got '{}'", c.precision));
+  c.precision = choice(values, "precision", kPrecisions);
   require(c.sample_rate > 0.0 && c.sample_rate <= 1.0, "--sample-rate must be in (0, 1]");
   require(c.grad_clip >= 0.0, "--grad-clip must not be negative");
   require(c.bucket_bytes > 0, "--bucket-size must be positive");
@@ -212,16 +278,22 @@ void finish_train_config(const po::variables_map& values, TrainConfig& c) {
   require(c.eval_batch_size > 0, "--eval-batch-size must be positive");
   require(c.threads >= 0, "--threads must not be negative");
   require(c.workers > 0 && c.prefetch > 0, "--workers and --prefetch must be positive");
-  require(one_of(c.device, {"auto", "cpu", "cuda"}),
-          str_format("--device must be auto, cpu or cuda, got '{}'", c.device));
+  c.device = choice(values, "device", kDevices);
   if (c.checkpoint_dir.empty()) c.checkpoint_dir = c.run_dir + "/checkpoints";
   require(c.checkpoint_every >= 0, "--checkpoint-every must not be negative");
   require(c.checkpoint_keep > 0, "--checkpoint-keep must be positive");
   require(!c.resume.empty(), "--resume must be none, auto or a checkpoint directory");
   require(c.stop_at_step >= 0, "--stop-at-step must not be negative");
   require(c.hang_timeout >= 0, "--hang-timeout must not be negative");
-  require(one_of(c.grad_comm_dtype, {"fp32", "bf16", "fp16"}),
-          str_format("--grad-comm-dtype must be fp32, bf16 or fp16, got '{}'", c.grad_comm_dtype));
+  c.grad_comm_dtype = choice(values, "grad-comm-dtype", kCommDtypes);
+}
+
+}  // namespace
+
+void finish_train_config(const po::variables_map& values, TrainConfig& c) {
+  read_text_options(values, c);
+  finish_model_options(values, c);
+  finish_training_options(values, c);
 }
 
 std::string config_as_ini(const po::variables_map& values) {
@@ -270,9 +342,86 @@ TrainConfig train_config_from_ini(const std::string& ini, const std::string& wha
   return config;
 }
 
-std::string resolve_precision(const std::string& precision, const torch::Device& device) {
-  if (precision != "auto") return precision;
-  return has_fast_bfloat16(device) ? "bf16" : "fp32";
+const char* to_string(Precision precision) {
+  switch (precision) {
+    case Precision::kAuto:
+      return "auto";
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+  }
+  MYRIAD_THROW("no Precision {}", static_cast<int>(precision));
+}
+
+const char* to_string(Toggle toggle) {
+  switch (toggle) {
+    case Toggle::kAuto:
+      return "auto";
+    case Toggle::kOn:
+      return "on";
+    case Toggle::kOff:
+      return "off";
+  }
+  MYRIAD_THROW("no Toggle {}", static_cast<int>(toggle));
+}
+
+const char* to_string(ScheduleChoice schedule) {
+  switch (schedule) {
+    case ScheduleChoice::kAuto:
+      return "auto";
+    case ScheduleChoice::kGPipe:
+      return "gpipe";
+    case ScheduleChoice::k1F1B:
+      return "1f1b";
+  }
+  MYRIAD_THROW("no ScheduleChoice {}", static_cast<int>(schedule));
+}
+
+const char* to_string(OptimizerKind optimizer) {
+  switch (optimizer) {
+    case OptimizerKind::kSgd:
+      return "sgd";
+    case OptimizerKind::kAdamW:
+      return "adamw";
+  }
+  MYRIAD_THROW("no OptimizerKind {}", static_cast<int>(optimizer));
+}
+
+Precision parse_precision(const std::string& text, std::initializer_list<Precision> allowed) {
+  return parse_choice("precision", text, allowed);
+}
+
+Precision resolve_precision(Precision precision, bool fast_bfloat16) {
+  if (precision != Precision::kAuto) return precision;
+  return fast_bfloat16 ? Precision::kBf16 : Precision::kFp32;
+}
+
+Precision resolve_precision(Precision precision, const torch::Device& device) {
+  MYRIAD_CHECK_COLLECTIVE(precision != Precision::kFp16 || device.is_cuda(),
+                          "--precision fp16 needs GPUs");
+  return resolve_precision(precision, has_fast_bfloat16(device));
+}
+
+torch::ScalarType compute_dtype(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32:
+      return torch::kFloat32;
+    case Precision::kBf16:
+      return torch::kBFloat16;
+    case Precision::kFp16:
+      return torch::kFloat16;
+    case Precision::kAuto:
+      break;
+  }
+  MYRIAD_THROW("--precision {} has no dtype before resolve_precision", to_string(precision));
+}
+
+std::optional<torch::ScalarType> autocast_dtype(Precision precision) {
+  if (precision == Precision::kFp32) return std::nullopt;
+  return compute_dtype(precision);
 }
 
 BackboneOptions backbone_options(const TrainConfig& config) {
@@ -293,12 +442,20 @@ int64_t synthetic_classes(const TrainConfig& config) {
   return config.num_classes > 0 ? config.num_classes : 1000;
 }
 
-bool use_channels_last(const TrainConfig& config, const torch::Device& device) {
-  return config.channels_last == "on" || (config.channels_last == "auto" && device.is_cuda());
+std::shared_ptr<Backbone> training_backbone(const TrainConfig& config,
+                                            const torch::Device& device) {
+  std::shared_ptr<Backbone> backbone = make_backbone(backbone_options(config));
+  backbone->set_activation_checkpointing(config.activation_checkpointing);
+  backbone->set_channels_last(use_channels_last(config.channels_last, device));
+  return backbone;
+}
+
+bool use_channels_last(Toggle choice, const torch::Device& device) {
+  return choice == Toggle::kOn || (choice == Toggle::kAuto && device.is_cuda());
 }
 
 int64_t optimizer_states(const TrainConfig& config) {
-  return config.optimizer == "adamw" ? 2 : 1;
+  return config.optimizer == OptimizerKind::kAdamW ? 2 : 1;
 }
 
 double parameter_state_factor(const TrainConfig& config) {

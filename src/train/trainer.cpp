@@ -73,7 +73,7 @@ void check_shape(const DatasetInfo& info, const InputShape& input, const std::st
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c,
                                                         const std::vector<torch::Tensor>& params) {
-  if (c.optimizer == "adamw") {
+  if (c.optimizer == OptimizerKind::kAdamW) {
     return std::make_unique<MultiTensorAdamW>(
         params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
   }
@@ -92,19 +92,19 @@ ShardedSoftmaxOptions classifier_options(const TrainConfig& c, int64_t classes) 
   o.num_classes = classes;
   o.embedding_size = c.embedding_size;
   o.margin = c.margin;
-  o.gemm_dtype = parse_float_dtype(c.precision);
+  o.gemm_dtype = compute_dtype(c.precision);
   o.workspace_bytes = c.classifier_workspace;
   o.sample_rate = c.sample_rate;
   o.seed = c.seed;
   o.update = WeightUpdate::kFused;
-  o.non_finite = c.precision == "fp16" ? NonFinitePolicy::kSkip : NonFinitePolicy::kError;
-  o.optimizer.kind = parse_optimizer_kind(c.optimizer);
+  o.non_finite = c.precision == Precision::kFp16 ? NonFinitePolicy::kSkip : NonFinitePolicy::kError;
+  o.optimizer.kind = c.optimizer;
   o.optimizer.lr = c.classifier_lr;
   o.optimizer.weight_decay = c.classifier_weight_decay;
   o.optimizer.momentum = c.momentum;
   o.optimizer.nesterov = c.nesterov;
-  o.optimizer.state_dtype = parse_float_dtype(c.classifier_state_dtype);
-  o.weight_dtype = parse_float_dtype(c.classifier_weight_dtype);
+  o.optimizer.state_dtype = c.classifier_state_dtype;
+  o.weight_dtype = c.classifier_weight_dtype;
   return o;
 }
 
@@ -123,6 +123,8 @@ class Run {
   void build_pipeline();
   void make_loader();
   void log_start(int64_t global_batch) const;
+  // The line of a run that stops early, after `steps_done`, and why.
+  void log_stop(int64_t steps_done);
   void evaluate(int64_t step, int64_t epoch, TrainResult& result);
   void init_classifier();
   // The state a checkpoint holds, as of now.
@@ -155,7 +157,7 @@ class Run {
   std::unique_ptr<PipelineEngine> engine_;
   // The balancer's forward + backward ms per micro-batch of each stage (when it profiled), which
   // the progress report sets beside the measured ones.
-  std::vector<double> predicted_stage_ms_;
+  StagePrediction predicted_stage_ms_;
   std::vector<torch::Tensor> params_;  // this stage's trainable parameters
   std::unique_ptr<ShardedMarginSoftmax> classifier_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -183,7 +185,7 @@ class Run {
 Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_ini)
     : context_(context),
       c_(config),
-      device_(context.select_device(parse_device_preference(config.device))),
+      device_(context.select_device(config.device)),
       comms_(context),
       comm_(comms_.for_device(device_)),
       scaler_(device_),
@@ -192,16 +194,14 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       stragglers_(context),
       store_(config.checkpoint_dir),
       stop_file_(default_stop_file(config.run_dir)) {
-  precision_was_auto_ = c_.precision == "auto";
+  precision_was_auto_ = c_.precision == Precision::kAuto;
   c_.precision = resolve_precision(c_.precision, device_);
-  MYRIAD_CHECK_COLLECTIVE(c_.precision != "fp16" || device_.is_cuda(),
-                          "--precision fp16 needs GPUs");
   MYRIAD_CHECK_COLLECTIVE(c_.profile_first == 0 || device_.is_cuda(),
                           "--profile-steps needs GPUs (it drives the CUDA profiler)");
-  MYRIAD_CHECK_COLLECTIVE(c_.cuda_graphs != "on" || device_.is_cuda(),
+  MYRIAD_CHECK_COLLECTIVE(c_.cuda_graphs != Toggle::kOn || device_.is_cuda(),
                           "--cuda-graphs on needs GPUs");
   if (c_.deterministic) use_deterministic_algorithms();
-  if (c_.precision != "fp32") autocast_ = parse_float_dtype(c_.precision);
+  autocast_ = autocast_dtype(c_.precision);
   layout_ = pipeline_layout(context.size(), context.rank(), c_.pipeline_stages, c_.micro_batches);
   // --batch-size is per replica: a pipeline's stages share their replica's batch.
   const int64_t global_batch = c_.batch_size * layout_.replicas;
@@ -212,14 +212,15 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   classifier_ =
       std::make_unique<ShardedMarginSoftmax>(comm_, classifier_options(c_, classes_), device_);
   if (!c_.init_classifier.empty()) init_classifier();
-  if (c_.precision == "fp16") classifier_->set_inverse_loss_scale(scaler_.inverse_scale());
+  if (c_.precision == Precision::kFp16)
+    classifier_->set_inverse_loss_scale(scaler_.inverse_scale());
   build_pipeline();
   optimizer_ = make_optimizer(c_, params_);
   backbone_step_ = dynamic_cast<SkippableStep*>(optimizer_.get());
   // Gradients are summed among the ranks that hold the same stage.
   sync_ = std::make_unique<GradientSynchronizer>(
       params_, comms_.create_split(device_, layout_.stage, layout_.replica), c_.bucket_bytes,
-      parse_float_dtype(c_.grad_comm_dtype));
+      c_.grad_comm_dtype);
 
   sampler_ = std::make_shared<DistributedSampler>(data_->info().size, global_batch,
                                                   layout_.replicas, c_.seed);
@@ -327,12 +328,14 @@ void Run::log_start(int64_t global_batch) const {
   log_info(
       "myriad-train: {}; {}{} (backbone {}, {:.1f}M parameters, {:.2f}G multiply-adds per image, "
       "{}{}, {} gradient buckets{}), {} classes ({} per rank), {}",
-      placement, c_.precision, precision_was_auto_ ? " (--precision auto)" : "", c_.backbone,
-      backbone_params / 1e6, backbone_->multiply_adds() / 1e9,
+      placement, to_string(c_.precision), precision_was_auto_ ? " (--precision auto)" : "",
+      c_.backbone, backbone_params / 1e6, backbone_->multiply_adds() / 1e9,
       backbone_->channels_last() ? "channels-last" : "NCHW",
       graphs_->describe().empty() ? "" : ", " + graphs_->describe(), sync_->bucket_count(),
-      c_.grad_comm_dtype == "fp32" ? "" : ", all-reduced in " + c_.grad_comm_dtype, classes_,
-      classifier_->partition().size(context_.rank()), c_.margin.describe());
+      c_.grad_comm_dtype == torch::kFloat32
+          ? ""
+          : std::string(", all-reduced in ") + float_dtype_name(c_.grad_comm_dtype),
+      classes_, classifier_->partition().size(context_.rank()), c_.margin.describe());
   log_info(
       "data {} ({} images {}x{}x{}), global batch {} ({} per {}), {} steps per epoch, {} steps",
       data_->info().name, data_->info().size, data_->info().channels, data_->info().height,
@@ -340,24 +343,30 @@ void Run::log_start(int64_t global_batch) const {
       sampler_->steps_per_epoch(), total_steps_);
 }
 
+void Run::log_stop(int64_t steps_done) {
+  const std::string why = stop_requested()         ? stop_signal_name()
+                          : stop_file_.requested() ? "the stop request " + stop_file_.path()
+                          : steps_done == c_.stop_at_step
+                              ? std::string("--stop-at-step")
+                              : std::string("a request another rank received");
+  log_info("stopping after step {} ({}); resume with --resume auto", steps_done, why);
+}
+
 // The backbone, whole on every rank, and this rank's stage of it on the device (all of it with
 // one stage), its optimizer's parameters and its communicators.
 void Run::build_pipeline() {
   torch::manual_seed(c_.seed);
-  backbone_ = make_backbone(backbone_options(c_));
+  backbone_ = training_backbone(c_, device_);
   if (!c_.init_backbone.empty()) {
     // Every rank reads the file, as it opens the data: every stage takes its blocks from it.
     on_every_rank(context_, str_format("reading --init-backbone '{}'", c_.init_backbone),
                   [&] { init_backbone(*backbone_, c_.init_backbone); });
   }
-  backbone_->set_activation_checkpointing(c_.activation_checkpointing);
-  // Before the profile, which must time the layout that trains.
-  backbone_->set_channels_last(use_channels_last(c_, device_));
   PipelinePlan plan =
       plan_pipeline(c_, *backbone_, comms_.mpi(), context_.rank(), device_, autocast_);
   layout_.cut = plan.cut;
   layout_.schedule = plan.schedule;
-  predicted_stage_ms_ = std::move(plan.predicted_stage_ms);
+  predicted_stage_ms_ = std::move(plan.predicted);
   if (layout_.stages > 1) {
     stage_comm_ = comms_.create_split(device_, layout_.stage, layout_.replica);
     engine_ = std::make_unique<PipelineEngine>(
@@ -515,7 +524,7 @@ void Run::evaluate(int64_t step, int64_t epoch, TrainResult& result) {
 
 TrainResult Run::execute() {
   TrainResult result;
-  const bool fp16 = c_.precision == "fp16";
+  const bool fp16 = c_.precision == Precision::kFp16;
   backbone_->train();
   progress_->start(total_steps_);
   for (int64_t step = start_step_; step < total_steps_; ++step) {
@@ -601,12 +610,7 @@ TrainResult Run::execute() {
       checkpointer_->complete();
     }
     if (stop && step + 1 < total_steps_) {
-      const std::string why = stop_requested()         ? stop_signal_name()
-                              : stop_file_.requested() ? "the stop request " + stop_file_.path()
-                              : step + 1 == c_.stop_at_step
-                                  ? std::string("--stop-at-step")
-                                  : std::string("a request another rank received");
-      log_info("stopping after step {} ({}); resume with --resume auto", step + 1, why);
+      log_stop(step + 1);
       result.stopped = true;
       return result;
     }

@@ -112,6 +112,19 @@ torch::ScalarType parse_float_dtype(const std::string& name) {
   throw UsageError(str_format("unknown floating-point type '{}' (fp32, bf16, fp16)", name));
 }
 
+const char* float_dtype_name(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32:
+      return "fp32";
+    case torch::kBFloat16:
+      return "bf16";
+    case torch::kFloat16:
+      return "fp16";
+    default:
+      MYRIAD_THROW("no option names {} (float32, bfloat16 or float16)", c10::toString(dtype));
+  }
+}
+
 cuda::ElementType element_type(torch::ScalarType dtype) {
   switch (dtype) {
     case torch::kFloat32:

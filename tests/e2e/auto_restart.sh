@@ -10,13 +10,8 @@
 #    --min-ranks, so one line says so, the exit is non-zero and nothing is left on any host.
 #   tests/e2e/auto_restart.sh BIN_DIR
 source "$(dirname "$0")/common.sh"
-repo=$(cd "$(dirname "$0")/../.." && pwd)
-source "$repo/tests/support/netns_cluster.sh"
-source "$repo/tests/support/cluster_jobs.sh"
-launch=$repo/launch/mpirun.sh
-cluster_up 3
-cd "$work"
-printf 'myrh1 slots=1\nmyrh2 slots=1\nmyrh3 slots=1\n' >"$work/hosts-3x1"
+source "$(dirname "$0")/../support/cluster_jobs.sh"
+job_cluster_up 3
 printf 'myrh1 slots=1\nmyrh3 slots=1\n' >"$work/hosts-1-3"
 steps=60
 # 3 ranks (2 after a restart) of batch 8, a checkpoint every 10 steps, all kept, a short hang timeout.

@@ -35,7 +35,19 @@ python_with() {
   exit 77
 }
 
-# The hang tests (hang_watchdog.sh, cuda_graphs_gpu.sh). rank_pid RUN_DIR RANK: the pid of that
+# The hang tests (hang_watchdog.sh, cuda_graphs_gpu.sh). guard_ranks: as root, no rank of this
+# test outlives it, whatever happens, and fail prints why with the tail of every log in $work.
+guard_ranks() {
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  trap 'pkill -KILL -f "myriad-train.*$work" || true; rm -rf "$work"' EXIT
+  fail() {
+    echo "FAILED: $*"
+    for f in "$work"/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 30 "$f"; }; done
+    exit 1
+  }
+}
+
+# rank_pid RUN_DIR RANK: the pid of that
 # rank of the myriad-train run writing RUN_DIR.
 rank_pid() {
   local pid

@@ -11,13 +11,7 @@
 source "$(dirname "$0")/common.sh"
 gpus=$2
 ranks=$(( gpus >= 2 ? 2 : 1 ))
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-trap 'pkill -KILL -f "myriad-train.*$work" || true; rm -rf "$work"' EXIT
-fail() {
-  echo "FAILED: $*"
-  for f in "$work"/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 30 "$f"; }; done
-  exit 1
-}
+guard_ranks
 forward=(-x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS)
 # gpu_train RANKS [options]: iresnet18 on synthetic data kept on the GPU; $fault, when set, is the
 # memory fault point's fraction.

@@ -13,15 +13,7 @@ source "$(dirname "$0")/common.sh"
 shim=$2
 [ -f "$shim" ] || { echo "no shim '$shim'"; exit 1; }
 shim=$(cd "$(dirname "$shim")" && pwd)/$(basename "$shim")
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# Whatever happens, no rank of this test outlives it.
-trap 'pkill -KILL -f "myriad-train.*$work" || true; rm -rf "$work"' EXIT
-
-fail() {
-  echo "FAILED: $*"
-  for f in "$work"/*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 30 "$f"; }; done
-  exit 1
-}
+guard_ranks
 ranks_left() { pgrep -f "myriad-train.*$work" || true; }
 # 1. A stopped rank. 3 ranks, a step of a few ms; rank 1 is stopped once the run has logged.
 timeout=4

@@ -12,16 +12,11 @@
 #    daemon), and the last checkpoint resumes.
 #   tests/e2e/multi_host.sh BIN_DIR
 source "$(dirname "$0")/common.sh"
-repo=$(cd "$(dirname "$0")/../.." && pwd)
-source "$repo/tests/support/netns_cluster.sh"
-source "$repo/tests/support/cluster_jobs.sh"
-launch=$repo/launch/mpirun.sh
-cluster_up 3
-cd "$work"
+source "$(dirname "$0")/../support/cluster_jobs.sh"
+job_cluster_up 3
 printf 'myrh1 slots=2\nmyrh2 slots=2\n' >"$work/hosts-2x2"
 printf 'myrh1 slots=2\nmyrh2 slots=1\nmyrh3 slots=1\n' >"$work/hosts-2-1-1"
 printf 'myrh1 slots=3\n' >"$work/hosts-1x3"
-printf 'myrh1 slots=1\nmyrh2 slots=1\nmyrh3 slots=1\n' >"$work/hosts-3x1"
 
 # Global batch 24 with SyncBN: how the batch is split over ranks changes no loss.
 train() { small_train "$1" --max-steps 20 --log-every 1 --lr 0.02 --sync-bn "${@:2}"; }

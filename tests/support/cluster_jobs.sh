@@ -1,9 +1,22 @@
 # shellcheck shell=bash
 # Jobs on the hosts of tests/support/netns_cluster.sh, for the e2e tests that start, stop and
-# break them (multi_host.sh, auto_restart.sh): `source` it after common.sh and netns_cluster.sh,
-# with $launch (launch/mpirun.sh) set. The test defines long_train (small_train of its run that
-# goes on until stopped), which start runs; launch_options (an array) adds options of
-# launch/mpirun.sh.
+# break them (multi_host.sh, auto_restart.sh): `source` it after common.sh; it sources
+# netns_cluster.sh and sets $repo and $launch (launch/mpirun.sh). The test defines long_train
+# (small_train of its run that goes on until stopped), which start runs; launch_options (an
+# array) adds options of launch/mpirun.sh.
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+source "$repo/tests/support/netns_cluster.sh"
+launch=$repo/launch/mpirun.sh
+
+# job_cluster_up N: hosts myrh1..myrhN (torn down on exit), the working directory $work, and
+# $work/hosts-Nx1, a hostfile of one slot on each host.
+job_cluster_up() {
+  cluster_up "$1"
+  cd "$work"
+  local h
+  for h in $(seq 1 "$1"); do echo "myrh$h slots=1"; done >"$work/hosts-$1x1"
+}
 
 # small_train's mpirun: with $hostfile set, the same ranks go through launch/mpirun.sh inside myrh1
 # (a login node) to the hosts of $hostfile, each rank running $exe (default myriad-train).

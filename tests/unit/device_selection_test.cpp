@@ -28,6 +28,8 @@ TEST(DeviceSelection, ParsesPreference) {
   EXPECT_EQ(parse_device_preference("cuda"), DevicePreference::kCuda);
   EXPECT_EQ(parse_device_preference("cpu"), DevicePreference::kCpu);
   EXPECT_THROW(parse_device_preference("tpu"), UsageError);
+  for (const char* name : {"auto", "cpu", "cuda"})
+    EXPECT_STREQ(to_string(parse_device_preference(name)), name);
 }
 
 TEST(DeviceSelection, FloatTypeOptionsNameTheKernelsElementTypes) {
@@ -35,6 +37,9 @@ TEST(DeviceSelection, FloatTypeOptionsNameTheKernelsElementTypes) {
   EXPECT_EQ(element_type(parse_float_dtype("bfloat16")), cuda::ElementType::kBFloat16);
   EXPECT_EQ(element_type(parse_float_dtype("fp16")), cuda::ElementType::kFloat16);
   EXPECT_THROW(parse_float_dtype("fp8"), UsageError);
+  for (const char* name : {"fp32", "bf16", "fp16"})
+    EXPECT_STREQ(float_dtype_name(parse_float_dtype(name)), name);
+  EXPECT_THROW(float_dtype_name(torch::kFloat64), Error);
   // Integer and double tensors have no kernel: the error names the type.
   try {
     element_type(torch::kFloat64);

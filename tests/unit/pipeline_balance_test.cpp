@@ -39,7 +39,10 @@ TEST(PipelineBalance, EqualsTheBestOfAllContiguousCuts) {
     const int64_t n = 3 + trial % 9;
     const int p = 1 + trial % std::min<int64_t>(4, n);
     std::vector<BlockCost> costs(static_cast<size_t>(n));
-    for (BlockCost& c : costs) c = {time(gen), bytes(gen), bytes(gen)};
+    for (BlockCost& c : costs) {
+      const double t = time(gen);
+      c = {t, t, bytes(gen), bytes(gen)};
+    }
     std::vector<int64_t> in_flight(static_cast<size_t>(p));
     for (int s = 0; s < p; ++s) in_flight[s] = 1 + (trial + s) % 4;
     // Half the trials under a memory limit that rules some cuts out.
@@ -74,7 +77,7 @@ TEST(PipelineBalance, EqualsTheBestOfAllContiguousCuts) {
 }
 
 TEST(PipelineBalance, AUniformModelIsCutEvenly) {
-  const std::vector<BlockCost> costs(12, BlockCost{1.0, 0.0, 0.0});
+  const std::vector<BlockCost> costs(12, BlockCost{1.0, 1.0, 0.0, 0.0});
   const std::optional<StageCut> cut =
       balance_stages(costs, {4, 4, 4}, std::numeric_limits<double>::infinity());
   ASSERT_TRUE(cut.has_value());
@@ -88,6 +91,23 @@ TEST(PipelineBalance, HandSplitsMustGiveEveryStageABlock) {
   EXPECT_THROW(parse_pipeline_split("0,5", 3, 10), UsageError);   // stage 0 has no block
   EXPECT_THROW(parse_pipeline_split("5,10", 3, 10), UsageError);  // the last has none
   EXPECT_THROW(parse_pipeline_split("5,x", 3, 10), UsageError);
+}
+
+// Stages that replay CUDA graphs are balanced on the blocks' replay times: a block whose kernels
+// are long but few (launch-light) weighs more there than its eager time says.
+TEST(PipelineBalance, ReplayedCostsBalanceTheReplayTimes) {
+  std::vector<BlockCost> costs(4);
+  const double eager[] = {1.0, 2.0, 2.0, 1.0}, replay[] = {1.0, 0.5, 0.5, 1.0};
+  for (size_t b = 0; b < costs.size(); ++b) costs[b] = {eager[b], replay[b], 0.0, 0.0};
+  const double unlimited = std::numeric_limits<double>::infinity();
+  const std::optional<StageCut> by_eager = balance_stages(costs, {1, 1, 1}, unlimited);
+  const std::optional<StageCut> by_replay =
+      balance_stages(replayed_costs(costs), {1, 1, 1}, unlimited);
+  ASSERT_TRUE(by_eager && by_replay);
+  EXPECT_EQ(by_eager->cut, (std::vector<int64_t>{0, 1, 2, 4}));
+  EXPECT_EQ(by_eager->stage_seconds, (std::vector<double>{1.0, 2.0, 3.0}));
+  EXPECT_EQ(by_replay->cut, (std::vector<int64_t>{0, 1, 3, 4}));
+  EXPECT_EQ(by_replay->stage_seconds, (std::vector<double>{1.0, 1.0, 1.0}));
 }
 
 }  // namespace

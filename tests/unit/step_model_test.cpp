@@ -143,10 +143,10 @@ TEST(StepModel, OneRankCommunicatesNothing) {
 TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   TrainConfig config;
   config.batch_size = 64;
-  config.precision = "bf16";
-  config.optimizer = "adamw";
-  config.classifier_state_dtype = "bf16";
-  config.grad_comm_dtype = "fp16";
+  config.precision = Precision::kBf16;
+  config.optimizer = OptimizerKind::kAdamW;
+  config.classifier_state_dtype = torch::kBFloat16;
+  config.grad_comm_dtype = torch::kFloat16;
   config.classifier_workspace = 12345;
   const StepShape s = step_shape(config, 16, 1000000, 42);
   EXPECT_EQ(s.ranks, 16);
@@ -161,18 +161,18 @@ TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   EXPECT_EQ(s.backbone_params, 42);
   EXPECT_EQ(s.classifier_weight_bytes, 4);
   EXPECT_EQ(s.classifier_rows, RowSource::kCopy);  // float32 rows, bf16 GEMMs: a copy
-  config.precision = "fp32";
+  config.precision = Precision::kFp32;
   EXPECT_EQ(step_shape(config, 1, 10, 1).gemm_bytes, 4);
   EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_rows, RowSource::kStored);
   config.sample_rate = 0.5;
   EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_rows, RowSource::kCopy);  // Partial FC copies
   config.sample_rate = 1.0;
   // bfloat16 weights halve the shard's memory.
-  config.classifier_weight_dtype = "bf16";
+  config.classifier_weight_dtype = torch::kBFloat16;
   const StepShape half = step_shape(config, 16, 1000000, 42);
   EXPECT_EQ(half.classifier_weight_bytes, 2);
   EXPECT_EQ(half.classifier_rows, RowSource::kCopy);  // bf16 rows, float32 GEMMs
-  config.precision = "bf16";
+  config.precision = Precision::kBf16;
   EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_rows, RowSource::kStored);
   EXPECT_DOUBLE_EQ(predict_step(half, small_rates()).classifier_weight_memory * 2,
                    predict_step(s, small_rates()).classifier_weight_memory);

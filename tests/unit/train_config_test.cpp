@@ -3,11 +3,15 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
 #include <sstream>
 
 #include "myriad/train/lr_schedule.h"
 #include "myriad/train/train_config.h"
 #include "myriad/util/cli.h"
+#include "myriad/util/device.h"
 #include "myriad/util/error.h"
 
 namespace myriad {
@@ -36,7 +40,7 @@ TEST(TrainConfig, DefaultsAndOverrides) {
   EXPECT_EQ(c.input.channels, 1);
   EXPECT_EQ(c.input.height, 28);
   EXPECT_EQ(c.batch_size, 64);
-  EXPECT_EQ(c.precision, "bf16");
+  EXPECT_EQ(c.precision, Precision::kBf16);
   EXPECT_EQ(c.margin.type, MarginType::kCosFace);
   EXPECT_EQ(c.eval_pairs, (std::vector<std::string>{"a.h5", "b.h5"}));
   EXPECT_DOUBLE_EQ(c.classifier_lr, c.lr);
@@ -45,8 +49,8 @@ TEST(TrainConfig, DefaultsAndOverrides) {
   EXPECT_TRUE(c.random_flip);
   EXPECT_FALSE(c.deterministic);
   EXPECT_TRUE(parse({"--deterministic"}).deterministic);
-  EXPECT_EQ(c.classifier_weight_dtype, "fp32");
-  EXPECT_EQ(parse({"--classifier-weight-dtype", "bf16"}).classifier_weight_dtype, "bf16");
+  EXPECT_EQ(c.classifier_weight_dtype, torch::kFloat32);
+  EXPECT_EQ(parse({"--classifier-weight-dtype", "bf16"}).classifier_weight_dtype, torch::kBFloat16);
 }
 
 TEST(TrainConfig, BadValuesAreUsageErrors) {
@@ -101,11 +105,138 @@ TEST(TrainConfig, HelpPrintsDefaultsAsWritten) {
   EXPECT_EQ(help.str().find("0000000"), std::string::npos) << help.str();
 }
 
+// A choice of each option that names one, as its option and config.ini spell it.
+struct ChoiceOption {
+  std::string option;
+  std::vector<std::string> spellings;
+  std::function<std::string(const TrainConfig&)> parsed;
+};
+
+std::vector<ChoiceOption> choice_options() {
+  return {
+      {"precision",
+       {"auto", "fp32", "bf16", "fp16"},
+       [](const TrainConfig& c) { return to_string(c.precision); }},
+      {"channels-last",
+       {"auto", "on", "off"},
+       [](const TrainConfig& c) { return to_string(c.channels_last); }},
+      {"cuda-graphs",
+       {"auto", "on", "off"},
+       [](const TrainConfig& c) { return to_string(c.cuda_graphs); }},
+      {"pipeline-schedule",
+       {"auto", "gpipe", "1f1b"},
+       [](const TrainConfig& c) { return to_string(c.pipeline_schedule); }},
+      {"optimizer", {"sgd", "adamw"}, [](const TrainConfig& c) { return to_string(c.optimizer); }},
+      {"lr-schedule",
+       {"poly", "cosine", "step"},
+       [](const TrainConfig& c) { return to_string(c.lr_schedule); }},
+      {"device", {"auto", "cpu", "cuda"}, [](const TrainConfig& c) { return to_string(c.device); }},
+      {"grad-comm-dtype",
+       {"fp32", "bf16", "fp16"},
+       [](const TrainConfig& c) { return float_dtype_name(c.grad_comm_dtype); }},
+      {"classifier-state-dtype",
+       {"fp32", "bf16"},
+       [](const TrainConfig& c) { return float_dtype_name(c.classifier_state_dtype); }},
+      {"classifier-weight-dtype",
+       {"fp32", "bf16"},
+       [](const TrainConfig& c) { return float_dtype_name(c.classifier_weight_dtype); }},
+  };
+}
+
+// Each spelling parses to the value that is named back by the same spelling, in config.ini too,
+// which reads back to the same value.
+TEST(TrainConfig, ChoicesRoundTrip) {
+  for (const ChoiceOption& o : choice_options()) {
+    for (const std::string& spelling : o.spellings) {
+      SCOPED_TRACE("--" + o.option + " " + spelling);
+      std::string ini;
+      // --lr-steps: what --lr-schedule step needs.
+      const TrainConfig c = parse({"--" + o.option, spelling, "--lr-steps", "10"}, &ini);
+      EXPECT_EQ(o.parsed(c), spelling);
+      EXPECT_NE(ini.find(o.option + " = " + spelling + "\n"), std::string::npos) << ini;
+      EXPECT_EQ(o.parsed(train_config_from_ini(ini, "config.ini")), spelling);
+    }
+  }
+}
+
+// A value outside an option's choices is a UsageError that names the option and its choices.
+TEST(TrainConfig, BadChoicesNameTheOption) {
+  const std::map<std::string, std::string> expected = {
+      {"precision", "--precision must be auto, fp32, bf16 or fp16, got 'x'"},
+      {"channels-last", "--channels-last must be auto, on or off, got 'x'"},
+      {"cuda-graphs", "--cuda-graphs must be auto, on or off, got 'x'"},
+      {"pipeline-schedule", "--pipeline-schedule must be auto, gpipe or 1f1b, got 'x'"},
+      {"optimizer", "--optimizer must be sgd or adamw, got 'x'"},
+      {"lr-schedule", "--lr-schedule must be poly, cosine or step, got 'x'"},
+      {"device", "--device must be auto, cpu or cuda, got 'x'"},
+      {"grad-comm-dtype", "--grad-comm-dtype must be fp32, bf16 or fp16, got 'x'"},
+      {"classifier-state-dtype", "--classifier-state-dtype must be fp32 or bf16"},
+      {"classifier-weight-dtype", "--classifier-weight-dtype must be fp32 or bf16"},
+  };
+  ASSERT_EQ(expected.size(), choice_options().size());
+  for (const ChoiceOption& o : choice_options()) {
+    try {
+      parse({"--" + o.option, "x"});
+      ADD_FAILURE() << "--" << o.option << " x was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(e.message(), expected.at(o.option));
+    }
+  }
+  // A saved configuration with a bad value names where it came from.
+  try {
+    train_config_from_ini("precision = fp8\n", "checkpoint 'c'");
+    ADD_FAILURE() << "precision = fp8 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.message(),
+              "checkpoint 'c': a configuration myriad cannot read: --precision must be auto, fp32, "
+              "bf16 or fp16, got 'fp8'");
+  }
+  // myriad-embed's --precision has no auto.
+  try {
+    parse_precision("auto", {Precision::kFp32, Precision::kBf16, Precision::kFp16});
+    ADD_FAILURE() << "myriad-embed's --precision accepted auto";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(e.message(), "--precision must be fp32, bf16 or fp16, got 'auto'");
+  }
+}
+
 TEST(TrainConfig, PrecisionAutoIsFp32OnTheCpu) {
-  EXPECT_EQ(parse({}).precision, "auto");
-  EXPECT_EQ(resolve_precision("auto", torch::kCPU), "fp32");
-  for (const char* given : {"fp32", "bf16", "fp16"})
+  EXPECT_EQ(parse({}).precision, Precision::kAuto);
+  EXPECT_EQ(resolve_precision(Precision::kAuto, torch::kCPU), Precision::kFp32);
+  for (const Precision given : {Precision::kFp32, Precision::kBf16})
     EXPECT_EQ(resolve_precision(given, torch::kCPU), given);
+  EXPECT_THROW(resolve_precision(Precision::kFp16, torch::kCPU), Error);
+  // The GPUs of the step model compute in bfloat16 at full speed.
+  EXPECT_EQ(resolve_precision(Precision::kAuto, /*fast_bfloat16=*/true), Precision::kBf16);
+  EXPECT_EQ(resolve_precision(Precision::kFp16, /*fast_bfloat16=*/true), Precision::kFp16);
+}
+
+TEST(TrainConfig, PrecisionsComputeInTheirDtype) {
+  EXPECT_EQ(compute_dtype(Precision::kFp32), torch::kFloat32);
+  EXPECT_EQ(compute_dtype(Precision::kBf16), torch::kBFloat16);
+  EXPECT_EQ(compute_dtype(Precision::kFp16), torch::kFloat16);
+  EXPECT_THROW(compute_dtype(Precision::kAuto), Error);
+  EXPECT_FALSE(autocast_dtype(Precision::kFp32).has_value());
+  EXPECT_EQ(autocast_dtype(Precision::kBf16), torch::kBFloat16);
+  EXPECT_EQ(autocast_dtype(Precision::kFp16), torch::kFloat16);
+}
+
+TEST(TrainConfig, DerivedValues) {
+  EXPECT_TRUE(use_channels_last(Toggle::kOn, torch::kCPU));
+  EXPECT_FALSE(use_channels_last(Toggle::kAuto, torch::kCPU));
+  EXPECT_FALSE(use_channels_last(Toggle::kOff, torch::kCPU));
+  EXPECT_DOUBLE_EQ(parameter_state_factor(parse({})), 3.0);
+  EXPECT_DOUBLE_EQ(parameter_state_factor(parse({"--optimizer", "adamw"})), 4.0);
+  EXPECT_EQ(synthetic_classes(parse({})), 1000);
+  EXPECT_EQ(synthetic_classes(parse({"--num-classes", "7"})), 7);
+  const TrainConfig c = parse({"--backbone", "smallcnn", "--input-shape", "1x28x28",
+                               "--channels-last", "on", "--activation-checkpointing"});
+  const std::shared_ptr<Backbone> backbone = training_backbone(c, torch::kCPU);
+  EXPECT_TRUE(backbone->channels_last());
+  EXPECT_TRUE(backbone->activation_checkpointing());
+  EXPECT_FALSE(
+      training_backbone(parse({"--backbone", "smallcnn", "--input-shape", "1x28x28"}), torch::kCPU)
+          ->channels_last());
 }
 
 TEST(TrainConfig, EffectiveConfigurationReadsBack) {
@@ -147,14 +278,14 @@ TEST(TrainConfig, ShippedConfigurationsParse) {
   // arcface_torch's ViT recipe: AdamW, CosFace, Partial FC 0.3, warmup then linear decay.
   const TrainConfig vit = parse({"--config", MYRIAD_SOURCE_DIR "/configs/webface42m_vit_t.ini"});
   EXPECT_EQ(vit.backbone, "vit_t");
-  EXPECT_EQ(vit.optimizer, "adamw");
+  EXPECT_EQ(vit.optimizer, OptimizerKind::kAdamW);
   EXPECT_DOUBLE_EQ(vit.lr, 1e-3);
   EXPECT_DOUBLE_EQ(vit.weight_decay, 0.1);
   EXPECT_EQ(vit.margin.type, MarginType::kCosFace);
   EXPECT_DOUBLE_EQ(vit.margin.m3, 0.4);
   EXPECT_DOUBLE_EQ(vit.sample_rate, 0.3);
   EXPECT_DOUBLE_EQ(vit.warmup_epochs * 10, static_cast<double>(vit.epochs));
-  EXPECT_EQ(vit.lr_schedule, "poly");
+  EXPECT_EQ(vit.lr_schedule, LrScheduleKind::kPoly);
   EXPECT_DOUBLE_EQ(vit.poly_power, 1.0);
 }
 
@@ -162,16 +293,16 @@ TEST(LrSchedule, WarmupThenPolyCosineOrStep) {
   LrSchedule s;
   s.warmup_steps = 4;
   s.total_steps = 14;
-  s.kind = "poly";
+  s.kind = LrScheduleKind::kPoly;
   EXPECT_DOUBLE_EQ(s.factor(0), 0.2);
   EXPECT_DOUBLE_EQ(s.factor(3), 0.8);
   EXPECT_DOUBLE_EQ(s.factor(4), 1.0);
   EXPECT_DOUBLE_EQ(s.factor(9), 0.25);  // (1 - 5/10)^2
   EXPECT_DOUBLE_EQ(s.factor(14), 0.0);
-  s.kind = "cosine";
+  s.kind = LrScheduleKind::kCosine;
   EXPECT_NEAR(s.factor(9), 0.5, 1e-12);
   EXPECT_NEAR(s.factor(14), 0.0, 1e-12);
-  s.kind = "step";
+  s.kind = LrScheduleKind::kStep;
   s.milestones = {6, 10};
   s.gamma = 0.1;
   EXPECT_DOUBLE_EQ(s.factor(5), 1.0);

@@ -12,9 +12,6 @@ namespace myriad {
 
 enum class OptimizerKind { kSgd, kAdamW };
 
-// "sgd" or "adamw"; anything else is a UsageError.
-OptimizerKind parse_optimizer_kind(const std::string& name);
-
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kSgd;
   double lr = 0.1;

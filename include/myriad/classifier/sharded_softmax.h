@@ -152,6 +152,29 @@ class ShardedMarginSoftmax {
   // asked the features' gradient (added into `dxn`, when given) and the rows' update (or, with
   // kAccumulateGrad, their gradient).
   void backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn, bool update);
+
+  // Forward's parts, in order. The step's features and labels gathered from every rank (labels
+  // as int64) and checked for shape, and the step's batch, divisor and offset of this rank's rows.
+  struct Gathered {
+    torch::Tensor x, y;
+  };
+  Gathered gather_inputs(Step& step, const torch::Tensor& features, const torch::Tensor& labels);
+  // The features in float32 (normalised for a normalised margin) and in the GEMM dtype.
+  void normalize_features(Step& step, const torch::Tensor& x) const;
+  // The rows that take part (Partial FC's sample, or all), each sample's target column among them,
+  // and the chunk plan.
+  void choose_rows(Step& step, const torch::Tensor& y);
+  // Per sample over this shard's rows: the max logit, the sum of exp(logit - max) and the target
+  // logit (0 where another shard holds it), chunk by chunk.
+  struct RowStatistics {
+    torch::Tensor max, sum, target_logit;
+  };
+  RowStatistics forward_chunks(Step& step);
+  // The statistics over all shards (consuming `local`), kept in the step; returns the loss.
+  torch::Tensor reduce_statistics(Step& step, RowStatistics& local);
+  // Labels outside [0, C) and non-finite features: a collective error, or (fp16's policy) a
+  // skipped step.
+  void check_inputs(Step& step, const Gathered& in) const;
   // Each sample's row in this shard (global labels `y`), or -1 where another shard holds it.
   torch::Tensor local_targets(const torch::Tensor& y) const;
   // Partial FC's rows of step `step` for these targets; undefined when every row takes part.

@@ -8,6 +8,8 @@ enum class DevicePreference { kAuto, kCpu, kCuda };
 
 // "auto", "cpu" or "cuda"; anything else is a UsageError.
 DevicePreference parse_device_preference(const std::string& name);
+// "auto", "cpu" or "cuda".
+const char* to_string(DevicePreference preference);
 
 // Index, among the GPUs this process can see, that the rank with `local_rank` of `local_size`
 // ranks on its node drives. One visible GPU means the launcher already gave each task its own

@@ -15,6 +15,11 @@ class Communicator;
 // inside the forward and without activation checkpointing's recomputation.
 bool cuda_graphs_possible(const TrainConfig& config, const torch::Device& device);
 
+// Whether the run's micro-batches will likely replay CUDA graphs, for predictions made before the
+// choice: --cuda-graphs on, or auto where graphs can run (what auto usually finds for pipeline
+// stages' small, launch-bound micro-batches; its trial may still say no).
+bool cuda_graphs_expected(const TrainConfig& config, const torch::Device& device);
+
 // Whether the backbone's micro-batches run as CUDA graphs (--cuda-graphs; docs/training.md, "CUDA
 // graphs"). on: from the first step. off: never. auto, where graphs can run (a GPU, no SyncBN, no
 // activation checkpointing): measured, since graphs pay only where the host's kernel launches
@@ -31,7 +36,7 @@ class GraphsChoice {
 
   // `mode` is --cuda-graphs; `possible` whether this run's stage can run as graphs; `mpi` spans
   // every rank of the run.
-  GraphsChoice(const std::string& mode, bool possible, PipelineEngine& engine, Communicator& mpi,
+  GraphsChoice(Toggle mode, bool possible, PipelineEngine& engine, Communicator& mpi,
                const torch::Device& device);
   // auto's rule, on the slowest rank's step times: graphs stay if they are more than kMargin
   // faster.

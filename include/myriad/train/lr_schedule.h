@@ -6,11 +6,16 @@
 
 namespace myriad {
 
+enum class LrScheduleKind { kPoly, kCosine, kStep };
+
+// "poly", "cosine" or "step", as --lr-schedule spells them.
+const char* to_string(LrScheduleKind kind);
+
 // The learning-rate multiplier at each step: a linear warmup from 0 to 1 over `warmup_steps`,
 // then poly (1 - t)^power, cosine (1 + cos(pi t)) / 2, or step (gamma to the number of
 // milestones passed), where t runs from 0 to 1 over the steps after the warmup.
 struct LrSchedule {
-  std::string kind = "poly";
+  LrScheduleKind kind = LrScheduleKind::kPoly;
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;
   double power = 2.0;

@@ -9,7 +9,10 @@ namespace myriad {
 
 // What one block of a backbone costs a pipeline stage (measured by profile_blocks).
 struct BlockCost {
-  double seconds = 0.0;           // forward + backward of one micro-batch
+  double seconds = 0.0;  // forward + backward of one micro-batch, launched from the host
+  // The same with the block's kernels back to back, as a replayed CUDA graph runs them (the
+  // host's launch gaps left out); `seconds` on the CPU.
+  double replay_seconds = 0.0;
   double activation_bytes = 0.0;  // kept from forward to backward, per micro-batch in flight
   double state_bytes = 0.0;       // parameters, gradients and optimizer state
 };
@@ -33,6 +36,9 @@ double stage_bytes(const std::vector<BlockCost>& costs, int64_t begin, int64_t e
 // when no cut fits.
 std::optional<StageCut> balance_stages(const std::vector<BlockCost>& costs,
                                        const std::vector<int64_t>& in_flight, double memory_bytes);
+
+// `costs` as stages that replay CUDA graphs meet them: each block's replay_seconds as its time.
+std::vector<BlockCost> replayed_costs(std::vector<BlockCost> costs);
 
 // The stage times and memory of a given cut (--pipeline-split, or for logging).
 StageCut evaluate_cut(const std::vector<BlockCost>& costs, const std::vector<int64_t>& cut,

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "myriad/train/pipeline_plan.h"
 #include "myriad/train/train_config.h"
 
 namespace myriad {
@@ -40,8 +41,9 @@ class ProgressReport {
     DynamicLossScaler& scaler;
     StragglerReport& stragglers;
     double backbone_multiply_adds = 0.0;  // per image
-    // The balancer's forward + backward ms per micro-batch of each stage, when it profiled.
-    std::vector<double> predicted_stage_ms;
+    // The balancer's forward + backward ms per micro-batch of each stage, when it profiled: the
+    // report compares the stages with the figures of the mode they run in.
+    StagePrediction predicted_stage_ms;
   };
   explicit ProgressReport(Sources sources);
 

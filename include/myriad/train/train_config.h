@@ -4,13 +4,33 @@
 #include <boost/program_options.hpp>
 
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "myriad/classifier/margin_config.h"
+#include "myriad/classifier/shard_optimizer.h"
+#include "myriad/comm/device_selection.h"
 #include "myriad/model/backbone.h"
+#include "myriad/train/lr_schedule.h"
 
 namespace myriad {
+
+// --precision. kAuto is decided per device (resolve_precision); a run computes in one of the
+// others.
+enum class Precision { kAuto, kFp32, kBf16, kFp16 };
+// A layout or mechanism that auto turns on where it pays: --channels-last, --cuda-graphs.
+enum class Toggle { kAuto, kOn, kOff };
+// --pipeline-schedule: one of PipelineSchedule, or kAuto for plan_pipeline's choice.
+enum class ScheduleChoice { kAuto, kGPipe, k1F1B };
+
+// Each value as its option spells it (what config_as_ini writes and logs show).
+const char* to_string(Precision precision);
+const char* to_string(Toggle toggle);
+const char* to_string(ScheduleChoice schedule);
+const char* to_string(OptimizerKind optimizer);
 
 // Everything myriad-train is told, after validation.
 struct TrainConfig {
@@ -27,42 +47,42 @@ struct TrainConfig {
   int64_t embedding_size = 512;
   double dropout = 0.0;
   bool sync_bn = false;
-  // The backbone's micro-batches as CUDA graphs (StageGraphs): auto, on, off.
-  std::string cuda_graphs = "auto";
-  std::string channels_last = "auto";  // auto: on GPUs
-  int64_t num_classes = 0;             // 0: from the training data's num_classes attribute
+  // The backbone's micro-batches as CUDA graphs (StageGraphs).
+  Toggle cuda_graphs = Toggle::kAuto;
+  Toggle channels_last = Toggle::kAuto;  // auto: on GPUs
+  int64_t num_classes = 0;               // 0: from the training data's num_classes attribute
   int64_t synthetic_size = 0;
   int64_t batch_size = 128;  // per replica: per rank with one pipeline stage
   int micro_batches = 1;
   int pipeline_stages = 1;
-  std::string pipeline_split;              // "a,b,...": the first blocks of stages 1 ... P-1
-  std::string pipeline_schedule = "auto";  // auto, gpipe, 1f1b
+  std::string pipeline_split;  // "a,b,...": the first blocks of stages 1 ... P-1
+  ScheduleChoice pipeline_schedule = ScheduleChoice::kAuto;
   bool pipeline_profile = false;
   int64_t pipeline_memory = 0;  // bytes per GPU for a stage; 0: what the device has left
   int64_t epochs = 1;
   int64_t max_steps = 0;  // 0: epochs decide
-  std::string optimizer = "sgd";
+  OptimizerKind optimizer = OptimizerKind::kSgd;
   double lr = 0.1;
   double weight_decay = 5e-4;
   double momentum = 0.9;
   bool nesterov = false;
-  double classifier_lr = 0.0;             // 0: --lr
-  double classifier_weight_decay = -1.0;  // negative: --weight-decay
-  std::string classifier_state_dtype = "fp32";
-  std::string classifier_weight_dtype = "fp32";
-  int64_t classifier_workspace = 0;  // bytes
-  std::string lr_schedule = "poly";
+  double classifier_lr = 0.0;                                   // 0: --lr
+  double classifier_weight_decay = -1.0;                        // negative: --weight-decay
+  torch::ScalarType classifier_state_dtype = torch::kFloat32;   // or bfloat16
+  torch::ScalarType classifier_weight_dtype = torch::kFloat32;  // or bfloat16
+  int64_t classifier_workspace = 0;                             // bytes
+  LrScheduleKind lr_schedule = LrScheduleKind::kPoly;
   double poly_power = 2.0;
   std::vector<int64_t> lr_steps;
   double lr_gamma = 0.1;
   int64_t warmup_steps = 0;
-  double warmup_epochs = 0.0;      // > 0: warmup_steps from the steps per epoch
-  std::string precision = "auto";  // resolve_precision() makes it fp32, bf16 or fp16
+  double warmup_epochs = 0.0;              // > 0: warmup_steps from the steps per epoch
+  Precision precision = Precision::kAuto;  // resolve_precision() decides auto
   MarginConfig margin;
   double sample_rate = 1.0;
   double grad_clip = 0.0;
   int64_t bucket_bytes = int64_t{25} << 20;
-  std::string grad_comm_dtype = "fp32";  // of the gradient all-reduce: fp32, bf16 or fp16
+  torch::ScalarType grad_comm_dtype = torch::kFloat32;  // of the gradient all-reduce
   int64_t log_every = 50;
   int64_t eval_every = 0;  // 0: evaluate at the end only
   int64_t eval_batch_size = 256;
@@ -72,13 +92,13 @@ struct TrainConfig {
   int workers = 4;
   int prefetch = 4;
   bool random_flip = true;
-  std::string device = "auto";
+  DevicePreference device = DevicePreference::kAuto;
   std::string checkpoint_dir;  // default: RUN_DIR/checkpoints
   int64_t checkpoint_every = 0;
   int checkpoint_keep = 3;
   bool checkpoint_sync = false;        // training waits for each checkpoint to be on disk
   int64_t checkpoint_host_memory = 0;  // bytes for snapshots; 0: one whole snapshot
-  std::string resume = "none";
+  std::string resume = "none";         // none, auto or a checkpoint directory
   int64_t stop_at_step = 0;
   double hang_timeout = 600.0;  // seconds; 0: off
   // Steps [profile_first, profile_last] (as the log counts them, from 1) run inside the CUDA
@@ -90,8 +110,8 @@ struct TrainConfig {
 // The options of myriad-train, bound to fields of `config` (margin options included).
 boost::program_options::options_description train_options(TrainConfig& config);
 
-// Finishes `config` from parsed `values` (margin, byte sizes, lists) and checks every value; a bad
-// one is a UsageError naming the option.
+// Finishes `config` from parsed `values` (margin, byte sizes, lists, the choices as enums) and
+// checks every value; a bad one is a UsageError naming the option.
 void finish_train_config(const boost::program_options::variables_map& values, TrainConfig& config);
 
 // The effective configuration as an INI file that --config reads back.
@@ -101,22 +121,40 @@ std::string config_as_ini(const boost::program_options::variables_map& values);
 // validated. A bad one is an Error naming `what`.
 TrainConfig train_config_from_ini(const std::string& ini, const std::string& what);
 
-// --precision on `device`: auto is bf16 on GPUs that compute in it at full speed, fp32 elsewhere;
-// anything else stays as given.
-std::string resolve_precision(const std::string& precision, const torch::Device& device);
+// `text` as --precision, one of `allowed`; anything else is a UsageError naming the option, the
+// choices and `text`.
+Precision parse_precision(const std::string& text, std::initializer_list<Precision> allowed);
+
+// --precision where bfloat16 does (`fast_bfloat16`) or does not compute at full speed: auto is
+// bf16 or fp32; anything else stays as given.
+Precision resolve_precision(Precision precision, bool fast_bfloat16);
+// --precision on `device`: auto is bf16 on GPUs that compute in it at full speed, fp32 elsewhere.
+// fp16, whose dynamic loss scaling runs on GPUs only, is an error on the CPU.
+Precision resolve_precision(Precision precision, const torch::Device& device);
+// The dtype a resolved precision computes in: what its GEMMs take.
+torch::ScalarType compute_dtype(Precision precision);
+// The autocast dtype of a resolved precision: none for fp32.
+std::optional<torch::ScalarType> autocast_dtype(Precision precision);
 
 // The backbone `config` describes.
 BackboneOptions backbone_options(const TrainConfig& config);
 
-// Values derived from a configuration: the decisions that myriad-train and myriad-doctor (which
-// predicts the run) must take alike.
+// Values derived from a configuration: the decisions that myriad-train, myriad-doctor (which
+// predicts the run) and myriad-embed must take alike.
+
+// The backbone a run of `config` on `device` trains, as built before its pipeline places it:
+// activation checkpointing as configured, and channels-last by use_channels_last (set before any
+// profile, which must time the layout that trains). Its initial weights come from torch's
+// generator, which the caller seeds.
+std::shared_ptr<Backbone> training_backbone(const TrainConfig& config, const torch::Device& device);
 
 // Whether --data names generated images ("synthetic", "synthetic-resident") rather than a file.
 bool uses_synthetic_data(const TrainConfig& config);
 // The classes of synthetic data: --num-classes, or 1,000 without it.
 int64_t synthetic_classes(const TrainConfig& config);
-// Whether the backbone runs channels-last on `device`: --channels-last, where auto is on GPUs.
-bool use_channels_last(const TrainConfig& config, const torch::Device& device);
+// Whether a backbone runs channels-last on `device` by --channels-last `choice`: auto is on GPUs,
+// where cuDNN's NHWC kernels are the fast ones.
+bool use_channels_last(Toggle choice, const torch::Device& device);
 // The optimizer's tensors per parameter: SGD's momentum, or AdamW's two moments.
 int64_t optimizer_states(const TrainConfig& config);
 // The bytes a trained parameter holds as a multiple of its own: itself, its gradient and the

@@ -44,6 +44,8 @@ bool has_fast_bfloat16(const torch::Device& device);
 // The floating-point type an option names: fp32, bf16 or fp16 (or float32, bfloat16, float16);
 // anything else is a UsageError.
 torch::ScalarType parse_float_dtype(const std::string& name);
+// How options spell float32, bfloat16 and float16: fp32, bf16, fp16; an error for other types.
+const char* float_dtype_name(torch::ScalarType dtype);
 
 // The element type of myriad's CUDA kernels that `dtype` is; an error for other types.
 cuda::ElementType element_type(torch::ScalarType dtype);

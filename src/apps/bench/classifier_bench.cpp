@@ -2,25 +2,24 @@
 // (forward, backward, SGD-momentum update of the shard), or of the naive baseline with --naive.
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <vector>
+#include <optional>
+#include <string>
 
 #include "bench_commands.h"
+#include "bench_common.h"
 #include "myriad/classifier/margin_config.h"
 #include "myriad/classifier/naive_softmax.h"
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/comm_factory.h"
 #include "myriad/comm/process_context.h"
-#include "myriad/util/check_mpi.h"
 #include "myriad/util/cli.h"
-#include "myriad/util/clock.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/exit_codes.h"
-#include "myriad/util/log.h"
+#include "myriad/util/format.h"
 #include "myriad/util/phase_timer.h"
 
 namespace myriad {
@@ -33,12 +32,9 @@ double measure_gemm_tflops(const torch::Device& device, torch::ScalarType dtype)
   const auto options = torch::dtype(dtype).device(device);
   const torch::Tensor a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
   torch::Tensor c = torch::matmul(a, b);
-  synchronize_device(device);
   const int reps = device.is_cuda() ? 20 : 3;
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) c = torch::matmul(a, b);
-  synchronize_device(device);
-  return 2.0 * n * n * n * reps / seconds_since(start) / 1e12;
+  const double seconds = device_seconds(device, reps, [&] { c = torch::matmul(a, b); });
+  return 2.0 * n * n * n * reps / seconds / 1e12;
 }
 
 // Bytes per second that a large device-to-device copy reads plus writes: the memory-bound ceiling.
@@ -48,12 +44,23 @@ double measure_memory_bandwidth(const torch::Device& device) {
   const torch::Tensor src = torch::ones({bytes}, options);
   torch::Tensor dst = torch::empty({bytes}, options);
   dst.copy_(src);
-  synchronize_device(device);
   const int reps = device.is_cuda() ? 20 : 3;
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) dst.copy_(src);
-  synchronize_device(device);
-  return 2.0 * static_cast<double>(bytes) * reps / seconds_since(start);
+  const double seconds = device_seconds(device, reps, [&] { dst.copy_(src); });
+  return 2.0 * static_cast<double>(bytes) * reps / seconds;
+}
+
+// What this device can do at best, measured before the classifier takes its memory.
+struct Ceilings {
+  double gemm_tflops;
+  double memory_bandwidth;  // bytes per second
+};
+
+Ceilings measure_ceilings(const torch::Device& device, torch::ScalarType gemm_dtype) {
+  const Ceilings ceilings{measure_gemm_tflops(device, gemm_dtype),
+                          measure_memory_bandwidth(device)};
+  release_cached_memory(device);
+  reset_peak_device_memory(device);
+  return ceilings;
 }
 
 // The least time a step can take on this device: its GEMMs at the measured peak, or the weights
@@ -76,19 +83,6 @@ Floor step_floor(const ShardedSoftmaxOptions& o, int64_t global_batch, int64_t a
   const double s = states * static_cast<double>(torch::elementSize(o.optimizer.state_dtype));
   return {6.0 * static_cast<double>(global_batch) * d * rows / gemm_flops,
           rows * d * (3.0 * w + 2.0 * s) / memory_bandwidth};
-}
-
-struct Spread {
-  double min, avg, max;
-};
-
-Spread over_ranks(double value, const ProcessContext& context) {
-  Spread s{value, value, value};
-  MYRIAD_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &s.min, 1, MPI_DOUBLE, MPI_MIN, context.world()));
-  MYRIAD_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &s.max, 1, MPI_DOUBLE, MPI_MAX, context.world()));
-  MYRIAD_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &s.avg, 1, MPI_DOUBLE, MPI_SUM, context.world()));
-  s.avg /= context.size();
-  return s;
 }
 
 struct BenchConfig {
@@ -180,51 +174,53 @@ int64_t find_max_classes(ProcessContext& context, Communicator& comm, BenchConfi
   return 0;
 }
 
-}  // namespace
-
-int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
-  po::options_description options("classifier options");
-  std::string classes_text, dtype_name, workspace_text, state_name, weight_name, device_name;
+// The command line: the configuration to benchmark and what to report beyond its step.
+struct ClassifierBenchOptions {
   BenchConfig config;
-  int64_t dim = 512;
-  double sample_rate = 1.0;
   bool find_max = false;
   bool profile = false;
+  std::string device;
+};
+
+// `argv` into `b`, checked; false where it asked for help only.
+bool parse_classifier_options(const ProcessContext& context, int argc, char** argv,
+                              ClassifierBenchOptions& b) {
+  po::options_description options("classifier options");
+  std::string classes_text, dtype_name, workspace_text, state_name, weight_name;
+  BenchConfig& config = b.config;
+  ShardedSoftmaxOptions& o = config.options;
   // clang-format off
   options.add_options()
       ("num-classes", po::value(&classes_text)->default_value("1M"), "classes C over all ranks (e.g. 100K, 1M, 8M)")
-      ("embedding-size", po::value(&dim)->default_value(512), "embedding size D")
+      ("embedding-size", po::value(&o.embedding_size)->default_value(512), "embedding size D")
       ("batch-size", count_option(&config.local_batch), "samples per rank (e.g. 128 or 2K)")
       ("dtype", po::value(&dtype_name)->default_value("bf16"), "GEMM operands: fp32, bf16 or fp16")
       ("workspace", po::value(&workspace_text)->default_value("8G"), "classifier workspace budget (bytes, e.g. 4G)")
-      ("sample-rate", po::value(&sample_rate)->default_value(1.0), "Partial FC negative sampling rate in (0, 1]")
+      ("sample-rate", po::value(&o.sample_rate)->default_value(1.0), "Partial FC negative sampling rate in (0, 1]")
       ("momentum-dtype", po::value(&state_name)->default_value("fp32"), "SGD momentum storage: fp32 or bf16")
       ("weight-dtype", po::value(&weight_name)->default_value("fp32"), "classifier weights: fp32, or bf16 with stochastic rounding")
       ("naive", po::bool_switch(&config.naive), "benchmark the naive baseline (logits gathered to rank 0)")
       ("steps", po::value(&config.steps)->default_value(20), "timed steps")
       ("warmup", po::value(&config.warmup)->default_value(5), "untimed steps first")
-      ("find-max-classes", po::bool_switch(&find_max), "also find the largest C that trains on these ranks")
-      ("profile", po::bool_switch(&profile), "also print the time of each phase of the step")
-      ("device", po::value(&device_name)->default_value("auto"), "auto, cpu or cuda");
+      ("find-max-classes", po::bool_switch(&b.find_max), "also find the largest C that trains on these ranks")
+      ("profile", po::bool_switch(&b.profile), "also print the time of each phase of the step")
+      ("device", po::value(&b.device)->default_value("auto"), "auto, cpu or cuda");
   // clang-format on
   add_margin_options(options);
   po::variables_map values;
   if (!parse_command_line(argc, argv, options, values,
                           "usage: mpirun -np W myriad-bench classifier [options]",
                           context.rank())) {
-    return kExitOk;
+    return false;
   }
-  if (config.steps < 1 || config.warmup < 0 || config.local_batch < 1 || dim < 1) {
+  if (config.steps < 1 || config.warmup < 0 || config.local_batch < 1 || o.embedding_size < 1) {
     throw UsageError(
         "--steps, --batch-size and --embedding-size must be positive, --warmup non-negative");
   }
-  ShardedSoftmaxOptions& o = config.options;
   o.num_classes = parse_count(classes_text);
-  o.embedding_size = dim;
   o.margin = margin_from_options(values);
   o.gemm_dtype = parse_float_dtype(dtype_name);
   o.workspace_bytes = parse_byte_size(workspace_text);
-  o.sample_rate = sample_rate;
   o.optimizer.lr = 0.1;
   o.optimizer.momentum = 0.9;
   o.optimizer.weight_decay = 5e-4;
@@ -233,96 +229,148 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
     throw UsageError("--momentum-dtype must be fp32 or bf16");
   o.weight_dtype = parse_float_dtype(weight_name);
   if (o.weight_dtype == torch::kFloat16) throw UsageError("--weight-dtype must be fp32 or bf16");
+  return true;
+}
 
-  const torch::Device device = context.select_device(parse_device_preference(device_name));
-  CommFactory comms(context);
-  Communicator& comm = comms.for_device(device);
-  const double gemm_peak = measure_gemm_tflops(device, o.gemm_dtype);
-  const double memory_bandwidth = measure_memory_bandwidth(device);
-  release_cached_memory(device);
-  reset_peak_device_memory(device);
-
-  auto subject = std::make_unique<Subject>(comm, config, device);
-  const int64_t shard_rows = ClassPartition(o.num_classes, comm.size()).size(comm.rank());
-  for (int i = 0; i < config.warmup; ++i) subject->step();
+// Seconds per step on this rank, after the warmup steps; `timer` sees the timed steps only.
+double time_steps(const ProcessContext& context, Subject& subject, const BenchConfig& config,
+                  const torch::Device& device, PhaseTimer& timer) {
+  for (int i = 0; i < config.warmup; ++i) subject.step();
   // Steady state, as in training: steps run back to back and the clock stops once the device has
   // finished them all.
-  PhaseTimer timer(device, profile);
-  subject->set_phase_timer(&timer);
-  synchronize_device(device);
-  MYRIAD_CHECK_MPI(MPI_Barrier(context.world()));
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < config.steps; ++i) subject->step();
-  timer.stop();
-  synchronize_device(device);
-  const double per_step = seconds_since(start) / config.steps;
-  subject->set_phase_timer(nullptr);
-  const ChunkPlan* plan = subject->plan();
-  const Spread step_ms = over_ranks(per_step * 1e3, context);
-  const int64_t global_batch = config.local_batch * comm.size();
-  const double tflops = 6.0 * global_batch * dim * shard_rows / (per_step * 1e12);
-  const Spread rate = over_ranks(tflops, context);
-  const Spread peak = over_ranks(static_cast<double>(peak_device_memory(device)), context);
+  subject.set_phase_timer(&timer);
+  const double per_step = seconds_per_call(
+      context, device, config.steps, [&] { subject.step(); }, [&] { timer.stop(); });
+  subject.set_phase_timer(nullptr);
+  return per_step;
+}
+
+// The timed steps over all ranks, beside what the device allows.
+struct StepResult {
+  int64_t shard_rows = 0;
+  int64_t global_batch = 0;
+  std::optional<ChunkPlan> plan;  // myriad's classifier only
+  RankSpread step_ms, rate, peak;
+  Floor floor{};
+};
+
+// Collective: the ranks' shards differ by a row at most, but their times and memory need not.
+StepResult summarise(const ProcessContext& context, const Communicator& comm,
+                     const BenchConfig& config, const Subject& subject, double per_step,
+                     const Ceilings& ceilings, const torch::Device& device) {
+  const ShardedSoftmaxOptions& o = config.options;
+  StepResult r;
+  r.shard_rows = ClassPartition(o.num_classes, comm.size()).size(comm.rank());
+  r.global_batch = config.local_batch * comm.size();
+  if (subject.plan() != nullptr) r.plan = *subject.plan();
+  r.step_ms = spread_over_ranks(per_step * 1e3, context);
+  const double tflops = 6.0 * r.global_batch * o.embedding_size * r.shard_rows / (per_step * 1e12);
+  r.rate = spread_over_ranks(tflops, context);
+  r.peak = spread_over_ranks(static_cast<double>(peak_device_memory(device)), context);
   const int64_t active_rows = std::min<int64_t>(
-      shard_rows, static_cast<int64_t>(std::ceil(static_cast<double>(shard_rows) * sample_rate)));
-  const Floor floor = step_floor(o, global_batch, active_rows, gemm_peak * 1e12, memory_bandwidth);
-  const std::string label = config.naive ? "naive baseline" : "myriad";
+      r.shard_rows,
+      static_cast<int64_t>(std::ceil(static_cast<double>(r.shard_rows) * o.sample_rate)));
+  r.floor = step_floor(o, r.global_batch, active_rows, ceilings.gemm_tflops * 1e12,
+                       ceilings.memory_bandwidth);
+  return r;
+}
+
+void print_configuration(const BenchConfig& config, const StepResult& r, int world,
+                         const torch::Device& device) {
+  const ShardedSoftmaxOptions& o = config.options;
+  std::printf(
+      "# classifier %s: C=%lld over %d rank(s) (%lld per rank), D=%lld, batch %lld per rank "
+      "(%lld global), "
+      "%s GEMMs, %s, sample rate %.3g, weights %s, momentum %s, workspace %s, device %s\n",
+      config.naive ? "naive baseline" : "myriad", static_cast<long long>(o.num_classes), world,
+      static_cast<long long>(r.shard_rows), static_cast<long long>(o.embedding_size),
+      static_cast<long long>(config.local_batch), static_cast<long long>(r.global_batch),
+      c10::toString(o.gemm_dtype), o.margin.describe().c_str(), o.sample_rate,
+      c10::toString(o.weight_dtype), c10::toString(o.optimizer.state_dtype),
+      format_bytes(o.workspace_bytes).c_str(), device.str().c_str());
+  if (r.plan) {
+    std::printf("# plan: %s, %lld chunk(s) of %lld classes\n",
+                r.plan->cache ? "cached logits" : "recompute in backward",
+                static_cast<long long>(r.plan->chunks), static_cast<long long>(r.plan->chunk_rows));
+  }
+}
+
+// Rank 0's report of the timed steps.
+void print_step_result(const BenchConfig& config, const StepResult& r, const Ceilings& ceilings,
+                       const torch::Device& device) {
+  const char* gemm_dtype = c10::toString(config.options.gemm_dtype);
+  std::printf(
+      "step time (mean of %d back-to-back steps): %.3f ms (min/avg/max over ranks %.3f / %.3f / "
+      "%.3f)\n",
+      config.steps, r.step_ms.max, r.step_ms.min, r.step_ms.avg, r.step_ms.max);
+  std::printf(
+      "effective rate 6*B*D*n_r/t: %.3g TFLOP/s per rank (min %.3g); %s GEMM peak measured: %.3g "
+      "TFLOP/s "
+      "(%.0f%%)\n",
+      r.rate.avg, r.rate.min, gemm_dtype, ceilings.gemm_tflops,
+      100.0 * r.rate.avg / ceilings.gemm_tflops);
+  std::printf(
+      "floor: %.3f ms (GEMMs at the measured peak %.3f ms; weights and state once at the "
+      "measured %.0f GB/s %.3f ms); the step takes %.2fx the floor (%.0f%% of it)\n",
+      r.floor.seconds() * 1e3, r.floor.gemm_seconds * 1e3, ceilings.memory_bandwidth / 1e9,
+      r.floor.memory_seconds * 1e3, r.step_ms.max / (r.floor.seconds() * 1e3),
+      100.0 * r.floor.seconds() * 1e3 / r.step_ms.max);
+  if (device.is_cuda()) {
+    std::printf("peak memory per rank: min %s, max %s, max/min %.3f; %.0f bytes per class\n",
+                format_bytes(r.peak.min).c_str(), format_bytes(r.peak.max).c_str(),
+                r.peak.max / std::max(1.0, r.peak.min),
+                r.peak.max / static_cast<double>(r.shard_rows));
+  }
+  std::fflush(stdout);
+}
+
+// Collective: each phase's time per step, printed by rank 0.
+void print_phases(const ProcessContext& context, PhaseTimer& timer, int steps) {
+  for (const auto& [name, ms] : timer.totals()) {
+    const RankSpread per_step = spread_over_ranks(ms / steps, context);
+    if (context.rank() == 0)
+      std::printf("phase %-32s %9.3f ms per step (max over ranks)\n", name.c_str(), per_step.max);
+  }
+}
+
+// Collective, with no classifier left on the device.
+void report_max_classes(ProcessContext& context, Communicator& comm, const BenchConfig& config,
+                        const torch::Device& device) {
+  const ShardedSoftmaxOptions& o = config.options;
+  const int64_t largest = find_max_classes(context, comm, config, device);
   if (context.rank() == 0) {
     std::printf(
-        "# classifier %s: C=%lld over %d rank(s) (%lld per rank), D=%lld, batch %lld per rank "
-        "(%lld global), "
-        "%s GEMMs, %s, sample rate %.3g, weights %s, momentum %s, workspace %s, device %s\n",
-        label.c_str(), static_cast<long long>(o.num_classes), comm.size(),
-        static_cast<long long>(shard_rows), static_cast<long long>(dim),
-        static_cast<long long>(config.local_batch), static_cast<long long>(global_batch),
-        c10::toString(o.gemm_dtype), o.margin.describe().c_str(), sample_rate,
-        c10::toString(o.weight_dtype), c10::toString(o.optimizer.state_dtype),
-        format_bytes(o.workspace_bytes).c_str(), device.str().c_str());
-    if (plan != nullptr) {
-      std::printf("# plan: %s, %lld chunk(s) of %lld classes\n",
-                  plan->cache ? "cached logits" : "recompute in backward",
-                  static_cast<long long>(plan->chunks), static_cast<long long>(plan->chunk_rows));
-    }
-    std::printf(
-        "step time (mean of %d back-to-back steps): %.3f ms (min/avg/max over ranks %.3f / %.3f / "
-        "%.3f)\n",
-        config.steps, step_ms.max, step_ms.min, step_ms.avg, step_ms.max);
-    std::printf(
-        "effective rate 6*B*D*n_r/t: %.3g TFLOP/s per rank (min %.3g); %s GEMM peak measured: %.3g "
-        "TFLOP/s "
-        "(%.0f%%)\n",
-        rate.avg, rate.min, c10::toString(o.gemm_dtype), gemm_peak, 100.0 * rate.avg / gemm_peak);
-    std::printf(
-        "floor: %.3f ms (GEMMs at the measured peak %.3f ms; weights and state once at the "
-        "measured %.0f GB/s %.3f ms); the step takes %.2fx the floor (%.0f%% of it)\n",
-        floor.seconds() * 1e3, floor.gemm_seconds * 1e3, memory_bandwidth / 1e9,
-        floor.memory_seconds * 1e3, step_ms.max / (floor.seconds() * 1e3),
-        100.0 * floor.seconds() * 1e3 / step_ms.max);
-    if (device.is_cuda()) {
-      std::printf("peak memory per rank: min %s, max %s, max/min %.3f; %.0f bytes per class\n",
-                  format_bytes(peak.min).c_str(), format_bytes(peak.max).c_str(),
-                  peak.max / std::max(1.0, peak.min), peak.max / static_cast<double>(shard_rows));
-    }
-    std::fflush(stdout);
+        "largest C that trains on %d rank(s) (workspace %s, weights %s, momentum %s): %lld "
+        "classes (%.1fM)\n",
+        comm.size(), format_bytes(o.workspace_bytes).c_str(), c10::toString(o.weight_dtype),
+        c10::toString(o.optimizer.state_dtype), static_cast<long long>(largest), largest / 1e6);
   }
-  if (profile) {
-    for (const auto& [name, ms] : timer.totals()) {
-      const Spread per_step = over_ranks(ms / config.steps, context);
-      if (context.rank() == 0)
-        std::printf("phase %-32s %9.3f ms per step (max over ranks)\n", name.c_str(), per_step.max);
-    }
+}
+
+}  // namespace
+
+int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
+  ClassifierBenchOptions b;
+  if (!parse_classifier_options(context, argc, argv, b)) return kExitOk;
+  const BenchConfig& config = b.config;
+  const torch::Device device = context.select_device(parse_device_preference(b.device));
+  CommFactory comms(context);
+  Communicator& comm = comms.for_device(device);
+  const Ceilings ceilings = measure_ceilings(device, config.options.gemm_dtype);
+
+  auto subject = std::make_unique<Subject>(comm, config, device);
+  PhaseTimer timer(device, b.profile);
+  const double per_step = time_steps(context, *subject, config, device, timer);
+  const StepResult result = summarise(context, comm, config, *subject, per_step, ceilings, device);
+  if (context.rank() == 0) {
+    print_configuration(config, result, comm.size(), device);
+    print_step_result(config, result, ceilings, device);
   }
-  if (find_max && device.is_cuda()) {
+  if (b.profile) print_phases(context, timer, config.steps);
+  if (b.find_max && device.is_cuda()) {
     subject.reset();
     release_cached_memory(device);
-    const int64_t largest = find_max_classes(context, comm, config, device);
-    if (context.rank() == 0) {
-      std::printf(
-          "largest C that trains on %d rank(s) (workspace %s, weights %s, momentum %s): %lld "
-          "classes (%.1fM)\n",
-          comm.size(), format_bytes(o.workspace_bytes).c_str(), c10::toString(o.weight_dtype),
-          c10::toString(o.optimizer.state_dtype), static_cast<long long>(largest), largest / 1e6);
-    }
+    report_max_classes(context, comm, config, device);
   }
   return kExitOk;
 }

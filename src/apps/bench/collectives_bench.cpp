@@ -2,14 +2,15 @@
 // the way nccl-tests reports it (algbw = bytes / time; busbw scales algbw by the fraction of the
 // data each rank must move, so that it compares with the link bandwidth).
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench_commands.h"
+#include "bench_common.h"
 #include "myriad/comm/comm_factory.h"
 #include "myriad/comm/process_context.h"
 #include "myriad/train/step_model.h"
@@ -159,105 +160,125 @@ torch::Tensor run_once(Collective kind, Communicator& comm, torch::Tensor& tenso
   return tensor;
 }
 
-struct RankSpread {
-  double min = 0, avg = 0, max = 0;
+// The command line.
+struct CollectivesOptions {
+  std::string backend, checks;
+  int64_t min_bytes = 0, max_bytes = 0;
+  int factor = 2, iters = 20, warmup = 5;
+  torch::ScalarType dtype = torch::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  std::vector<CollectiveInfo> collectives;
 };
 
-RankSpread spread_over_ranks(double value, MPI_Comm comm, int world) {
-  RankSpread s;
-  MYRIAD_CHECK_MPI(MPI_Allreduce(&value, &s.min, 1, MPI_DOUBLE, MPI_MIN, comm));
-  MYRIAD_CHECK_MPI(MPI_Allreduce(&value, &s.max, 1, MPI_DOUBLE, MPI_MAX, comm));
-  MYRIAD_CHECK_MPI(MPI_Allreduce(&value, &s.avg, 1, MPI_DOUBLE, MPI_SUM, comm));
-  s.avg /= world;
-  return s;
-}
-
-}  // namespace
-
-int run_collectives_bench(ProcessContext& context, int argc, char** argv) {
+// `argv` into `o`, checked; false where it asked for help only.
+bool parse_collectives_options(const ProcessContext& context, int argc, char** argv,
+                               CollectivesOptions& o) {
   po::options_description options("collectives options");
-  std::string backend, min_size, max_size, dtype_name, op_name, which, checks;
-  int factor = 2, iters = 20, warmup = 5;
+  std::string min_size, max_size, dtype_name, op_name, which;
   // clang-format off
   options.add_options()
-      ("backend", po::value(&backend)->default_value("mpi"), "mpi (CPU tensors) or nccl (CUDA tensors)")
+      ("backend", po::value(&o.backend)->default_value("mpi"), "mpi (CPU tensors) or nccl (CUDA tensors)")
       ("min-bytes", po::value(&min_size)->default_value("8"), "smallest message (e.g. 8, 64K, 1M)")
       ("max-bytes", po::value(&max_size)->default_value("64M"), "largest message")
-      ("factor", po::value(&factor)->default_value(2), "message size multiplier between rows")
-      ("iters", po::value(&iters)->default_value(20), "timed iterations per row")
-      ("warmup", po::value(&warmup)->default_value(5), "untimed iterations per row")
+      ("factor", po::value(&o.factor)->default_value(2), "message size multiplier between rows")
+      ("iters", po::value(&o.iters)->default_value(20), "timed iterations per row")
+      ("warmup", po::value(&o.warmup)->default_value(5), "untimed iterations per row")
       ("dtype", po::value(&dtype_name)->default_value("float32"), "float32, bfloat16, float16, float64, int64, int32")
       ("op", po::value(&op_name)->default_value("sum"), "reduction: sum, max or min")
       ("collectives", po::value(&which)->default_value("all"), "comma list: all, all_reduce, all_gather, reduce_scatter, broadcast")
-      ("checks", po::value(&checks)->default_value("on"), "on: myriad's cross-rank argument agreement runs before each call, as in training; off: raw " "backend");
+      ("checks", po::value(&o.checks)->default_value("on"), "on: myriad's cross-rank argument agreement runs before each call, as in training; off: raw " "backend");
   // clang-format on
   po::variables_map values;
   if (!parse_command_line(argc, argv, options, values,
                           "usage: mpirun -np N myriad-bench collectives [options]",
                           context.rank())) {
-    return kExitOk;
+    return false;
   }
-  if (backend != "mpi" && backend != "nccl") throw UsageError("--backend must be mpi or nccl");
-  if (checks != "on" && checks != "off") throw UsageError("--checks must be on or off");
-  if (factor < 2 || iters < 1 || warmup < 0)
+  if (o.backend != "mpi" && o.backend != "nccl") throw UsageError("--backend must be mpi or nccl");
+  if (o.checks != "on" && o.checks != "off") throw UsageError("--checks must be on or off");
+  if (o.factor < 2 || o.iters < 1 || o.warmup < 0)
     throw UsageError("--factor must be >= 2, --iters >= 1, --warmup >= 0");
-  const int64_t min_bytes = parse_byte_size(min_size);
-  const int64_t max_bytes = parse_byte_size(max_size);
-  if (min_bytes <= 0 || max_bytes < min_bytes)
+  o.min_bytes = parse_byte_size(min_size);
+  o.max_bytes = parse_byte_size(max_size);
+  if (o.min_bytes <= 0 || o.max_bytes < o.min_bytes)
     throw UsageError("need 0 < --min-bytes <= --max-bytes");
-  const torch::ScalarType dtype = parse_dtype(dtype_name);
-  const ReduceOp op = parse_op(op_name);
-  const std::vector<CollectiveInfo> collectives = parse_collectives(which);
-  if (checks == "off") setenv("MYRIAD_COMM_CHECKS", "0", 1);
+  o.dtype = parse_dtype(dtype_name);
+  o.op = parse_op(op_name);
+  o.collectives = parse_collectives(which);
+  return true;
+}
 
+void print_header(const CollectivesOptions& o, const Communicator& comm) {
+  std::printf(
+      "# myriad-bench collectives: backend %s, %d ranks, dtype %s, op %s, checks %s, %d iters\n",
+      comm.backend(), comm.size(), c10::toString(o.dtype), reduce_op_name(o.op), o.checks.c_str(),
+      o.iters);
+  std::printf("# time: per call, min/avg/max over ranks; algbw and busbw from the slowest rank\n");
+  std::printf("%-15s %12s %12s %9s %6s %10s %10s %10s %11s %11s %7s\n", "# collective", "size(B)",
+              "count", "type", "redop", "min(us)", "avg(us)", "max(us)", "algbw(GB/s)",
+              "busbw(GB/s)", "#wrong");
+}
+
+// One row of the table: a collective at one message size, over all ranks.
+struct Row {
+  int64_t bytes = 0;
+  int64_t count = 0;
+  double bus_factor = 1.0;
+  int64_t wrong = 0;  // elements, on all ranks together
+  RankSpread us;      // per call
+};
+
+// Collective: checks the result of one call, then times the calls after the warmup. Nothing for a
+// message too small to give each rank an element.
+std::optional<Row> measure_row(const ProcessContext& context, Communicator& comm,
+                               const torch::Device& device, const CollectivesOptions& o,
+                               Collective kind, int64_t bytes) {
+  const Case c = make_case(kind, bytes, o.dtype, o.op, comm, device);
+  if (c.count == 0) return std::nullopt;
+  Row row;
+  row.bytes = c.bytes;
+  row.count = c.count;
+  row.bus_factor = c.bus_factor;
+  torch::Tensor work = c.input.clone();
+  const torch::Tensor result = run_once(kind, comm, work, o.op);
+  row.wrong = result.ne(c.expected).sum().item<int64_t>();
+  MYRIAD_CHECK_MPI(
+      MPI_Allreduce(MPI_IN_PLACE, &row.wrong, 1, MPI_INT64_T, MPI_SUM, context.world()));
+  for (int i = 0; i < o.warmup; ++i) run_once(kind, comm, work, o.op);
+  const double seconds =
+      seconds_per_call(context, device, o.iters, [&] { run_once(kind, comm, work, o.op); });
+  row.us = spread_over_ranks(seconds * 1e6, context);
+  return row;
+}
+
+void print_row(const CollectivesOptions& o, const CollectiveInfo& collective, const Row& row) {
+  const RankSpread& t = row.us;
+  const double algbw = static_cast<double>(row.bytes) / (t.max * 1e-6) / 1e9;
+  std::printf("%-15s %12lld %12lld %9s %6s %10.1f %10.1f %10.1f %11.2f %11.2f %7lld\n",
+              collective.name, static_cast<long long>(row.bytes), static_cast<long long>(row.count),
+              c10::toString(o.dtype), collective.reduces ? reduce_op_name(o.op) : "-", t.min, t.avg,
+              t.max, algbw, algbw * row.bus_factor, static_cast<long long>(row.wrong));
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_collectives_bench(ProcessContext& context, int argc, char** argv) {
+  CollectivesOptions o;
+  if (!parse_collectives_options(context, argc, argv, o)) return kExitOk;
+  if (o.checks == "off") setenv("MYRIAD_COMM_CHECKS", "0", 1);
   const torch::Device device =
-      context.select_device(backend == "nccl" ? DevicePreference::kCuda : DevicePreference::kCpu);
+      context.select_device(o.backend == "nccl" ? DevicePreference::kCuda : DevicePreference::kCpu);
   CommFactory comms(context);
   Communicator& comm = comms.for_device(device);
-  const int world = comm.size();
-
-  if (context.rank() == 0) {
-    std::printf(
-        "# myriad-bench collectives: backend %s, %d ranks, dtype %s, op %s, checks %s, %d iters\n",
-        comm.backend(), world, c10::toString(dtype), reduce_op_name(op), checks.c_str(), iters);
-    std::printf(
-        "# time: per call, min/avg/max over ranks; algbw and busbw from the slowest rank\n");
-    std::printf("%-15s %12s %12s %9s %6s %10s %10s %10s %11s %11s %7s\n", "# collective", "size(B)",
-                "count", "type", "redop", "min(us)", "avg(us)", "max(us)", "algbw(GB/s)",
-                "busbw(GB/s)", "#wrong");
-  }
+  if (context.rank() == 0) print_header(o, comm);
   int64_t total_wrong = 0;
-  for (const CollectiveInfo& collective : collectives) {
-    for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= factor) {
-      Case c = make_case(collective.kind, bytes, dtype, op, comm, device);
-      if (c.count == 0) continue;
-      torch::Tensor work = c.input.clone();
-      const torch::Tensor result = run_once(collective.kind, comm, work, op);
-      int64_t wrong = result.ne(c.expected).sum().item<int64_t>();
-      MYRIAD_CHECK_MPI(
-          MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, context.world()));
-      total_wrong += wrong;
-
-      for (int i = 0; i < warmup; ++i) run_once(collective.kind, comm, work, op);
-      synchronize_device(device);
-      MYRIAD_CHECK_MPI(MPI_Barrier(context.world()));
-      const auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < iters; ++i) run_once(collective.kind, comm, work, op);
-      synchronize_device(device);
-      const double us =
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-              .count() /
-          iters;
-      const RankSpread t = spread_over_ranks(us, context.world(), world);
-      if (context.rank() == 0) {
-        const double algbw = static_cast<double>(c.bytes) / (t.max * 1e-6) / 1e9;
-        std::printf("%-15s %12lld %12lld %9s %6s %10.1f %10.1f %10.1f %11.2f %11.2f %7lld\n",
-                    collective.name, static_cast<long long>(c.bytes),
-                    static_cast<long long>(c.count), c10::toString(dtype),
-                    collective.reduces ? reduce_op_name(op) : "-", t.min, t.avg, t.max, algbw,
-                    algbw * c.bus_factor, static_cast<long long>(wrong));
-        std::fflush(stdout);
-      }
+  for (const CollectiveInfo& collective : o.collectives) {
+    for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.factor) {
+      const std::optional<Row> row = measure_row(context, comm, device, o, collective.kind, bytes);
+      if (!row) continue;
+      total_wrong += row->wrong;
+      if (context.rank() == 0) print_row(o, collective, *row);
     }
   }
   if (context.rank() == 0) {

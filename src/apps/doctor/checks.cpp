@@ -105,34 +105,27 @@ struct Profile {
   double activation_bytes = 0.0;  // at --batch-size
 };
 
-// The configured backbone, as myriad-train builds it on `device` (training mode).
-std::shared_ptr<Backbone> training_backbone(const TrainConfig& config,
-                                            const torch::Device& device) {
-  const std::shared_ptr<Backbone> backbone = make_backbone(backbone_options(config));
+// The configured backbone as myriad-train builds it, all of it on `device`.
+std::shared_ptr<Backbone> backbone_on(const TrainConfig& config, const torch::Device& device) {
+  const std::shared_ptr<Backbone> backbone = training_backbone(config, device);
   backbone->to(device);
-  backbone->set_channels_last(use_channels_last(config, device));
-  backbone->train();
   return backbone;
-}
-
-std::optional<torch::ScalarType> autocast_of(const TrainConfig& config) {
-  if (config.precision == "fp32") return std::nullopt;
-  return parse_float_dtype(config.precision);
 }
 
 // The backbone's size and what its forward keeps for backward (block by block, as the pipeline
 // balancer measures it), scaled from `profile_batch` images to --batch-size.
 Profile profile_backbone(const TrainConfig& config, const torch::Device& device,
                          int64_t profile_batch) {
-  const std::shared_ptr<Backbone> backbone = training_backbone(config, device);
+  const std::shared_ptr<Backbone> backbone = backbone_on(config, device);
   Profile p;
   for (const torch::Tensor& t : backbone->parameters()) p.params += t.numel();
   const Activations sample{
       torch::randn({profile_batch, config.input.channels, config.input.height, config.input.width}),
       torch::arange(profile_batch, torch::kInt64), torch::Tensor()};
   const double scale = static_cast<double>(config.batch_size) / static_cast<double>(profile_batch);
-  for (const BlockCost& cost : profile_blocks(*backbone, sample, device, autocast_of(config),
-                                              parameter_state_factor(config))) {
+  for (const BlockCost& cost :
+       profile_blocks(*backbone, sample, device, autocast_dtype(config.precision),
+                      parameter_state_factor(config))) {
     p.activation_bytes += cost.activation_bytes * scale;
   }
   return p;
@@ -152,18 +145,17 @@ struct StepTimes {
 StepTimes time_training_steps(const Survey& s, int64_t profile_batch) {
   const TrainConfig& config = s.config;
   const torch::Device& device = s.device;
-  const std::shared_ptr<Backbone> backbone = training_backbone(config, device);
+  const std::shared_ptr<Backbone> backbone = backbone_on(config, device);
   PipelineLayout layout =
       pipeline_layout(s.context.size(), s.context.rank(), 1, config.micro_batches);
   layout.cut = {0, backbone->num_blocks()};
   // The synchroniser outlives the engine: graphs that recorded its all-reduces go first.
   std::unique_ptr<GradientSynchronizer> sync;
-  PipelineEngine engine(layout, *backbone, nullptr, device, autocast_of(config),
+  PipelineEngine engine(layout, *backbone, nullptr, device, autocast_dtype(config.precision),
                         config.embedding_size);
   engine.place_stage();
   sync = std::make_unique<GradientSynchronizer>(engine.stage_parameters(), s.comms->create(device),
-                                                config.bucket_bytes,
-                                                parse_float_dtype(config.grad_comm_dtype));
+                                                config.bucket_bytes, config.grad_comm_dtype);
   const auto on_device = torch::TensorOptions().device(device);
   const torch::Tensor images = torch::randn(
       {profile_batch, config.input.channels, config.input.height, config.input.width}, on_device);
@@ -193,7 +185,7 @@ StepTimes time_training_steps(const Survey& s, int64_t profile_batch) {
   StepTimes times;
   step();  // cuDNN's search, NCCL's first collectives
   trial(times.eager, times.eager_exposed);
-  if (config.cuda_graphs != "off" && cuda_graphs_possible(config, device)) {
+  if (config.cuda_graphs != Toggle::kOff && cuda_graphs_possible(config, device)) {
     engine.use_cuda_graphs(true);
     step();  // records (and falls back to eager, on every rank, when memory runs out)
     if (engine.cuda_graphs()) trial(times.graphs, times.graphs_exposed);
@@ -408,7 +400,7 @@ Findings check_compute(Survey& s) {
   Findings findings =
       check_on_every_rank(s, "profiling the backbone and the classifier's GEMM", [&] {
         profile = profile_backbone(config, s.device, s.profile_batch);
-        gemm_rate = measure_gemm_rate(s.device, parse_float_dtype(config.precision), gemm_rows(s),
+        gemm_rate = measure_gemm_rate(s.device, compute_dtype(config.precision), gemm_rows(s),
                                       config.batch_size * s.context.size(), config.embedding_size);
         memory_rate = measure_memory_bandwidth(
             s.device, s.device.is_cuda() ? int64_t{1} << 30 : int64_t{64} << 20);
@@ -466,7 +458,7 @@ Findings check_step(Survey& s) {
   s.eager_step = highest(eager) * scale;
   s.graphs_step = lowest(graphs) > 0.0 ? highest(graphs) * scale : 0.0;
   // --cuda-graphs' choice, as the run takes it from the slowest rank's steps.
-  s.graphs = s.graphs_step > 0.0 && (s.config.cuda_graphs == "on" ||
+  s.graphs = s.graphs_step > 0.0 && (s.config.cuda_graphs == Toggle::kOn ||
                                      GraphsChoice::graphs_pay(s.graphs_step, s.eager_step));
   // The slowest rank's compute, and the rest of the slowest step as the all-reduce's exposed part
   // (a faster rank's exposure includes its wait for the slowest one, which compute counts).

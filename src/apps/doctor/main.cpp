@@ -73,10 +73,8 @@ int run(ProcessContext& context, int argc, char** argv) {
   // A host or link that dies during the checks ends the job as it would end training.
   const WatchdogSession watchdog(config.hang_timeout);
   set_torch_threads(config.threads, context.local_size());
-  const torch::Device device = context.select_device(parse_device_preference(config.device));
+  const torch::Device device = context.select_device(config.device);
   config.precision = resolve_precision(config.precision, device);
-  MYRIAD_CHECK_COLLECTIVE(config.precision != "fp16" || device.is_cuda(),
-                          "--precision fp16 needs GPUs");
   const int64_t message = o.message_size == "auto"
                               ? (device.is_cuda() ? int64_t{64} << 20 : int64_t{4} << 20)
                               : parse_byte_size(o.message_size);

@@ -12,6 +12,7 @@
 #include "myriad/model/backbone.h"
 #include "myriad/train/step_model.h"
 #include "myriad/util/cli.h"
+#include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/format.h"
 #include "text.h"
@@ -36,8 +37,8 @@ std::vector<int64_t> parse_counts(const std::string& text, const std::string& op
 }  // namespace
 
 void print_model_table(TrainConfig config, const DoctorOptions& o, int rank) {
-  // The table is of GPUs, where auto means bf16.
-  if (config.precision == "auto") config.precision = "bf16";
+  // The table is of GPUs that compute in bfloat16 at full speed.
+  config.precision = resolve_precision(config.precision, /*fast_bfloat16=*/true);
   const std::shared_ptr<Backbone> backbone = make_backbone(backbone_options(config));
   int64_t params = 0;
   for (const torch::Tensor& t : backbone->parameters()) params += t.numel();
@@ -77,9 +78,10 @@ void print_model_table(TrainConfig config, const DoctorOptions& o, int rank) {
       config.backbone.c_str(), static_cast<double>(params) / 1e6,
       static_cast<double>(backbone->multiply_adds()) / 1e9,
       static_cast<long long>(config.batch_size), static_cast<long long>(config.embedding_size),
-      config.precision.c_str(), config.optimizer.c_str(), config.classifier_state_dtype.c_str(),
-      config.sample_rate, format_bytes(static_cast<double>(config.classifier_workspace)).c_str(),
-      config.grad_comm_dtype.c_str());
+      to_string(config.precision), to_string(config.optimizer),
+      float_dtype_name(config.classifier_state_dtype), config.sample_rate,
+      format_bytes(static_cast<double>(config.classifier_workspace)).c_str(),
+      float_dtype_name(config.grad_comm_dtype));
   std::printf(
       "# machine: GEMM %g TFLOP/s, memory %g TB/s, backbone %g TFLOP/s, %d GPUs per host, "
       "all-reduce busbw %g GB/s within a host and %.3g GB/s across hosts (%g Gb/s per GPU), "

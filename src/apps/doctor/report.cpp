@@ -8,6 +8,7 @@
 
 #include "myriad/comm/process_context.h"
 #include "myriad/train/step_model.h"
+#include "myriad/util/device.h"
 #include "myriad/util/format.h"
 #include "text.h"
 
@@ -82,7 +83,7 @@ std::string step_mode(const Survey& s) {
   if (s.graphs_step <= 0.0) return str_format("eager, {:.1f} ms", 1e3 * s.eager_step);
   return str_format("{} ({:.1f} ms replayed, {:.1f} ms eager{})",
                     s.graphs ? "CUDA graphs" : "eager", 1e3 * s.graphs_step, 1e3 * s.eager_step,
-                    s.config.cuda_graphs == "auto" ? ": --cuda-graphs auto's choice" : "");
+                    s.config.cuda_graphs == Toggle::kAuto ? ": --cuda-graphs auto's choice" : "");
 }
 
 void print_prediction(const Survey& s, const StepCost& cost) {
@@ -93,8 +94,8 @@ void print_prediction(const Survey& s, const StepCost& cost) {
       "classifier %.1f (GEMM %.1f, memory traffic %.1f) + exposed all-reduce %.1f (measured; "
       "of a modelled %.1f for %s) + features %.1f + softmax statistics %.1f\n",
       config.backbone.c_str(), classes_text(s.classes).c_str(),
-      static_cast<long long>(config.batch_size), config.precision.c_str(),
-      config.grad_comm_dtype.c_str(), 1e3 * cost.step, 1e3 * cost.backbone,
+      static_cast<long long>(config.batch_size), to_string(config.precision),
+      float_dtype_name(config.grad_comm_dtype), 1e3 * cost.step, 1e3 * cost.backbone,
       static_cast<long long>(s.profile_batch), step_mode(s).c_str(), 1e3 * cost.classifier(),
       1e3 * cost.classifier_gemm, 1e3 * cost.classifier_memory, 1e3 * cost.exposed_all_reduce,
       1e3 * cost.grad_all_reduce, format_bytes(cost.grad_all_reduce_bytes).c_str(),
@@ -122,7 +123,7 @@ void print_verdict(const Survey& s, const Prediction& p) {
         rate_text(p.rates.all_reduce_busbw).c_str(), link_class(p.rates.all_reduce_busbw).c_str(),
         s.config.backbone.c_str(), classes_text(s.classes).c_str(), 1e3 * communication,
         1e3 * cost.step, 1e3 * cost.exposed_all_reduce,
-        s.config.grad_comm_dtype == "fp32" ? "set --grad-comm-dtype bf16 or " : "");
+        s.config.grad_comm_dtype == torch::kFloat32 ? "set --grad-comm-dtype bf16 or " : "");
   } else {
     std::printf(
         "verdict: compute-bound: backbone and classifier take %.0f%% of the predicted %.1f ms "

@@ -16,6 +16,7 @@
 #include "myriad/data/hdf5_image_dataset.h"
 #include "myriad/train/checkpoint_backbone.h"
 #include "myriad/train/evaluation.h"
+#include "myriad/train/train_config.h"
 #include "myriad/util/atomic_output.h"
 #include "myriad/util/cli.h"
 #include "myriad/util/clock.h"
@@ -41,7 +42,7 @@ struct EmbedOptions {
   std::string output;
   bool flip = false;
   int64_t batch_size = 256;
-  std::string precision = "fp32";
+  Precision precision = Precision::kFp32;
   std::string device = "auto";
   int threads = 0;
 };
@@ -67,8 +68,8 @@ std::shared_ptr<Backbone> load_backbone(const ProcessContext& context, const Emb
   return backbone;
 }
 
-int run(ProcessContext& context, int argc, char** argv) {
-  EmbedOptions o;
+// myriad-embed's command line into `o`, checked; false where it asked for help only.
+bool parse_embed_options(const ProcessContext& context, int argc, char** argv, EmbedOptions& o) {
   po::options_description options("myriad-embed options");
   // clang-format off
   options.add_options()
@@ -81,7 +82,7 @@ int run(ProcessContext& context, int argc, char** argv) {
       ("output", po::value(&o.output)->required(), "HDF5 file to write: /embeddings [N, D] float32, L2-normalised, /indices, and /labels or /issame when the data has them")
       ("flip", po::bool_switch(&o.flip), "add the raw embedding of each image's mirror image before normalising (insightface's flip test)")
       ("batch-size", count_option(&o.batch_size), "images per rank and batch")
-      ("precision", po::value(&o.precision)->default_value(o.precision), "fp32, bf16 or fp16 (autocast)")
+      ("precision", po::value<std::string>()->default_value(to_string(o.precision)), "fp32, bf16 or fp16 (autocast)")
       ("device", po::value(&o.device)->default_value(o.device), "auto, cpu or cuda")
       ("threads", po::value(&o.threads)->default_value(0), "CPU threads per rank for LibTorch (0: cores over ranks on the node)");
   // clang-format on
@@ -90,55 +91,46 @@ int run(ProcessContext& context, int argc, char** argv) {
                           "usage: mpirun -np N myriad-embed --checkpoint CKPT --data DATA.h5 "
                           "--output EMB.h5 [--flip]",
                           context.rank())) {
-    return kExitOk;
+    return false;
   }
   if (o.checkpoint.empty() == o.init_backbone.empty())
     throw UsageError("give one of --checkpoint and --init-backbone");
   if (!o.init_backbone.empty() && o.backbone.empty())
     throw UsageError("--init-backbone needs --backbone");
   if (o.batch_size <= 0) throw UsageError("--batch-size must be positive");
-  if (o.precision != "fp32" && o.precision != "bf16" && o.precision != "fp16")
-    throw UsageError(str_format("--precision must be fp32, bf16 or fp16, got '{}'", o.precision));
-  set_torch_threads(o.threads, context.local_size());
+  o.precision = parse_precision(values["precision"].as<std::string>(),
+                                {Precision::kFp32, Precision::kBf16, Precision::kFp16});
+  return true;
+}
 
-  const torch::Device device = context.select_device(parse_device_preference(o.device));
-  MYRIAD_CHECK_COLLECTIVE(o.precision != "fp16" || device.is_cuda(), "--precision fp16 needs GPUs");
-  BackboneOptions backbone_options;
-  const std::shared_ptr<Backbone> backbone = load_backbone(context, o, backbone_options);
-  backbone->to(device);
-  backbone->set_channels_last(device.is_cuda());
-
+// --data, opened on every rank, of the images `backbone` takes.
+std::shared_ptr<Hdf5ImageDataset> open_data(const ProcessContext& context, const std::string& path,
+                                            const BackboneOptions& backbone) {
   std::shared_ptr<Hdf5ImageDataset> data;
-  on_every_rank(context, str_format("opening --data '{}'", o.data), [&] {
-    const bool labelled = Hdf5File(o.data, Hdf5File::Mode::kRead).has("labels");
-    data = std::make_shared<Hdf5ImageDataset>(o.data, labelled);
+  on_every_rank(context, str_format("opening --data '{}'", path), [&] {
+    const bool labelled = Hdf5File(path, Hdf5File::Mode::kRead).has("labels");
+    data = std::make_shared<Hdf5ImageDataset>(path, labelled);
   });
   const DatasetInfo& info = data->info();
-  const InputShape& input = backbone_options.input;
+  const InputShape& input = backbone.input;
   MYRIAD_CHECK_COLLECTIVE(
       info.channels == input.channels && info.height == input.height && info.width == input.width,
-      "'{}' holds {}x{}x{} images, but the backbone ({}) takes {}x{}x{}", o.data, info.channels,
-      info.height, info.width, backbone_options.name, input.channels, input.height, input.width);
-  const bool labelled = data->file().has("labels");
-  const bool pairs = data->file().has("issame");
+      "'{}' holds {}x{}x{} images, but the backbone ({}) takes {}x{}x{}", path, info.channels,
+      info.height, info.width, backbone.name, input.channels, input.height, input.width);
+  return data;
+}
 
-  CommFactory comms(context);
-  Communicator& host = comms.mpi();
-  EvalSetup setup;
-  setup.comm = &comms.for_device(device);
-  setup.device = device;
-  setup.batch_size = o.batch_size;
-  if (o.precision != "fp32")
-    setup.autocast = o.precision == "bf16" ? torch::kBFloat16 : torch::kFloat16;
+// Every rank embeds its slice of `data`; rank 0 writes --output, whose rows arrive batch by
+// batch, so that memory stays bounded.
+void write_embeddings(const ProcessContext& context, Communicator& host, const EmbedOptions& o,
+                      const BackboneOptions& backbone_options, Backbone& backbone,
+                      const Hdf5ImageDataset& data, const EvalSetup& setup) {
+  const DatasetInfo& info = data.info();
+  const bool labelled = data.file().has("labels");
+  const bool pairs = data.file().has("issame");
   const EvalSlice slice = eval_slice(info.size, setup);
   const std::vector<int64_t> begins = host.all_gather_counts(slice.begin);
   const int64_t dim = backbone_options.embedding_size;
-
-  log_info("myriad-embed: {} images of '{}' on {} rank(s) ({}), backbone {} ({}), {}{}", info.size,
-           o.data, context.size(), device.str(), backbone_options.name,
-           o.checkpoint.empty() ? o.init_backbone : o.checkpoint, o.precision,
-           o.flip ? ", flip test" : "");
-  // Rank 0 writes; every rank's rows arrive batch by batch, so memory stays bounded.
   std::unique_ptr<AtomicOutput> out;
   std::unique_ptr<Hdf5File> file;
   on_every_rank(context, str_format("creating '{}'", o.output), [&] {
@@ -158,13 +150,13 @@ int run(ProcessContext& context, int argc, char** argv) {
     on_every_rank(context, "embedding", [&] {
       if (indices.empty()) return;
       embeddings =
-          torch::nn::functional::normalize(embed_images(*backbone, *data, indices, setup, o.flip),
+          torch::nn::functional::normalize(embed_images(backbone, data, indices, setup, o.flip),
                                            torch::nn::functional::NormalizeFuncOptions().dim(1))
               .cpu();
     });
     const int64_t n = static_cast<int64_t>(indices.size());
     torch::Tensor labels = torch::empty({n}, torch::kInt64);
-    for (int64_t i = 0; i < n; ++i) labels[i] = data->label(indices[i]);
+    for (int64_t i = 0; i < n; ++i) labels[i] = data.label(indices[i]);
     const std::vector<int64_t> counts = host.all_gather_counts(n);
     const torch::Tensor all_embeddings = host.gather(embeddings, counts, 0);
     const torch::Tensor all_labels = host.gather(labels, counts, 0);
@@ -185,7 +177,7 @@ int run(ProcessContext& context, int argc, char** argv) {
   on_every_rank(context, str_format("writing '{}'", o.output), [&] {
     if (context.rank() != 0) return;
     progress->finish();
-    if (pairs) file->write("issame", data->file().read("issame"));
+    if (pairs) file->write("issame", data.file().read("issame"));
     file->set_attribute("/", "data", o.data);
     file->set_attribute("/", "backbone", backbone_options.name);
     file->set_attribute("/", "weights", o.checkpoint.empty() ? o.init_backbone : o.checkpoint);
@@ -197,6 +189,34 @@ int run(ProcessContext& context, int argc, char** argv) {
   const double seconds = seconds_since(start);
   log_info("wrote {}: {} embeddings of {} in {:.1f} s ({:.0f} images/s over {} rank(s))", o.output,
            info.size, dim, seconds, info.size / std::max(seconds, 1e-9), context.size());
+}
+
+int run(ProcessContext& context, int argc, char** argv) {
+  EmbedOptions o;
+  if (!parse_embed_options(context, argc, argv, o)) return kExitOk;
+  set_torch_threads(o.threads, context.local_size());
+
+  const torch::Device device = context.select_device(parse_device_preference(o.device));
+  // fp16 refused on the CPU, as in training.
+  const Precision precision = resolve_precision(o.precision, device);
+  BackboneOptions backbone_options;
+  const std::shared_ptr<Backbone> backbone = load_backbone(context, o, backbone_options);
+  backbone->to(device);
+  // The layout that training takes by default (--channels-last auto).
+  backbone->set_channels_last(use_channels_last(Toggle::kAuto, device));
+  const std::shared_ptr<Hdf5ImageDataset> data = open_data(context, o.data, backbone_options);
+
+  CommFactory comms(context);
+  EvalSetup setup;
+  setup.comm = &comms.for_device(device);
+  setup.device = device;
+  setup.batch_size = o.batch_size;
+  setup.autocast = autocast_dtype(precision);
+  log_info("myriad-embed: {} images of '{}' on {} rank(s) ({}), backbone {} ({}), {}{}",
+           data->info().size, o.data, context.size(), device.str(), backbone_options.name,
+           o.checkpoint.empty() ? o.init_backbone : o.checkpoint, to_string(precision),
+           o.flip ? ", flip test" : "");
+  write_embeddings(context, comms.mpi(), o, backbone_options, *backbone, *data, setup);
   return kExitOk;
 }
 

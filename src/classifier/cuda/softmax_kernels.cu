@@ -27,21 +27,6 @@ __device__ inline float logit(float cosine, int64_t j, int64_t target, const Mar
   return margin_other(cosine, params);
 }
 
-// kVector consecutive floats of one class row, read as one access.
-template <int kVector>
-__device__ inline Pack<float, kVector> load_columns(const float* p) {
-  return *reinterpret_cast<const Pack<float, kVector>*>(p);
-}
-
-// kVector floats stored as one access into a row of float32, bfloat16 or float16.
-template <int kVector, typename T>
-__device__ inline void store_columns(T* out, const float* v) {
-  Pack<T, kVector> pack;
-#pragma unroll
-  for (int j = 0; j < kVector; ++j) pack.e[j] = from_float<T>(v[j]);
-  *reinterpret_cast<Pack<T, kVector>*>(out) = pack;
-}
-
 template <int kVector>
 __global__ void chunk_stats_kernel(const float* __restrict__ dot,
                                    const float* __restrict__ row_scale, int64_t classes,
@@ -58,39 +43,29 @@ __global__ void chunk_stats_kernel(const float* __restrict__ dot,
   for (int64_t tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
     const int64_t first = tile * tile_rows;
     const int64_t last = min(classes, first + tile_rows);
-    // Online max and sum of exponentials over the tile's classes; kUnroll rows of loads are in
-    // flight per thread.
+    // Online max and sum of exponentials over the tile's classes, kUnroll rows' loads in flight.
     float m[kVector], s[kVector];
 #pragma unroll
     for (int v = 0; v < kVector; ++v) m[v] = -INFINITY, s[v] = 0.0f;
-    for (int64_t j = first; j < last; j += kUnroll) {
-      Pack<float, kVector> rows[kUnroll];
+    for_each_row<kUnroll>(
+        first, last, 1, [&](int64_t j) { return load_pack<kVector>(dot + j * batch + b0); },
+        [&](int64_t j, const Pack<float, kVector>& row) {
+          const float scale = row_scale != nullptr ? row_scale[j] : 1.0f;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (j + u < last) rows[u] = load_columns<kVector>(dot + (j + u) * batch + b0);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (j + u >= last) continue;
-        const float scale = row_scale != nullptr ? row_scale[j + u] : 1.0f;
-#pragma unroll
-        for (int v = 0; v < kVector; ++v) {
-          float unused;
-          const float z = logit(rows[u].e[v] * scale, j + u, target[v], params, &unused);
-          if (j + u == target[v]) target_logit[b0 + v] = z;
-          if (z > m[v]) {
-            s[v] = s[v] * __expf(m[v] - z) + 1.0f;
-            m[v] = z;
-          } else {
-            s[v] += __expf(z - m[v]);
+          for (int v = 0; v < kVector; ++v) {
+            float unused;
+            const float z = logit(row.e[v] * scale, j, target[v], params, &unused);
+            if (j == target[v]) target_logit[b0 + v] = z;
+            if (z > m[v]) {
+              s[v] = s[v] * __expf(m[v] - z) + 1.0f;
+              m[v] = z;
+            } else {
+              s[v] += __expf(z - m[v]);
+            }
           }
-        }
-      }
-    }
-    float* out_max = tile_max + tile * batch + b0;
-    float* out_sum = tile_sum + tile * batch + b0;
-    store_columns<kVector>(out_max, m);
-    store_columns<kVector>(out_sum, s);
+        });
+    store_floats<kVector>(tile_max + tile * batch + b0, m);
+    store_floats<kVector>(tile_sum + tile * batch + b0, s);
   }
 }
 
@@ -117,27 +92,20 @@ __global__ void chunk_grad_kernel(const float* __restrict__ dot,
   for (int64_t tile = blockIdx.y; tile < tiles; tile += gridDim.y) {
     const int64_t first = tile * tile_rows;
     const int64_t last = min(classes, first + tile_rows);
-    for (int64_t j = first; j < last; j += kUnroll) {
-      Pack<float, kVector> rows[kUnroll];
+    for_each_row<kUnroll>(
+        first, last, 1, [&](int64_t j) { return load_pack<kVector>(dot + j * batch + b0); },
+        [&](int64_t j, const Pack<float, kVector>& row) {
+          const float scale = row_scale != nullptr ? row_scale[j] : 1.0f;
+          float grad[kVector];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (j + u < last) rows[u] = load_columns<kVector>(dot + (j + u) * batch + b0);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (j + u >= last) continue;
-        const float scale = row_scale != nullptr ? row_scale[j + u] : 1.0f;
-        float grad[kVector];
-#pragma unroll
-        for (int v = 0; v < kVector; ++v) {
-          float dz_dcos;
-          const float z = logit(rows[u].e[v] * scale, j + u, target[v], params, &dz_dcos);
-          const float p = __expf(z - mx[v]) * inv_sum[v] - (j + u == target[v] ? 1.0f : 0.0f);
-          grad[v] = coef * p * dz_dcos * scale;
-        }
-        store_columns<kVector>(out + (j + u) * batch + b0, grad);
-      }
-    }
+          for (int v = 0; v < kVector; ++v) {
+            float dz_dcos;
+            const float z = logit(row.e[v] * scale, j, target[v], params, &dz_dcos);
+            const float p = __expf(z - mx[v]) * inv_sum[v] - (j == target[v] ? 1.0f : 0.0f);
+            grad[v] = coef * p * dz_dcos * scale;
+          }
+          store_floats<kVector>(out + j * batch + b0, grad);
+        });
   }
 }
 
@@ -161,34 +129,23 @@ Launch launch_for(int64_t classes, int64_t batch, int vector) {
   return l;
 }
 
-// 16-byte accesses need every row, hence the batch, to be a multiple of 4 floats.
-bool vectorizable(int64_t batch, const void* dot) {
-  return batch % 4 == 0 && reinterpret_cast<uintptr_t>(dot) % 16 == 0;
-}
-
-template <int kVector, typename Out>
-void launch_grad(const float* dot, const float* row_scale, int64_t classes, int64_t batch,
-                 const int64_t* target_col, int64_t begin, const float* row_max,
-                 const float* row_inv_sum, const float* coef, MarginParams params, Out* out,
-                 cudaStream_t stream) {
-  const Launch l = launch_for(classes, batch, kVector);
-  chunk_grad_kernel<kVector>
-      <<<l.grid, l.block, 0, stream>>>(dot, row_scale, classes, batch, target_col, begin, row_max,
-                                       row_inv_sum, coef, params, l.tile_rows, out);
-}
+// 16-byte reads of the logits need every row, hence the batch, to be a multiple of 4 floats.
+constexpr int kWide = 4;
 
 template <typename Out>
 void launch_grad(const float* dot, const float* row_scale, int64_t classes, int64_t batch,
                  const int64_t* target_col, int64_t begin, const float* row_max,
                  const float* row_inv_sum, const float* coef, MarginParams params, Out* out,
                  cudaStream_t stream) {
-  if (vectorizable(batch, dot) && reinterpret_cast<uintptr_t>(out) % 16 == 0) {
-    launch_grad<4>(dot, row_scale, classes, batch, target_col, begin, row_max, row_inv_sum, coef,
-                   params, out, stream);
-  } else {
-    launch_grad<1>(dot, row_scale, classes, batch, target_col, begin, row_max, row_inv_sum, coef,
-                   params, out, stream);
-  }
+  const bool wide =
+      packs_fit(batch, kWide, dot, sizeof(float)) && packs_fit(batch, kWide, out, sizeof(Out));
+  with_pack_width<kWide>(wide, [&](auto width) {
+    constexpr int kVector = decltype(width)::value;
+    const Launch l = launch_for(classes, batch, kVector);
+    chunk_grad_kernel<kVector>
+        <<<l.grid, l.block, 0, stream>>>(dot, row_scale, classes, batch, target_col, begin, row_max,
+                                         row_inv_sum, coef, params, l.tile_rows, out);
+  });
 }
 
 }  // namespace
@@ -198,17 +155,13 @@ cudaError_t chunk_stats(const float* dot, const float* row_scale, int64_t classe
                         float* tile_max, float* tile_sum, float* target_logit,
                         cudaStream_t stream) {
   if (classes == 0 || batch == 0) return cudaSuccess;
-  if (vectorizable(batch, dot)) {
-    const Launch l = launch_for(classes, batch, 4);
-    chunk_stats_kernel<4><<<l.grid, l.block, 0, stream>>>(dot, row_scale, classes, batch,
-                                                          target_col, begin, params, l.tile_rows,
-                                                          tile_max, tile_sum, target_logit);
-  } else {
-    const Launch l = launch_for(classes, batch, 1);
-    chunk_stats_kernel<1><<<l.grid, l.block, 0, stream>>>(dot, row_scale, classes, batch,
-                                                          target_col, begin, params, l.tile_rows,
-                                                          tile_max, tile_sum, target_logit);
-  }
+  with_pack_width<kWide>(packs_fit(batch, kWide, dot, sizeof(float)), [&](auto width) {
+    constexpr int kVector = decltype(width)::value;
+    const Launch l = launch_for(classes, batch, kVector);
+    chunk_stats_kernel<kVector>
+        <<<l.grid, l.block, 0, stream>>>(dot, row_scale, classes, batch, target_col, begin, params,
+                                         l.tile_rows, tile_max, tile_sum, target_logit);
+  });
   return cudaGetLastError();
 }
 

@@ -23,21 +23,6 @@ constexpr int kRowsPerBlock = 8;
 constexpr int kThreads = kRowsPerBlock * 32;
 constexpr float kMinSquaredNorm = 1e-24f;
 
-template <int N, typename T>
-__device__ inline void load_n(const T* p, float (&v)[N]) {
-  const Pack<T, N> pack = *reinterpret_cast<const Pack<T, N>*>(p);
-#pragma unroll
-  for (int j = 0; j < N; ++j) v[j] = to_float(pack.e[j]);
-}
-
-template <int N, typename T>
-__device__ inline void store_n(T* p, const float (&v)[N]) {
-  Pack<T, N> pack;
-#pragma unroll
-  for (int j = 0; j < N; ++j) pack.e[j] = from_float<T>(v[j]);
-  *reinterpret_cast<Pack<T, N>*>(p) = pack;
-}
-
 // Stores of updated weights: float32 as they are, bfloat16 rounded stochastically with the bits
 // of each element's global index.
 struct WeightStore {
@@ -46,7 +31,7 @@ struct WeightStore {
 
   template <int N>
   __device__ void operator()(float* p, const float (&v)[N], int64_t) const {
-    store_n(p, v);
+    store_floats(p, v);
   }
   template <int N>
   __device__ void operator()(__nv_bfloat16* p, const float (&v)[N], int64_t element) const {
@@ -56,7 +41,7 @@ struct WeightStore {
       pack.e[j] = __ushort_as_bfloat16(
           bf16_bits_stochastic(v[j], rounding_bits(rounding_seed, element + j)));
     }
-    *reinterpret_cast<Pack<__nv_bfloat16, N>*>(p) = pack;
+    store_pack<N>(p, pack);
   }
 };
 
@@ -102,7 +87,7 @@ __global__ void prepare_rows_kernel(const In* __restrict__ weight, int64_t dim,
     float squares = 0.0f;
     for_each_group<kWidth>(dim, slot.lane, [&](int64_t k) {
       float v[kWidth];
-      load_n(w + k, v);
+      load_floats(w + k, v);
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) squares += v[j] * v[j];
     });
@@ -114,10 +99,10 @@ __global__ void prepare_rows_kernel(const In* __restrict__ weight, int64_t dim,
   Out* o = out + slot.row * dim;
   for_each_group<kWidth>(dim, slot.lane, [&](int64_t k) {
     float v[kWidth];
-    load_n(w + k, v);
+    load_floats(w + k, v);
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) v[j] *= scale;
-    store_n(o + k, v);
+    store_floats(o + k, v);
   });
 }
 
@@ -142,8 +127,8 @@ __device__ inline RowGradientOf row_gradient(const W* w, const float* g, int64_t
   float squares = 0.0f, dot = 0.0f;
   for_each_group<kWidth>(dim, lane, [&](int64_t k) {
     float wv[kWidth], gv[kWidth];
-    load_n(w + k, wv);
-    load_n(g + k, gv);
+    load_floats(w + k, wv);
+    load_floats(g + k, gv);
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
       squares += wv[j] * wv[j];
@@ -177,9 +162,9 @@ __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight
   State* buf = momentum != nullptr ? momentum + slot.src * dim : nullptr;
   for_each_group<kWidth>(dim, slot.lane, [&](int64_t k) {
     float wv[kWidth], gv[kWidth], bv[kWidth];
-    load_n(w + k, wv);
-    load_n(g + k, gv);
-    if (buf != nullptr) load_n(buf + k, bv);
+    load_floats(w + k, wv);
+    load_floats(g + k, gv);
+    if (buf != nullptr) load_floats(buf + k, bv);
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
       float d = dw(wv[j], gv[j]) + args.weight_decay * wv[j];
@@ -189,7 +174,7 @@ __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight
       }
       wv[j] -= args.lr * d;
     }
-    if (buf != nullptr) store_n(buf + k, bv);
+    if (buf != nullptr) store_floats(buf + k, bv);
     store_weight(w + k, wv, first_element + k);
   });
 }
@@ -213,10 +198,10 @@ __global__ void adamw_rows_kernel(W* __restrict__ weight, WeightStore store_weig
   const float inv_sqrt_bc2 = rsqrtf(args.bias_correction2);
   for_each_group<kWidth>(dim, slot.lane, [&](int64_t k) {
     float wv[kWidth], gv[kWidth], mv[kWidth], vv[kWidth];
-    load_n(w + k, wv);
-    load_n(g + k, gv);
-    load_n(m + k, mv);
-    load_n(v + k, vv);
+    load_floats(w + k, wv);
+    load_floats(g + k, gv);
+    load_floats(m + k, mv);
+    load_floats(v + k, vv);
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
       const float gk = dw(wv[j], gv[j]);
@@ -225,8 +210,8 @@ __global__ void adamw_rows_kernel(W* __restrict__ weight, WeightStore store_weig
       wv[j] = wv[j] * (1.0f - args.lr * args.weight_decay) -
               step * mv[j] / (sqrtf(vv[j]) * inv_sqrt_bc2 + args.eps);
     }
-    store_n(m + k, mv);
-    store_n(v + k, vv);
+    store_floats(m + k, mv);
+    store_floats(v + k, vv);
     store_weight(w + k, wv, first_element + k);
   });
 }
@@ -246,19 +231,14 @@ void with_storage_type(ElementType type, F&& f) {
   }
 }
 
-// Calls f(std::integral_constant<int, kWidth>): 4 when every row of every pointer starts on a
-// boundary of 4 elements, else 1.
+// Calls f(std::integral_constant<int, kWidth>): 4 when every row of every array (pointer, element
+// bytes) starts on a boundary of 4 elements, else 1.
 template <typename F>
-void with_width(int64_t dim, std::initializer_list<std::pair<const void*, int>> pointers, F&& f) {
-  bool aligned = dim % 4 == 0;
-  for (const auto& [pointer, element_bytes] : pointers) {
-    aligned = aligned && reinterpret_cast<uintptr_t>(pointer) % (4 * element_bytes) == 0;
-  }
-  if (aligned) {
-    f(std::integral_constant<int, 4>());
-  } else {
-    f(std::integral_constant<int, 1>());
-  }
+void with_width(int64_t dim, std::initializer_list<std::pair<const void*, int>> arrays, F&& f) {
+  bool wide = true;
+  for (const auto& [pointer, element_bytes] : arrays)
+    wide = wide && packs_fit(dim, 4, pointer, element_bytes);
+  with_pack_width<4>(wide, std::forward<F>(f));
 }
 
 int bytes_of(ElementType type) {

@@ -5,18 +5,13 @@
 // that a warp reads consecutive bytes of whole rows. A thread keeps its channels' constants in
 // registers and walks rows ty * gridDim.y apart, kRowsAtOnce at a time so that their loads are in
 // flight together (the constants take registers, so few threads fit on a multiprocessor, and each
-// must keep more bytes in flight to reach the memory's rate). A pack is kVector elements of one
-// row, 16 bytes,
-// one load or store, which the memory system serves far better than narrower ones; that needs
-// channels % kVector == 0 and 16-byte aligned data (every IResNet width), otherwise one element.
+// must keep more bytes in flight to reach the memory's rate). A pack is V elements of one row, 16
+// bytes, one load or store, which the memory system serves far better than narrower ones; that
+// needs channels % V == 0 and 16-byte aligned data (every IResNet width), otherwise V = 1.
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cstdint>
 #include <initializer_list>
-#include <stdexcept>
-#include <string>
 #include <type_traits>
 
 #include "batch_norm_prelu_kernels.h"
@@ -64,34 +59,14 @@ __device__ inline Lane lane(int64_t channels) {
           static_cast<int64_t>(gridDim.y) * blockDim.y};
 }
 
-template <typename T, int V>
-__device__ inline Pack<T, V> load(const T* p, int64_t i) {
-  return reinterpret_cast<const Pack<T, V>*>(p)[i];
-}
-
-template <typename T, int V>
-__device__ inline void store(T* p, int64_t i, const Pack<T, V>& v) {
-  reinterpret_cast<Pack<T, V>*>(p)[i] = v;
-}
-
-// This thread's rows: read(i) loads the data of pack i (its index in the whole tensor) for
-// kRowsAtOnce rows, then use(i, data) consumes each, so that the loads are in flight together.
+// This thread's rows (the shared row walk, kRowsAtOnce at a time), each named by the index of the
+// thread's pack in the whole tensor.
 template <class Read, class Use>
-__device__ inline void for_each_row(const Lane& l, int64_t rows, Read&& read, Use&& use) {
-  using Data = decltype(read(int64_t{0}));
-  for (int64_t r = l.row; r < rows; r += kRowsAtOnce * l.row_step) {
-    Data data[kRowsAtOnce];
-#pragma unroll
-    for (int u = 0; u < kRowsAtOnce; ++u) {
-      const int64_t ru = r + u * l.row_step;
-      if (ru < rows) data[u] = read(ru * l.packs_per_row + l.pack);
-    }
-#pragma unroll
-    for (int u = 0; u < kRowsAtOnce; ++u) {
-      const int64_t ru = r + u * l.row_step;
-      if (ru < rows) use(ru * l.packs_per_row + l.pack, data[u]);
-    }
-  }
+__device__ inline void for_each_lane_row(const Lane& l, int64_t rows, Read&& read, Use&& use) {
+  const auto at = [&](int64_t r) { return r * l.packs_per_row + l.pack; };
+  for_each_row<kRowsAtOnce>(
+      l.row, rows, l.row_step, [&](int64_t r) { return read(at(r)); },
+      [&](int64_t r, const auto& data) { use(at(r), data); });
 }
 
 // x and dy at one pack.
@@ -158,12 +133,12 @@ __global__ void batch_norm_statistics_kernel(const T* __restrict__ x, int64_t ro
   const Lane l = lane<V>(channels);
   float s[2][V] = {};
   if (l.pack < l.packs_per_row) {
-    const Pack<T, V> first = load<T, V>(x, l.pack);
+    const Pack<T, V> first = load_pack<V>(x + l.pack * V);
     float shift[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) shift[k] = to_float(first.e[k]);
-    for_each_row(
-        l, rows, [&](int64_t i) { return load<T, V>(x, i); },
+    for_each_lane_row(
+        l, rows, [&](int64_t i) { return load_pack<V>(x + i * V); },
         [&](int64_t, const Pack<T, V>& xs) {
 #pragma unroll
           for (int k = 0; k < V; ++k) {
@@ -210,8 +185,8 @@ __global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x, T* __re
   Channel ch[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) ch[k] = channel(p, l.pack * V + k);
-  for_each_row(
-      l, rows, [&](int64_t i) { return load<T, V>(x, i); },
+  for_each_lane_row(
+      l, rows, [&](int64_t i) { return load_pack<V>(x + i * V); },
       [&](int64_t i, const Pack<T, V>& in) {
         Pack<T, V> out;
 #pragma unroll
@@ -219,7 +194,7 @@ __global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x, T* __re
           const float z = (to_float(in.e[k]) * ch[k].a + ch[k].b) * ch[k].gamma + ch[k].beta;
           out.e[k] = from_float<T>(z > 0.0f ? z : ch[k].alpha * z);
         }
-        store(y, i, out);
+        store_pack<V>(y + i * V, out);
       });
 }
 
@@ -234,10 +209,10 @@ __global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x,
     Channel ch[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) ch[k] = channel(p, l.pack * V + k);
-    for_each_row(
+    for_each_lane_row(
         l, rows,
         [&](int64_t i) {
-          return InputAndGradient<T, V>{load<T, V>(x, i), load<T, V>(dy, i)};
+          return InputAndGradient<T, V>{load_pack<V>(x + i * V), load_pack<V>(dy + i * V)};
         },
         [&](int64_t, const InputAndGradient<T, V>& in) {
 #pragma unroll
@@ -280,10 +255,10 @@ __global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x,
     mean_dz[k] = sums[c] * inv_rows;
     mean_dz_xhat[k] = sums[channels + c] * inv_rows;
   }
-  for_each_row(
+  for_each_lane_row(
       l, rows,
       [&](int64_t i) {
-        return InputAndGradient<T, V>{load<T, V>(x, i), load<T, V>(dy, i)};
+        return InputAndGradient<T, V>{load_pack<V>(x + i * V), load_pack<V>(dy + i * V)};
       },
       [&](int64_t i, const InputAndGradient<T, V>& in) {
         Pack<T, V> out;
@@ -293,36 +268,8 @@ __global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x,
           out.e[k] =
               from_float<T>(ch[k].gamma * ch[k].a * (b.dz - mean_dz[k] - b.xhat * mean_dz_xhat[k]));
         }
-        store(dx, i, out);
+        store_pack<V>(dx + i * V, out);
       });
-}
-
-void check_query(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string("batch-norm kernels: ") + what + " failed: " +
-                             cudaGetErrorString(status));
-  }
-}
-
-// The current device's multiprocessors, asked of the driver once per device: every launch sizes
-// its grid with it, and batch_norm_partials() its buffer, so the two must agree (a guessed count
-// could make the buffer too small for the launch).
-int multiprocessors() {
-  constexpr int kMaxDevices = 64;
-  static std::array<std::atomic<int>, kMaxDevices> counts{};
-  int device = 0;
-  check_query(cudaGetDevice(&device), "cudaGetDevice");
-  if (device < 0 || device >= kMaxDevices) {
-    throw std::runtime_error("batch-norm kernels: device index " + std::to_string(device) +
-                             " is beyond the " + std::to_string(kMaxDevices) + " supported");
-  }
-  int count = counts[device].load(std::memory_order_relaxed);
-  if (count == 0) {
-    check_query(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
-                "cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
-    counts[device].store(count, std::memory_order_relaxed);
-  }
-  return count;
 }
 
 // Row blocks of a reduction at most: partials hold this many rows of sums.
@@ -356,21 +303,16 @@ Shape elementwise_shape(int64_t rows, int64_t packs_per_row) {
   return shape_for(rows, packs_per_row, 8 * static_cast<int64_t>(multiprocessors()));
 }
 
-bool aligned(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
-// Calls `launch` with the element type and the widest pack that the data allow.
+// Calls `launch` with the element type and the widest pack (16 bytes) that the data allow.
 template <class Launch>
 cudaError_t dispatch(ElementType type, int64_t channels,
                      std::initializer_list<const void*> pointers, Launch&& launch) {
-  bool wide = true;
-  for (const void* p : pointers) wide = wide && aligned(p);
   return with_element_type(type, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int kWide = 16 / sizeof(T);
-    return wide && channels % kWide == 0 ? launch(T{}, std::integral_constant<int, kWide>{})
-                                         : launch(T{}, std::integral_constant<int, 1>{});
+    bool wide = true;
+    for (const void* p : pointers) wide = wide && packs_fit(channels, kWide, p, sizeof(T));
+    return with_pack_width<kWide>(wide, [&](auto v) { return launch(T{}, v); });
   });
 }
 
