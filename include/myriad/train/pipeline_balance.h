@@ -10,7 +10,7 @@ namespace myriad {
 // What one block of a backbone costs a pipeline stage (measured by profile_blocks).
 struct BlockCost {
   double seconds = 0.0;  // forward + backward of one micro-batch, launched from the host
-  // The same with the block's kernels back to back, as a replayed CUDA graph runs them (the
+  // The same recorded as a CUDA graph and replayed, as a stage that replays graphs runs it (the
   // host's launch gaps left out); `seconds` on the CPU.
   double replay_seconds = 0.0;
   double activation_bytes = 0.0;  // kept from forward to backward, per micro-batch in flight
