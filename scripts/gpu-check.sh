@@ -113,7 +113,7 @@ if wants tests; then
   # (tests/e2e/cuda_graphs_gpu.sh).
   if [ -z "$tests_regex" ] || [[ gpu.cuda_graphs =~ $tests_regex ]]; then
     if bash "$repo/tests/e2e/cuda_graphs_gpu.sh" "$bin" "$gpus" >"$out/cuda-graphs-gpu.txt" 2>&1; then
-      note "CUDA graphs on GPUs: $(grep -E '^(graphs|a stopped|the watchdog)' "$out/cuda-graphs-gpu.txt" | tr '\n' ' ')"
+      note "CUDA graphs on GPUs: $(grep -E '^(graphs|a stopped|a rank stopped|the watchdog)' "$out/cuda-graphs-gpu.txt" | tr '\n' ' ')"
     else
       status=1; note "CUDA GRAPHS ON GPUS FAILED: $(tail -n 5 "$out/cuda-graphs-gpu.txt")"
     fi

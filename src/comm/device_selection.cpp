@@ -5,9 +5,11 @@
 namespace myriad {
 
 DevicePreference parse_device_preference(const std::string& name) {
-  if (name == "auto") return DevicePreference::kAuto;
-  if (name == "cpu") return DevicePreference::kCpu;
-  if (name == "cuda" || name == "gpu") return DevicePreference::kCuda;
+  // The names to_string gives, as myriad-train's --device takes them: one spelling everywhere.
+  for (const DevicePreference p :
+       {DevicePreference::kAuto, DevicePreference::kCpu, DevicePreference::kCuda}) {
+    if (name == to_string(p)) return p;
+  }
   throw UsageError(str_format("unknown device '{}' (expected auto, cpu or cuda)", name));
 }
 

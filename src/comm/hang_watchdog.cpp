@@ -61,7 +61,11 @@ struct HangWatchdog::State {
   std::atomic<int> local_depth{0};
   std::atomic<const char*> local_what{nullptr};
 
-  std::map<int, std::function<void()>> aborts;
+  struct Hooks {
+    std::function<void()> abort;
+    std::function<std::string()> describe;
+  };
+  std::map<int, Hooks> hooks;
   int next_abort_id = 0;
 
   void run();
@@ -136,16 +140,17 @@ void HangWatchdog::step_started(int64_t step) {
     state_->step_since.store(now_ns(), std::memory_order_relaxed);
 }
 
-int HangWatchdog::register_abort(std::function<void()> abort) {
+int HangWatchdog::register_abort(std::function<void()> abort,
+                                 std::function<std::string()> describe) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   const int id = state_->next_abort_id++;
-  state_->aborts[id] = std::move(abort);
+  state_->hooks[id] = {std::move(abort), std::move(describe)};
   return id;
 }
 
 void HangWatchdog::unregister_abort(int id) {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->aborts.erase(id);
+  state_->hooks.erase(id);
 }
 
 void HangWatchdog::State::run() {
@@ -178,13 +183,20 @@ void HangWatchdog::State::run() {
 
 void HangWatchdog::State::fire(const std::string& where, double seconds) {
   const int64_t at = step.load();
+  // What the GPU has not finished: the host's view above may be a later collective, or a device
+  // synchronisation that waits for it (replayed CUDA graphs enqueue many at once).
+  std::string device;
+  for (const auto& [id, hook] : hooks) {
+    const std::string text = hook.describe ? hook.describe() : std::string();
+    if (!text.empty()) device += "; " + text;
+  }
   log_write_this_rank(
       LogLevel::kError,
-      str_format("{}: error: no progress for {:.0f} s {}{}; aborting the job (--hang-timeout {:g}; "
-                 "a dead host, a cut link or a hung GPU: see docs/multi-node.md) [{}]",
+      str_format("{}: error: no progress for {:.0f} s {}{}{}; aborting the job (--hang-timeout "
+                 "{:g}; a dead host, a cut link or a hung GPU: see docs/multi-node.md) [{}]",
                  program_invocation_short_name, seconds, where,
-                 at >= 0 ? str_format(" at step {}", at + 1) : std::string(), timeout.load(),
-                 error_location(__FILE__, __LINE__)));
+                 at >= 0 ? str_format(" at step {}", at + 1) : std::string(), device,
+                 timeout.load(), error_location(__FILE__, __LINE__)));
   std::fflush(nullptr);
   std::this_thread::sleep_for(std::chrono::duration<double>(kPeerGraceSeconds));
   // MPI_Abort may never return where this host cannot reach the launcher.
@@ -192,7 +204,7 @@ void HangWatchdog::State::fire(const std::string& where, double seconds) {
     std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceSeconds));
     std::_Exit(kExitFailure);
   }).detach();
-  for (auto& [id, abort] : aborts) abort();
+  for (auto& [id, hook] : hooks) hook.abort();
   MPI_Abort(MPI_COMM_WORLD, kExitFailure);
   std::_Exit(kExitFailure);
 }

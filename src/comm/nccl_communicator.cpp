@@ -4,12 +4,16 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "myriad/comm/hang_watchdog.h"
 #include "myriad/util/check_cuda.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/check_nccl.h"
 #include "myriad/util/error.h"
+#include "myriad/util/format.h"
 #include "myriad/util/log.h"
 #include "tensor_rows.h"
 
@@ -60,8 +64,85 @@ char* byte_ptr(const torch::Tensor& t) {
 
 }  // namespace
 
+// The end events of the operations enqueued, for the watchdog's line: the last kEager enqueued
+// directly (older ones have finished, or the GPU is still behind them), and every one recorded
+// into a CUDA graph (the events are the graphs' nodes, so they live as long as the communicator).
+// The watchdog's thread reads it while the training thread writes it.
+class NcclCommunicator::Trail {
+ public:
+  Trail() : eager_(kEager) {}
+  ~Trail() {
+    for (const std::vector<Op>* ops : {&eager_, &recorded_}) {
+      for (const Op& op : *ops) {
+        if (op.done != nullptr) cudaEventDestroy(op.done);
+      }
+    }
+  }
+  Trail(const Trail&) = delete;
+  Trail& operator=(const Trail&) = delete;
+
+  void record(cudaStream_t stream, const char* what, int64_t bytes) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MYRIAD_CHECK_CUDA(cudaStreamIsCapturing(stream, &capture));
+    const bool in_graph = capture == cudaStreamCaptureStatusActive;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const uint64_t seq = ++enqueued_;
+    if (in_graph && recorded_.size() >= kRecorded) return;  // re-recorded graphs without end
+    Op& op = in_graph ? recorded_.emplace_back() : eager_[eager_count_++ % kEager];
+    if (op.done == nullptr) {
+      MYRIAD_CHECK_CUDA(cudaEventCreateWithFlags(&op.done, cudaEventDisableTiming));
+    }
+    op = {seq, what, bytes, in_graph, op.done};
+    // In a capture, an external event becomes a node of the graph that every replay records.
+    MYRIAD_CHECK_CUDA(in_graph ? cudaEventRecordWithFlags(op.done, stream, cudaEventRecordExternal)
+                               : cudaEventRecord(op.done, stream));
+  }
+
+  // "not finished on this GPU: ...": the first operation recorded into a graph and the first
+  // enqueued directly whose end event has not been reached, and how many in all; empty if none.
+  std::string unfinished() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const Op* first[2] = {nullptr, nullptr};  // in a graph, directly
+    int pending = 0;
+    for (const std::vector<Op>* ops : {&recorded_, &eager_}) {
+      for (const Op& op : *ops) {
+        if (op.seq == 0 || cudaEventQuery(op.done) != cudaErrorNotReady) continue;
+        ++pending;
+        const Op*& kept = first[op.in_graph ? 0 : 1];
+        if (kept == nullptr || op.seq < kept->seq) kept = &op;
+      }
+    }
+    (void)cudaGetLastError();  // a query's cudaErrorNotReady is no error of this thread's
+    if (pending == 0) return "";
+    std::string text = "not finished on this GPU: ";
+    for (const Op* op : first) {
+      if (op == nullptr) continue;
+      if (op != first[0] && first[0] != nullptr) text += " and ";
+      text += str_format("{} #{} ({}{})", op->what, op->seq, format_bytes(op->bytes),
+                         op->in_graph ? ", recorded in a CUDA graph" : "");
+    }
+    return text + str_format(" ({} of this communicator's operations in all)", pending);
+  }
+
+ private:
+  struct Op {
+    uint64_t seq = 0;  // 0: not used yet
+    const char* what = nullptr;
+    int64_t bytes = 0;
+    bool in_graph = false;
+    cudaEvent_t done = nullptr;
+  };
+  static constexpr size_t kEager = 64;
+  static constexpr size_t kRecorded = 4096;
+  mutable std::mutex mutex_;
+  uint64_t enqueued_ = 0;
+  uint64_t eager_count_ = 0;
+  std::vector<Op> eager_;  // a ring of kEager
+  std::vector<Op> recorded_;
+};
+
 NcclCommunicator::NcclCommunicator(MPI_Comm comm, torch::Device device)
-    : Communicator(comm), device_(device) {
+    : Communicator(comm), device_(device), trail_(std::make_unique<Trail>()) {
   MYRIAD_CHECK(device.is_cuda() && device.has_index(),
                "NCCL needs a CUDA device with an index, got {}", device.str());
   ncclUniqueId id;
@@ -73,8 +154,9 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, torch::Device device)
   ncclGetVersion(&version);
   log_debug("NCCL {} communicator ready on {} ({} ranks)", version, device_.str(), size());
   // ncclCommAbort may be called from another thread; it releases a host blocked on NCCL's work.
-  watchdog_abort_ =
-      HangWatchdog::instance().register_abort([comm = comm_] { ncclCommAbort(comm); });
+  watchdog_abort_ = HangWatchdog::instance().register_abort(
+      [comm = comm_] { ncclCommAbort(comm); },
+      [trail = trail_.get()] { return trail->unfinished(); });
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -106,11 +188,16 @@ cudaStream_t NcclCommunicator::begin() const {
   return c10::cuda::getCurrentCUDAStream(device_.index()).stream();
 }
 
+void NcclCommunicator::end(cudaStream_t stream, const char* what, int64_t bytes) {
+  trail_->record(stream, what, bytes);
+}
+
 void NcclCommunicator::all_reduce_impl(torch::Tensor& tensor, ReduceOp op) {
   c10::cuda::CUDAGuard guard(device_);
   const cudaStream_t stream = begin();
   NCCL_CALL(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                           nccl_type(tensor.scalar_type()), nccl_op(op), comm_, stream));
+  end(stream, "all_reduce", static_cast<int64_t>(tensor.nbytes()));
 }
 
 void NcclCommunicator::all_gather_impl(const torch::Tensor& input, torch::Tensor& output,
@@ -121,6 +208,7 @@ void NcclCommunicator::all_gather_impl(const torch::Tensor& input, torch::Tensor
   if (equal) {
     NCCL_CALL(
         ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), type, comm_, stream));
+    end(stream, "all_gather", static_cast<int64_t>(output.nbytes()));
     return;
   }
   // NCCL has no all-gather-v: one broadcast per root, fused into one group.
@@ -137,6 +225,7 @@ void NcclCommunicator::all_gather_impl(const torch::Tensor& input, torch::Tensor
     offset += counts[r];
   }
   NCCL_CALL(ncclGroupEnd());
+  end(stream, "all_gather", static_cast<int64_t>(output.nbytes()));
 }
 
 void NcclCommunicator::reduce_scatter_impl(const torch::Tensor& input, torch::Tensor& output,
@@ -148,6 +237,7 @@ void NcclCommunicator::reduce_scatter_impl(const torch::Tensor& input, torch::Te
   if (equal) {
     NCCL_CALL(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), type,
                                 nccl_op(op), comm_, stream));
+    end(stream, "reduce_scatter", static_cast<int64_t>(input.nbytes()));
     return;
   }
   // One reduce per root, each delivering that root's block of rows, fused into one group.
@@ -164,6 +254,7 @@ void NcclCommunicator::reduce_scatter_impl(const torch::Tensor& input, torch::Te
     offset += counts[r];
   }
   NCCL_CALL(ncclGroupEnd());
+  end(stream, "reduce_scatter", static_cast<int64_t>(input.nbytes()));
 }
 
 void NcclCommunicator::broadcast_impl(torch::Tensor& tensor, int root) {
@@ -171,6 +262,7 @@ void NcclCommunicator::broadcast_impl(torch::Tensor& tensor, int root) {
   const cudaStream_t stream = begin();
   NCCL_CALL(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                           nccl_type(tensor.scalar_type()), root, comm_, stream));
+  end(stream, "broadcast", static_cast<int64_t>(tensor.nbytes()));
 }
 
 void NcclCommunicator::gather_impl(const torch::Tensor& input, torch::Tensor& output,
@@ -198,6 +290,7 @@ void NcclCommunicator::gather_impl(const torch::Tensor& input, torch::Tensor& ou
     NCCL_CALL(ncclSend(input.data_ptr(), counts[rank()] * row, type, root, comm_, stream));
   }
   NCCL_CALL(ncclGroupEnd());
+  end(stream, "gather", static_cast<int64_t>(input.nbytes()));
 }
 
 void NcclCommunicator::scatter_impl(const torch::Tensor& input, torch::Tensor& output,
@@ -225,6 +318,7 @@ void NcclCommunicator::scatter_impl(const torch::Tensor& input, torch::Tensor& o
     NCCL_CALL(ncclRecv(output.data_ptr(), counts[rank()] * row, type, root, comm_, stream));
   }
   NCCL_CALL(ncclGroupEnd());
+  end(stream, "scatter", static_cast<int64_t>(output.nbytes()));
 }
 
 void NcclCommunicator::p2p_impl(const std::vector<torch::Tensor>& sent,
@@ -237,10 +331,14 @@ void NcclCommunicator::p2p_impl(const std::vector<torch::Tensor>& sent,
   for (const torch::Tensor& t : sent) {
     NCCL_CALL(ncclSend(t.data_ptr(), t.numel(), nccl_type(t.scalar_type()), peer, comm_, stream));
   }
+  int64_t bytes = 0;
   for (const torch::Tensor& t : received) {
     NCCL_CALL(ncclRecv(t.data_ptr(), t.numel(), nccl_type(t.scalar_type()), peer, comm_, stream));
+    bytes += static_cast<int64_t>(t.nbytes());
   }
   NCCL_CALL(ncclGroupEnd());
+  for (const torch::Tensor& t : sent) bytes += static_cast<int64_t>(t.nbytes());
+  end(stream, "send/recv", bytes);
 }
 
 void NcclCommunicator::barrier_impl() {

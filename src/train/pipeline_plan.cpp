@@ -6,8 +6,8 @@
 
 #include "myriad/comm/communicator.h"
 #include "myriad/model/backbone.h"
+#include "myriad/parallel/pipeline_balance.h"
 #include "myriad/train/graphs_choice.h"
-#include "myriad/train/pipeline_balance.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/format.h"
@@ -58,7 +58,7 @@ double stage_memory(const TrainConfig& c, const torch::Device& device) {
 }
 
 void log_plan(const TrainConfig& c, const Backbone& backbone, const std::vector<BlockCost>& costs,
-              const std::vector<int64_t>& cut, const StageCut& chosen,
+              const std::vector<int64_t>& cut, const std::vector<double>& stage_bytes,
               const StagePrediction& predicted) {
   if (c.pipeline_profile) {
     for (int64_t b = 0; b < backbone.num_blocks(); ++b) {
@@ -73,7 +73,7 @@ void log_plan(const TrainConfig& c, const Backbone& backbone, const std::vector<
         "pipeline stage {}: blocks [{}, {}) ({} to {}), predicted {:.2f} ms per micro-batch "
         "({:.2f} replayed as CUDA graphs), {}",
         s, cut[s], cut[s + 1], backbone.block_name(cut[s]), backbone.block_name(cut[s + 1] - 1),
-        predicted.eager_ms[s], predicted.replay_ms[s], format_bytes(chosen.stage_bytes[s]));
+        predicted.eager_ms[s], predicted.replay_ms[s], format_bytes(stage_bytes[s]));
   }
 }
 
@@ -136,14 +136,14 @@ PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicato
             : "");
     plan.cut = best->cut;
   }
-  const StageCut chosen = evaluate_cut(costs, plan.cut, in_flight);
+  // A cut's memory is the same under either cost: only its times differ.
   const StageCut eager = evaluate_cut(measured, plan.cut, in_flight);
   const StageCut replayed = evaluate_cut(replayed_costs(measured), plan.cut, in_flight);
   for (size_t s = 0; s < eager.stage_seconds.size(); ++s) {
     plan.predicted.eager_ms.push_back(1e3 * eager.stage_seconds[s]);
     plan.predicted.replay_ms.push_back(1e3 * replayed.stage_seconds[s]);
   }
-  log_plan(c, backbone, measured, plan.cut, chosen, plan.predicted);
+  log_plan(c, backbone, measured, plan.cut, eager.stage_bytes, plan.predicted);
   return plan;
 }
 

@@ -6,10 +6,10 @@
 #include <utility>
 
 #include "myriad/comm/communicator.h"
-#include "myriad/train/gradient_sync.h"
-#include "myriad/train/loss_scaler.h"
+#include "myriad/optim/loss_scaler.h"
+#include "myriad/parallel/gradient_sync.h"
+#include "myriad/parallel/pipeline.h"
 #include "myriad/train/metrics_log.h"
-#include "myriad/train/pipeline.h"
 #include "myriad/train/straggler_report.h"
 #include "myriad/util/clock.h"
 #include "myriad/util/device.h"

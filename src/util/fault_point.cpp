@@ -50,4 +50,30 @@ void fault_slow_step(int rank) {
   std::this_thread::sleep_for(std::chrono::duration<double>(slow.second));
 }
 
+void fault_stall(const char* phase, int rank) {
+  struct Stall {
+    int rank = -1;
+    std::string phase;
+    int64_t at = 0;
+    int64_t reached = 0;
+  };
+  static Stall stall = [] {
+    Stall s;
+    const char* value = std::getenv("MYRIAD_FAULT_STALL_AT");
+    if (value == nullptr) return s;
+    std::cmatch match;
+    MYRIAD_CHECK(std::regex_match(value, match, std::regex(R"(([0-9]+):([a-z_]+)@([0-9]+))")),
+                 "MYRIAD_FAULT_STALL_AT must be RANK:PHASE@N (\"1:backward@30\"), not '{}'", value);
+    s.rank = std::stoi(match[1].str());
+    s.phase = match[2].str();
+    s.at = std::stoll(match[3].str());
+    return s;
+  }();
+  if (rank != stall.rank || stall.phase != phase || ++stall.reached != stall.at) return;
+  std::fprintf(stderr, "fault injection: rank %d (pid %d) stopped at %s #%lld\n", rank,
+               static_cast<int>(getpid()), phase, static_cast<long long>(stall.at));
+  std::fflush(stderr);
+  raise(SIGSTOP);
+}
+
 }  // namespace myriad

@@ -6,7 +6,10 @@
 #   fault point MYRIAD_FAULT_GRAPH_MEMORY_FRACTION) goes on eagerly with one warning line, and
 #   trains to the same losses;
 # - with 2 GPUs, the hang watchdog ends a graphs-on job whose rank 1 is stopped (SIGSTOP) while
-#   its peer waits in a captured all-reduce, within the timeout plus 60 s, with nothing left.
+#   its peer waits in a captured all-reduce, within the timeout plus 60 s, with nothing left;
+# - and where rank 1 stops just before its backward (the fault point MYRIAD_FAULT_STALL_AT), rank
+#   0's GPU is left in the gradient all-reduce recorded in its backward graph, and rank 0's line
+#   names it as not finished on the GPU.
 #   tests/e2e/cuda_graphs_gpu.sh BIN_DIR GPUS
 source "$(dirname "$0")/common.sh"
 gpus=$2
@@ -53,3 +56,24 @@ stall_rank "$work/stall" 1 "$timeout"
 grep -Eq "\[0/2\] ERROR .*no progress for [0-9]+ s" "$work/stall.log" || fail "rank 0 did not say what it waited in"
 [ -z "$(pgrep -f "myriad-train.*$work" || true)" ] || fail "processes left"
 echo "a stopped rank under CUDA graphs: the job ended in $took s (code $code)"
+
+# 3. The collective the GPU never finished, named: rank 1 stops before its 8th backward, so that
+# rank 0's replayed backward enqueues a recorded all-reduce that rank 1 never joins.
+export MYRIAD_FAULT_STALL_AT=1:backward@8
+forward+=(-x MYRIAD_FAULT_STALL_AT)
+started=$(date +%s)
+set +e
+gpu_train 2 --max-steps 100000 --log-every 2 --cuda-graphs on --hang-timeout "$timeout" \
+  --run-dir "$work/device" >"$work/device.log" 2>&1
+code=$?
+set -e
+took=$(($(date +%s) - started))
+unset MYRIAD_FAULT_STALL_AT
+[ "$code" -ne 0 ] || fail "the job exited 0 after rank 1 stopped"
+grep -q "fault injection: rank 1 .* stopped at backward #8" "$work/device.log" || fail "rank 1 did not stop at its fault point"
+line=$(grep -E "\[0/2\] ERROR .*no progress for [0-9]+ s" "$work/device.log" || true)
+[ -n "$line" ] || fail "rank 0 did not report the hang"
+echo "$line" | grep -Eq "not finished on this GPU: all_reduce #[0-9]+ \([0-9.]+ [KMG]?i?B, recorded in a CUDA graph\)" \
+  || fail "rank 0's line does not name the recorded all-reduce its GPU never finished: $line"
+[ -z "$(pgrep -f "myriad-train.*$work" || true)" ] || fail "processes left"
+echo "a rank stopped before its backward: the job ended in $took s; rank 0: $(echo "$line" | grep -o 'not finished on this GPU[^;]*')"

@@ -13,6 +13,7 @@ for tool in munged slurmctld slurmd sbatch srun scontrol scancel sinfo; do
   command -v "$tool" >/dev/null 2>&1 || { echo "SKIP: $tool is not installed"; exit 77; }
 done
 source "$repo/tests/support/netns_cluster.sh"
+source "$repo/tests/support/slurm_conf.sh"
 # Tears itself down on exit: every daemon, job step and rank below runs inside a host.
 cluster_up 2
 
@@ -38,35 +39,8 @@ export SLURM_CONF="$slurm/slurm.conf"
 # %n is the node's name: the hosts share this file system, so each slurmd gets its own files. The
 # pmix plugin makes each step's client directory under TmpFS, named by job and step only: one
 # TmpFS for two hosts collides ("spmix_appdir_...: File exists").
-cat >"$SLURM_CONF" <<EOF
-ClusterName=myriadmulti
-SlurmctldHost=myrh1
-SlurmUser=root
-AuthType=auth/munge
-# A requeued job waits for the old credential to expire: 5 s instead of 120.
-AuthInfo=socket=$slurm/munge.sock,cred_expire=5
-CredType=cred/munge
-StateSaveLocation=$slurm/state
-SlurmctldPidFile=$slurm/slurmctld.pid
-SlurmctldLogFile=$slurm/slurmctld.log
-SlurmdSpoolDir=$slurm/%n/spool
-TmpFS=$slurm/%n/tmp
-SlurmdPidFile=$slurm/%n/slurmd.pid
-SlurmdLogFile=$slurm/%n/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-MpiDefault=none
-ReturnToService=2
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-JobRequeue=1
-KillWait=10
-MinJobAge=600
-NodeName=myrh1,myrh2 CPUs=$cpus State=UNKNOWN
-PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-EOF
+write_slurm_conf "$SLURM_CONF" myriadmulti myrh1 "NodeName=myrh1,myrh2 CPUs=$cpus State=UNKNOWN" \
+  "$slurm" "$slurm/%n" "TmpFS=$slurm/%n/tmp"
 # The hosts' /sys is the fresh sysfs of `ip netns exec`, without the cgroup mounts that slurmd's
 # autodetection looks for ("No filesystem mounted on /sys/fs/cgroup"); with proctrack/linuxproc and
 # task/none, the v1 plugin is loaded but never used.

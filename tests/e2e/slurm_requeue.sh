@@ -7,6 +7,7 @@
 #   tests/e2e/slurm_requeue.sh BIN_DIR
 source "$(dirname "$0")/common.sh"
 repo=$(cd "$(dirname "$0")/../.." && pwd)
+source "$repo/tests/support/slurm_conf.sh"
 for tool in munged slurmctld slurmd sbatch scontrol scancel sinfo; do
   command -v "$tool" >/dev/null 2>&1 || { echo "SKIP: $tool is not installed"; exit 77; }
 done
@@ -37,36 +38,9 @@ node=$(hostname -s)
 cpus=$(nproc --all)
 [ "$cpus" -ge 2 ] || cpus=2
 export SLURM_CONF="$slurm/slurm.conf"
-cat >"$SLURM_CONF" <<EOF
-ClusterName=myriadtest
-SlurmctldHost=$node(127.0.0.1)
-SlurmctldPort=$port
-SlurmdPort=$((port + 1))
-SlurmUser=root
-AuthType=auth/munge
-# A requeued job waits for the old credential to expire: 5 s instead of 120.
-AuthInfo=socket=$slurm/munge.sock,cred_expire=5
-CredType=cred/munge
-StateSaveLocation=$slurm/state
-SlurmdSpoolDir=$slurm/spool
-SlurmctldPidFile=$slurm/slurmctld.pid
-SlurmdPidFile=$slurm/slurmd.pid
-SlurmctldLogFile=$slurm/slurmctld.log
-SlurmdLogFile=$slurm/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-MpiDefault=none
-ReturnToService=2
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-JobRequeue=1
-KillWait=10
-MinJobAge=600
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
-PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-EOF
+write_slurm_conf "$SLURM_CONF" myriadtest "$node(127.0.0.1)" \
+  "NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN" "$slurm" "$slurm" \
+  "SlurmctldPort=$port" "SlurmdPort=$((port + 1))"
 slurmctld -c -f "$SLURM_CONF" || fail "slurmctld did not start"
 for _ in $(seq 1 50); do [ -s "$slurm/slurmctld.pid" ] && break; sleep 0.2; done
 daemons+=("$(cat "$slurm/slurmctld.pid")")

@@ -10,8 +10,8 @@
 #include "mpi_test.h"
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/model/backbone.h"
-#include "myriad/train/gradient_sync.h"
-#include "myriad/train/pipeline.h"
+#include "myriad/parallel/gradient_sync.h"
+#include "myriad/parallel/pipeline.h"
 #include "myriad/util/device.h"
 #include "myriad/util/format.h"
 #include "support/reference_softmax.h"
@@ -413,7 +413,8 @@ TEST_P(PipelineTest, CapturedAllReduceGivesEagerGradientsBitForBit) {
     torch::manual_seed(21);
     const torch::Tensor images =
         torch::randn({world(), steps, batch, shape.channels, shape.height, shape.width})[rank()];
-    const torch::Tensor labels = torch::randint(0, 23, {world(), steps, batch}, torch::kInt64)[rank()];
+    const torch::Tensor labels =
+        torch::randint(0, 23, {world(), steps, batch}, torch::kInt64)[rank()];
     auto net = make_net(c.net);
     net->set_channels_last(true);
     PipelineLayout l = pipeline_layout(world(), rank(), 1, 2);
@@ -438,17 +439,19 @@ TEST_P(PipelineTest, CapturedAllReduceGivesEagerGradientsBitForBit) {
     }
     return out;
   };
-  for (const Case& c : {Case{"smallcnn", PipelineSchedule::k1F1B, std::nullopt, torch::kFloat32},
-                        Case{"smallcnn", PipelineSchedule::k1F1B, std::nullopt, torch::kBFloat16},
-                        Case{"smallcnn", PipelineSchedule::k1F1B, std::nullopt, torch::kFloat16},
-                        Case{"r18", PipelineSchedule::kGPipe, torch::kBFloat16, torch::kBFloat16}}) {
+  for (const Case& c :
+       {Case{"smallcnn", PipelineSchedule::k1F1B, std::nullopt, torch::kFloat32},
+        Case{"smallcnn", PipelineSchedule::k1F1B, std::nullopt, torch::kBFloat16},
+        Case{"smallcnn", PipelineSchedule::k1F1B, std::nullopt, torch::kFloat16},
+        Case{"r18", PipelineSchedule::kGPipe, torch::kBFloat16, torch::kBFloat16}}) {
     SCOPED_TRACE(str_format("{}, {}, {} on the wire", c.net, schedule_name(c.schedule),
                             c10::toString(c.wire)));
     const std::vector<torch::Tensor> eager = train(c, false);
     const std::vector<torch::Tensor> replayed = train(c, true);
     ASSERT_EQ(replayed.size(), eager.size());
     for (size_t k = 0; k < eager.size(); ++k) {
-      EXPECT_TRUE(torch::equal(replayed[k], eager[k])) << "tensor " << k << " differs by up to "
+      EXPECT_TRUE(torch::equal(replayed[k], eager[k]))
+          << "tensor " << k << " differs by up to "
           << (replayed[k] - eager[k]).abs().max().item<double>();
     }
   }

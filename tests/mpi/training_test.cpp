@@ -14,8 +14,8 @@
 #include "myriad/model/backbone.h"
 #include "myriad/model/batch_norm.h"
 #include "myriad/model/vit.h"
-#include "myriad/train/gradient_sync.h"
-#include "myriad/train/loss_scaler.h"
+#include "myriad/optim/loss_scaler.h"
+#include "myriad/parallel/gradient_sync.h"
 #include "support/optimizer_check.h"
 #include "support/reference_softmax.h"
 

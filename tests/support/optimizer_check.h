@@ -6,8 +6,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "myriad/train/multi_tensor_optimizer.h"
-#include "myriad/train/optimizer_state.h"
+#include "myriad/optim/multi_tensor_optimizer.h"
+#include "myriad/optim/optimizer_state.h"
 
 namespace myriad::testing {
 

@@ -28,6 +28,7 @@ TEST(DeviceSelection, ParsesPreference) {
   EXPECT_EQ(parse_device_preference("cuda"), DevicePreference::kCuda);
   EXPECT_EQ(parse_device_preference("cpu"), DevicePreference::kCpu);
   EXPECT_THROW(parse_device_preference("tpu"), UsageError);
+  EXPECT_THROW(parse_device_preference("gpu"), UsageError);  // one spelling, as myriad-train's
   for (const char* name : {"auto", "cpu", "cuda"})
     EXPECT_STREQ(to_string(parse_device_preference(name)), name);
 }

@@ -9,7 +9,7 @@
 #include <limits>
 #include <random>
 
-#include "myriad/train/pipeline_balance.h"
+#include "myriad/parallel/pipeline_balance.h"
 #include "myriad/util/error.h"
 
 namespace myriad {

@@ -8,7 +8,7 @@
 #include <memory>
 #include <sstream>
 
-#include "myriad/train/lr_schedule.h"
+#include "myriad/optim/lr_schedule.h"
 #include "myriad/train/train_config.h"
 #include "myriad/util/cli.h"
 #include "myriad/util/device.h"

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace myriad {
 
@@ -44,8 +45,9 @@ class HangWatchdog {
   void step_started(int64_t step);
 
   // Called when the watchdog fires, before MPI_Abort: NcclCommunicator registers its abort so that
-  // no rank stays blocked inside NCCL. Returns an id for unregister_abort.
-  int register_abort(std::function<void()> abort);
+  // no rank stays blocked inside NCCL, and `describe`, which says what of its work the GPU has not
+  // finished (empty: nothing), for the watchdog's line. Returns an id for unregister_abort.
+  int register_abort(std::function<void()> abort, std::function<std::string()> describe = {});
   void unregister_abort(int id);
 
   HangWatchdog(const HangWatchdog&) = delete;

@@ -4,6 +4,9 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cstdint>
+#include <memory>
+
 #include "myriad/comm/communicator.h"
 
 namespace myriad {
@@ -12,7 +15,9 @@ namespace myriad {
 // operation is enqueued on LibTorch's current CUDA stream, so it is ordered with the caller's
 // kernels and needs no extra synchronisation. When an NCCL call fails the communicator is
 // aborted (ncclCommAbort), so no rank stays blocked inside NCCL, and an Error is thrown. The hang
-// watchdog aborts it too before it ends the job.
+// watchdog aborts it too before it ends the job, and names the first of its operations that the
+// GPU has not finished: each is followed by an end event on its stream (as c10d's WorkNCCL has),
+// also inside a CUDA graph being recorded, where the event is recorded again at every replay.
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(MPI_Comm comm, torch::Device device);
@@ -39,9 +44,12 @@ class NcclCommunicator final : public Communicator {
                 int peer) override;
 
  private:
+  class Trail;
   // Checks the communicator is usable and returns the stream to enqueue on; the caller holds a
   // CUDAGuard for device_.
   cudaStream_t begin() const;
+  // After an operation `what` of `bytes` was enqueued on `stream`: its end event.
+  void end(cudaStream_t stream, const char* what, int64_t bytes);
   // Runs an NCCL call; on failure aborts the communicator and throws with NCCL's message.
   void check(ncclResult_t rc, const char* expr, const char* file, int line);
 
@@ -49,6 +57,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   bool aborted_ = false;
   int watchdog_abort_ = -1;  // HangWatchdog::register_abort's id
+  std::unique_ptr<Trail> trail_;
 };
 
 }  // namespace myriad

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "myriad/train/pipeline.h"
+#include "myriad/parallel/pipeline.h"
 #include "myriad/train/train_config.h"
 
 namespace myriad {

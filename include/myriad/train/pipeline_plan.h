@@ -6,7 +6,7 @@
 #include <optional>
 #include <vector>
 
-#include "myriad/train/pipeline.h"
+#include "myriad/parallel/pipeline.h"
 #include "myriad/train/train_config.h"
 
 namespace myriad {

@@ -14,7 +14,7 @@
 #include "myriad/classifier/shard_optimizer.h"
 #include "myriad/comm/device_selection.h"
 #include "myriad/model/backbone.h"
-#include "myriad/train/lr_schedule.h"
+#include "myriad/optim/lr_schedule.h"
 
 namespace myriad {
 

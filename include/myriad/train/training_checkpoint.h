@@ -9,7 +9,7 @@
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/ckpt/snapshot_writer.h"
 #include "myriad/data/distributed_sampler.h"
-#include "myriad/train/optimizer_state.h"
+#include "myriad/optim/optimizer_state.h"
 #include "myriad/util/error.h"
 #include "myriad/util/state_dict.h"
 

@@ -22,4 +22,10 @@ std::optional<double> fault_graph_memory_fraction();
 // are an Error. Every other rank returns at once.
 void fault_slow_step(int rank);
 
+// Hang testing: $MYRIAD_FAULT_STALL_AT="rank:phase@n" ("1:backward@30") stops that rank (SIGSTOP,
+// after one line on stderr) the n-th time it reaches `phase` (counted from 1), as a host that
+// stops at a known moment would: its peers' GPUs then wait in a collective that it never enqueues
+// (tests/e2e/cuda_graphs_gpu.sh). Malformed values are an Error. Every other rank returns at once.
+void fault_stall(const char* phase, int rank);
+
 }  // namespace myriad

@@ -1,4 +1,4 @@
-#include "myriad/train/lr_schedule.h"
+#include "myriad/optim/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>

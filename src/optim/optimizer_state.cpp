@@ -1,10 +1,10 @@
-#include "myriad/train/optimizer_state.h"
+#include "myriad/optim/optimizer_state.h"
 
 #include <sstream>
 #include <string>
 #include <type_traits>
 
-#include "myriad/train/multi_tensor_optimizer.h"
+#include "myriad/optim/multi_tensor_optimizer.h"
 
 namespace myriad {
 

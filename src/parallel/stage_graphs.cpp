@@ -1,4 +1,4 @@
-#include "myriad/train/stage_graphs.h"
+#include "myriad/parallel/stage_graphs.h"
 
 #include <chrono>
 #include <optional>
@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "myriad/train/gradient_sync.h"
+#include "myriad/parallel/gradient_sync.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/clock.h"
 #include "myriad/util/device.h"

@@ -1,4 +1,4 @@
-#include "myriad/train/gradient_sync.h"
+#include "myriad/parallel/gradient_sync.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "myriad/train/loss_scaler.h"
+#include "myriad/optim/loss_scaler.h"
 
 #include "myriad/comm/communicator.h"
 #include "myriad/util/error.h"

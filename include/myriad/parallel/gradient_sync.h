@@ -133,8 +133,8 @@ class GradientSynchronizer {
   torch::Device device_;
   bool last_pass_ = true;
   bool hooks_paused_ = false;
-  bool recording_ = false;           // a GraphBackward is open
-  bool record_all_reduce_ = false;   // ... with the all-reduces
+  bool recording_ = false;             // a GraphBackward is open
+  bool record_all_reduce_ = false;     // ... with the all-reduces
   bool all_reduced_in_graph_ = false;  // this step's all-reduces ran inside a replay
   bool stats_from_graph_ = false;      // ... the last finished step's did
   bool nccl_warm_ = false;             // a first all-reduce of every bucket ran eagerly

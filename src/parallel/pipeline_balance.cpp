@@ -1,4 +1,4 @@
-#include "myriad/train/pipeline_balance.h"
+#include "myriad/parallel/pipeline_balance.h"
 
 #include <limits>
 #include <sstream>

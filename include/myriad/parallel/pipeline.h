@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "myriad/model/backbone.h"
-#include "myriad/train/optimizer_state.h"
-#include "myriad/train/pipeline_balance.h"
+#include "myriad/optim/optimizer_state.h"
+#include "myriad/parallel/pipeline_balance.h"
 
 namespace myriad {
 

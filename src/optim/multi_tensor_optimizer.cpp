@@ -1,4 +1,4 @@
-#include "myriad/train/multi_tensor_optimizer.h"
+#include "myriad/optim/multi_tensor_optimizer.h"
 
 #include <torch/version.h>
 
@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-#include "myriad/train/optimizer_state.h"
+#include "myriad/optim/optimizer_state.h"
 
 namespace myriad {
 

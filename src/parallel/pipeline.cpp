@@ -1,4 +1,4 @@
-#include "myriad/train/pipeline.h"
+#include "myriad/parallel/pipeline.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,12 +7,13 @@
 #include <map>
 
 #include "myriad/comm/communicator.h"
-#include "myriad/train/gradient_sync.h"
-#include "myriad/train/stage_graphs.h"
+#include "myriad/parallel/gradient_sync.h"
+#include "myriad/parallel/stage_graphs.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/clock.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
+#include "myriad/util/fault_point.h"
 #include "myriad/util/log.h"
 #include "myriad/util/phase_timer.h"
 
@@ -432,6 +433,7 @@ torch::Tensor PipelineEngine::backward_micro_batch(int m, const torch::Tensor& g
   phase("backward");
   MicroBatch& mb = micro_batches_[m];
   const torch::Tensor incoming = layout_.last() ? grad : from_wire(backbone_, grad);
+  fault_stall("backward", layout_.replica * layout_.stages + layout_.stage);
   torch::Tensor input_grad;
   clock_->start();
   if (graphs_) {
