@@ -13,49 +13,11 @@ for tool in munged slurmctld slurmd sbatch srun scontrol scancel sinfo; do
   command -v "$tool" >/dev/null 2>&1 || { echo "SKIP: $tool is not installed"; exit 77; }
 done
 source "$repo/tests/support/netns_cluster.sh"
-source "$repo/tests/support/slurm_conf.sh"
 # Tears itself down on exit: every daemon, job step and rank below runs inside a host.
 cluster_up 2
 
-slurm="$work/slurm"
-mkdir -p "$slurm/state"
-for host in "${CLUSTER_HOSTS[@]}"; do mkdir -p "$slurm/$host/spool" "$slurm/$host/tmp"; done
-fail() {
-  echo "FAILED: $*"
-  for f in "$slurm"/*.log "$slurm"/*/slurmd.log "$work"/job-*.out; do [ -f "$f" ] && { echo "== $f"; tail -n 40 "$f"; }; done
-  exit 1
-}
-# Slurm's clients run on myrh1, as on a login node; SLURM_CONF reaches them (and the job).
-on_login() { cluster_exec myrh1 "$@"; }
-
-# One munged for all hosts: its socket is on the shared file system.
-dd if=/dev/urandom of="$slurm/munge.key" bs=1024 count=1 2>/dev/null
-chmod 400 "$slurm/munge.key"
-on_login munged --force --key-file="$slurm/munge.key" --socket="$slurm/munge.sock" --pid-file="$slurm/munged.pid" \
-  --log-file="$slurm/munged.log" --seed-file="$slurm/munged.seed" || fail "munged did not start"
-
-cpus=$(nproc --all)
-export SLURM_CONF="$slurm/slurm.conf"
-# %n is the node's name: the hosts share this file system, so each slurmd gets its own files. The
-# pmix plugin makes each step's client directory under TmpFS, named by job and step only: one
-# TmpFS for two hosts collides ("spmix_appdir_...: File exists").
-write_slurm_conf "$SLURM_CONF" myriadmulti myrh1 "NodeName=myrh1,myrh2 CPUs=$cpus State=UNKNOWN" \
-  "$slurm" "$slurm/%n" "TmpFS=$slurm/%n/tmp"
-# The hosts' /sys is the fresh sysfs of `ip netns exec`, without the cgroup mounts that slurmd's
-# autodetection looks for ("No filesystem mounted on /sys/fs/cgroup"); with proctrack/linuxproc and
-# task/none, the v1 plugin is loaded but never used.
-echo "CgroupPlugin=cgroup/v1" >"$slurm/cgroup.conf"
-
-on_login slurmctld -f "$SLURM_CONF" || fail "slurmctld did not start"
-for host in "${CLUSTER_HOSTS[@]}"; do
-  cluster_exec "$host" slurmd -f "$SLURM_CONF" -N "$host" || fail "slurmd on $host did not start"
-done
-for _ in $(seq 1 60); do
-  [ "$(on_login sinfo -h -t idle -o %D 2>/dev/null)" = 2 ] && break
-  sleep 1
-done
-[ "$(on_login sinfo -h -t idle -o %D)" = 2 ] || fail "the 2 Slurm nodes did not become idle"
-echo "slurm: $(on_login sinfo -h -o '%P %D %T %N')"
+source "$repo/tests/support/slurm_hosts.sh"
+slurm_hosts_up myriadmulti
 
 # Each task records where it runs (its host's name and the node Slurm says it is on), then
 # becomes myriad-train: an account of the hosts independent of myriad's own log.
