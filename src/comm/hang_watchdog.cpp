@@ -70,6 +70,7 @@ struct HangWatchdog::State {
 
   void run();
   [[noreturn]] void fire(const std::string& where, double seconds);
+  std::string device_progress() const;
 };
 
 HangWatchdog::HangWatchdog() : state_(new State) {}
@@ -183,30 +184,41 @@ void HangWatchdog::State::run() {
 
 void HangWatchdog::State::fire(const std::string& where, double seconds) {
   const int64_t at = step.load();
-  // What the GPU has not finished: the host's view above may be a later collective, or a device
-  // synchronisation that waits for it (replayed CUDA graphs enqueue many at once).
-  std::string device;
-  for (const auto& [id, hook] : hooks) {
-    const std::string text = hook.describe ? hook.describe() : std::string();
-    if (!text.empty()) device += "; " + text;
-  }
+  // The backstop first: what follows (the device's progress, ncclCommAbort, MPI_Abort) calls into
+  // CUDA, NCCL and MPI, any of which may never return on a wedged GPU or where this host cannot
+  // reach the launcher.
+  std::thread([] {
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(kPeerGraceSeconds + kAbortGraceSeconds));
+    std::_Exit(kExitFailure);
+  }).detach();
   log_write_this_rank(
       LogLevel::kError,
       str_format("{}: error: no progress for {:.0f} s {}{}{}; aborting the job (--hang-timeout "
                  "{:g}; a dead host, a cut link or a hung GPU: see docs/multi-node.md) [{}]",
                  program_invocation_short_name, seconds, where,
-                 at >= 0 ? str_format(" at step {}", at + 1) : std::string(), device,
+                 at >= 0 ? str_format(" at step {}", at + 1) : std::string(), device_progress(),
                  timeout.load(), error_location(__FILE__, __LINE__)));
   std::fflush(nullptr);
   std::this_thread::sleep_for(std::chrono::duration<double>(kPeerGraceSeconds));
-  // MPI_Abort may never return where this host cannot reach the launcher.
-  std::thread([] {
-    std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceSeconds));
-    std::_Exit(kExitFailure);
-  }).detach();
   for (auto& [id, hook] : hooks) hook.abort();
   MPI_Abort(MPI_COMM_WORLD, kExitFailure);
   std::_Exit(kExitFailure);
+}
+
+// What the GPU has not finished, from the hooks: the host's view may be a later collective, or a
+// device synchronisation that waits for it (replayed CUDA graphs enqueue many at once). A hook
+// that fails leaves its part out: the line and the abort matter more.
+std::string HangWatchdog::State::device_progress() const {
+  std::string device;
+  for (const auto& [id, hook] : hooks) {
+    try {
+      const std::string text = hook.describe ? hook.describe() : std::string();
+      if (!text.empty()) device += "; " + text;
+    } catch (...) {
+    }
+  }
+  return device;
 }
 
 WaitScope::WaitScope(const char* what, const char* detail, int ranks) {

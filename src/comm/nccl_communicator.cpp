@@ -66,8 +66,10 @@ char* byte_ptr(const torch::Tensor& t) {
 
 // The end events of the operations enqueued, for the watchdog's line: the last kEager enqueued
 // directly (older ones have finished, or the GPU is still behind them), and every one recorded
-// into a CUDA graph (the events are the graphs' nodes, so they live as long as the communicator).
-// The watchdog's thread reads it while the training thread writes it.
+// into a CUDA graph (the events are the graphs' nodes, so they live as long as the communicator,
+// which must outlive its graphs). The enqueueing threads (the training thread, autograd's) write
+// it; the watchdog's thread reads it, and never waits for them: CUDA calls are made outside the
+// lock, which a launch blocked on a full work queue would otherwise hold.
 class NcclCommunicator::Trail {
  public:
   Trail() : eager_(kEager) {}
@@ -85,23 +87,35 @@ class NcclCommunicator::Trail {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     MYRIAD_CHECK_CUDA(cudaStreamIsCapturing(stream, &capture));
     const bool in_graph = capture == cudaStreamCaptureStatusActive;
-    const std::lock_guard<std::mutex> lock(mutex_);
-    const uint64_t seq = ++enqueued_;
-    if (in_graph && recorded_.size() >= kRecorded) return;  // re-recorded graphs without end
-    Op& op = in_graph ? recorded_.emplace_back() : eager_[eager_count_++ % kEager];
-    if (op.done == nullptr) {
-      MYRIAD_CHECK_CUDA(cudaEventCreateWithFlags(&op.done, cudaEventDisableTiming));
-    }
-    op = {seq, what, bytes, in_graph, op.done};
+    cudaEvent_t done = nullptr;
+    MYRIAD_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     // In a capture, an external event becomes a node of the graph that every replay records.
-    MYRIAD_CHECK_CUDA(in_graph ? cudaEventRecordWithFlags(op.done, stream, cudaEventRecordExternal)
-                               : cudaEventRecord(op.done, stream));
+    const cudaError_t recorded =
+        in_graph ? cudaEventRecordWithFlags(done, stream, cudaEventRecordExternal)
+                 : cudaEventRecord(done, stream);
+    cudaEvent_t unused = done;
+    if (recorded == cudaSuccess) {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      const Op op{++enqueued_, what, bytes, in_graph, done};
+      if (!in_graph) {
+        Op& slot = eager_[eager_count_++ % kEager];
+        unused = slot.done;
+        slot = op;
+      } else if (recorded_.size() < kRecorded) {  // else graphs re-recorded without end
+        recorded_.push_back(op);
+        unused = nullptr;
+      }
+    }
+    if (unused != nullptr) cudaEventDestroy(unused);
+    MYRIAD_CHECK_CUDA(recorded);
   }
 
   // "not finished on this GPU: ...": the first operation recorded into a graph and the first
-  // enqueued directly whose end event has not been reached, and how many in all; empty if none.
+  // enqueued directly whose end event has not been reached, and how many in all; empty if none,
+  // or if an enqueueing thread holds the trail.
   std::string unfinished() const {
-    const std::lock_guard<std::mutex> lock(mutex_);
+    const std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return "";
     const Op* first[2] = {nullptr, nullptr};  // in a graph, directly
     int pending = 0;
     for (const std::vector<Op>* ops : {&recorded_, &eager_}) {
@@ -154,9 +168,14 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, torch::Device device)
   ncclGetVersion(&version);
   log_debug("NCCL {} communicator ready on {} ({} ranks)", version, device_.str(), size());
   // ncclCommAbort may be called from another thread; it releases a host blocked on NCCL's work.
-  watchdog_abort_ = HangWatchdog::instance().register_abort(
-      [comm = comm_] { ncclCommAbort(comm); },
-      [trail = trail_.get()] { return trail->unfinished(); });
+  watchdog_abort_ =
+      HangWatchdog::instance().register_abort([comm = comm_] { ncclCommAbort(comm); },
+                                              [trail = trail_.get(), device = device_] {
+                                                // The watchdog's thread: its CUDA calls on this
+                                                // communicator's device, not device 0.
+                                                const c10::cuda::CUDAGuard on_device(device);
+                                                return trail->unfinished();
+                                              });
 }
 
 NcclCommunicator::~NcclCommunicator() {

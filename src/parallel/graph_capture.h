@@ -1,6 +1,6 @@
 #pragma once
 
-// CUDA graph capture for the training code (src/train, not installed): the scopes StageGraphs
+// CUDA graph capture for the training code (src/parallel, not installed): the scopes StageGraphs
 // records a stage's graphs in, and profile_blocks times a block's replay in. CUDA builds only.
 
 #ifdef MYRIAD_WITH_CUDA
