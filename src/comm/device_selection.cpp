@@ -6,8 +6,7 @@ namespace myriad {
 
 DevicePreference parse_device_preference(const std::string& name) {
   // The names to_string gives, as myriad-train's --device takes them: one spelling everywhere.
-  for (const DevicePreference p :
-       {DevicePreference::kAuto, DevicePreference::kCpu, DevicePreference::kCuda}) {
+  for (const DevicePreference p : kDevicePreferences) {
     if (name == to_string(p)) return p;
   }
   throw UsageError(str_format("unknown device '{}' (expected auto, cpu or cuda)", name));

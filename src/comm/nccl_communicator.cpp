@@ -79,6 +79,7 @@ class NcclCommunicator::Trail {
         if (op.done != nullptr) cudaEventDestroy(op.done);
       }
     }
+    for (cudaEvent_t event : spare_) cudaEventDestroy(event);
   }
   Trail(const Trail&) = delete;
   Trail& operator=(const Trail&) = delete;
@@ -87,26 +88,33 @@ class NcclCommunicator::Trail {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     MYRIAD_CHECK_CUDA(cudaStreamIsCapturing(stream, &capture));
     const bool in_graph = capture == cudaStreamCaptureStatusActive;
-    cudaEvent_t done = nullptr;
-    MYRIAD_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    // Graphs re-recorded without end: the operations beyond kRecorded go unnamed.
+    if (in_graph && recorded_full()) return;
+    // The event of an operation that left the eager ring is reused: no event is created on the
+    // hot path once the ring is full.
+    cudaEvent_t done = take_spare();
+    if (done == nullptr) MYRIAD_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     // In a capture, an external event becomes a node of the graph that every replay records.
     const cudaError_t recorded =
         in_graph ? cudaEventRecordWithFlags(done, stream, cudaEventRecordExternal)
                  : cudaEventRecord(done, stream);
     cudaEvent_t unused = done;
-    if (recorded == cudaSuccess) {
+    {
       const std::lock_guard<std::mutex> lock(mutex_);
-      const Op op{++enqueued_, what, bytes, in_graph, done};
-      if (!in_graph) {
-        Op& slot = eager_[eager_count_++ % kEager];
-        unused = slot.done;
-        slot = op;
-      } else if (recorded_.size() < kRecorded) {  // else graphs re-recorded without end
-        recorded_.push_back(op);
-        unused = nullptr;
+      if (recorded == cudaSuccess) {
+        const Op op{++enqueued_, what, bytes, in_graph, done};
+        if (!in_graph) {
+          Op& slot = eager_[eager_count_++ % kEager];
+          unused = slot.done;
+          slot = op;
+        } else {
+          recorded_.push_back(op);
+          unused = nullptr;
+        }
       }
+      // Never queried again (the watchdog reads events under the lock): free to record anew.
+      if (unused != nullptr) spare_.push_back(unused);
     }
-    if (unused != nullptr) cudaEventDestroy(unused);
     MYRIAD_CHECK_CUDA(recorded);
   }
 
@@ -146,6 +154,18 @@ class NcclCommunicator::Trail {
     bool in_graph = false;
     cudaEvent_t done = nullptr;
   };
+  bool recorded_full() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return recorded_.size() >= kRecorded;
+  }
+  cudaEvent_t take_spare() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (spare_.empty()) return nullptr;
+    const cudaEvent_t event = spare_.back();
+    spare_.pop_back();
+    return event;
+  }
+
   static constexpr size_t kEager = 64;
   static constexpr size_t kRecorded = 4096;
   mutable std::mutex mutex_;
@@ -153,6 +173,7 @@ class NcclCommunicator::Trail {
   uint64_t eager_count_ = 0;
   std::vector<Op> eager_;  // a ring of kEager
   std::vector<Op> recorded_;
+  std::vector<cudaEvent_t> spare_;
 };
 
 NcclCommunicator::NcclCommunicator(MPI_Comm comm, torch::Device device)
@@ -207,16 +228,12 @@ cudaStream_t NcclCommunicator::begin() const {
   return c10::cuda::getCurrentCUDAStream(device_.index()).stream();
 }
 
-void NcclCommunicator::end(cudaStream_t stream, const char* what, int64_t bytes) {
-  trail_->record(stream, what, bytes);
-}
-
 void NcclCommunicator::all_reduce_impl(torch::Tensor& tensor, ReduceOp op) {
   c10::cuda::CUDAGuard guard(device_);
   const cudaStream_t stream = begin();
   NCCL_CALL(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                           nccl_type(tensor.scalar_type()), nccl_op(op), comm_, stream));
-  end(stream, "all_reduce", static_cast<int64_t>(tensor.nbytes()));
+  trail_->record(stream, "all_reduce", static_cast<int64_t>(tensor.nbytes()));
 }
 
 void NcclCommunicator::all_gather_impl(const torch::Tensor& input, torch::Tensor& output,
@@ -227,7 +244,7 @@ void NcclCommunicator::all_gather_impl(const torch::Tensor& input, torch::Tensor
   if (equal) {
     NCCL_CALL(
         ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), type, comm_, stream));
-    end(stream, "all_gather", static_cast<int64_t>(output.nbytes()));
+    trail_->record(stream, "all_gather", static_cast<int64_t>(output.nbytes()));
     return;
   }
   // NCCL has no all-gather-v: one broadcast per root, fused into one group.
@@ -244,7 +261,7 @@ void NcclCommunicator::all_gather_impl(const torch::Tensor& input, torch::Tensor
     offset += counts[r];
   }
   NCCL_CALL(ncclGroupEnd());
-  end(stream, "all_gather", static_cast<int64_t>(output.nbytes()));
+  trail_->record(stream, "all_gather", static_cast<int64_t>(output.nbytes()));
 }
 
 void NcclCommunicator::reduce_scatter_impl(const torch::Tensor& input, torch::Tensor& output,
@@ -256,7 +273,7 @@ void NcclCommunicator::reduce_scatter_impl(const torch::Tensor& input, torch::Te
   if (equal) {
     NCCL_CALL(ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), type,
                                 nccl_op(op), comm_, stream));
-    end(stream, "reduce_scatter", static_cast<int64_t>(input.nbytes()));
+    trail_->record(stream, "reduce_scatter", static_cast<int64_t>(input.nbytes()));
     return;
   }
   // One reduce per root, each delivering that root's block of rows, fused into one group.
@@ -273,7 +290,7 @@ void NcclCommunicator::reduce_scatter_impl(const torch::Tensor& input, torch::Te
     offset += counts[r];
   }
   NCCL_CALL(ncclGroupEnd());
-  end(stream, "reduce_scatter", static_cast<int64_t>(input.nbytes()));
+  trail_->record(stream, "reduce_scatter", static_cast<int64_t>(input.nbytes()));
 }
 
 void NcclCommunicator::broadcast_impl(torch::Tensor& tensor, int root) {
@@ -281,7 +298,7 @@ void NcclCommunicator::broadcast_impl(torch::Tensor& tensor, int root) {
   const cudaStream_t stream = begin();
   NCCL_CALL(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                           nccl_type(tensor.scalar_type()), root, comm_, stream));
-  end(stream, "broadcast", static_cast<int64_t>(tensor.nbytes()));
+  trail_->record(stream, "broadcast", static_cast<int64_t>(tensor.nbytes()));
 }
 
 void NcclCommunicator::gather_impl(const torch::Tensor& input, torch::Tensor& output,
@@ -309,7 +326,7 @@ void NcclCommunicator::gather_impl(const torch::Tensor& input, torch::Tensor& ou
     NCCL_CALL(ncclSend(input.data_ptr(), counts[rank()] * row, type, root, comm_, stream));
   }
   NCCL_CALL(ncclGroupEnd());
-  end(stream, "gather", static_cast<int64_t>(input.nbytes()));
+  trail_->record(stream, "gather", static_cast<int64_t>(input.nbytes()));
 }
 
 void NcclCommunicator::scatter_impl(const torch::Tensor& input, torch::Tensor& output,
@@ -337,7 +354,7 @@ void NcclCommunicator::scatter_impl(const torch::Tensor& input, torch::Tensor& o
     NCCL_CALL(ncclRecv(output.data_ptr(), counts[rank()] * row, type, root, comm_, stream));
   }
   NCCL_CALL(ncclGroupEnd());
-  end(stream, "scatter", static_cast<int64_t>(output.nbytes()));
+  trail_->record(stream, "scatter", static_cast<int64_t>(output.nbytes()));
 }
 
 void NcclCommunicator::p2p_impl(const std::vector<torch::Tensor>& sent,
@@ -357,7 +374,7 @@ void NcclCommunicator::p2p_impl(const std::vector<torch::Tensor>& sent,
   }
   NCCL_CALL(ncclGroupEnd());
   for (const torch::Tensor& t : sent) bytes += static_cast<int64_t>(t.nbytes());
-  end(stream, "send/recv", bytes);
+  trail_->record(stream, "send/recv", bytes);
 }
 
 void NcclCommunicator::barrier_impl() {

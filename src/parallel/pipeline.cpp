@@ -434,7 +434,7 @@ torch::Tensor PipelineEngine::backward_micro_batch(int m, const torch::Tensor& g
   phase("backward");
   MicroBatch& mb = micro_batches_[m];
   const torch::Tensor incoming = layout_.last() ? grad : from_wire(backbone_, grad);
-  fault_stall("backward", layout_.replica * layout_.stages + layout_.stage);
+  fault_stall("backward", layout_.rank());
   torch::Tensor input_grad;
   clock_->start();
   if (graphs_) {

@@ -95,8 +95,8 @@ PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicato
   if (!profile) return plan;
 
   const std::vector<BlockCost> measured = block_costs(c, backbone, mpi, rank, device, autocast);
-  const std::vector<BlockCost> costs =
-      cuda_graphs_expected(c, device) ? replayed_costs(measured) : measured;
+  const std::vector<BlockCost> replayed = replayed_costs(measured);
+  const std::vector<BlockCost>& costs = cuda_graphs_expected(c, device) ? replayed : measured;
   const double memory = stage_memory(c, device);
   // The fastest cut that fits under `schedule` (the hand cut, if it fits), or none.
   const bool balance = c.pipeline_split.empty() && stages > 1;
@@ -138,10 +138,10 @@ PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicato
   }
   // A cut's memory is the same under either cost: only its times differ.
   const StageCut eager = evaluate_cut(measured, plan.cut, in_flight);
-  const StageCut replayed = evaluate_cut(replayed_costs(measured), plan.cut, in_flight);
+  const StageCut replay = evaluate_cut(replayed, plan.cut, in_flight);
   for (size_t s = 0; s < eager.stage_seconds.size(); ++s) {
     plan.predicted.eager_ms.push_back(1e3 * eager.stage_seconds[s]);
-    plan.predicted.replay_ms.push_back(1e3 * replayed.stage_seconds[s]);
+    plan.predicted.replay_ms.push_back(1e3 * replay.stage_seconds[s]);
   }
   log_plan(c, backbone, measured, plan.cut, eager.stage_bytes, plan.predicted);
   return plan;

@@ -47,8 +47,6 @@ constexpr std::array<ScheduleChoice, 3> kSchedules = {ScheduleChoice::kAuto, Sch
 constexpr std::array<OptimizerKind, 2> kOptimizers = {OptimizerKind::kSgd, OptimizerKind::kAdamW};
 constexpr std::array<LrScheduleKind, 3> kLrSchedules = {
     LrScheduleKind::kPoly, LrScheduleKind::kCosine, LrScheduleKind::kStep};
-constexpr std::array<DevicePreference, 3> kDevices = {
-    DevicePreference::kAuto, DevicePreference::kCpu, DevicePreference::kCuda};
 const std::array<torch::ScalarType, 3> kCommDtypes = {torch::kFloat32, torch::kBFloat16,
                                                       torch::kFloat16};
 // The classifier's kernels keep weights and optimizer states in these only.
@@ -278,7 +276,7 @@ void finish_training_options(const po::variables_map& values, TrainConfig& c) {
   require(c.eval_batch_size > 0, "--eval-batch-size must be positive");
   require(c.threads >= 0, "--threads must not be negative");
   require(c.workers > 0 && c.prefetch > 0, "--workers and --prefetch must be positive");
-  c.device = choice(values, "device", kDevices);
+  c.device = choice(values, "device", kDevicePreferences);
   if (c.checkpoint_dir.empty()) c.checkpoint_dir = c.run_dir + "/checkpoints";
   require(c.checkpoint_every >= 0, "--checkpoint-every must not be negative");
   require(c.checkpoint_keep > 0, "--checkpoint-keep must be positive");

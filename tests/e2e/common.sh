@@ -6,13 +6,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # small_train RANKS [myriad-train options]: smallcnn on 16x16 synthetic images (or $data) of 37 classes, one
-# thread and one loader worker per rank. The log level comes from $level (default warn). It runs
+# thread and one loader worker per rank. The log level comes from $level (default warn), the
+# ranks' binding from $bind (default none: more ranks than cores share them). It runs
 # on the CPU even where there are GPUs, because the tests compare losses bit for bit and cuDNN's
 # convolutions are not deterministic; the GPU paths have their own multi-rank tests.
 small_train() {
   local ranks=$1
   shift
-  mpirun --oversubscribe --bind-to none -np "$ranks" "$bin/myriad-train" --data "${data:-synthetic}" --input-shape 1x16x16 \
+  mpirun --oversubscribe --bind-to "${bind:-none}" -np "$ranks" "$bin/myriad-train" --data "${data:-synthetic}" --input-shape 1x16x16 \
     --backbone smallcnn --embedding-size 32 --num-classes 37 --workers 1 --threads 1 --device cpu \
     --log-level "${level:-warn}" "$@"
 }

@@ -41,6 +41,7 @@ class PipelineTest : public BackendTest {
   PipelineLayout layout(const Backbone& net, int micro_batches,
                         PipelineSchedule schedule = PipelineSchedule::kGPipe) {
     PipelineLayout l = pipeline_layout(world(), rank(), world(), micro_batches);
+    EXPECT_EQ(l.rank(), rank());
     l.schedule = schedule;
     const int64_t blocks = net.num_blocks();
     for (int s = 0; s <= world(); ++s) l.cut.push_back(blocks * s / world());
@@ -260,6 +261,7 @@ TEST_P(PipelineTest, MicroBatchesAccumulateTheGradientOfTheBatch) {
     auto net = make_net("smallcnn");
     net->eval();  // running statistics: no batch statistics
     PipelineLayout l = pipeline_layout(world(), rank(), 1, micro_batches);
+    EXPECT_EQ(l.rank(), rank());
     l.schedule = schedule;
     l.cut = {0, net->num_blocks()};
     PipelineEngine engine(l, *net, nullptr, device(), std::nullopt, 16);

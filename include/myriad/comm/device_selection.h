@@ -1,10 +1,14 @@
 #pragma once
 
+#include <array>
 #include <string>
 
 namespace myriad {
 
 enum class DevicePreference { kAuto, kCpu, kCuda };
+// Every preference, in the order errors list them.
+constexpr std::array<DevicePreference, 3> kDevicePreferences = {
+    DevicePreference::kAuto, DevicePreference::kCpu, DevicePreference::kCuda};
 
 // "auto", "cpu" or "cuda"; anything else is a UsageError.
 DevicePreference parse_device_preference(const std::string& name);

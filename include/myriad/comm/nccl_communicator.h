@@ -48,8 +48,6 @@ class NcclCommunicator final : public Communicator {
   // Checks the communicator is usable and returns the stream to enqueue on; the caller holds a
   // CUDAGuard for device_.
   cudaStream_t begin() const;
-  // After an operation `what` of `bytes` was enqueued on `stream`: its end event.
-  void end(cudaStream_t stream, const char* what, int64_t bytes);
   // Runs an NCCL call; on failure aborts the communicator and throws with NCCL's message.
   void check(ncclResult_t rc, const char* expr, const char* file, int line);
 

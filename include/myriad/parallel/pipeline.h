@@ -38,6 +38,8 @@ struct PipelineLayout {
   PipelineSchedule schedule = PipelineSchedule::kGPipe;
   std::vector<int64_t> cut;
 
+  // The world rank that pipeline_layout gave this layout.
+  int rank() const { return replica * stages + stage; }
   bool first() const { return stage == 0; }
   bool last() const { return stage + 1 == stages; }
   int64_t begin_block() const { return cut.at(stage); }
