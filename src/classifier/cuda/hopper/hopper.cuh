@@ -1,0 +1,108 @@
+#pragma once
+
+// Hopper (sm_90a) building blocks for the fused classifier: mbarriers, bulk tensor copies (TMA),
+// and warpgroup MMAs (wgmma) on 128-byte-swizzled K-major tiles. Inline PTX, so that no CUTLASS
+// is needed; every wrapper is exercised by the fused kernels' tests against float64 references.
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace myriad::cuda::hopper {
+
+// A tile row of a 128-byte swizzle holds 64 bf16 elements; 8 rows make the 1024-byte atom that
+// descriptors stride over, so tiles start on 1024-byte boundaries.
+constexpr int kSwizzleElements = 64;
+constexpr int kSwizzleAtomBytes = 1024;
+
+__device__ inline uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ inline void barrier_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(bar)),
+               "r"(arrivals));
+}
+
+// Makes the barriers' initialisation visible to the copy engine before any copy uses them.
+__device__ inline void barrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// This thread's arrival, announcing `bytes` that copies will deliver to the barrier.
+__device__ inline void barrier_arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   shared_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ inline void barrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(bar)) : "memory");
+}
+
+// Waits for the barrier's phase `parity` (0, 1, 0, ...) to complete.
+__device__ inline void barrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(shared_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Copies the box at (inner, outer) of a 2-D tensor map into shared memory; its bytes complete
+// on `bar`.
+__device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, int inner, int outer,
+                                   uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];\n" ::"r"(shared_address(dst)),
+      "l"(map), "r"(inner), "r"(outer), "r"(shared_address(bar))
+      : "memory");
+}
+
+// The matrix descriptor of a K-major bf16 tile with 128-byte swizzle at `tile` (1024-byte
+// aligned): start address, leading offset 1 (unused by this layout), stride 1024 bytes between
+// 8-row groups, swizzle mode 1. Advancing K by 16 elements adds 32 bytes, (32 >> 4) to the
+// descriptor.
+__device__ inline uint64_t descriptor_k_major_sw128(const void* tile) {
+  const uint64_t address = shared_address(tile);
+  return ((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{kSwizzleAtomBytes >> 4} << 32) | (uint64_t{1} << 62);
+}
+constexpr uint64_t kDescriptorK16Step = 32 >> 4;
+
+// Orders this thread's register accesses before the warpgroup's next wgmma.
+__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ inline void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// Waits until at most `kPending` committed groups of this warpgroup are still running.
+template <int kPending>
+__device__ inline void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// The m64nNk16 accumulator layout: register i of thread t of the warpgroup holds
+// (fragment_row(t, i), fragment_col(t, i)).
+__device__ inline int fragment_row(int thread, int i) {
+  return (thread / 32) * 16 + (thread % 32) / 4 + 8 * ((i / 2) % 2);
+}
+__device__ inline int fragment_col(int thread, int i) {
+  return 8 * (i / 4) + 2 * (thread % 4) + i % 2;
+}
+
+// D[64 x 128] (+)= A[64 x 16] . B[16 x 128], bf16 operands in shared memory (both K-major, 128-byte
+// swizzle), float32 accumulators in the fragment layout of PTX's m64nNk16 (see fragment_row/col).
+// `accumulate` false overwrites D.
+__device__ inline void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                             bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+}  // namespace myriad::cuda::hopper

@@ -1,0 +1,221 @@
+// The fused forward statistics against a float64 reference on the same bf16 inputs (shapes that
+// leave partial tiles of samples, classes and K), then its time beside cuBLAS's logits GEMM.
+//   fused_logit_stats_check [check|time] ...
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../../src/classifier/cuda/hopper/fused_logit_stats.h"
+
+using myriad::MarginParams;
+
+#define CHECK(x)                                                                          \
+  do {                                                                                    \
+    const cudaError_t rc_ = (x);                                                          \
+    if (rc_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(rc_)); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+namespace {
+
+struct Problem {
+  int64_t batch, classes;
+  int dim;
+  std::vector<__nv_bfloat16> x, w;
+  std::vector<float> scale;
+  std::vector<int64_t> target;
+  int64_t begin;
+};
+
+Problem make_problem(int64_t batch, int64_t classes, int dim, uint64_t seed, bool fill_w = true) {
+  Problem p{batch, classes, dim, {}, {}, {}, {}, 1000};
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  p.x.resize(batch * dim);
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<float> v(dim);
+    double norm = 0;
+    for (float& e : v) e = normal(rng), norm += double(e) * e;
+    for (int k = 0; k < dim; ++k) p.x[b * dim + k] = __float2bfloat16(float(v[k] / std::sqrt(norm)));
+  }
+  p.w.resize(classes * dim);
+  p.scale.resize(classes);
+  if (fill_w) {
+    for (int64_t j = 0; j < classes; ++j) {
+      double norm = 0;
+      for (int k = 0; k < dim; ++k) {
+        const __nv_bfloat16 e = __float2bfloat16(normal(rng) * 0.05f);
+        p.w[j * dim + k] = e;
+        norm += double(__bfloat162float(e)) * __bfloat162float(e);
+      }
+      p.scale[j] = float(1.0 / std::sqrt(norm));
+    }
+  }
+  p.target.resize(batch);
+  std::uniform_int_distribution<int64_t> cls(0, classes - 1);
+  // Every tenth sample's class lies on another shard.
+  for (int64_t b = 0; b < batch; ++b) p.target[b] = b % 10 == 3 ? -7 : p.begin + cls(rng);
+  return p;
+}
+
+template <class T>
+T* to_device(const std::vector<T>& v) {
+  T* d = nullptr;
+  CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
+  CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+int check(int64_t batch, int64_t classes, int dim, int tiles_per_group, MarginParams params) {
+  const Problem p = make_problem(batch, classes, dim, 17 + batch + classes);
+  const int64_t groups = myriad::cuda::fused_logit_groups(classes, tiles_per_group);
+  auto* x = to_device(p.x);
+  auto* w = to_device(p.w);
+  float* scale = to_device(p.scale);
+  int64_t* target = to_device(p.target);
+  float *gmax, *gsum, *tlogit;
+  CHECK(cudaMalloc(&gmax, groups * batch * 4));
+  CHECK(cudaMalloc(&gsum, groups * batch * 4));
+  CHECK(cudaMalloc(&tlogit, batch * 4));
+  CHECK(cudaMemset(tlogit, 0xff, batch * 4));  // NaN where no target is written
+  CHECK(myriad::cuda::fused_logit_stats(x, batch, w, scale, classes, dim, target, p.begin, params,
+                                        tiles_per_group, gmax, gsum, tlogit, nullptr));
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> got_max(groups * batch), got_sum(groups * batch), got_t(batch);
+  CHECK(cudaMemcpy(got_max.data(), gmax, got_max.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(got_sum.data(), gsum, got_sum.size() * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(got_t.data(), tlogit, batch * 4, cudaMemcpyDeviceToHost));
+  // The reference: float64 dot products of the same bf16 values; the margin in float32 as the
+  // kernels compute it.
+  const int64_t per_group = int64_t{tiles_per_group} * 128;
+  double worst_max = 0, worst_sum = 0, worst_t = 0;
+  int bad_t = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<double> z(classes);
+    for (int64_t j = 0; j < classes; ++j) {
+      double dot = 0;
+      for (int k = 0; k < dim; ++k)
+        dot += double(__bfloat162float(p.x[b * dim + k])) * __bfloat162float(p.w[j * dim + k]);
+      const float cosine = float(dot) * p.scale[j];
+      float zf, unused;
+      if (j == p.target[b] - p.begin) myriad::margin_target(cosine, params, &zf, &unused);
+      else zf = myriad::margin_other(cosine, params);
+      z[j] = zf;
+    }
+    const int64_t tj = p.target[b] - p.begin;
+    if (tj >= 0 && tj < classes) worst_t = std::max(worst_t, std::fabs(got_t[b] - z[tj]));
+    else if (!std::isnan(got_t[b])) ++bad_t;
+    for (int64_t g = 0; g < groups; ++g) {
+      double m = -INFINITY, s = 0;
+      for (int64_t j = g * per_group; j < std::min(classes, (g + 1) * per_group); ++j) m = std::max(m, z[j]);
+      for (int64_t j = g * per_group; j < std::min(classes, (g + 1) * per_group); ++j) s += std::exp(z[j] - m);
+      worst_max = std::max(worst_max, std::fabs(got_max[g * batch + b] - m));
+      worst_sum = std::max(worst_sum, std::fabs(got_sum[g * batch + b] - s) / s);
+    }
+  }
+  // bf16 products summed in float32 against float64: cosines within about 1e-6, so z = 64 cos
+  // within 1e-4; exp then within 1e-4 relative.
+  const bool ok = worst_max < 2e-3 && worst_sum < 2e-3 && worst_t < 2e-3 && bad_t == 0;
+  std::printf("check batch %lld classes %lld dim %d groups %lld (m2 %.2f): worst |max| %.2e, "
+              "sum rel %.2e, target %.2e, stray targets %d: %s\n",
+              (long long)batch, (long long)classes, dim, (long long)groups, params.m2, worst_max,
+              worst_sum, worst_t, bad_t, ok ? "ok" : "FAILED");
+  cudaFree(x), cudaFree(w), cudaFree(scale), cudaFree(target), cudaFree(gmax), cudaFree(gsum),
+      cudaFree(tlogit);
+  return ok ? 0 : 1;
+}
+
+// Mean ms of `reps` runs of f after one warm-up.
+template <class F>
+float time_ms(F f, int reps) {
+  f();
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  CHECK(cudaEventRecord(a));
+  for (int i = 0; i < reps; ++i) f();
+  CHECK(cudaEventRecord(b));
+  CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, a, b));
+  return ms / reps;
+}
+
+void time_case(int64_t batch, int64_t classes, int dim, int tiles_per_group) {
+  Problem p = make_problem(batch, 1, dim, 5, false);
+  __nv_bfloat16 *x = to_device(p.x), *w;
+  CHECK(cudaMalloc(&w, classes * dim * 2));
+  CHECK(cudaMemset(w, 0x3c, classes * dim * 2));  // bf16 0x3c3c, about 0.0115
+  std::vector<int64_t> target(batch);
+  for (int64_t b = 0; b < batch; ++b) target[b] = p.begin + (b * 7919) % classes;
+  int64_t* t = to_device(target);
+  const int64_t groups = myriad::cuda::fused_logit_groups(classes, tiles_per_group);
+  float *gmax, *gsum, *tl;
+  CHECK(cudaMalloc(&gmax, groups * batch * 4));
+  CHECK(cudaMalloc(&gsum, groups * batch * 4));
+  CHECK(cudaMalloc(&tl, batch * 4));
+  MarginParams params;
+  params.m2 = 0.5f;
+  const float fused = time_ms([&] {
+    CHECK(myriad::cuda::fused_logit_stats(x, batch, w, nullptr, classes, dim, t, p.begin, params,
+                                          tiles_per_group, gmax, gsum, tl, nullptr));
+  }, 10);
+  // cuBLAS: the logits of a chunk of 1M classes as today's path computes them (bf16 in, float32
+  // out, class-major), scaled to all classes.
+  const int64_t chunk = std::min<int64_t>(classes, 1 << 20);
+  float* logits;
+  CHECK(cudaMalloc(&logits, chunk * batch * 4));
+  cublasHandle_t h;
+  cublasCreate(&h);
+  const float one = 1, zero = 0;
+  const float gemm = time_ms([&] {
+    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(batch), int(chunk), dim, &one, x, CUDA_R_16BF, dim,
+                 w, CUDA_R_16BF, dim, &zero, logits, CUDA_R_32F, int(batch), CUBLAS_COMPUTE_32F,
+                 CUBLAS_GEMM_DEFAULT);
+  }, 10) * double(classes) / chunk;
+  const double flop = 2.0 * batch * classes * dim;
+  std::printf("time batch %lld classes %lld dim %d (%d tiles per group): fused %.3f ms (%.0f TFLOP/s), "
+              "cuBLAS logits GEMM alone %.3f ms (%.0f TFLOP/s)\n",
+              (long long)batch, (long long)classes, dim, tiles_per_group, fused, flop / fused / 1e9, gemm,
+              flop / gemm / 1e9);
+  cublasDestroy(h);
+  cudaFree(logits), cudaFree(x), cudaFree(w), cudaFree(t), cudaFree(gmax), cudaFree(gsum), cudaFree(tl);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "check";
+  if (!myriad::cuda::fused_logit_stats_applies(0, 512)) {
+    std::printf("SKIP: the fused kernels need a compute capability 9.0 GPU\n");
+    return 77;
+  }
+  if (mode == "check") {
+    MarginParams arc;
+    arc.m2 = 0.5f;
+    MarginParams cos;
+    cos.m3 = 0.35f;
+    MarginParams plain;
+    plain.normalized = false;
+    int failed = 0;
+    failed += check(200, 3000, 512, 8, arc);
+    failed += check(128, 1024, 512, 2, cos);
+    failed += check(77, 700, 136, 1, arc);
+    failed += check(300, 2500, 256, 3, plain);
+    return failed == 0 ? 0 : 1;
+  }
+  for (int64_t batch : {128, 512, 1024})
+    for (int64_t classes : {int64_t{1} << 19, int64_t{4} << 20}) time_case(batch, classes, 512, 8);
+  time_case(1024, int64_t{4} << 20, 512, 32);
+  return 0;
+}
