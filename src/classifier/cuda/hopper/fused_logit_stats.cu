@@ -1,7 +1,14 @@
 // The fused forward of the sharded margin softmax on Hopper: logits x̂·Ŵᵀ computed tile by tile
 // with wgmma, scaled, margined and reduced to per-row softmax statistics in registers; only the
-// statistics and the target logits reach memory. The layout of the statistics is chunk_stats':
-// [groups, batch], so the combine and the cross-rank reduction stay as they are.
+// statistics and the target logits reach memory. The statistics come in parts, [parts, batch],
+// which the combine and the cross-rank reduction take as they take chunk_stats' tiles.
+//
+// The grid is persistent: CTA (row block r, lane l) keeps r's 128 rows of x̂ in shared memory and
+// walks lane l's contiguous range of class tiles, the weights arriving through a TMA ring. The
+// CTAs of one lane walk the same range in step, so a weight tile comes from device memory once
+// and from L2 for the other row blocks. Within a CTA, two consumer warpgroups take alternate
+// tiles and take turns on the tensor cores (FlashAttention 3's ping-pong), so that one reduces
+// its tile while the other's products run.
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -9,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "fused_logit_stats.h"
 #include "hopper.cuh"
@@ -19,197 +27,295 @@ namespace {
 
 using namespace hopper;
 
-constexpr int kRows = 128;     // samples per CTA: two consumer warpgroups of 64
-constexpr int kClasses = 128;  // classes per MMA tile
-constexpr int kStages = 4;     // weight tiles in flight
-constexpr int kMaxKBlocks = kFusedMaxDim / kSwizzleElements;
-constexpr int kConsumers = 256;
-constexpr int kThreads = kConsumers + 128;  // and one producer warpgroup
-constexpr int kBoxBytes = kRows * kSwizzleElements * 2;  // == kClasses * 64 * 2
+constexpr int kRows = 128;     // samples per CTA
+constexpr int kTile = 128;     // classes per tile
+constexpr int kWarpgroup = 128;
+constexpr int kConsumers = 2 * kWarpgroup;
+constexpr int kThreads = kConsumers + kWarpgroup;  // and one producer warpgroup
+constexpr int kSharedLimit = 227 * 1024;
+constexpr float kLog2e = 1.4426950408889634f;
+// Named barriers: a warpgroup may issue its next tile's products once the other has issued its
+// own (ids 1, 2), and the warpgroups meet to merge their statistics (id 3).
+constexpr int kTurnBarrier = 1;
+constexpr int kMergeBarrier = 3;
 
+template <int kKBlocks>
 struct Shared {
-  __nv_bfloat16 x[kMaxKBlocks][kRows * kSwizzleElements];
-  __nv_bfloat16 w[kStages][kClasses * kSwizzleElements];
+  static constexpr int kXBytes = kKBlocks * kRows * kSwizzleElements * 2;
+  static constexpr int kStageBytes = kTile * kSwizzleElements * 2;
+  static constexpr int kRoom =
+      kSharedLimit - kSwizzleAtomBytes - 512 - kXBytes - 2 * kTile * 4 - kRows * 8;
+  static constexpr int kStages = kRoom / kStageBytes < 8 ? kRoom / kStageBytes : 8;
+  static_assert(kStages >= 2, "x̂ leaves no room for a weight ring");
+
+  __nv_bfloat16 x[kKBlocks][kRows * kSwizzleElements];
+  __nv_bfloat16 w[kStages][kTile * kSwizzleElements];
+  float scale[2][kTile];  // 1/|w_j| of the tile each warpgroup works on
+  float2 merge[kRows];    // the second warpgroup's (max, sum) per row, for the first
   uint64_t x_full;
   uint64_t full[kStages];
   uint64_t empty[kStages];
+  uint64_t scale_full[2];
+  uint64_t scale_empty[2];
 };
-constexpr size_t kSharedBytes = sizeof(Shared) + kSwizzleAtomBytes;  // and its alignment
 
-__device__ inline Shared& shared_storage() {
+template <class S>
+__device__ inline S& shared_storage() {
   extern __shared__ uint8_t raw[];
   const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
-  return *reinterpret_cast<Shared*>((base + kSwizzleAtomBytes - 1) & ~uintptr_t{kSwizzleAtomBytes - 1});
+  return *reinterpret_cast<S*>((base + kSwizzleAtomBytes - 1) & ~uintptr_t{kSwizzleAtomBytes - 1});
 }
 
-// The producer: x̂'s rows once, then every weight tile of the group through the stage ring.
-__device__ void produce(Shared& s, const CUtensorMap* x_map, const CUtensorMap* w_map, int k_blocks,
-                        int64_t row0, int64_t class0, int tiles) {
-  barrier_arrive_expect(&s.x_full, k_blocks * kBoxBytes);
-  for (int kb = 0; kb < k_blocks; ++kb)
-    tma_load_2d(s.x[kb], x_map, kb * kSwizzleElements, static_cast<int>(row0), &s.x_full);
+// Lane `lane` of `lanes` takes tiles [first, last): contiguous, sizes within one of each other.
+struct TileRange {
+  int64_t first, last;
+};
+__host__ __device__ inline TileRange lane_tiles(int64_t tiles, int lane, int lanes) {
+  return {tiles * lane / lanes, tiles * (lane + 1) / lanes};
+}
+
+// The producer warp: x̂'s rows once, then every weight tile of the range through the stage
+// ring, and each tile's 1/|w_j| for the warpgroup that takes it (tile n: warpgroup n % 2). Lane 0
+// issues the copies.
+template <int kKBlocks>
+__device__ void produce(Shared<kKBlocks>& s, const CUtensorMap* x_map, const CUtensorMap* w_map,
+                        const float* row_scale, int64_t classes, int64_t row0, TileRange range) {
+  using S = Shared<kKBlocks>;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) {
+    barrier_arrive_expect(&s.x_full, S::kXBytes);
+    for (int kb = 0; kb < kKBlocks; ++kb)
+      tma_load_2d(s.x[kb], x_map, kb * kSwizzleElements, static_cast<int>(row0), &s.x_full);
+  }
   int it = 0;
-  for (int t = 0; t < tiles; ++t) {
-    for (int kb = 0; kb < k_blocks; ++kb, ++it) {
-      const int stage = it % kStages;
-      const int round = it / kStages;
+  for (int64_t tile = range.first; tile < range.last; ++tile) {
+    const int64_t n = tile - range.first;
+    float scale[kTile / 32];
+    if (row_scale != nullptr) {
+#pragma unroll
+      for (int e = 0; e < kTile / 32; ++e) {
+        const int64_t j = tile * kTile + lane * (kTile / 32) + e;
+        scale[e] = j < classes ? row_scale[j] : 0.0f;
+      }
+    }
+    for (int kb = 0; kb < kKBlocks; ++kb, ++it) {
+      const int stage = it % S::kStages;
+      const int round = it / S::kStages;
       if (round > 0) barrier_wait(&s.empty[stage], (round - 1) & 1);
-      barrier_arrive_expect(&s.full[stage], kBoxBytes);
-      tma_load_2d(s.w[stage], w_map, kb * kSwizzleElements,
-                  static_cast<int>(class0 + int64_t{t} * kClasses), &s.full[stage]);
+      if (lane == 0) {
+        barrier_arrive_expect(&s.full[stage], S::kStageBytes);
+        tma_load_2d(s.w[stage], w_map, kb * kSwizzleElements, static_cast<int>(tile * kTile),
+                    &s.full[stage]);
+      }
+    }
+    if (row_scale != nullptr) {
+      const int slot = static_cast<int>(n & 1);
+      if (n >= 2) barrier_wait(&s.scale_empty[slot], ((n >> 1) - 1) & 1);
+#pragma unroll
+      for (int e = 0; e < kTile / 32; ++e) s.scale[slot][lane * (kTile / 32) + e] = scale[e];
+      barrier_arrive(&s.scale_full[slot]);  // releases this lane's stores
     }
   }
 }
 
-// Pins the compiler's reads and writes of `acc` at this point: the registers that an earlier
-// wgmma writes asynchronously are read only after the wait that precedes this.
-__device__ inline void fence_registers(float (&acc)[64]) {
+// Pins the compiler's reads and writes of `acc` at this point: registers that a wgmma writes
+// asynchronously are touched only after the wait that precedes this.
+__device__ inline void fence_registers(float (&acc)[2][64]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i])::"memory");
+  for (int q = 0; q < 2; ++q)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[q][i])::"memory");
 }
 
-// A consumer thread of a warpgroup: 2 rows of the CTA's 128, 32 of each tile's 128 columns. Two
-// accumulator sets alternate: while the tensor cores compute one tile, the thread reduces the
-// previous one, a chunk per K block.
+// A consumer warpgroup takes every other tile of the range for all 128 rows of the CTA, as two
+// m64 halves; while one warpgroup's products run on the tensor cores, the other reduces its
+// last tile. A thread holds 4 rows (r: half r / 2, fragment row r % 2) and a quarter of each
+// tile's columns. Statistics are kept in units of v = z / unit (the cosine for normalised
+// classes), so that an exponent is one fused multiply-add:
+// exp(z - m) = 2^(v * unit * log2 e - m_v * unit * log2 e).
 template <int kKBlocks>
 struct Consumer {
-  Shared& s;
+  Shared<kKBlocks>& s;
   int warpgroup, t;
-  const float* row_scale;
-  int64_t classes, class0;
+  bool scaled;
+  int64_t classes;
   MarginParams params;
-  int64_t row[2], target[2];
+  float unit;  // z per v
+  int64_t row[4], target[4];
   float* target_logit;
-  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
-  int it = 0;        // K blocks consumed, over all tiles
-  int previous = 0;  // the stage of the last group committed
+  float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, sum[4] = {0, 0, 0, 0};
 
-  // Registers of a K block's chunk of the reduction: [begin, end) of the 64.
-  static constexpr int kChunk = (64 + kKBlocks - 1) / kKBlocks;
+  static __device__ __forceinline__ int row_of(int q, int i) { return 2 * q + (i / 2) % 2; }
 
-  // Issues tile `tile`'s products into `mma`, reducing `done` (the previous tile, `done_tile`)
-  // meanwhile, unless this is the first tile. Compile-time branches only: a data-dependent one
-  // around the wgmmas makes ptxas serialise them.
-  template <bool kFirst>
-  __device__ __forceinline__ void step(float (&mma)[64], float (&done)[64], int done_tile) {
-    // Measured: without this, a tile computed into registers that held an earlier tile's reduced
-    // logits comes out wrong though its first wgmma does not accumulate (scale-d false).
-#pragma unroll
-    for (int i = 0; i < 64; ++i) mma[i] = 0.0f;
+  // Tile n's products into acc, releasing each weight stage as soon as its products are done.
+  // The products are issued after the other warpgroup has issued its own tile's.
+  __device__ __forceinline__ void multiply(float (&acc)[2][64], int64_t n, int64_t tiles) {
+    using S = Shared<kKBlocks>;
+    named_sync(kTurnBarrier + warpgroup, kConsumers);
+    int it = static_cast<int>(n) * kKBlocks;
+    int previous = -1;
 #pragma unroll
     for (int kb = 0; kb < kKBlocks; ++kb, ++it) {
-      const int stage = it % kStages;
-      barrier_wait(&s.full[stage], (it / kStages) & 1);
+      const int stage = it % S::kStages;
+      barrier_wait(&s.full[stage], (it / S::kStages) & 1);
       wgmma_fence();
-      const uint64_t a = descriptor_k_major_sw128(&s.x[kb][warpgroup * 64 * kSwizzleElements]);
       const uint64_t b = descriptor_k_major_sw128(s.w[stage]);
 #pragma unroll
-      for (int k = 0; k < kSwizzleElements / 16; ++k)
-        wgmma_m64n128k16_bf16(mma, a + k * kDescriptorK16Step, b + k * kDescriptorK16Step,
-                              kb > 0 || k > 0);
-      wgmma_commit();
-      // Every group but this one is done: the last stage may be overwritten, and at the first K
-      // block the previous tile's products are complete.
-      wgmma_wait<1>();
-      if (!kFirst || kb > 0) barrier_arrive(&s.empty[previous]);
-      previous = stage;
-      if (!kFirst) {
-        if (kb == 0) fence_registers(done);
-        reduce(done, done_tile, kb * kChunk, (kb + 1) * kChunk);
+      for (int q = 0; q < 2; ++q) {
+        const uint64_t a = descriptor_k_major_sw128(&s.x[kb][q * 64 * kSwizzleElements]);
+#pragma unroll
+        for (int k = 0; k < kSwizzleElements / 16; ++k)
+          wgmma_m64n128k16_bf16(acc[q], a + k * kDescriptorK16Step, b + k * kDescriptorK16Step,
+                                kb > 0 || k > 0);
       }
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (previous >= 0 && t == 0) barrier_arrive(&s.empty[previous]);
+      previous = stage;
     }
-  }
-
-  // The last tile's products, then their reduction.
-  __device__ __forceinline__ void finish(float (&acc)[64], int tile) {
+    if (n + 1 < tiles) named_arrive(kTurnBarrier + 1 - warpgroup, kConsumers);
     wgmma_wait<0>();
     fence_registers(acc);
-    barrier_arrive(&s.empty[previous]);
-    reduce(acc, tile, 0, 64);
+    if (t == 0) barrier_arrive(&s.empty[previous]);
   }
 
-  // Registers [begin, end) of a tile: cosine, margin on the target, online statistics per row.
-  // The callers' loops are unrolled, so that the bounds are constants here.
-  __device__ __forceinline__ void reduce(float (&acc)[64], int tile, int begin, int end) {
-    const int64_t first = class0 + int64_t{tile} * kClasses;
-    float top[2] = {m[0], m[1]};
+  // Cosines (or raw logits) of the tile in v units; columns past the last class are -inf.
+  __device__ __forceinline__ void to_units(float (&acc)[2][64], int64_t tile, int64_t n) {
+    if (scaled) {
+      barrier_wait(&s.scale_full[warpgroup], (n >> 1) & 1);
+      const float* scale = s.scale[warpgroup];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      if (i < begin || i >= end) continue;
-      const int h = (i / 2) % 2;
-      const int64_t j = first + fragment_col(t, i);
-      float z = -INFINITY;
-      if (j < classes) {
-        const float cosine = acc[i] * (row_scale != nullptr ? row_scale[j] : 1.0f);
-        if (j == target[h]) {
-          float unused;
-          margin_target(cosine, params, &z, &unused);
-          target_logit[row[h]] = z;
-        } else {
-          z = margin_other(cosine, params);
-        }
+      for (int i = 0; i < 64; i += 2) {
+        const float2 r = *reinterpret_cast<const float2*>(scale + fragment_col(t, i));
+#pragma unroll
+        for (int q = 0; q < 2; ++q) acc[q][i] *= r.x, acc[q][i + 1] *= r.y;
       }
-      acc[i] = z;
-      top[h] = fmaxf(top[h], z);
+      __syncwarp();
+      if (t % 32 == 0) barrier_arrive(&s.scale_empty[warpgroup]);
     }
-    float part[2] = {0.0f, 0.0f};
+    if (params.normalized) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      if (i < begin || i >= end) continue;
-      const int h = (i / 2) % 2;
-      part[h] += __expf(acc[i] - top[h]);
+      for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[q][i] = fminf(1.0f, fmaxf(-1.0f, acc[q][i]));
     }
-    for (int h = 0; h < 2; ++h) {
-      if (top[h] == -INFINITY) continue;  // no class yet
-      sum[h] = sum[h] * __expf(m[h] - top[h]) + part[h];
-      m[h] = top[h];
+    const int64_t first = tile * kTile;
+    if (first + kTile > classes) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int i = 0; i < 64; ++i)
+          if (first + fragment_col(t, i) >= classes) acc[q][i] = -INFINITY;
+    }
+  }
+
+  // The margin on a target that falls in this tile and this thread's columns (rare: one tile of
+  // all per row), computed once per row.
+  __device__ __forceinline__ void apply_margin(float (&acc)[2][64], int64_t tile) {
+    const int64_t first = tile * kTile;
+    int col[4];
+    bool mine = false;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t c = target[r] - first;
+      col[r] = c >= 0 && c < kTile && ((c >> 1) & 3) == t % 4 ? static_cast<int>(c) : -1;
+      mine |= col[r] >= 0;
+    }
+    if (!__any_sync(0xffffffff, mine)) return;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      if (col[r] < 0) continue;
+      float v = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int i = 0; i < 64; ++i)
+          if (row_of(q, i) == r && fragment_col(t, i) == col[r]) v = acc[q][i];
+      float z, unused;
+      margin_target(v, params, &z, &unused);  // the cosine is clamped already
+      target_logit[row[r]] = z;
+      v = z / unit;
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int i = 0; i < 64; ++i)
+          if (row_of(q, i) == r && fragment_col(t, i) == col[r]) acc[q][i] = v;
+    }
+  }
+
+  // Online max and sum of exponentials of the tile's v, per row.
+  __device__ __forceinline__ void reduce(const float (&acc)[2][64]) {
+    float top[4] = {m[0], m[1], m[2], m[3]};
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) top[row_of(q, i)] = fmaxf(top[row_of(q, i)], acc[q][i]);
+    const float k = unit * kLog2e;
+    float shift[4], part[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int r = 0; r < 4; ++r) shift[r] = top[r] == -INFINITY ? 0.0f : top[r] * k;
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int i = 0; i < 64; ++i)
+        part[row_of(q, i)] += exp2_approx(fmaf(acc[q][i], k, -shift[row_of(q, i)]));
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float keep = m[r] == -INFINITY ? 0.0f : exp2_approx(m[r] * k - shift[r]);
+      sum[r] = fmaf(sum[r], keep, part[r]);
+      m[r] = top[r];
+    }
+  }
+
+  __device__ void run(TileRange range) {
+    const int64_t tiles = range.last - range.first;
+    // The first warpgroup issues first.
+    if (warpgroup == 1) named_arrive(kTurnBarrier, kConsumers);
+    for (int64_t n = warpgroup; n < tiles; n += 2) {
+      float acc[2][64];
+      multiply(acc, n, tiles);
+      to_units(acc, range.first + n, n);
+      apply_margin(acc, range.first + n);
+      reduce(acc);
+    }
+  }
+
+  // (m, sum) merged with (other_m, other_sum), both in v units.
+  __device__ static void merge(float& m, float& sum, float other_m, float other_sum, float k) {
+    const float top = fmaxf(m, other_m);
+    if (top == -INFINITY) return;
+    sum = (m == -INFINITY ? 0.0f : sum * exp2_approx((m - top) * k)) +
+          (other_m == -INFINITY ? 0.0f : other_sum * exp2_approx((other_m - top) * k));
+    m = top;
+  }
+
+  // The four threads of a row merge their columns' statistics, then the second warpgroup's meet
+  // the first's, in a fixed order; the first writes them in z units.
+  __device__ void write(int64_t part, int64_t batch, float* group_max, float* group_sum) {
+    const float k = unit * kLog2e;
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      for (int offset = 1; offset < 4; offset *= 2)
+        merge(m[r], sum[r], __shfl_xor_sync(0xffffffff, m[r], offset),
+              __shfl_xor_sync(0xffffffff, sum[r], offset), k);
+    const int local = (t / 32) * 16 + (t % 32) / 4;  // fragment row 0 of this thread
+    if (warpgroup == 1 && t % 4 == 0) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s.merge[local + 8 * (r % 2) + 64 * (r / 2)] = {m[r], sum[r]};
+    }
+    named_sync(kMergeBarrier, kConsumers);
+    if (warpgroup == 1 || t % 4 != 0) return;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float2 other = s.merge[local + 8 * (r % 2) + 64 * (r / 2)];
+      merge(m[r], sum[r], other.x, other.y, k);
+      if (row[r] < batch) {
+        group_max[part * batch + row[r]] = m[r] * unit;
+        group_sum[part * batch + row[r]] = sum[r];
+      }
     }
   }
 };
-
-template <int kKBlocks>
-__device__ void consume(Shared& s, int tiles, const float* row_scale, int64_t classes,
-                        int64_t batch, int64_t row0, int64_t class0,
-                        const int64_t* target_col, int64_t begin, MarginParams params,
-                        int64_t group, float* group_max, float* group_sum, float* target_logit) {
-  Consumer<kKBlocks> c{s, static_cast<int>(threadIdx.x / 128), static_cast<int>(threadIdx.x % 128),
-                       row_scale, classes, class0, params};
-  c.target_logit = target_logit;
-  for (int h = 0; h < 2; ++h) {
-    c.row[h] = row0 + c.warpgroup * 64 + fragment_row(c.t, 2 * h);
-    c.target[h] = c.row[h] < batch ? target_col[c.row[h]] - begin : -1;
-  }
-  float a[64], b[64];
-  barrier_wait(&s.x_full, 0);
-  c.template step<true>(a, b, 0);
-  int tile = 1;
-  for (; tile + 1 < tiles; tile += 2) {
-    c.template step<false>(b, a, tile - 1);
-    c.template step<false>(a, b, tile);
-  }
-  if (tile < tiles) {
-    c.template step<false>(b, a, tile - 1);
-    c.finish(b, tile);
-  } else {
-    c.finish(a, tile - 1);
-  }
-  // The four threads of a row merge their columns' statistics, in a fixed order.
-  for (int h = 0; h < 2; ++h) {
-    for (int offset = 1; offset < 4; offset *= 2) {
-      const float other_m = __shfl_xor_sync(0xffffffff, c.m[h], offset);
-      const float other_sum = __shfl_xor_sync(0xffffffff, c.sum[h], offset);
-      const float top = fmaxf(c.m[h], other_m);
-      if (top != -INFINITY) {
-        c.sum[h] = c.sum[h] * __expf(c.m[h] - top) + other_sum * __expf(other_m - top);
-        c.m[h] = top;
-      }
-    }
-    if (c.t % 4 == 0 && c.row[h] < batch) {
-      group_max[group * batch + c.row[h]] = c.m[h];
-      group_sum[group * batch + c.row[h]] = c.sum[h];
-    }
-  }
-}
 
 template <int kKBlocks>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -217,38 +323,54 @@ __global__ void __launch_bounds__(kThreads, 1)
                              const __grid_constant__ CUtensorMap w_map,
                              const float* __restrict__ row_scale, int64_t classes, int64_t batch,
                              const int64_t* __restrict__ target_col, int64_t begin,
-                             MarginParams params, int tiles_per_group,
-                             float* __restrict__ group_max, float* __restrict__ group_sum,
-                             float* __restrict__ target_logit) {
-  Shared& s = shared_storage();
-  const int64_t row0 = int64_t{blockIdx.x} * kRows;
-  const int64_t group = blockIdx.y;
-  const int64_t class0 = group * tiles_per_group * kClasses;
-  const int64_t left = (classes - class0 + kClasses - 1) / kClasses;
-  const int tiles = static_cast<int>(left < tiles_per_group ? left : tiles_per_group);
+                             MarginParams params, int lanes, float* __restrict__ group_max,
+                             float* __restrict__ group_sum, float* __restrict__ target_logit) {
+  using S = Shared<kKBlocks>;
+  S& s = shared_storage<S>();
+  const int row_blocks = static_cast<int>(gridDim.x) / lanes;
+  const int64_t row0 = int64_t{static_cast<int>(blockIdx.x) % row_blocks} * kRows;
+  const int lane = static_cast<int>(blockIdx.x) / row_blocks;
+  const TileRange range = lane_tiles((classes + kTile - 1) / kTile, lane, lanes);
   if (threadIdx.x == 0) {
     barrier_init(&s.x_full, 1);
-    for (int i = 0; i < kStages; ++i) {
+    for (int i = 0; i < S::kStages; ++i) {
       barrier_init(&s.full[i], 1);
-      barrier_init(&s.empty[i], kConsumers);
+      barrier_init(&s.empty[i], 1);  // the warpgroup that took the stage's tile
+    }
+    for (int i = 0; i < 2; ++i) {
+      barrier_init(&s.scale_full[i], 32);             // every producer lane
+      barrier_init(&s.scale_empty[i], kWarpgroup / 32);  // every warp of the warpgroup
     }
     barrier_init_fence();
   }
   __syncthreads();
-  // The producer's registers go to the consumers, which hold two tiles' accumulators.
+  // The producer's registers go to the consumers, which hold a tile's accumulators.
   if (threadIdx.x >= kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x == kConsumers) produce(s, &x_map, &w_map, kKBlocks, row0, class0, tiles);
-    return;
+    if (threadIdx.x < kConsumers + 32)
+      produce(s, &x_map, &w_map, row_scale, classes, row0, range);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    Consumer<kKBlocks> c{s,       static_cast<int>(threadIdx.x / kWarpgroup),
+                         static_cast<int>(threadIdx.x % kWarpgroup),
+                         row_scale != nullptr,
+                         classes, params,
+                         params.normalized ? params.scale : 1.0f};
+    c.target_logit = target_logit;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      c.row[r] = row0 + 64 * (r / 2) + fragment_row(c.t, 2 * (r % 2));
+      c.target[r] = c.row[r] < batch ? target_col[c.row[r]] - begin : -1;
+    }
+    barrier_wait(&s.x_full, 0);
+    c.run(range);
+    c.write(lane, batch, group_max, group_sum);
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  consume<kKBlocks>(s, tiles, row_scale, classes, batch, row0, class0, target_col, begin, params,
-                    group, group_max, group_sum, target_logit);
 }
 
-// A 2-D tensor map over a row-major bf16 matrix [rows, dim], in boxes of 64 elements x box_rows
-// with the 128-byte swizzle; what lies outside the matrix reads as zeros.
-cudaError_t make_map(CUtensorMap* map, const void* data, int64_t rows, int dim, int box_rows) {
+cudaError_t driver_encode(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank,
+                          const void* data, const cuuint64_t* sizes, const cuuint64_t* strides,
+                          const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     cudaDriverEntryPointQueryResult found;
@@ -258,15 +380,36 @@ cudaError_t make_map(CUtensorMap* map, const void* data, int64_t rows, int dim, 
     if (rc != cudaSuccess) return rc;
     if (found != cudaDriverEntryPointSuccess) return cudaErrorSymbolNotFound;
   }
+  const cuuint32_t steps[2] = {1, 1};
+  const CUresult rc =
+      encode(map, type, rank, const_cast<void*>(data), sizes, strides, box, steps,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return rc == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// A 2-D tensor map over a row-major bf16 matrix [rows, dim], in boxes of 64 elements x box_rows
+// with the 128-byte swizzle; what lies outside the matrix reads as zeros.
+cudaError_t matrix_map(CUtensorMap* map, const void* data, int64_t rows, int dim, int box_rows) {
   const cuuint64_t sizes[2] = {static_cast<cuuint64_t>(dim), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(dim) * 2};
   const cuuint32_t box[2] = {kSwizzleElements, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t steps[2] = {1, 1};
-  const CUresult rc = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(data),
-                             sizes, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return rc == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  return driver_encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, data, sizes, strides, box,
+                       CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+struct Grid {
+  int row_blocks, lanes;
+};
+Grid grid_for(int device, int64_t batch, int64_t classes) {
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    sms = 1;
+  const int64_t row_blocks = (batch + kRows - 1) / kRows;
+  const int64_t tiles = (classes + kTile - 1) / kTile;
+  int64_t lanes = row_blocks >= sms ? 1 : sms / row_blocks;
+  if (lanes > tiles) lanes = tiles;
+  return {static_cast<int>(row_blocks), static_cast<int>(lanes < 1 ? 1 : lanes)};
 }
 
 }  // namespace
@@ -277,43 +420,50 @@ bool fused_logit_stats_applies(int device, int dim) {
   return p.major == 9 && p.minor == 0 && dim % 8 == 0 && dim <= kFusedMaxDim;
 }
 
-int64_t fused_logit_groups(int64_t classes, int tiles_per_group) {
-  const int64_t per_group = int64_t{tiles_per_group} * kClasses;
-  return (classes + per_group - 1) / per_group;
+int fused_logit_parts(int device, int64_t batch, int64_t classes) {
+  return grid_for(device, batch, classes).lanes;
 }
 
 cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const float* row_scale,
                               int64_t classes, int dim, const int64_t* target_col, int64_t begin,
-                              MarginParams params, int tiles_per_group, float* group_max,
-                              float* group_sum, float* target_logit, cudaStream_t stream) {
+                              MarginParams params, float* group_max, float* group_sum,
+                              float* target_logit, cudaStream_t stream) {
   if (batch == 0 || classes == 0) return cudaSuccess;
-  if (dim % 8 != 0 || dim > kFusedMaxDim || tiles_per_group < 1) return cudaErrorInvalidValue;
-  const int64_t groups = fused_logit_groups(classes, tiles_per_group);
-  if (groups > 65535) return cudaErrorInvalidConfiguration;
-  CUtensorMap x_map, w_map;
-  cudaError_t rc = make_map(&x_map, x, batch, dim, kRows);
-  if (rc == cudaSuccess) rc = make_map(&w_map, w, classes, dim, kClasses);
+  if (dim % 8 != 0 || dim > kFusedMaxDim) return cudaErrorInvalidValue;
+  if (classes > (int64_t{1} << 31) - kTile || batch > (int64_t{1} << 31) - kRows)
+    return cudaErrorInvalidValue;  // TMA coordinates are 32-bit
+  int device = 0;
+  cudaError_t rc = cudaGetDevice(&device);
   if (rc != cudaSuccess) return rc;
-  const dim3 grid(static_cast<unsigned>((batch + kRows - 1) / kRows),
-                  static_cast<unsigned>(groups));
-  const auto launch = [&](auto kernel) {
+  const Grid g = grid_for(device, batch, classes);
+  CUtensorMap x_map, w_map;
+  rc = matrix_map(&x_map, x, batch, dim, kRows);
+  if (rc == cudaSuccess) rc = matrix_map(&w_map, w, classes, dim, kTile);
+  if (rc != cudaSuccess) return rc;
+  const auto launch = [&](auto kernel, size_t shared) {
     const cudaError_t set = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes));
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (set != cudaSuccess) return set;
-    kernel<<<grid, kThreads, kSharedBytes, stream>>>(x_map, w_map, row_scale, classes, batch,
-                                                      target_col, begin, params, tiles_per_group,
-                                                      group_max, group_sum, target_logit);
+    kernel<<<g.row_blocks * g.lanes, kThreads, shared, stream>>>(
+        x_map, w_map, row_scale, classes, batch, target_col, begin, params, g.lanes, group_max,
+        group_sum, target_logit);
     return cudaGetLastError();
   };
+  const auto run = [&](auto blocks) {
+    constexpr int kKBlocks = decltype(blocks)::value;
+    return launch(fused_logit_stats_kernel<kKBlocks>, sizeof(Shared<kKBlocks>) + kSwizzleAtomBytes);
+  };
   switch ((dim + kSwizzleElements - 1) / kSwizzleElements) {
-    case 1: return launch(fused_logit_stats_kernel<1>);
-    case 2: return launch(fused_logit_stats_kernel<2>);
-    case 3: return launch(fused_logit_stats_kernel<3>);
-    case 4: return launch(fused_logit_stats_kernel<4>);
-    case 5: return launch(fused_logit_stats_kernel<5>);
-    case 6: return launch(fused_logit_stats_kernel<6>);
-    case 7: return launch(fused_logit_stats_kernel<7>);
-    default: return launch(fused_logit_stats_kernel<8>);
+#ifndef MYRIAD_FUSED_ONLY_512
+    case 1: return run(std::integral_constant<int, 1>{});
+    case 2: return run(std::integral_constant<int, 2>{});
+    case 3: return run(std::integral_constant<int, 3>{});
+    case 4: return run(std::integral_constant<int, 4>{});
+    case 5: return run(std::integral_constant<int, 5>{});
+    case 6: return run(std::integral_constant<int, 6>{});
+    case 7: return run(std::integral_constant<int, 7>{});
+#endif
+    default: return run(std::integral_constant<int, 8>{});
   }
 }
 

@@ -51,6 +51,15 @@ __device__ inline void barrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// Named barriers 1-15 among `threads` threads (a multiple of 32): sync waits for the count,
+// arrive counts this warp without waiting.
+__device__ inline void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ inline void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Copies the box at (inner, outer) of a 2-D tensor map into shared memory; its bytes complete
 // on `bar`.
 __device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, int inner, int outer,
@@ -72,6 +81,13 @@ __device__ inline uint64_t descriptor_k_major_sw128(const void* tile) {
          (uint64_t{kSwizzleAtomBytes >> 4} << 32) | (uint64_t{1} << 62);
 }
 constexpr uint64_t kDescriptorK16Step = 32 >> 4;
+
+// 2^x in the special-function unit (flushes denormal results to zero, 2 ulp).
+__device__ inline float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // Orders this thread's register accesses before the warpgroup's next wgmma.
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
