@@ -1,6 +1,7 @@
-// The fused forward statistics against a float64 reference on the same bf16 inputs (shapes that
-// leave partial tiles of samples, classes and K), then its time beside cuBLAS's logits GEMM.
-//   fused_logit_stats_check [check|time] ...
+// The fused kernels (forward statistics, logits' gradient) against a float64 reference on the
+// same bf16 inputs (shapes that leave partial tiles of samples, classes and K), then their time
+// beside cuBLAS's logits GEMM.
+//   fused_softmax_check [check|time]
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -13,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../../src/classifier/cuda/hopper/fused_logit_stats.h"
+#include "../../src/classifier/cuda/hopper/fused_softmax.h"
 
 using myriad::MarginParams;
 
@@ -103,9 +104,10 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
   // kernels compute it. The parts are combined as the classifier combines them, in float64.
   double worst_max = 0, worst_sum = 0, worst_t = 0;
   int bad_t = 0;
+  std::vector<double> all_z(batch * classes), ref_max(batch), ref_sum(batch);
   for (int64_t b = 0; b < batch; ++b) {
     double m = -INFINITY;
-    std::vector<double> z(classes);
+    double* z = &all_z[b * classes];
     for (int64_t j = 0; j < classes; ++j) {
       double dot = 0;
       for (int k = 0; k < dim; ++k)
@@ -119,6 +121,8 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
     }
     double s = 0;
     for (int64_t j = 0; j < classes; ++j) s += std::exp(z[j] - m);
+    ref_max[b] = m;
+    ref_sum[b] = s;
     const int64_t tj = p.target[b] - p.begin;
     if (tj >= 0 && tj < classes) worst_t = std::max(worst_t, double(std::fabs(got_t[b] - z[tj])));
     else if (!std::isnan(got_t[b])) ++bad_t;
@@ -130,14 +134,56 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
     worst_max = std::isnan(gm) ? INFINITY : std::max(worst_max, std::fabs(gm - m));
     worst_sum = std::isnan(gs) ? INFINITY : std::max(worst_sum, std::fabs(gs - s) / s);
   }
+  // The gradient from the reference's statistics (as float32, what the all-reduce delivers):
+  // coef (softmax - one-hot) dz/dcos / |w_j|.
+  std::vector<float> row_max(batch), row_inv_sum(batch);
+  for (int64_t b = 0; b < batch; ++b) row_max[b] = float(ref_max[b]), row_inv_sum[b] = float(1 / ref_sum[b]);
+  const std::vector<float> coef{3.7f / float(batch)};
+  float* d_max = to_device(row_max);
+  float* d_inv = to_device(row_inv_sum);
+  float* d_coef = to_device(coef);
+  __nv_bfloat16* grad;
+  CHECK(cudaMalloc(&grad, classes * batch * 2));
+  CHECK(cudaMemset(grad, 0xff, classes * batch * 2));  // NaN wherever nothing is written
+  CHECK(myriad::cuda::fused_logit_grad(x, batch, w, scale, classes, dim, target, p.begin, d_max,
+                                       d_inv, d_coef, params, grad, nullptr));
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  std::vector<__nv_bfloat16> got_grad(classes * batch);
+  CHECK(cudaMemcpy(got_grad.data(), grad, got_grad.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<double> ref_grad(classes * batch);
+  double largest = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = 0; j < classes; ++j) {
+      const double dot_scale = scaled ? p.scale[j] : 1.0;
+      double cosine = 0;
+      for (int k = 0; k < dim; ++k)
+        cosine += double(__bfloat162float(p.x[b * dim + k])) * __bfloat162float(p.w[j * dim + k]);
+      float zf, dz = params.normalized ? params.scale : 1.0f;
+      if (j == p.target[b] - p.begin) myriad::margin_target(float(cosine * dot_scale), params, &zf, &dz);
+      const double softmax = std::exp(all_z[b * classes + j] - row_max[b]) * row_inv_sum[b];
+      const double g = coef[0] * (softmax - (j == p.target[b] - p.begin ? 1.0 : 0.0)) * dz * dot_scale;
+      ref_grad[j * batch + b] = g;
+      largest = std::max(largest, std::fabs(g));
+    }
+  // bf16 output: 2^-9 relative, and exp's error on z's; elements far below the largest count
+  // against a floor of 1e-3 of it.
+  double worst_grad = 0;
+  for (size_t e = 0; e < ref_grad.size(); ++e) {
+    const double g = __bfloat162float(got_grad[e]);
+    const double err = std::fabs(g - ref_grad[e]) / (std::fabs(ref_grad[e]) + 1e-3 * largest);
+    worst_grad = std::isnan(g) ? INFINITY : std::max(worst_grad, err);
+  }
+  cudaFree(d_max), cudaFree(d_inv), cudaFree(d_coef), cudaFree(grad);
   // bf16 products summed in float32 against float64: cosines within about 1e-6, so z = 64 cos
   // within 1e-4; exp then within 1e-4 relative.
-  const bool ok = worst_max < 2e-3 && worst_sum < 2e-3 && worst_t < 2e-3 && bad_t == 0;
+  const bool ok = worst_max < 2e-3 && worst_sum < 2e-3 && worst_t < 2e-3 && bad_t == 0 &&
+                  worst_grad < 1e-2;
   std::printf("check batch %lld classes %lld dim %d parts %d (m2 %.2f m3 %.2f%s%s): worst |max| "
-              "%.2e, sum rel %.2e, target %.2e, stray targets %d: %s\n",
+              "%.2e, sum rel %.2e, target %.2e, stray targets %d, gradient %.2e: %s\n",
               (long long)batch, (long long)classes, dim, parts, params.m2, params.m3,
               params.normalized ? "" : ", plain", scaled ? ", row scales" : "", worst_max,
-              worst_sum, worst_t, bad_t, ok ? "ok" : "FAILED");
+              worst_sum, worst_t, bad_t, worst_grad, ok ? "ok" : "FAILED");
   cudaFree(x), cudaFree(w), cudaFree(scale), cudaFree(target), cudaFree(gmax), cudaFree(gsum),
       cudaFree(tlogit);
   return ok ? 0 : 1;
@@ -192,6 +238,17 @@ void time_case(int64_t batch, int64_t classes, int dim) {
     CHECK(myriad::cuda::fused_logit_stats(x, batch, w, nullptr, classes, dim, t, p.begin, params,
                                           gmax, gsum, tl, nullptr));
   }, 10);
+  std::vector<float> ones(batch, 1.0f);
+  float* row_max = to_device(ones);
+  float* inv_sum = to_device(ones);
+  float* coef = to_device(std::vector<float>{1.0f / float(batch)});
+  __nv_bfloat16* grad;
+  CHECK(cudaMalloc(&grad, classes * batch * 2));
+  const float fused_grad = time_ms([&] {
+    CHECK(myriad::cuda::fused_logit_grad(x, batch, w, nullptr, classes, dim, t, p.begin, row_max,
+                                         inv_sum, coef, params, grad, nullptr));
+  }, 10);
+  cudaFree(row_max), cudaFree(inv_sum), cudaFree(coef), cudaFree(grad);
   // cuBLAS: the logits of a chunk of 1M classes as today's path computes them (bf16 in, float32
   // out, class-major), scaled to all classes.
   const int64_t chunk = std::min<int64_t>(classes, 1 << 20);
@@ -206,10 +263,10 @@ void time_case(int64_t batch, int64_t classes, int dim) {
                  CUBLAS_GEMM_DEFAULT);
   }, 10) * double(classes) / chunk;
   const double flop = 2.0 * batch * classes * dim;
-  std::printf("time batch %lld classes %lld dim %d: fused %.3f ms (%.0f TFLOP/s), "
-              "cuBLAS logits GEMM alone %.3f ms (%.0f TFLOP/s)\n",
-              (long long)batch, (long long)classes, dim, fused, flop / fused / 1e9, gemm,
-              flop / gemm / 1e9);
+  std::printf("time batch %lld classes %lld dim %d: statistics %.3f ms (%.0f TFLOP/s), gradient "
+              "%.3f ms (%.0f TFLOP/s), cuBLAS logits GEMM alone %.3f ms (%.0f TFLOP/s)\n",
+              (long long)batch, (long long)classes, dim, fused, flop / fused / 1e9, fused_grad,
+              flop / fused_grad / 1e9, gemm, flop / gemm / 1e9);
   cublasDestroy(h);
   cudaFree(logits), cudaFree(x), cudaFree(w), cudaFree(t), cudaFree(gmax), cudaFree(gsum), cudaFree(tl);
 }
@@ -218,7 +275,7 @@ void time_case(int64_t batch, int64_t classes, int dim) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
-  if (!myriad::cuda::fused_logit_stats_applies(0, 512)) {
+  if (!myriad::cuda::fused_softmax_applies(0, 512)) {
     std::printf("SKIP: the fused kernels need a compute capability 9.0 GPU\n");
     return 77;
   }

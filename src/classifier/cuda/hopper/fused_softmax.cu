@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "fused_logit_stats.h"
+#include "fused_softmax.h"
 #include "hopper.cuh"
 
 namespace myriad::cuda {
@@ -127,25 +127,55 @@ __device__ inline void fence_registers(float (&acc)[2][64]) {
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[q][i])::"memory");
 }
 
+// What a kernel reads and writes besides the operands. Statistics: group_max, group_sum,
+// target_logit. Gradient: row_max, row_inv_sum, coef in, logit_grad out.
+struct Io {
+  const float* row_scale;
+  const int64_t* target_col;
+  int64_t begin;
+  float* group_max;
+  float* group_sum;
+  float* target_logit;
+  const float* row_max;
+  const float* row_inv_sum;
+  const float* coef;
+  __nv_bfloat16* logit_grad;
+};
+
 // A consumer warpgroup takes every other tile of the range for all 128 rows of the CTA, as two
-// m64 halves; while one warpgroup's products run on the tensor cores, the other reduces its
+// m64 halves; while one warpgroup's products run on the tensor cores, the other works on its
 // last tile. A thread holds 4 rows (r: half r / 2, fragment row r % 2) and a quarter of each
-// tile's columns. Statistics are kept in units of v = z / unit (the cosine for normalised
-// classes), so that an exponent is one fused multiply-add:
-// exp(z - m) = 2^(v * unit * log2 e - m_v * unit * log2 e).
-template <int kKBlocks>
+// tile's columns. Logits are handled in units of v = z / unit (the clamped cosine for
+// normalised classes), so that an exponent is one fused multiply-add:
+// exp(z - m) = 2^(v * unit * log2 e - m * log2 e).
+template <int kKBlocks, bool kGrad>
 struct Consumer {
   Shared<kKBlocks>& s;
   int warpgroup, t;
-  bool scaled;
-  int64_t classes;
+  int64_t classes, batch;
   MarginParams params;
-  float unit;  // z per v
+  Io io;
+  float unit;  // z per v, and dz/dcos off the target
   int64_t row[4], target[4];
-  float* target_logit;
+  // Statistics: the running max (v units) and sum. Gradient: the row's max in z units times
+  // log2 e, and 1 / the row's sum of exponentials.
   float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, sum[4] = {0, 0, 0, 0};
+  float coef = 0.0f;  // gradient: the incoming gradient over the batch size
 
   static __device__ __forceinline__ int row_of(int q, int i) { return 2 * q + (i / 2) % 2; }
+
+  __device__ void start(int64_t row0) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      row[r] = row0 + 64 * (r / 2) + fragment_row(t, 2 * (r % 2));
+      target[r] = row[r] < batch ? io.target_col[row[r]] - io.begin : -1;
+      if (kGrad && row[r] < batch) {
+        m[r] = io.row_max[row[r]] * kLog2e;
+        sum[r] = io.row_inv_sum[row[r]];
+      }
+    }
+    if (kGrad) coef = *io.coef;
+  }
 
   // Tile n's products into acc, releasing each weight stage as soon as its products are done.
   // The products are issued after the other warpgroup has issued its own tile's.
@@ -179,20 +209,33 @@ struct Consumer {
     if (t == 0) barrier_arrive(&s.empty[previous]);
   }
 
-  // Cosines (or raw logits) of the tile in v units; columns past the last class are -inf.
-  __device__ __forceinline__ void to_units(float (&acc)[2][64], int64_t tile, int64_t n) {
-    if (scaled) {
-      barrier_wait(&s.scale_full[warpgroup], (n >> 1) & 1);
-      const float* scale = s.scale[warpgroup];
+  // The tile's 1/|w_j| (null when the rows are normalised), once the producer has staged them.
+  __device__ __forceinline__ const float* scales(int64_t n) {
+    if (io.row_scale == nullptr) return nullptr;
+    barrier_wait(&s.scale_full[warpgroup], (n >> 1) & 1);
+    return s.scale[warpgroup];
+  }
+  __device__ __forceinline__ void release_scales() {
+    if (io.row_scale == nullptr) return;
+    __syncwarp();
+    if (t % 32 == 0) barrier_arrive(&s.scale_empty[warpgroup]);
+  }
+
+  // Multiplies column pairs of acc by (x, y) of f(column).
+  template <class F>
+  __device__ __forceinline__ void scale_columns(float (&acc)[2][64], F f) {
 #pragma unroll
-      for (int i = 0; i < 64; i += 2) {
-        const float2 r = *reinterpret_cast<const float2*>(scale + fragment_col(t, i));
+    for (int i = 0; i < 64; i += 2) {
+      const float2 c = f(fragment_col(t, i));
 #pragma unroll
-        for (int q = 0; q < 2; ++q) acc[q][i] *= r.x, acc[q][i + 1] *= r.y;
-      }
-      __syncwarp();
-      if (t % 32 == 0) barrier_arrive(&s.scale_empty[warpgroup]);
+      for (int q = 0; q < 2; ++q) acc[q][i] *= c.x, acc[q][i + 1] *= c.y;
     }
+  }
+
+  // The tile's products in v units; columns past the last class are -inf.
+  __device__ __forceinline__ void to_units(float (&acc)[2][64], int64_t tile, const float* scale) {
+    if (scale != nullptr)
+      scale_columns(acc, [&](int c) { return *reinterpret_cast<const float2*>(scale + c); });
     if (params.normalized) {
 #pragma unroll
       for (int q = 0; q < 2; ++q)
@@ -209,42 +252,46 @@ struct Consumer {
     }
   }
 
-  // The margin on a target that falls in this tile and this thread's columns (rare: one tile of
-  // all per row), computed once per row.
-  __device__ __forceinline__ void apply_margin(float (&acc)[2][64], int64_t tile) {
-    const int64_t first = tile * kTile;
+  // The column of row r's target when it falls in this tile and this thread's columns, else -1.
+  __device__ __forceinline__ int target_column(int r, int64_t tile) const {
+    const int64_t c = target[r] - tile * kTile;
+    return c >= 0 && c < kTile && ((c >> 1) & 3) == t % 4 ? static_cast<int>(c) : -1;
+  }
+
+  // Reads (or with `write`, replaces) the element of row r at column col.
+  __device__ __forceinline__ float element(float (&acc)[2][64], int r, int col, bool write,
+                                           float value) const {
+    float v = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int i = 0; i < 64; ++i)
+        if (row_of(q, i) == r && fragment_col(t, i) == col) {
+          v = acc[q][i];
+          if (write) acc[q][i] = value;
+        }
+    return v;
+  }
+
+  // Statistics: the margin on a target that falls here (rare: one tile of all per row), then the
+  // online max and sum of exponentials per row.
+  __device__ __forceinline__ void statistics(float (&acc)[2][64], int64_t tile, int64_t n) {
+    to_units(acc, tile, scales(n));
+    release_scales();
     int col[4];
     bool mine = false;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t c = target[r] - first;
-      col[r] = c >= 0 && c < kTile && ((c >> 1) & 3) == t % 4 ? static_cast<int>(c) : -1;
-      mine |= col[r] >= 0;
+    for (int r = 0; r < 4; ++r) mine |= (col[r] = target_column(r, tile)) >= 0;
+    if (__any_sync(0xffffffff, mine)) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (col[r] < 0) continue;
+        float z, unused;
+        margin_target(element(acc, r, col[r], false, 0.0f), params, &z, &unused);
+        io.target_logit[row[r]] = z;
+        element(acc, r, col[r], true, z / unit);
+      }
     }
-    if (!__any_sync(0xffffffff, mine)) return;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      if (col[r] < 0) continue;
-      float v = 0.0f;
-#pragma unroll
-      for (int q = 0; q < 2; ++q)
-#pragma unroll
-        for (int i = 0; i < 64; ++i)
-          if (row_of(q, i) == r && fragment_col(t, i) == col[r]) v = acc[q][i];
-      float z, unused;
-      margin_target(v, params, &z, &unused);  // the cosine is clamped already
-      target_logit[row[r]] = z;
-      v = z / unit;
-#pragma unroll
-      for (int q = 0; q < 2; ++q)
-#pragma unroll
-        for (int i = 0; i < 64; ++i)
-          if (row_of(q, i) == r && fragment_col(t, i) == col[r]) acc[q][i] = v;
-    }
-  }
-
-  // Online max and sum of exponentials of the tile's v, per row.
-  __device__ __forceinline__ void reduce(const float (&acc)[2][64]) {
     float top[4] = {m[0], m[1], m[2], m[3]};
 #pragma unroll
     for (int q = 0; q < 2; ++q)
@@ -267,6 +314,62 @@ struct Consumer {
     }
   }
 
+  // Gradient: d loss / d cos times 1/|w_j|, coef (softmax - one-hot) dz/dcos / |w_j|, written
+  // class-major in bf16.
+  __device__ __forceinline__ void gradient(float (&acc)[2][64], int64_t tile, int64_t n) {
+    const float* scale = scales(n);
+    to_units(acc, tile, scale);
+    // The targets' gradients first, from their cosines, before the elements are overwritten.
+    int col[4];
+    float target_grad[4];
+    bool mine = false;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) mine |= (col[r] = target_column(r, tile)) >= 0;
+    const bool any = __any_sync(0xffffffff, mine);
+    if (any) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (col[r] < 0) continue;
+        float z, dz_dcos;
+        margin_target(element(acc, r, col[r], false, 0.0f), params, &z, &dz_dcos);
+        const float p = exp2_approx(fmaf(z, kLog2e, -m[r])) * sum[r];
+        target_grad[r] = coef * (p - 1.0f) * dz_dcos;
+      }
+    }
+    const float k = unit * kLog2e;
+    float factor[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) factor[r] = coef * sum[r] * unit;
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int r = row_of(q, i);
+        acc[q][i] = exp2_approx(fmaf(acc[q][i], k, -m[r])) * factor[r];
+      }
+    if (any) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        if (col[r] >= 0) element(acc, r, col[r], true, target_grad[r]);
+    }
+    if (scale != nullptr)
+      scale_columns(acc, [&](int c) { return *reinterpret_cast<const float2*>(scale + c); });
+    release_scales();
+    store(acc, tile);
+  }
+
+  __device__ __forceinline__ void store(const float (&acc)[2][64], int64_t tile) const {
+    const int64_t first = tile * kTile;
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int64_t j = first + fragment_col(t, i);
+        const int64_t b = row[row_of(q, i)];
+        if (j < classes && b < batch) io.logit_grad[j * batch + b] = __float2bfloat16(acc[q][i]);
+      }
+  }
+
   __device__ void run(TileRange range) {
     const int64_t tiles = range.last - range.first;
     // The first warpgroup issues first.
@@ -274,9 +377,8 @@ struct Consumer {
     for (int64_t n = warpgroup; n < tiles; n += 2) {
       float acc[2][64];
       multiply(acc, n, tiles);
-      to_units(acc, range.first + n, n);
-      apply_margin(acc, range.first + n);
-      reduce(acc);
+      if constexpr (kGrad) gradient(acc, range.first + n, n);
+      else statistics(acc, range.first + n, n);
     }
   }
 
@@ -289,9 +391,9 @@ struct Consumer {
     m = top;
   }
 
-  // The four threads of a row merge their columns' statistics, then the second warpgroup's meet
-  // the first's, in a fixed order; the first writes them in z units.
-  __device__ void write(int64_t part, int64_t batch, float* group_max, float* group_sum) {
+  // Statistics: the four threads of a row merge their columns', then the second warpgroup's
+  // meet the first's, in a fixed order; the first writes them in z units.
+  __device__ void write_statistics(int64_t part) {
     const float k = unit * kLog2e;
 #pragma unroll
     for (int r = 0; r < 4; ++r)
@@ -310,21 +412,18 @@ struct Consumer {
       const float2 other = s.merge[local + 8 * (r % 2) + 64 * (r / 2)];
       merge(m[r], sum[r], other.x, other.y, k);
       if (row[r] < batch) {
-        group_max[part * batch + row[r]] = m[r] * unit;
-        group_sum[part * batch + row[r]] = sum[r];
+        io.group_max[part * batch + row[r]] = m[r] * unit;
+        io.group_sum[part * batch + row[r]] = sum[r];
       }
     }
   }
 };
 
-template <int kKBlocks>
+template <int kKBlocks, bool kGrad>
 __global__ void __launch_bounds__(kThreads, 1)
-    fused_logit_stats_kernel(const __grid_constant__ CUtensorMap x_map,
-                             const __grid_constant__ CUtensorMap w_map,
-                             const float* __restrict__ row_scale, int64_t classes, int64_t batch,
-                             const int64_t* __restrict__ target_col, int64_t begin,
-                             MarginParams params, int lanes, float* __restrict__ group_max,
-                             float* __restrict__ group_sum, float* __restrict__ target_logit) {
+    fused_softmax_kernel(const __grid_constant__ CUtensorMap x_map,
+                         const __grid_constant__ CUtensorMap w_map, int64_t classes,
+                         int64_t batch, MarginParams params, int lanes, Io io) {
   using S = Shared<kKBlocks>;
   S& s = shared_storage<S>();
   const int row_blocks = static_cast<int>(gridDim.x) / lanes;
@@ -338,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       barrier_init(&s.empty[i], 1);  // the warpgroup that took the stage's tile
     }
     for (int i = 0; i < 2; ++i) {
-      barrier_init(&s.scale_full[i], 32);             // every producer lane
+      barrier_init(&s.scale_full[i], 32);                // every producer lane
       barrier_init(&s.scale_empty[i], kWarpgroup / 32);  // every warp of the warpgroup
     }
     barrier_init_fence();
@@ -348,23 +447,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x >= kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x < kConsumers + 32)
-      produce(s, &x_map, &w_map, row_scale, classes, row0, range);
+      produce(s, &x_map, &w_map, io.row_scale, classes, row0, range);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    Consumer<kKBlocks> c{s,       static_cast<int>(threadIdx.x / kWarpgroup),
-                         static_cast<int>(threadIdx.x % kWarpgroup),
-                         row_scale != nullptr,
-                         classes, params,
-                         params.normalized ? params.scale : 1.0f};
-    c.target_logit = target_logit;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      c.row[r] = row0 + 64 * (r / 2) + fragment_row(c.t, 2 * (r % 2));
-      c.target[r] = c.row[r] < batch ? target_col[c.row[r]] - begin : -1;
-    }
+    Consumer<kKBlocks, kGrad> c{s,       static_cast<int>(threadIdx.x / kWarpgroup),
+                                static_cast<int>(threadIdx.x % kWarpgroup),
+                                classes, batch, params, io,
+                                params.normalized ? params.scale : 1.0f};
+    c.start(row0);
     barrier_wait(&s.x_full, 0);
     c.run(range);
-    c.write(lane, batch, group_max, group_sum);
+    if constexpr (!kGrad) c.write_statistics(lane);
   }
 }
 
@@ -414,7 +507,7 @@ Grid grid_for(int device, int64_t batch, int64_t classes) {
 
 }  // namespace
 
-bool fused_logit_stats_applies(int device, int dim) {
+bool fused_softmax_applies(int device, int dim) {
   cudaDeviceProp p;
   if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return false;
   return p.major == 9 && p.minor == 0 && dim % 8 == 0 && dim <= kFusedMaxDim;
@@ -424,10 +517,11 @@ int fused_logit_parts(int device, int64_t batch, int64_t classes) {
   return grid_for(device, batch, classes).lanes;
 }
 
-cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const float* row_scale,
-                              int64_t classes, int dim, const int64_t* target_col, int64_t begin,
-                              MarginParams params, float* group_max, float* group_sum,
-                              float* target_logit, cudaStream_t stream) {
+namespace {
+
+template <bool kGrad>
+cudaError_t launch(const void* x, int64_t batch, const void* w, int64_t classes, int dim,
+                   MarginParams params, const Io& io, cudaStream_t stream) {
   if (batch == 0 || classes == 0) return cudaSuccess;
   if (dim % 8 != 0 || dim > kFusedMaxDim) return cudaErrorInvalidValue;
   if (classes > (int64_t{1} << 31) - kTile || batch > (int64_t{1} << 31) - kRows)
@@ -440,18 +534,16 @@ cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const
   rc = matrix_map(&x_map, x, batch, dim, kRows);
   if (rc == cudaSuccess) rc = matrix_map(&w_map, w, classes, dim, kTile);
   if (rc != cudaSuccess) return rc;
-  const auto launch = [&](auto kernel, size_t shared) {
+  const auto run = [&](auto blocks) {
+    constexpr int kKBlocks = decltype(blocks)::value;
+    const auto kernel = fused_softmax_kernel<kKBlocks, kGrad>;
+    const size_t shared = sizeof(Shared<kKBlocks>) + kSwizzleAtomBytes;
     const cudaError_t set = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (set != cudaSuccess) return set;
-    kernel<<<g.row_blocks * g.lanes, kThreads, shared, stream>>>(
-        x_map, w_map, row_scale, classes, batch, target_col, begin, params, g.lanes, group_max,
-        group_sum, target_logit);
+    kernel<<<g.row_blocks * g.lanes, kThreads, shared, stream>>>(x_map, w_map, classes, batch,
+                                                                 params, g.lanes, io);
     return cudaGetLastError();
-  };
-  const auto run = [&](auto blocks) {
-    constexpr int kKBlocks = decltype(blocks)::value;
-    return launch(fused_logit_stats_kernel<kKBlocks>, sizeof(Shared<kKBlocks>) + kSwizzleAtomBytes);
   };
   switch ((dim + kSwizzleElements - 1) / kSwizzleElements) {
 #ifndef MYRIAD_FUSED_ONLY_512
@@ -465,6 +557,37 @@ cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const
 #endif
     default: return run(std::integral_constant<int, 8>{});
   }
+}
+
+}  // namespace
+
+cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const float* row_scale,
+                              int64_t classes, int dim, const int64_t* target_col, int64_t begin,
+                              MarginParams params, float* group_max, float* group_sum,
+                              float* target_logit, cudaStream_t stream) {
+  Io io{};
+  io.row_scale = row_scale;
+  io.target_col = target_col;
+  io.begin = begin;
+  io.group_max = group_max;
+  io.group_sum = group_sum;
+  io.target_logit = target_logit;
+  return launch<false>(x, batch, w, classes, dim, params, io, stream);
+}
+
+cudaError_t fused_logit_grad(const void* x, int64_t batch, const void* w, const float* row_scale,
+                             int64_t classes, int dim, const int64_t* target_col, int64_t begin,
+                             const float* row_max, const float* row_inv_sum, const float* coef,
+                             MarginParams params, void* logit_grad, cudaStream_t stream) {
+  Io io{};
+  io.row_scale = row_scale;
+  io.target_col = target_col;
+  io.begin = begin;
+  io.row_max = row_max;
+  io.row_inv_sum = row_inv_sum;
+  io.coef = coef;
+  io.logit_grad = static_cast<__nv_bfloat16*>(logit_grad);
+  return launch<true>(x, batch, w, classes, dim, params, io, stream);
 }
 
 }  // namespace myriad::cuda

@@ -1,0 +1,46 @@
+#pragma once
+
+// The fused kernels of the sharded margin softmax for Hopper GPUs (sm_90a): the logits x̂·Ŵᵀ are
+// computed tile by tile on the tensor cores and used in registers, never written. Forward: per
+// part of the classes and per sample, the max of the logits and the sum of their exponentials.
+// Backward: the logits' gradient, recomputed from the global statistics.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "myriad/classifier/margin.h"
+
+namespace myriad::cuda {
+
+// Embeddings up to this width keep a CTA's 128 rows of x̂ in shared memory.
+constexpr int kFusedMaxDim = 512;
+
+// Whether `device` runs the fused kernels for `dim`-wide embeddings: compute capability 9.0,
+// dim a multiple of 8 and at most kFusedMaxDim.
+bool fused_softmax_applies(int device, int dim);
+
+// How many parts of the classes fused_logit_stats reports for this shape on `device`: rows of
+// group_max and group_sum.
+int fused_logit_parts(int device, int64_t batch, int64_t classes);
+
+// x: bf16 [batch, dim] (rows normalised), w: bf16 [classes, dim] with row_scale[j] = 1/|w_j| (or
+// null when w's rows are normalised or the softmax is plain). For every part p and sample b:
+// group_max[p, b] and group_sum[p, b], the max of z over the part's classes and the sum of
+// exp(z - max); target_logit[b] = z at b's target when target_col[b] - begin lies in
+// [0, classes). Runs on the current device, with fused_logit_parts(that device, batch, classes)
+// parts.
+cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const float* row_scale,
+                              int64_t classes, int dim, const int64_t* target_col, int64_t begin,
+                              MarginParams params, float* group_max, float* group_sum,
+                              float* target_logit, cudaStream_t stream);
+
+// The logits' gradient as chunk_grad computes it from stored logits: logit_grad[j, b] (bf16,
+// class-major [classes, batch]) = coef (softmax - one-hot) dz/dcos row_scale[j], with the
+// softmax from the global row_max and row_inv_sum [batch]; coef is one float on the device.
+cudaError_t fused_logit_grad(const void* x, int64_t batch, const void* w, const float* row_scale,
+                             int64_t classes, int dim, const int64_t* target_col, int64_t begin,
+                             const float* row_max, const float* row_inv_sum, const float* coef,
+                             MarginParams params, void* logit_grad, cudaStream_t stream);
+
+}  // namespace myriad::cuda
