@@ -143,6 +143,13 @@ ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoft
   }
   optimizer_ = std::make_unique<ShardOptimizer>(options.optimizer, rows, options.embedding_size,
                                                 device, first, options.seed);
+  fused_ = options.fused_kernels &&
+           fused_chunks_apply(device, options.embedding_size, options.gemm_dtype);
+}
+
+std::string ShardedMarginSoftmax::kernels() const {
+  if (fused_) return "fused Hopper kernels, logits never in memory";
+  return device_.is_cuda() ? "GEMMs and softmax kernels" : "LibTorch on the CPU";
 }
 
 ShardedMarginSoftmax::~ShardedMarginSoftmax() = default;
@@ -281,6 +288,7 @@ void ShardedMarginSoftmax::choose_rows(Step& step, const torch::Tensor& y) {
   const int64_t gemm_bytes = static_cast<int64_t>(torch::elementSize(options_.gemm_dtype));
   step.plan = plan_chunks(step.active_rows, step.batch, options_.embedding_size, gemm_bytes, source,
                           options_.workspace_bytes);
+  if (fused_) step.plan.cache = false;  // backward recomputes the logits in registers
   last_plan_ = step.plan;
 }
 
@@ -297,6 +305,12 @@ ShardedMarginSoftmax::RowStatistics ShardedMarginSoftmax::forward_chunks(Step& s
       step.row_scales.push_back(chunk_inv_norms(weight_, begin, end));
     }
     const torch::Tensor scale = step.row_scales.empty() ? torch::Tensor() : step.row_scales.back();
+    if (fused_) {
+      phase("fused_logit_stats");
+      accumulate_fused_chunk_stats(step.xg, rows, scale, step.target_col, begin, params, local.max,
+                                   local.sum, local.target_logit);
+      continue;
+    }
     torch::Tensor dot = torch::empty({end - begin, step.batch}, f32);
     phase("gemm_logits");
     gemm_f32(dot, rows, false, step.xg, true, false);
@@ -371,29 +385,41 @@ ShardedMarginSoftmax::GradientScale ShardedMarginSoftmax::gradient_scale(const t
   return g;
 }
 
+torch::Tensor ShardedMarginSoftmax::chunk_logits(Step& step, int64_t c, int64_t begin, int64_t end,
+                                                torch::Tensor& dot) {
+  if (step.plan.cache) {
+    dot = std::move(step.cached_dot[c]);
+    return std::move(step.cached_rows[c]);
+  }
+  phase("prepare_rows");
+  torch::Tensor rows = chunk_rows(step, begin, end);
+  if (fused_) return rows;  // the fused kernel recomputes the logits itself
+  dot = torch::empty({end - begin, step.batch}, step.xg.options().dtype(torch::kFloat32));
+  phase("gemm_logits");
+  gemm_f32(dot, rows, false, step.xg, true, false);
+  return rows;
+}
+
 void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn,
                                            bool update) {
   const MarginParams params = options_.margin.params();
   for (int64_t c = 0; c < step.plan.chunks; ++c) {
     const int64_t begin = c * step.plan.chunk_rows;
     const int64_t end = std::min(begin + step.plan.chunk_rows, step.active_rows);
-    torch::Tensor rows, dot;
-    if (step.plan.cache) {
-      rows = std::move(step.cached_rows[c]);
-      dot = std::move(step.cached_dot[c]);
-    } else {
-      phase("prepare_rows");
-      rows = chunk_rows(step, begin, end);
-      dot = torch::empty({end - begin, step.batch}, step.xg.options().dtype(torch::kFloat32));
-      phase("gemm_logits");
-      gemm_f32(dot, rows, false, step.xg, true, false);
-    }
+    torch::Tensor dot;
+    torch::Tensor rows = chunk_logits(step, c, begin, end, dot);
     const torch::Tensor scale = step.row_scales.empty() ? torch::Tensor() : step.row_scales[c];
-    phase("logit_grad");
-    const torch::Tensor logit_grad =
-        chunk_logit_grad(dot, scale, step.target_col, begin, step.row_max, step.row_inv_sum, g.coef,
-                         params, options_.gemm_dtype);
-    dot = torch::Tensor();
+    torch::Tensor logit_grad;
+    if (fused_) {
+      phase("fused_logit_grad");
+      logit_grad = fused_chunk_logit_grad(step.xg, rows, scale, step.target_col, begin,
+                                          step.row_max, step.row_inv_sum, g.coef, params);
+    } else {
+      phase("logit_grad");
+      logit_grad = chunk_logit_grad(dot, scale, step.target_col, begin, step.row_max,
+                                    step.row_inv_sum, g.coef, params, options_.gemm_dtype);
+      dot = torch::Tensor();
+    }
     if (dxn != nullptr) {
       phase("gemm_feature_grad");
       gemm_f32_long_k(*dxn, logit_grad, rows, true);

@@ -12,6 +12,9 @@
 
 #include "cuda/kernels.h"
 #endif
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+#include "cuda/hopper/fused_softmax.h"
+#endif
 
 namespace myriad {
 
@@ -102,23 +105,37 @@ torch::Tensor chunk_inv_norms(const torch::Tensor& weight, int64_t begin, int64_
   return weight.slice(0, begin, end).to(torch::kFloat32).square().sum(1).clamp_min(1e-24).rsqrt();
 }
 
+namespace {
+
+// Folds per-tile statistics [tiles, B] into the running ones: the chunk's max and sum first,
+// then both sums rescaled to the new maximum.
+void merge_tile_stats(torch::Tensor& tile_max, torch::Tensor& tile_sum, torch::Tensor& row_max,
+                      torch::Tensor& row_sum) {
+  const torch::Tensor chunk_max = std::get<0>(tile_max.max(0));
+  const torch::Tensor chunk_sum = tile_sum.mul_(tile_max.sub_(chunk_max.unsqueeze(0)).exp_()).sum(0);
+  const torch::Tensor merged_max = torch::maximum(row_max, chunk_max);
+  row_sum.mul_(row_max.sub_(merged_max).exp_())
+      .add_(chunk_sum.mul_(chunk_max.sub_(merged_max).exp_()));
+  row_max.copy_(merged_max);
+}
+
+}  // namespace
+
 void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& row_scale,
                             const torch::Tensor& target_col, int64_t begin,
                             const MarginParams& params, torch::Tensor& row_max,
                             torch::Tensor& row_sum, torch::Tensor& target_logit) {
-  torch::Tensor chunk_max, chunk_sum;
+  torch::Tensor tile_max, tile_sum;
 #ifdef MYRIAD_WITH_CUDA
   if (dot.is_cuda()) {
     const int64_t tile_rows = cuda::softmax_tile_rows(dot.size(0), dot.size(1));
     const int64_t tiles = (dot.size(0) + tile_rows - 1) / tile_rows;
-    torch::Tensor tile_max = torch::empty({tiles, dot.size(1)}, dot.options());
-    torch::Tensor tile_sum = torch::empty({tiles, dot.size(1)}, dot.options());
+    tile_max = torch::empty({tiles, dot.size(1)}, dot.options());
+    tile_sum = torch::empty({tiles, dot.size(1)}, dot.options());
     MYRIAD_CHECK_CUDA(cuda::chunk_stats(
         dot.data_ptr<float>(), scale_pointer(row_scale), dot.size(0), dot.size(1),
         target_col.data_ptr<int64_t>(), begin, params, tile_max.data_ptr<float>(),
         tile_sum.data_ptr<float>(), target_logit.data_ptr<float>(), stream_of(dot)));
-    chunk_max = std::get<0>(tile_max.max(0));
-    chunk_sum = tile_sum.mul_(tile_max.sub_(chunk_max.unsqueeze(0)).exp_()).sum(0);
   }
 #endif
   if (!dot.is_cuda()) {
@@ -127,14 +144,10 @@ void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& row_s
     const ChunkTargets t = chunk_targets(cosine, target_col, begin, params);
     z.index_put_({t.rows, t.cols}, t.z);
     target_logit.index_put_({t.cols}, t.z);
-    chunk_max = std::get<0>(z.max(0));
-    chunk_sum = z.sub_(chunk_max.unsqueeze(0)).exp_().sum(0);
+    tile_max = std::get<0>(z.max(0, true));
+    tile_sum = z.sub_(tile_max).exp_().sum(0, true);
   }
-  // Merge with what earlier chunks saw: rescale both sums to the new maximum.
-  const torch::Tensor merged_max = torch::maximum(row_max, chunk_max);
-  row_sum.mul_(row_max.sub_(merged_max).exp_())
-      .add_(chunk_sum.mul_(chunk_max.sub_(merged_max).exp_()));
-  row_max.copy_(merged_max);
+  merge_tile_stats(tile_max, tile_sum, row_max, row_sum);
 }
 
 torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& row_scale,
@@ -165,6 +178,75 @@ torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& ro
   grad.index_put_({t.rows, t.cols}, target_grad);
   if (row_scale.defined()) grad.mul_(row_scale.unsqueeze(1));
   return grad.to(dtype);
+}
+
+bool fused_chunks_apply(const torch::Device& device, int64_t dim, torch::ScalarType gemm_dtype) {
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+  return device.is_cuda() && gemm_dtype == torch::kBFloat16 &&
+         cuda::fused_softmax_applies(device.index() < 0 ? 0 : device.index(),
+                                     static_cast<int>(dim));
+#else
+  (void)device, (void)dim, (void)gemm_dtype;
+  return false;
+#endif
+}
+
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+namespace {
+
+void check_fused_operands(const torch::Tensor& x, const torch::Tensor& rows) {
+  MYRIAD_CHECK(x.scalar_type() == torch::kBFloat16 && rows.scalar_type() == torch::kBFloat16 &&
+                   x.is_contiguous() && rows.is_contiguous() && x.size(1) == rows.size(1),
+               "the fused classifier kernels take contiguous bfloat16 operands of one width");
+}
+
+}  // namespace
+#endif
+
+void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& rows,
+                                  const torch::Tensor& row_scale, const torch::Tensor& target_col,
+                                  int64_t begin, const MarginParams& params,
+                                  torch::Tensor& row_max, torch::Tensor& row_sum,
+                                  torch::Tensor& target_logit) {
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+  check_fused_operands(x, rows);
+  const auto f32 = x.options().dtype(torch::kFloat32);
+  const int parts = cuda::fused_logit_parts(x.device().index(), x.size(0), rows.size(0));
+  torch::Tensor part_max = torch::empty({parts, x.size(0)}, f32);
+  torch::Tensor part_sum = torch::empty({parts, x.size(0)}, f32);
+  MYRIAD_CHECK_CUDA(cuda::fused_logit_stats(
+      x.data_ptr(), x.size(0), rows.data_ptr(), scale_pointer(row_scale), rows.size(0),
+      static_cast<int>(x.size(1)), target_col.data_ptr<int64_t>(), begin, params,
+      part_max.data_ptr<float>(), part_sum.data_ptr<float>(), target_logit.data_ptr<float>(),
+      stream_of(x)));
+  merge_tile_stats(part_max, part_sum, row_max, row_sum);
+#else
+  (void)x, (void)rows, (void)row_scale, (void)target_col, (void)begin, (void)params,
+      (void)row_max, (void)row_sum, (void)target_logit;
+  MYRIAD_THROW("this build has no fused classifier kernels");
+#endif
+}
+
+torch::Tensor fused_chunk_logit_grad(const torch::Tensor& x, const torch::Tensor& rows,
+                                     const torch::Tensor& row_scale,
+                                     const torch::Tensor& target_col, int64_t begin,
+                                     const torch::Tensor& row_max,
+                                     const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
+                                     const MarginParams& params) {
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+  check_fused_operands(x, rows);
+  torch::Tensor out = torch::empty({rows.size(0), x.size(0)}, x.options());
+  MYRIAD_CHECK_CUDA(cuda::fused_logit_grad(
+      x.data_ptr(), x.size(0), rows.data_ptr(), scale_pointer(row_scale), rows.size(0),
+      static_cast<int>(x.size(1)), target_col.data_ptr<int64_t>(), begin,
+      row_max.data_ptr<float>(), row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params,
+      out.data_ptr(), stream_of(x)));
+  return out;
+#else
+  (void)x, (void)rows, (void)row_scale, (void)target_col, (void)begin, (void)row_max,
+      (void)row_inv_sum, (void)coef, (void)params;
+  MYRIAD_THROW("this build has no fused classifier kernels");
+#endif
 }
 
 }  // namespace myriad

@@ -42,4 +42,26 @@ torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& ro
                                const torch::Tensor& coef, const MarginParams& params,
                                torch::ScalarType dtype);
 
+// Whether the fused Hopper kernels (cuda/hopper/fused_softmax.h) run this classifier: a GPU of
+// compute capability 9.0 in a build that has them, bfloat16 GEMMs, and an embedding size that
+// is a multiple of 8 up to 512. They take the place of the logits' GEMM with
+// accumulate_chunk_stats in forward, and of the recomputed GEMM with chunk_logit_grad in
+// backward, on the same operands; the logits never reach memory.
+bool fused_chunks_apply(const torch::Device& device, int64_t dim, torch::ScalarType gemm_dtype);
+
+// accumulate_chunk_stats from the operands: `x` [B, D] and `rows` [c, D], bfloat16.
+void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& rows,
+                                  const torch::Tensor& row_scale, const torch::Tensor& target_col,
+                                  int64_t begin, const MarginParams& params,
+                                  torch::Tensor& row_max, torch::Tensor& row_sum,
+                                  torch::Tensor& target_logit);
+
+// chunk_logit_grad from the operands, in bfloat16.
+torch::Tensor fused_chunk_logit_grad(const torch::Tensor& x, const torch::Tensor& rows,
+                                     const torch::Tensor& row_scale,
+                                     const torch::Tensor& target_col, int64_t begin,
+                                     const torch::Tensor& row_max,
+                                     const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
+                                     const MarginParams& params);
+
 }  // namespace myriad

@@ -327,7 +327,7 @@ void Run::log_start(int64_t global_batch) const {
   const std::string placement = context_.placement(device_);
   log_info(
       "myriad-train: {}; {}{} (backbone {}, {:.1f}M parameters, {:.2f}G multiply-adds per image, "
-      "{}{}, {} gradient buckets{}), {} classes ({} per rank), {}",
+      "{}{}, {} gradient buckets{}), {} classes ({} per rank, {}), {}",
       placement, to_string(c_.precision), precision_was_auto_ ? " (--precision auto)" : "",
       c_.backbone, backbone_params / 1e6, backbone_->multiply_adds() / 1e9,
       backbone_->channels_last() ? "channels-last" : "NCHW",
@@ -335,7 +335,8 @@ void Run::log_start(int64_t global_batch) const {
       c_.grad_comm_dtype == torch::kFloat32
           ? ""
           : std::string(", all-reduced in ") + float_dtype_name(c_.grad_comm_dtype),
-      classes_, classifier_->partition().size(context_.rank()), c_.margin.describe());
+      classes_, classifier_->partition().size(context_.rank()), classifier_->kernels(),
+      c_.margin.describe());
   log_info(
       "data {} ({} images {}x{}x{}), global batch {} ({} per {}), {} steps per epoch, {} steps",
       data_->info().name, data_->info().size, data_->info().channels, data_->info().height,

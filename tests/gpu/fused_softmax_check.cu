@@ -291,7 +291,8 @@ int main(int argc, char** argv) {
     failed += check(128, 1024, 512, cos, false);
     failed += check(77, 700, 136, arc, true);
     failed += check(300, 2500, 256, plain, false);
-    failed += check(140, 40000, 128, arc, true);  // many tiles per part
+    failed += check(140, 40000, 128, arc, true);  // several tiles per part
+    failed += check(64, 200000, 64, cos, true);   // a dozen tiles per part
     return failed == 0 ? 0 : 1;
   }
   for (int64_t batch : {128, 512, 1024})

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "myriad/classifier/chunk_plan.h"
@@ -52,6 +53,9 @@ struct ShardedSoftmaxOptions {
   // Initial weights are normal(0, init_std), drawn per global element so that they do not
   // depend on the number of ranks.
   double init_std = 0.01;
+  // Run the fused Hopper kernels where they apply (see kernels()); false keeps the GEMMs and
+  // softmax kernels everywhere.
+  bool fused_kernels = true;
 };
 
 // The classifier of design §1: this rank's shard W_r [n_r, D] of a margin-softmax classifier
@@ -115,6 +119,11 @@ class ShardedMarginSoftmax {
   void set_inverse_loss_scale(const torch::Tensor& inverse) { inv_loss_scale_ = inverse; }
   // The plan of the latest forward.
   const ChunkPlan& last_plan() const { return last_plan_; }
+  // Which path computes the logits, for the start-up line: the fused Hopper kernels (logits
+  // never in memory; H100 and H200 with bfloat16 GEMMs and D a multiple of 8 up to 512), or
+  // GEMMs with the softmax kernels (or LibTorch operations on the CPU).
+  bool fused() const { return fused_; }
+  std::string kernels() const;
   // Times forward and backward phases ("classifier.*") into `timer` (null: no timing).
   void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }
 
@@ -136,6 +145,7 @@ class ShardedMarginSoftmax {
   std::unique_ptr<Step> pending_;
   std::unique_ptr<Parts> parts_;  // between begin_parts and finish_parts
   int64_t steps_ = 0;
+  bool fused_ = false;
   int64_t forwards_ = 0;          // pairs each backward with its forward
   torch::Tensor inv_loss_scale_;  // undefined: 1
   ChunkPlan last_plan_;
@@ -188,6 +198,9 @@ class ShardedMarginSoftmax {
   // normalisation is applied to the logits instead (1/|w| per class, Step::row_scales), which
   // saves writing and reading a normalised copy; otherwise a normalised copy in the GEMM dtype.
   torch::Tensor chunk_rows(const Step& step, int64_t begin, int64_t end);
+  // Chunk c's GEMM operand rows for backward, and its logits in `dot` (cached, or recomputed;
+  // left undefined for the fused kernels, which recompute them in registers).
+  torch::Tensor chunk_logits(Step& step, int64_t c, int64_t begin, int64_t end, torch::Tensor& dot);
 };
 
 // Rows [first, first + rows) of the classifier's initial weights, in options.weight_dtype:

@@ -120,6 +120,7 @@ class Subject {
   }
 
   const ChunkPlan* plan() const { return sharded_ ? &sharded_->last_plan() : nullptr; }
+  std::string kernels() const { return sharded_ ? sharded_->kernels() : std::string(); }
   void set_phase_timer(PhaseTimer* timer) {
     if (sharded_) sharded_->set_phase_timer(timer);
   }
@@ -186,7 +187,7 @@ struct ClassifierBenchOptions {
 bool parse_classifier_options(const ProcessContext& context, int argc, char** argv,
                               ClassifierBenchOptions& b) {
   po::options_description options("classifier options");
-  std::string classes_text, dtype_name, workspace_text, state_name, weight_name;
+  std::string classes_text, dtype_name, workspace_text, state_name, weight_name, fused_name;
   BenchConfig& config = b.config;
   ShardedSoftmaxOptions& o = config.options;
   // clang-format off
@@ -199,6 +200,7 @@ bool parse_classifier_options(const ProcessContext& context, int argc, char** ar
       ("sample-rate", po::value(&o.sample_rate)->default_value(1.0), "Partial FC negative sampling rate in (0, 1]")
       ("momentum-dtype", po::value(&state_name)->default_value("fp32"), "SGD momentum storage: fp32 or bf16")
       ("weight-dtype", po::value(&weight_name)->default_value("fp32"), "classifier weights: fp32, or bf16 with stochastic rounding")
+      ("fused", po::value(&fused_name)->default_value("on"), "on: the fused Hopper kernels where they apply; off: GEMMs and softmax kernels")
       ("naive", po::bool_switch(&config.naive), "benchmark the naive baseline (logits gathered to rank 0)")
       ("steps", po::value(&config.steps)->default_value(20), "timed steps")
       ("warmup", po::value(&config.warmup)->default_value(5), "untimed steps first")
@@ -229,6 +231,9 @@ bool parse_classifier_options(const ProcessContext& context, int argc, char** ar
     throw UsageError("--momentum-dtype must be fp32 or bf16");
   o.weight_dtype = parse_float_dtype(weight_name);
   if (o.weight_dtype == torch::kFloat16) throw UsageError("--weight-dtype must be fp32 or bf16");
+  if (fused_name != "on" && fused_name != "off")
+    throw UsageError("--fused must be on or off, got '" + fused_name + "'");
+  o.fused_kernels = fused_name == "on";
   return true;
 }
 
@@ -250,6 +255,7 @@ struct StepResult {
   int64_t shard_rows = 0;
   int64_t global_batch = 0;
   std::optional<ChunkPlan> plan;  // myriad's classifier only
+  std::string kernels;
   RankSpread step_ms, rate, peak;
   Floor floor{};
 };
@@ -263,6 +269,7 @@ StepResult summarise(const ProcessContext& context, const Communicator& comm,
   r.shard_rows = ClassPartition(o.num_classes, comm.size()).size(comm.rank());
   r.global_batch = config.local_batch * comm.size();
   if (subject.plan() != nullptr) r.plan = *subject.plan();
+  r.kernels = subject.kernels();
   r.step_ms = spread_over_ranks(per_step * 1e3, context);
   const double tflops = 6.0 * r.global_batch * o.embedding_size * r.shard_rows / (per_step * 1e12);
   r.rate = spread_over_ranks(tflops, context);
@@ -289,7 +296,7 @@ void print_configuration(const BenchConfig& config, const StepResult& r, int wor
       c10::toString(o.weight_dtype), c10::toString(o.optimizer.state_dtype),
       format_bytes(o.workspace_bytes).c_str(), device.str().c_str());
   if (r.plan) {
-    std::printf("# plan: %s, %lld chunk(s) of %lld classes\n",
+    std::printf("# plan: %s, %s, %lld chunk(s) of %lld classes\n", r.kernels.c_str(),
                 r.plan->cache ? "cached logits" : "recompute in backward",
                 static_cast<long long>(r.plan->chunks), static_cast<long long>(r.plan->chunk_rows));
   }

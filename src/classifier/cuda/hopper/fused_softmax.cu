@@ -1,7 +1,9 @@
-// The fused forward of the sharded margin softmax on Hopper: logits x̂·Ŵᵀ computed tile by tile
-// with wgmma, scaled, margined and reduced to per-row softmax statistics in registers; only the
-// statistics and the target logits reach memory. The statistics come in parts, [parts, batch],
-// which the combine and the cross-rank reduction take as they take chunk_stats' tiles.
+// The fused kernels of the sharded margin softmax on Hopper: logits x̂·Ŵᵀ computed tile by tile
+// with wgmma and used in registers, never written. Forward scales and margins them and reduces
+// them to per-row softmax statistics; only the statistics and the target logits reach memory,
+// in parts, [parts, batch], which the combine and the cross-rank reduction take as they take
+// chunk_stats' tiles. Backward recomputes them and writes the logits' gradient from the global
+// statistics, in bf16 for the dX and dW GEMMs.
 //
 // The grid is persistent: CTA (row block r, lane l) keeps r's 128 rows of x̂ in shared memory and
 // walks lane l's contiguous range of class tiles, the weights arriving through a TMA ring. The
