@@ -386,7 +386,7 @@ ShardedMarginSoftmax::GradientScale ShardedMarginSoftmax::gradient_scale(const t
 }
 
 torch::Tensor ShardedMarginSoftmax::chunk_logits(Step& step, int64_t c, int64_t begin, int64_t end,
-                                                torch::Tensor& dot) {
+                                                 torch::Tensor& dot) {
   if (step.plan.cache) {
     dot = std::move(step.cached_dot[c]);
     return std::move(step.cached_rows[c]);

@@ -112,7 +112,8 @@ namespace {
 void merge_tile_stats(torch::Tensor& tile_max, torch::Tensor& tile_sum, torch::Tensor& row_max,
                       torch::Tensor& row_sum) {
   const torch::Tensor chunk_max = std::get<0>(tile_max.max(0));
-  const torch::Tensor chunk_sum = tile_sum.mul_(tile_max.sub_(chunk_max.unsqueeze(0)).exp_()).sum(0);
+  const torch::Tensor chunk_sum =
+      tile_sum.mul_(tile_max.sub_(chunk_max.unsqueeze(0)).exp_()).sum(0);
   const torch::Tensor merged_max = torch::maximum(row_max, chunk_max);
   row_sum.mul_(row_max.sub_(merged_max).exp_())
       .add_(chunk_sum.mul_(chunk_max.sub_(merged_max).exp_()));
@@ -205,9 +206,8 @@ void check_fused_operands(const torch::Tensor& x, const torch::Tensor& rows) {
 
 void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& rows,
                                   const torch::Tensor& row_scale, const torch::Tensor& target_col,
-                                  int64_t begin, const MarginParams& params,
-                                  torch::Tensor& row_max, torch::Tensor& row_sum,
-                                  torch::Tensor& target_logit) {
+                                  int64_t begin, const MarginParams& params, torch::Tensor& row_max,
+                                  torch::Tensor& row_sum, torch::Tensor& target_logit) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
   check_fused_operands(x, rows);
   const auto f32 = x.options().dtype(torch::kFloat32);
@@ -221,8 +221,8 @@ void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& r
       stream_of(x)));
   merge_tile_stats(part_max, part_sum, row_max, row_sum);
 #else
-  (void)x, (void)rows, (void)row_scale, (void)target_col, (void)begin, (void)params,
-      (void)row_max, (void)row_sum, (void)target_logit;
+  (void)x, (void)rows, (void)row_scale, (void)target_col, (void)begin, (void)params, (void)row_max,
+      (void)row_sum, (void)target_logit;
   MYRIAD_THROW("this build has no fused classifier kernels");
 #endif
 }
@@ -230,17 +230,15 @@ void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& r
 torch::Tensor fused_chunk_logit_grad(const torch::Tensor& x, const torch::Tensor& rows,
                                      const torch::Tensor& row_scale,
                                      const torch::Tensor& target_col, int64_t begin,
-                                     const torch::Tensor& row_max,
-                                     const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
-                                     const MarginParams& params) {
+                                     const torch::Tensor& row_max, const torch::Tensor& row_inv_sum,
+                                     const torch::Tensor& coef, const MarginParams& params) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
   check_fused_operands(x, rows);
   torch::Tensor out = torch::empty({rows.size(0), x.size(0)}, x.options());
   MYRIAD_CHECK_CUDA(cuda::fused_logit_grad(
       x.data_ptr(), x.size(0), rows.data_ptr(), scale_pointer(row_scale), rows.size(0),
-      static_cast<int>(x.size(1)), target_col.data_ptr<int64_t>(), begin,
-      row_max.data_ptr<float>(), row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params,
-      out.data_ptr(), stream_of(x)));
+      static_cast<int>(x.size(1)), target_col.data_ptr<int64_t>(), begin, row_max.data_ptr<float>(),
+      row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params, out.data_ptr(), stream_of(x)));
   return out;
 #else
   (void)x, (void)rows, (void)row_scale, (void)target_col, (void)begin, (void)row_max,

@@ -52,16 +52,14 @@ bool fused_chunks_apply(const torch::Device& device, int64_t dim, torch::ScalarT
 // accumulate_chunk_stats from the operands: `x` [B, D] and `rows` [c, D], bfloat16.
 void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& rows,
                                   const torch::Tensor& row_scale, const torch::Tensor& target_col,
-                                  int64_t begin, const MarginParams& params,
-                                  torch::Tensor& row_max, torch::Tensor& row_sum,
-                                  torch::Tensor& target_logit);
+                                  int64_t begin, const MarginParams& params, torch::Tensor& row_max,
+                                  torch::Tensor& row_sum, torch::Tensor& target_logit);
 
 // chunk_logit_grad from the operands, in bfloat16.
 torch::Tensor fused_chunk_logit_grad(const torch::Tensor& x, const torch::Tensor& rows,
                                      const torch::Tensor& row_scale,
                                      const torch::Tensor& target_col, int64_t begin,
-                                     const torch::Tensor& row_max,
-                                     const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
-                                     const MarginParams& params);
+                                     const torch::Tensor& row_max, const torch::Tensor& row_inv_sum,
+                                     const torch::Tensor& coef, const MarginParams& params);
 
 }  // namespace myriad

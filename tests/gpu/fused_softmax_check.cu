@@ -18,13 +18,13 @@
 
 using myriad::MarginParams;
 
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    const cudaError_t rc_ = (x);                                                          \
-    if (rc_ != cudaSuccess) {                                                             \
+#define CHECK(x)                                                                                \
+  do {                                                                                          \
+    const cudaError_t rc_ = (x);                                                                \
+    if (rc_ != cudaSuccess) {                                                                   \
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(rc_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
+      std::exit(1);                                                                             \
+    }                                                                                           \
   } while (0)
 
 namespace {
@@ -47,7 +47,8 @@ Problem make_problem(int64_t batch, int64_t classes, int dim, uint64_t seed, boo
     std::vector<float> v(dim);
     double norm = 0;
     for (float& e : v) e = normal(rng), norm += double(e) * e;
-    for (int k = 0; k < dim; ++k) p.x[b * dim + k] = __float2bfloat16(float(v[k] / std::sqrt(norm)));
+    for (int k = 0; k < dim; ++k)
+      p.x[b * dim + k] = __float2bfloat16(float(v[k] / std::sqrt(norm)));
   }
   p.w.resize(classes * dim);
   p.scale.resize(classes);
@@ -114,8 +115,10 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
         dot += double(__bfloat162float(p.x[b * dim + k])) * __bfloat162float(p.w[j * dim + k]);
       const float cosine = float(dot) * (scaled ? p.scale[j] : 1.0f);
       float zf, unused;
-      if (j == p.target[b] - p.begin) myriad::margin_target(cosine, params, &zf, &unused);
-      else zf = myriad::margin_other(cosine, params);
+      if (j == p.target[b] - p.begin)
+        myriad::margin_target(cosine, params, &zf, &unused);
+      else
+        zf = myriad::margin_other(cosine, params);
       z[j] = zf;
       m = std::max(m, z[j]);
     }
@@ -124,8 +127,10 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
     ref_max[b] = m;
     ref_sum[b] = s;
     const int64_t tj = p.target[b] - p.begin;
-    if (tj >= 0 && tj < classes) worst_t = std::max(worst_t, double(std::fabs(got_t[b] - z[tj])));
-    else if (!std::isnan(got_t[b])) ++bad_t;
+    if (tj >= 0 && tj < classes)
+      worst_t = std::max(worst_t, double(std::fabs(got_t[b] - z[tj])));
+    else if (!std::isnan(got_t[b]))
+      ++bad_t;
     double gm = -INFINITY, gs = 0;
     for (int q = 0; q < parts; ++q) gm = std::max(gm, double(got_max[q * batch + b]));
     for (int q = 0; q < parts; ++q)
@@ -137,7 +142,8 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
   // The gradient from the reference's statistics (as float32, what the all-reduce delivers):
   // coef (softmax - one-hot) dz/dcos / |w_j|.
   std::vector<float> row_max(batch), row_inv_sum(batch);
-  for (int64_t b = 0; b < batch; ++b) row_max[b] = float(ref_max[b]), row_inv_sum[b] = float(1 / ref_sum[b]);
+  for (int64_t b = 0; b < batch; ++b)
+    row_max[b] = float(ref_max[b]), row_inv_sum[b] = float(1 / ref_sum[b]);
   const std::vector<float> coef{3.7f / float(batch)};
   float* d_max = to_device(row_max);
   float* d_inv = to_device(row_inv_sum);
@@ -160,9 +166,11 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
       for (int k = 0; k < dim; ++k)
         cosine += double(__bfloat162float(p.x[b * dim + k])) * __bfloat162float(p.w[j * dim + k]);
       float zf, dz = params.normalized ? params.scale : 1.0f;
-      if (j == p.target[b] - p.begin) myriad::margin_target(float(cosine * dot_scale), params, &zf, &dz);
+      if (j == p.target[b] - p.begin)
+        myriad::margin_target(float(cosine * dot_scale), params, &zf, &dz);
       const double softmax = std::exp(all_z[b * classes + j] - row_max[b]) * row_inv_sum[b];
-      const double g = coef[0] * (softmax - (j == p.target[b] - p.begin ? 1.0 : 0.0)) * dz * dot_scale;
+      const double g =
+          coef[0] * (softmax - (j == p.target[b] - p.begin ? 1.0 : 0.0)) * dz * dot_scale;
       ref_grad[j * batch + b] = g;
       largest = std::max(largest, std::fabs(g));
     }
@@ -177,13 +185,14 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
   cudaFree(d_max), cudaFree(d_inv), cudaFree(d_coef), cudaFree(grad);
   // bf16 products summed in float32 against float64: cosines within about 1e-6, so z = 64 cos
   // within 1e-4; exp then within 1e-4 relative.
-  const bool ok = worst_max < 2e-3 && worst_sum < 2e-3 && worst_t < 2e-3 && bad_t == 0 &&
-                  worst_grad < 1e-2;
-  std::printf("check batch %lld classes %lld dim %d parts %d (m2 %.2f m3 %.2f%s%s): worst |max| "
-              "%.2e, sum rel %.2e, target %.2e, stray targets %d, gradient %.2e: %s\n",
-              (long long)batch, (long long)classes, dim, parts, params.m2, params.m3,
-              params.normalized ? "" : ", plain", scaled ? ", row scales" : "", worst_max,
-              worst_sum, worst_t, bad_t, worst_grad, ok ? "ok" : "FAILED");
+  const bool ok =
+      worst_max < 2e-3 && worst_sum < 2e-3 && worst_t < 2e-3 && bad_t == 0 && worst_grad < 1e-2;
+  std::printf(
+      "check batch %lld classes %lld dim %d parts %d (m2 %.2f m3 %.2f%s%s): worst |max| "
+      "%.2e, sum rel %.2e, target %.2e, stray targets %d, gradient %.2e: %s\n",
+      (long long)batch, (long long)classes, dim, parts, params.m2, params.m3,
+      params.normalized ? "" : ", plain", scaled ? ", row scales" : "", worst_max, worst_sum,
+      worst_t, bad_t, worst_grad, ok ? "ok" : "FAILED");
   cudaFree(x), cudaFree(w), cudaFree(scale), cudaFree(target), cudaFree(gmax), cudaFree(gsum),
       cudaFree(tlogit);
   return ok ? 0 : 1;
@@ -234,20 +243,24 @@ void time_case(int64_t batch, int64_t classes, int dim) {
   CHECK(cudaMalloc(&tl, batch * 4));
   MarginParams params;
   params.m2 = 0.5f;
-  const float fused = time_ms([&] {
-    CHECK(myriad::cuda::fused_logit_stats(x, batch, w, nullptr, classes, dim, t, p.begin, params,
-                                          gmax, gsum, tl, nullptr));
-  }, 10);
+  const float fused = time_ms(
+      [&] {
+        CHECK(myriad::cuda::fused_logit_stats(x, batch, w, nullptr, classes, dim, t, p.begin,
+                                              params, gmax, gsum, tl, nullptr));
+      },
+      10);
   std::vector<float> ones(batch, 1.0f);
   float* row_max = to_device(ones);
   float* inv_sum = to_device(ones);
   float* coef = to_device(std::vector<float>{1.0f / float(batch)});
   __nv_bfloat16* grad;
   CHECK(cudaMalloc(&grad, classes * batch * 2));
-  const float fused_grad = time_ms([&] {
-    CHECK(myriad::cuda::fused_logit_grad(x, batch, w, nullptr, classes, dim, t, p.begin, row_max,
-                                         inv_sum, coef, params, grad, nullptr));
-  }, 10);
+  const float fused_grad = time_ms(
+      [&] {
+        CHECK(myriad::cuda::fused_logit_grad(x, batch, w, nullptr, classes, dim, t, p.begin,
+                                             row_max, inv_sum, coef, params, grad, nullptr));
+      },
+      10);
   cudaFree(row_max), cudaFree(inv_sum), cudaFree(coef), cudaFree(grad);
   // cuBLAS: the logits of a chunk of 1M classes as today's path computes them (bf16 in, float32
   // out, class-major), scaled to all classes.
@@ -257,18 +270,24 @@ void time_case(int64_t batch, int64_t classes, int dim) {
   cublasHandle_t h;
   cublasCreate(&h);
   const float one = 1, zero = 0;
-  const float gemm = time_ms([&] {
-    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(batch), int(chunk), dim, &one, x, CUDA_R_16BF, dim,
-                 w, CUDA_R_16BF, dim, &zero, logits, CUDA_R_32F, int(batch), CUBLAS_COMPUTE_32F,
-                 CUBLAS_GEMM_DEFAULT);
-  }, 10) * double(classes) / chunk;
+  const float gemm =
+      time_ms(
+          [&] {
+            cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(batch), int(chunk), dim, &one, x,
+                         CUDA_R_16BF, dim, w, CUDA_R_16BF, dim, &zero, logits, CUDA_R_32F,
+                         int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          },
+          10) *
+      double(classes) / chunk;
   const double flop = 2.0 * batch * classes * dim;
-  std::printf("time batch %lld classes %lld dim %d: statistics %.3f ms (%.0f TFLOP/s), gradient "
-              "%.3f ms (%.0f TFLOP/s), cuBLAS logits GEMM alone %.3f ms (%.0f TFLOP/s)\n",
-              (long long)batch, (long long)classes, dim, fused, flop / fused / 1e9, fused_grad,
-              flop / fused_grad / 1e9, gemm, flop / gemm / 1e9);
+  std::printf(
+      "time batch %lld classes %lld dim %d: statistics %.3f ms (%.0f TFLOP/s), gradient "
+      "%.3f ms (%.0f TFLOP/s), cuBLAS logits GEMM alone %.3f ms (%.0f TFLOP/s)\n",
+      (long long)batch, (long long)classes, dim, fused, flop / fused / 1e9, fused_grad,
+      flop / fused_grad / 1e9, gemm, flop / gemm / 1e9);
   cublasDestroy(h);
-  cudaFree(logits), cudaFree(x), cudaFree(w), cudaFree(t), cudaFree(gmax), cudaFree(gsum), cudaFree(tl);
+  cudaFree(logits), cudaFree(x), cudaFree(w), cudaFree(t), cudaFree(gmax), cudaFree(gsum),
+      cudaFree(tl);
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 // its tile while the other's products run.
 
 #include <cuda.h>
-#include <cuda_bf16.h>
 #include <cudaTypedefs.h>
+#include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
@@ -29,8 +29,8 @@ namespace {
 
 using namespace hopper;
 
-constexpr int kRows = 128;     // samples per CTA
-constexpr int kTile = 128;     // classes per tile
+constexpr int kRows = 128;  // samples per CTA
+constexpr int kTile = 128;  // classes per tile
 constexpr int kWarpgroup = 128;
 constexpr int kConsumers = 2 * kWarpgroup;
 constexpr int kThreads = kConsumers + kWarpgroup;  // and one producer warpgroup
@@ -379,8 +379,10 @@ struct Consumer {
     for (int64_t n = warpgroup; n < tiles; n += 2) {
       float acc[2][64];
       multiply(acc, n, tiles);
-      if constexpr (kGrad) gradient(acc, range.first + n, n);
-      else statistics(acc, range.first + n, n);
+      if constexpr (kGrad)
+        gradient(acc, range.first + n, n);
+      else
+        statistics(acc, range.first + n, n);
     }
   }
 
@@ -424,8 +426,8 @@ struct Consumer {
 template <int kKBlocks, bool kGrad>
 __global__ void __launch_bounds__(kThreads, 1)
     fused_softmax_kernel(const __grid_constant__ CUtensorMap x_map,
-                         const __grid_constant__ CUtensorMap w_map, int64_t classes,
-                         int64_t batch, MarginParams params, int lanes, Io io) {
+                         const __grid_constant__ CUtensorMap w_map, int64_t classes, int64_t batch,
+                         MarginParams params, int lanes, Io io) {
   using S = Shared<kKBlocks>;
   S& s = shared_storage<S>();
   const int row_blocks = static_cast<int>(gridDim.x) / lanes;
@@ -452,9 +454,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       produce(s, &x_map, &w_map, io.row_scale, classes, row0, range);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    Consumer<kKBlocks, kGrad> c{s,       static_cast<int>(threadIdx.x / kWarpgroup),
+    Consumer<kKBlocks, kGrad> c{s,
+                                static_cast<int>(threadIdx.x / kWarpgroup),
                                 static_cast<int>(threadIdx.x % kWarpgroup),
-                                classes, batch, params, io,
+                                classes,
+                                batch,
+                                params,
+                                io,
                                 params.normalized ? params.scale : 1.0f};
     c.start(row0);
     barrier_wait(&s.x_full, 0);
@@ -469,17 +475,16 @@ cudaError_t driver_encode(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     cudaDriverEntryPointQueryResult found;
-    const cudaError_t rc = cudaGetDriverEntryPointByVersion(
-        "cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000, cudaEnableDefault,
-        &found);
+    const cudaError_t rc = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled",
+                                                            reinterpret_cast<void**>(&encode),
+                                                            12000, cudaEnableDefault, &found);
     if (rc != cudaSuccess) return rc;
     if (found != cudaDriverEntryPointSuccess) return cudaErrorSymbolNotFound;
   }
   const cuuint32_t steps[2] = {1, 1};
-  const CUresult rc =
-      encode(map, type, rank, const_cast<void*>(data), sizes, strides, box, steps,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult rc = encode(map, type, rank, const_cast<void*>(data), sizes, strides, box, steps,
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return rc == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
@@ -498,8 +503,7 @@ struct Grid {
 };
 Grid grid_for(int device, int64_t batch, int64_t classes) {
   int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    sms = 1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) sms = 1;
   const int64_t row_blocks = (batch + kRows - 1) / kRows;
   const int64_t tiles = (classes + kTile - 1) / kTile;
   int64_t lanes = row_blocks >= sms ? 1 : sms / row_blocks;
@@ -549,15 +553,23 @@ cudaError_t launch(const void* x, int64_t batch, const void* w, int64_t classes,
   };
   switch ((dim + kSwizzleElements - 1) / kSwizzleElements) {
 #ifndef MYRIAD_FUSED_ONLY_512
-    case 1: return run(std::integral_constant<int, 1>{});
-    case 2: return run(std::integral_constant<int, 2>{});
-    case 3: return run(std::integral_constant<int, 3>{});
-    case 4: return run(std::integral_constant<int, 4>{});
-    case 5: return run(std::integral_constant<int, 5>{});
-    case 6: return run(std::integral_constant<int, 6>{});
-    case 7: return run(std::integral_constant<int, 7>{});
+    case 1:
+      return run(std::integral_constant<int, 1>{});
+    case 2:
+      return run(std::integral_constant<int, 2>{});
+    case 3:
+      return run(std::integral_constant<int, 3>{});
+    case 4:
+      return run(std::integral_constant<int, 4>{});
+    case 5:
+      return run(std::integral_constant<int, 5>{});
+    case 6:
+      return run(std::integral_constant<int, 6>{});
+    case 7:
+      return run(std::integral_constant<int, 7>{});
 #endif
-    default: return run(std::integral_constant<int, 8>{});
+    default:
+      return run(std::integral_constant<int, 8>{});
   }
 }
 
@@ -567,13 +579,8 @@ cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const
                               int64_t classes, int dim, const int64_t* target_col, int64_t begin,
                               MarginParams params, float* group_max, float* group_sum,
                               float* target_logit, cudaStream_t stream) {
-  Io io{};
-  io.row_scale = row_scale;
-  io.target_col = target_col;
-  io.begin = begin;
-  io.group_max = group_max;
-  io.group_sum = group_sum;
-  io.target_logit = target_logit;
+  const Io io{row_scale,    target_col, begin,   group_max, group_sum,
+              target_logit, nullptr,    nullptr, nullptr,   nullptr};
   return launch<false>(x, batch, w, classes, dim, params, io, stream);
 }
 
@@ -581,14 +588,8 @@ cudaError_t fused_logit_grad(const void* x, int64_t batch, const void* w, const 
                              int64_t classes, int dim, const int64_t* target_col, int64_t begin,
                              const float* row_max, const float* row_inv_sum, const float* coef,
                              MarginParams params, void* logit_grad, cudaStream_t stream) {
-  Io io{};
-  io.row_scale = row_scale;
-  io.target_col = target_col;
-  io.begin = begin;
-  io.row_max = row_max;
-  io.row_inv_sum = row_inv_sum;
-  io.coef = coef;
-  io.logit_grad = static_cast<__nv_bfloat16*>(logit_grad);
+  const Io io{row_scale, target_col, begin,       nullptr, nullptr,
+              nullptr,   row_max,    row_inv_sum, coef,    static_cast<__nv_bfloat16*>(logit_grad)};
   return launch<true>(x, batch, w, classes, dim, params, io, stream);
 }
 
