@@ -40,20 +40,34 @@ constexpr float kLog2e = 1.4426950408889634f;
 // own (ids 1, 2), and the warpgroups meet to merge their statistics (id 3).
 constexpr int kTurnBarrier = 1;
 constexpr int kMergeBarrier = 3;
+// ... and each warpgroup's threads meet around its staged gradients (ids 4, 5).
+constexpr int kStagingBarrier = 4;
 
-template <int kKBlocks>
+// The gradient kernel stages each warpgroup's gradients in shared memory, a box of 64 classes x
+// 64 samples at a time in the 128-byte swizzle, for bulk tensor stores: whole lines to L2. Stores
+// from registers (2 or 4 bytes each) took the kernel from 6.1 ms without stores to 10.5 (N = 1024,
+// 4M classes, one H200); this takes it to 7.8, of which a stage of the ring, given up for the
+// boxes, costs about 1 (measurements/2026-11-27-h200-gradient-stores).
+struct NoStaging {};
+struct Staging {
+  __nv_bfloat16 box[2][64 * 64];  // per warpgroup, 64 classes x 64 samples
+};
+
+template <int kKBlocks, bool kGrad>
 struct Shared {
+  using Out = std::conditional_t<kGrad, Staging, NoStaging>;
   static constexpr int kXBytes = kKBlocks * kRows * kSwizzleElements * 2;
   static constexpr int kStageBytes = kTile * kSwizzleElements * 2;
-  static constexpr int kRoom =
-      kSharedLimit - kSwizzleAtomBytes - 512 - kXBytes - 2 * kTile * 4 - kRows * 8;
+  static constexpr int kRoom = kSharedLimit - kSwizzleAtomBytes - 512 - kXBytes - 2 * kTile * 4 -
+                               kRows * 8 - static_cast<int>(sizeof(Out));
   static constexpr int kStages = kRoom / kStageBytes < 8 ? kRoom / kStageBytes : 8;
   static_assert(kStages >= 2, "x̂ leaves no room for a weight ring");
 
   __nv_bfloat16 x[kKBlocks][kRows * kSwizzleElements];
   __nv_bfloat16 w[kStages][kTile * kSwizzleElements];
-  float scale[2][kTile];  // 1/|w_j| of the tile each warpgroup works on
-  float2 merge[kRows];    // the second warpgroup's (max, sum) per row, for the first
+  Out out;                            // 1024-aligned: x and w are whole swizzle atoms
+  alignas(16) float scale[2][kTile];  // 1/|w_j| of the tile each warpgroup works on
+  float2 merge[kRows];                // the second warpgroup's (max, sum) per row, for the first
   uint64_t x_full;
   uint64_t full[kStages];
   uint64_t empty[kStages];
@@ -79,10 +93,10 @@ __host__ __device__ inline TileRange lane_tiles(int64_t tiles, int lane, int lan
 // The producer warp: x̂'s rows once, then every weight tile of the range through the stage
 // ring, and each tile's 1/|w_j| for the warpgroup that takes it (tile n: warpgroup n % 2). Lane 0
 // issues the copies.
-template <int kKBlocks>
-__device__ void produce(Shared<kKBlocks>& s, const CUtensorMap* x_map, const CUtensorMap* w_map,
+template <class S>
+__device__ void produce(S& s, const CUtensorMap* x_map, const CUtensorMap* w_map,
                         const float* row_scale, int64_t classes, int64_t row0, TileRange range) {
-  using S = Shared<kKBlocks>;
+  constexpr int kKBlocks = sizeof(S::x) / sizeof(S::x[0]);
   const int lane = threadIdx.x % 32;
   if (lane == 0) {
     barrier_arrive_expect(&s.x_full, S::kXBytes);
@@ -152,12 +166,14 @@ struct Io {
 // exp(z - m) = 2^(v * unit * log2 e - m * log2 e).
 template <int kKBlocks, bool kGrad>
 struct Consumer {
-  Shared<kKBlocks>& s;
+  Shared<kKBlocks, kGrad>& s;
   int warpgroup, t;
   int64_t classes, batch;
   MarginParams params;
   Io io;
-  float unit;  // z per v, and dz/dcos off the target
+  float unit;                  // z per v, and dz/dcos off the target
+  const CUtensorMap* out_map;  // gradient: the bulk stores' map, or null for stores from registers
+  int64_t row0 = 0;
   int64_t row[4], target[4];
   // Statistics: the running max (v units) and sum. Gradient: the row's max in z units times
   // log2 e, and 1 / the row's sum of exponentials.
@@ -166,7 +182,8 @@ struct Consumer {
 
   static __device__ __forceinline__ int row_of(int q, int i) { return 2 * q + (i / 2) % 2; }
 
-  __device__ void start(int64_t row0) {
+  __device__ void start(int64_t first_row) {
+    row0 = first_row;
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       row[r] = row0 + 64 * (r / 2) + fragment_row(t, 2 * (r % 2));
@@ -182,7 +199,7 @@ struct Consumer {
   // Tile n's products into acc, releasing each weight stage as soon as its products are done.
   // The products are issued after the other warpgroup has issued its own tile's.
   __device__ __forceinline__ void multiply(float (&acc)[2][64], int64_t n, int64_t tiles) {
-    using S = Shared<kKBlocks>;
+    using S = Shared<kKBlocks, kGrad>;
     named_sync(kTurnBarrier + warpgroup, kConsumers);
     int it = static_cast<int>(n) * kKBlocks;
     int previous = -1;
@@ -357,9 +374,53 @@ struct Consumer {
     if (scale != nullptr)
       scale_columns(acc, [&](int c) { return *reinterpret_cast<const float2*>(scale + c); });
     release_scales();
-    store(acc, tile);
+    if (out_map != nullptr)
+      store_staged(acc, tile);
+    else
+      store(acc, tile);
   }
 
+  // The tile's gradients through shared memory in four boxes of 64 classes x 64 samples, with
+  // bulk tensor stores, which clip what lies past the last class or sample. One box per
+  // warpgroup: two would cost the weight ring a stage, and measured no faster. A box holds a
+  // class per 128-byte row, its 16-byte chunks swizzled by the class's index mod 8, so that
+  // stmatrix's 8 rows of a matrix land in 8 different chunks.
+  __device__ __forceinline__ void store_staged(const float (&acc)[2][64], int64_t tile) {
+    const int lane = t % 32, matrix = lane / 8;
+    // This lane's row of the stored matrices: class 8 (block) + lane % 8 of the box, samples
+    // 16 warp + 8 (matrix % 2) on, for blocks 2 x and 2 x + 1 (matrix / 2) of each x4.
+    const int chunk = 2 * (t / 32) + matrix % 2;
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint8_t* buffer = reinterpret_cast<uint8_t*>(s.out.box[warpgroup]);
+        if (t == 0) bulk_wait_read<0>();
+        named_sync(kStagingBarrier + warpgroup, kWarpgroup);
+#pragma unroll
+        for (int x = 4 * half; x < 4 * half + 4; ++x) {
+          const int c = 8 * (2 * x + matrix / 2) % 64 + lane % 8;
+          uint32_t r[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const __nv_bfloat162 pair =
+                __floats2bfloat162_rn(acc[q][8 * x + 2 * k], acc[q][8 * x + 2 * k + 1]);
+            r[k] = *reinterpret_cast<const uint32_t*>(&pair);
+          }
+          stmatrix_x4_trans(buffer + c * 128 + ((chunk ^ (c & 7)) << 4), r[0], r[1], r[2], r[3]);
+        }
+        fence_async_shared();
+        named_sync(kStagingBarrier + warpgroup, kWarpgroup);
+        if (t == 0) {
+          tma_store_2d(out_map, static_cast<int>(row0 + 64 * q),
+                       static_cast<int>(tile * kTile + 64 * half), buffer);
+          bulk_commit();
+        }
+      }
+  }
+
+  // The same from registers, where the batch is not a multiple of 8 (a tensor map's rows must
+  // be 16-byte multiples).
   __device__ __forceinline__ void store(const float (&acc)[2][64], int64_t tile) const {
     const int64_t first = tile * kTile;
 #pragma unroll
@@ -426,9 +487,10 @@ struct Consumer {
 template <int kKBlocks, bool kGrad>
 __global__ void __launch_bounds__(kThreads, 1)
     fused_softmax_kernel(const __grid_constant__ CUtensorMap x_map,
-                         const __grid_constant__ CUtensorMap w_map, int64_t classes, int64_t batch,
-                         MarginParams params, int lanes, Io io) {
-  using S = Shared<kKBlocks>;
+                         const __grid_constant__ CUtensorMap w_map,
+                         const __grid_constant__ CUtensorMap out_map, bool staged, int64_t classes,
+                         int64_t batch, MarginParams params, int lanes, Io io) {
+  using S = Shared<kKBlocks, kGrad>;
   S& s = shared_storage<S>();
   const int row_blocks = static_cast<int>(gridDim.x) / lanes;
   const int64_t row0 = int64_t{static_cast<int>(blockIdx.x) % row_blocks} * kRows;
@@ -461,11 +523,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                                 batch,
                                 params,
                                 io,
-                                params.normalized ? params.scale : 1.0f};
+                                params.normalized ? params.scale : 1.0f,
+                                staged ? &out_map : nullptr};
     c.start(row0);
     barrier_wait(&s.x_full, 0);
     c.run(range);
     if constexpr (!kGrad) c.write_statistics(lane);
+    // The shared memory that bulk stores read lives until they have read it.
+    if (staged && c.t == 0) bulk_wait();
   }
 }
 
@@ -536,19 +601,24 @@ cudaError_t launch(const void* x, int64_t batch, const void* w, int64_t classes,
   cudaError_t rc = cudaGetDevice(&device);
   if (rc != cudaSuccess) return rc;
   const Grid g = grid_for(device, batch, classes);
-  CUtensorMap x_map, w_map;
+  CUtensorMap x_map, w_map, out_map{};
   rc = matrix_map(&x_map, x, batch, dim, kRows);
   if (rc == cudaSuccess) rc = matrix_map(&w_map, w, classes, dim, kTile);
+  // The gradient [classes, batch] in boxes of 64 samples x 64 classes, where its rows are
+  // 16-byte multiples.
+  const bool staged = kGrad && batch % 8 == 0;
+  if (rc == cudaSuccess && staged)
+    rc = matrix_map(&out_map, io.logit_grad, classes, static_cast<int>(batch), 64);
   if (rc != cudaSuccess) return rc;
   const auto run = [&](auto blocks) {
     constexpr int kKBlocks = decltype(blocks)::value;
     const auto kernel = fused_softmax_kernel<kKBlocks, kGrad>;
-    const size_t shared = sizeof(Shared<kKBlocks>) + kSwizzleAtomBytes;
+    const size_t shared = sizeof(Shared<kKBlocks, kGrad>) + kSwizzleAtomBytes;
     const cudaError_t set = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (set != cudaSuccess) return set;
-    kernel<<<g.row_blocks * g.lanes, kThreads, shared, stream>>>(x_map, w_map, classes, batch,
-                                                                 params, g.lanes, io);
+    kernel<<<g.row_blocks * g.lanes, kThreads, shared, stream>>>(
+        x_map, w_map, out_map, staged, classes, batch, params, g.lanes, io);
     return cudaGetLastError();
   };
   switch ((dim + kSwizzleElements - 1) / kSwizzleElements) {

@@ -71,6 +71,44 @@ __device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, int inner,
       : "memory");
 }
 
+// Stores four 8x8 b16 matrices transposed, from the m16n8 accumulator layout (register k of a
+// thread: matrix k's row lane / 4, columns 2 (lane % 4) and + 1), to shared memory: lane l
+// gives the address of row l % 8 of matrix l / 8 of the result (16 bytes, one column of the
+// original).
+__device__ inline void stmatrix_x4_trans(void* row, uint32_t r0, uint32_t r1, uint32_t r2,
+                                         uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                   shared_address(row)),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// Stores the shared-memory box `src` at (inner, outer) of a 2-D tensor map, in this thread's bulk
+// group; what falls outside the tensor is not written.
+__device__ inline void tma_store_2d(const CUtensorMap* map, int inner, int outer, const void* src) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(map),
+      "r"(inner), "r"(outer), "r"(shared_address(src))
+      : "memory");
+}
+__device__ inline void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until all but the last kPending of this thread's bulk store groups have read their
+// shared memory (it may be written again).
+template <int kPending>
+__device__ inline void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// Waits until this thread's bulk stores are complete.
+__device__ inline void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Makes this thread's ordinary shared-memory writes visible to the copy engine.
+__device__ inline void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // The matrix descriptor of a K-major bf16 tile with 128-byte swizzle at `tile` (1024-byte
 // aligned): start address, leading offset 1 (unused by this layout), stride 1024 bytes between
 // 8-row groups, swizzle mode 1. Advancing K by 16 elements adds 32 bytes, (32 >> 4) to the
