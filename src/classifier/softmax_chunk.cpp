@@ -210,6 +210,7 @@ void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& r
                                   torch::Tensor& row_sum, torch::Tensor& target_logit) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
   check_fused_operands(x, rows);
+  if (x.size(0) == 0 || rows.size(0) == 0) return;  // nothing to fold in
   const auto f32 = x.options().dtype(torch::kFloat32);
   const int parts = cuda::fused_logit_parts(x.device().index(), x.size(0), rows.size(0));
   torch::Tensor part_max = torch::empty({parts, x.size(0)}, f32);

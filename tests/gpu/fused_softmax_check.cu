@@ -65,8 +65,10 @@ Problem make_problem(int64_t batch, int64_t classes, int dim, uint64_t seed, boo
   }
   p.target.resize(batch);
   std::uniform_int_distribution<int64_t> cls(0, classes - 1);
-  // Every tenth sample's class lies on another shard.
-  for (int64_t b = 0; b < batch; ++b) p.target[b] = b % 10 == 3 ? -7 : p.begin + cls(rng);
+  // Every tenth sample's class lies on another shard, and another tenth's just past this
+  // chunk's last class (where the last tile's padding would catch it).
+  for (int64_t b = 0; b < batch; ++b)
+    p.target[b] = b % 10 == 3 ? -7 : b % 10 == 7 ? p.begin + classes + b % 3 : p.begin + cls(rng);
   return p;
 }
 
@@ -184,9 +186,9 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
   }
   cudaFree(d_max), cudaFree(d_inv), cudaFree(d_coef), cudaFree(grad);
   // bf16 products summed in float32 against float64: cosines within about 1e-6, so z = 64 cos
-  // within 1e-4; exp then within 1e-4 relative.
+  // within 1e-4 (measured: 1.5e-5); the gradient within bf16's rounding, 2^-8 relative.
   const bool ok =
-      worst_max < 2e-3 && worst_sum < 2e-3 && worst_t < 2e-3 && bad_t == 0 && worst_grad < 1e-2;
+      worst_max < 2e-4 && worst_sum < 2e-4 && worst_t < 2e-4 && bad_t == 0 && worst_grad < 6e-3;
   std::printf(
       "check batch %lld classes %lld dim %d parts %d (m2 %.2f m3 %.2f%s%s): worst |max| "
       "%.2e, sum rel %.2e, target %.2e, stray targets %d, gradient %.2e: %s\n",
@@ -312,6 +314,13 @@ int main(int argc, char** argv) {
     failed += check(300, 2500, 256, plain, false);
     failed += check(140, 40000, 128, arc, true);  // several tiles per part
     failed += check(64, 200000, 64, cos, true);   // a dozen tiles per part
+    // A micro-batch of no samples: one part, nothing launched.
+    if (myriad::cuda::fused_logit_parts(0, 0, 1000) != 1 ||
+        myriad::cuda::fused_logit_stats(nullptr, 0, nullptr, nullptr, 1000, 512, nullptr, 0, arc,
+                                        nullptr, nullptr, nullptr, nullptr) != cudaSuccess) {
+      std::printf("empty batch: FAILED\n");
+      ++failed;
+    }
     return failed == 0 ? 0 : 1;
   }
   for (int64_t batch : {128, 512, 1024})

@@ -187,7 +187,10 @@ struct Consumer {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       row[r] = row0 + 64 * (r / 2) + fragment_row(t, 2 * (r % 2));
-      target[r] = row[r] < batch ? io.target_col[row[r]] - io.begin : -1;
+      // A target past the last class (the next chunk's) must not match a padded column of
+      // the last tile.
+      const int64_t col = row[r] < batch ? io.target_col[row[r]] - io.begin : -1;
+      target[r] = col < classes ? col : -1;
       if (kGrad && row[r] < batch) {
         m[r] = io.row_max[row[r]] * kLog2e;
         sum[r] = io.row_inv_sum[row[r]];
@@ -569,8 +572,10 @@ struct Grid {
 Grid grid_for(int device, int64_t batch, int64_t classes) {
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) sms = 1;
+  // An empty batch (a micro-batch of no samples) or chunk launches nothing: one part, unwritten.
   const int64_t row_blocks = (batch + kRows - 1) / kRows;
   const int64_t tiles = (classes + kTile - 1) / kTile;
+  if (row_blocks == 0 || tiles == 0) return {static_cast<int>(row_blocks), 1};
   int64_t lanes = row_blocks >= sms ? 1 : sms / row_blocks;
   if (lanes > tiles) lanes = tiles;
   return {static_cast<int>(row_blocks), static_cast<int>(lanes < 1 ? 1 : lanes)};
