@@ -300,6 +300,8 @@ expect R6 2 "--device cuda was asked for, but not every rank sees a CUDA device"
 expect R9 2 "--profile-steps needs GPUs \(it drives the CUDA profiler\)" $(train --profile-steps 2:3)
 expect R10 2 "--cuda-graphs on needs GPUs" $(train --cuda-graphs on)
 expect R11 2 "--cuda-graphs on and --sync-bn exclude each other" $(train --cuda-graphs on --sync-bn)
+expect R12 2 "--fused-classifier on needs an H100 or H200 GPU, bf16 precision" \
+  env CUDA_VISIBLE_DEVICES= $(train --fused-classifier on)
 # Run directories held by another job: one on another host, alive (a heartbeat just now), and a
 # lock file that names no holder, as fresh.
 mkdir -p "$fix/held" "$fix/garbled"

@@ -140,6 +140,9 @@ std::vector<ChoiceOption> choice_options() {
       {"classifier-weight-dtype",
        {"fp32", "bf16"},
        [](const TrainConfig& c) { return float_dtype_name(c.classifier_weight_dtype); }},
+      {"fused-classifier",
+       {"auto", "on", "off"},
+       [](const TrainConfig& c) { return to_string(c.fused_classifier); }},
   };
 }
 
@@ -172,6 +175,7 @@ TEST(TrainConfig, BadChoicesNameTheOption) {
       {"grad-comm-dtype", "--grad-comm-dtype must be fp32, bf16 or fp16, got 'x'"},
       {"classifier-state-dtype", "--classifier-state-dtype must be fp32 or bf16"},
       {"classifier-weight-dtype", "--classifier-weight-dtype must be fp32 or bf16"},
+      {"fused-classifier", "--fused-classifier must be auto, on or off, got 'x'"},
   };
   ASSERT_EQ(expected.size(), choice_options().size());
   for (const ChoiceOption& o : choice_options()) {

@@ -71,6 +71,8 @@ struct TrainConfig {
   torch::ScalarType classifier_state_dtype = torch::kFloat32;   // or bfloat16
   torch::ScalarType classifier_weight_dtype = torch::kFloat32;  // or bfloat16
   int64_t classifier_workspace = 0;                             // bytes
+  // The classifier's fused Hopper kernels: auto where they apply, on (an error elsewhere), off.
+  Toggle fused_classifier = Toggle::kAuto;
   LrScheduleKind lr_schedule = LrScheduleKind::kPoly;
   double poly_power = 2.0;
   std::vector<int64_t> lr_steps;
