@@ -13,6 +13,8 @@
 #include "cuda/kernels.h"
 #endif
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+
 #include "cuda/hopper/fused_softmax.h"
 #endif
 
@@ -210,6 +212,8 @@ void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& r
                                   torch::Tensor& row_sum, torch::Tensor& target_logit) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
   check_fused_operands(x, rows);
+  // The part count and the launch both read the current device: make it x's.
+  const c10::cuda::CUDAGuard on_device(x.device());
   if (x.size(0) == 0 || rows.size(0) == 0) return;  // nothing to fold in
   const auto f32 = x.options().dtype(torch::kFloat32);
   const int parts = cuda::fused_logit_parts(x.device().index(), x.size(0), rows.size(0));
@@ -235,6 +239,8 @@ torch::Tensor fused_chunk_logit_grad(const torch::Tensor& x, const torch::Tensor
                                      const torch::Tensor& coef, const MarginParams& params) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
   check_fused_operands(x, rows);
+  // The part count and the launch both read the current device: make it x's.
+  const c10::cuda::CUDAGuard on_device(x.device());
   torch::Tensor out = torch::empty({rows.size(0), x.size(0)}, x.options());
   MYRIAD_CHECK_CUDA(cuda::fused_logit_grad(
       x.data_ptr(), x.size(0), rows.data_ptr(), scale_pointer(row_scale), rows.size(0),

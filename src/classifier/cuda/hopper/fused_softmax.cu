@@ -627,7 +627,6 @@ cudaError_t launch(const void* x, int64_t batch, const void* w, int64_t classes,
     return cudaGetLastError();
   };
   switch ((dim + kSwizzleElements - 1) / kSwizzleElements) {
-#ifndef MYRIAD_FUSED_ONLY_512
     case 1:
       return run(std::integral_constant<int, 1>{});
     case 2:
@@ -642,7 +641,6 @@ cudaError_t launch(const void* x, int64_t batch, const void* w, int64_t classes,
       return run(std::integral_constant<int, 6>{});
     case 7:
       return run(std::integral_constant<int, 7>{});
-#endif
     default:
       return run(std::integral_constant<int, 8>{});
   }
