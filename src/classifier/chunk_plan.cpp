@@ -8,9 +8,10 @@ RowSource row_source(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype, b
   return !sampled && weight_dtype == gemm_dtype ? RowSource::kStored : RowSource::kCopy;
 }
 
-int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes,
-                                   RowSource source) {
-  return 4 * batch + (source == RowSource::kCopy ? gemm_bytes * dim : 4);
+int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes, RowSource source,
+                                   Logits logits) {
+  return (logits == Logits::kInMemory ? 4 * batch : 0) +
+         (source == RowSource::kCopy ? gemm_bytes * dim : 4);
 }
 
 int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes) {
@@ -18,15 +19,17 @@ int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes)
 }
 
 ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,
-                      RowSource source, int64_t budget_bytes) {
+                      RowSource source, int64_t budget_bytes, Logits logits) {
   ChunkPlan plan;
-  const int64_t per_row = chunk_cached_bytes_per_row(batch, dim, gemm_bytes, source) +
+  const int64_t per_row = chunk_cached_bytes_per_row(batch, dim, gemm_bytes, source, logits) +
                           chunk_work_bytes_per_row(batch, dim, gemm_bytes);
   if (rows * per_row <= budget_bytes) {
     plan.cache = true;
     plan.chunk_rows = std::max<int64_t>(rows, 1);
   } else {
     plan.chunk_rows = std::max<int64_t>(1, budget_bytes / per_row);
+    if (logits == Logits::kInRegisters && plan.chunk_rows > kFusedTileRows)
+      plan.chunk_rows -= plan.chunk_rows % kFusedTileRows;
   }
   plan.chunks = rows == 0 ? 0 : (rows + plan.chunk_rows - 1) / plan.chunk_rows;
   return plan;

@@ -286,9 +286,9 @@ void ShardedMarginSoftmax::choose_rows(Step& step, const torch::Tensor& y) {
       row_source(weight_.scalar_type(), options_.gemm_dtype, step.active.defined());
   step.stored_rows = source == RowSource::kStored;
   const int64_t gemm_bytes = static_cast<int64_t>(torch::elementSize(options_.gemm_dtype));
+  // The fused kernels recompute the logits in backward: a cached plan keeps only the rows.
   step.plan = plan_chunks(step.active_rows, step.batch, options_.embedding_size, gemm_bytes, source,
-                          options_.workspace_bytes);
-  if (fused_) step.plan.cache = false;  // backward recomputes the logits in registers
+                          options_.workspace_bytes, logits());
   last_plan_ = step.plan;
 }
 
@@ -309,6 +309,7 @@ ShardedMarginSoftmax::RowStatistics ShardedMarginSoftmax::forward_chunks(Step& s
       phase("fused_logit_stats");
       accumulate_fused_chunk_stats(step.xg, rows, scale, step.target_col, begin, params, local.max,
                                    local.sum, local.target_logit);
+      if (step.plan.cache) step.cached_rows.push_back(std::move(rows));
       continue;
     }
     torch::Tensor dot = torch::empty({end - begin, step.batch}, f32);
@@ -388,7 +389,7 @@ ShardedMarginSoftmax::GradientScale ShardedMarginSoftmax::gradient_scale(const t
 torch::Tensor ShardedMarginSoftmax::chunk_logits(Step& step, int64_t c, int64_t begin, int64_t end,
                                                  torch::Tensor& dot) {
   if (step.plan.cache) {
-    dot = std::move(step.cached_dot[c]);
+    if (!fused_) dot = std::move(step.cached_dot[c]);
     return std::move(step.cached_rows[c]);
   }
   phase("prepare_rows");
@@ -547,7 +548,7 @@ void ShardedMarginSoftmax::finish_parts() {
   whole.stored_rows = source == RowSource::kStored;
   whole.plan = plan_chunks(whole.active_rows, whole.batch, dim,
                            static_cast<int64_t>(torch::elementSize(options_.gemm_dtype)), source,
-                           options_.workspace_bytes);
+                           options_.workspace_bytes, logits());
   whole.plan.cache = false;  // the logits are recomputed chunk by chunk: nothing was kept
   // GEMMs on the stored rows take each chunk's 1/|w|, as in forward.
   if (whole.stored_rows && options_.margin.params().normalized) {

@@ -192,6 +192,10 @@ expect O11 2 "'12Q' is not a byte size" $(train --classifier-workspace 12Q)
 expect O12 0 "unknown command 'explode'" "$bin/myriad-ckpt" explode
 expect O13 0 "the option .--labels. is required but missing" "$bin/myriad-data" from-idx --images "$fix/short.idx.gz"
 expect O14 2 "--log-every must be positive" $(train --log-every 0)
+expect O15 2 "--fused must be auto, on or off, got 'maybe'" \
+  "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused maybe
+expect O16 2 "--fused on needs an H100 or H200 GPU, bf16 GEMMs" \
+  "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused on
 
 # --- data files ---------------------------------------------------------------------------------
 expect D1 2 "'.*/missing.h5' does not exist" $(train --data "$fix/missing.h5")

@@ -12,8 +12,26 @@
 #include "myriad/util/error.h"
 #include "support/reference_softmax.h"
 
+#ifdef MYRIAD_EXPECT_HOPPER_KERNELS
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
 namespace myriad::testing {
 namespace {
+
+// The fused kernels are the default path on compute capability 9.0 (H100, H200) in a build that
+// has them; read from the device here rather than from the classifier's own test of it.
+bool hopper_build_on_hopper_gpu(const torch::Device& device) {
+#ifdef MYRIAD_EXPECT_HOPPER_KERNELS
+  if (!device.is_cuda()) return false;
+  const cudaDeviceProp* props = at::cuda::getDeviceProperties(
+      device.has_index() ? device.index() : at::cuda::current_device());
+  return props->major == 9 && props->minor == 0;
+#else
+  (void)device;
+  return false;
+#endif
+}
 
 constexpr double kTolerance = 1e-5;
 
@@ -222,6 +240,8 @@ TEST_P(ClassifierTest, Bf16GemmsForEveryMarginOnEitherKernelPath) {
                                   (chunked ? " weights, chunked" : " weights");
         expect_matches_reference(p, o, 3e-2, label);
         auto fused = make_module(p, o);
+        EXPECT_EQ(fused->fused(), hopper_build_on_hopper_gpu(device()))
+            << label << ": " << fused->kernels();
         const Outcome first = run_step(*fused, p);
         const torch::Tensor first_grad = fused->weight_grad().cpu();
         fused->zero_grad();

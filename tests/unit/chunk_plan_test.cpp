@@ -34,6 +34,30 @@ TEST(ChunkPlan, StoredRowsLeaveTheBudgetToLogits) {
             plan_chunks(1000, 256, 512, 2, RowSource::kCopy, 300 * per_row).chunk_rows);
 }
 
+TEST(ChunkPlan, LogitsInRegistersLeaveTheirBytesToRowsInWholeTiles) {
+  // The fused kernels keep no logits: a row costs its GEMM row (kept when cached), its logit
+  // gradients and its weight gradient, 2 * 512 + 2 * 1024 + 4 * 512 bytes at batch 1024.
+  const int64_t per_row = 2 * 512 + 2 * 1024 + 4 * 512;
+  EXPECT_EQ(chunk_cached_bytes_per_row(1024, 512, 2, RowSource::kCopy, Logits::kInRegisters),
+            2 * 512);
+  const ChunkPlan fits =
+      plan_chunks(1000, 1024, 512, 2, RowSource::kCopy, 1000 * per_row, Logits::kInRegisters);
+  EXPECT_TRUE(fits.cache);
+  EXPECT_EQ(fits.chunks, 1);
+  // 1000 rows' budget: 1000 rows each for the fused kernels, down to whole tiles of 128 classes;
+  // 1000 * 5120 / 9216 = 555 for logits in memory.
+  const ChunkPlan fused =
+      plan_chunks(5000, 1024, 512, 2, RowSource::kCopy, 1000 * per_row, Logits::kInRegisters);
+  EXPECT_FALSE(fused.cache);
+  EXPECT_EQ(fused.chunk_rows, 896);
+  EXPECT_EQ(fused.chunks, 6);
+  EXPECT_EQ(plan_chunks(5000, 1024, 512, 2, RowSource::kCopy, 1000 * per_row).chunk_rows, 555);
+  // Below one tile, any row count.
+  EXPECT_EQ(plan_chunks(5000, 1024, 512, 2, RowSource::kCopy, 100 * per_row, Logits::kInRegisters)
+                .chunk_rows,
+            100);
+}
+
 TEST(ChunkPlan, AlwaysAtLeastOneRowAndNoChunksForNoRows) {
   EXPECT_EQ(plan_chunks(10, 64, 64, 4, RowSource::kCopy, 1).chunk_rows, 1);
   EXPECT_EQ(plan_chunks(10, 64, 64, 4, RowSource::kCopy, 1).chunks, 10);

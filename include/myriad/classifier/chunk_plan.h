@@ -24,16 +24,26 @@ enum class RowSource { kCopy, kStored };
 // row takes part (no Partial FC sampling).
 RowSource row_source(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype, bool sampled);
 
-// Bytes one class row costs: kept from forward to backward when cached (its logits, its GEMM
-// row or 1/|w|), and in flight during backward (its logit gradients, its weight gradient).
-int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes,
-                                   RowSource source);
+// Where a chunk's logits live: in memory, float32, between the GEMM and the softmax kernels; or
+// in registers, for the fused kernels, which recompute them in backward and never store them.
+enum class Logits { kInMemory, kInRegisters };
+
+// Bytes one class row costs: kept from forward to backward when cached (its logits if in memory,
+// its GEMM row or 1/|w|), and in flight during backward (its logit gradients, its weight
+// gradient).
+int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes, RowSource source,
+                                   Logits logits = Logits::kInMemory);
 int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes);
 
 // The plan for `rows` active class rows, a global batch `batch`, embedding `dim`, GEMM operands
 // of `gemm_bytes` per element read from `source`, within `budget_bytes`. Caches when everything
-// fits; otherwise the largest chunk that fits, and at least one row.
+// fits; otherwise the largest chunk that fits, and at least one row. With the logits in
+// registers a chunk spans whole tiles of kFusedTileRows classes where it can, so that only the
+// last chunk's last tile is partial.
 ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,
-                      RowSource source, int64_t budget_bytes);
+                      RowSource source, int64_t budget_bytes, Logits logits = Logits::kInMemory);
+
+// The fused kernels' tile of classes.
+constexpr int64_t kFusedTileRows = 128;
 
 }  // namespace myriad

@@ -123,6 +123,7 @@ class ShardedMarginSoftmax {
   // never in memory; H100 and H200 with bfloat16 GEMMs and D a multiple of 8 up to 512), or
   // GEMMs with the softmax kernels (or LibTorch operations on the CPU).
   bool fused() const { return fused_; }
+  Logits logits() const { return fused_ ? Logits::kInRegisters : Logits::kInMemory; }
   std::string kernels() const;
   // Times forward and backward phases ("classifier.*") into `timer` (null: no timing).
   void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }

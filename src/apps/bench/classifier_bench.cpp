@@ -121,6 +121,7 @@ class Subject {
 
   const ChunkPlan* plan() const { return sharded_ ? &sharded_->last_plan() : nullptr; }
   std::string kernels() const { return sharded_ ? sharded_->kernels() : std::string(); }
+  bool fused() const { return sharded_ && sharded_->fused(); }
   void set_phase_timer(PhaseTimer* timer) {
     if (sharded_) sharded_->set_phase_timer(timer);
   }
@@ -180,6 +181,7 @@ struct ClassifierBenchOptions {
   BenchConfig config;
   bool find_max = false;
   bool profile = false;
+  bool require_fused = false;  // --fused on
   std::string device;
 };
 
@@ -200,7 +202,7 @@ bool parse_classifier_options(const ProcessContext& context, int argc, char** ar
       ("sample-rate", po::value(&o.sample_rate)->default_value(1.0), "Partial FC negative sampling rate in (0, 1]")
       ("momentum-dtype", po::value(&state_name)->default_value("fp32"), "SGD momentum storage: fp32 or bf16")
       ("weight-dtype", po::value(&weight_name)->default_value("fp32"), "classifier weights: fp32, or bf16 with stochastic rounding")
-      ("fused", po::value(&fused_name)->default_value("on"), "on: the fused Hopper kernels where they apply; off: GEMMs and softmax kernels")
+      ("fused", po::value(&fused_name)->default_value("auto"), "the fused Hopper kernels: auto (where they apply), on (an error elsewhere) or off (GEMMs and softmax kernels)")
       ("naive", po::bool_switch(&config.naive), "benchmark the naive baseline (logits gathered to rank 0)")
       ("steps", po::value(&config.steps)->default_value(20), "timed steps")
       ("warmup", po::value(&config.warmup)->default_value(5), "untimed steps first")
@@ -231,9 +233,10 @@ bool parse_classifier_options(const ProcessContext& context, int argc, char** ar
     throw UsageError("--momentum-dtype must be fp32 or bf16");
   o.weight_dtype = parse_float_dtype(weight_name);
   if (o.weight_dtype == torch::kFloat16) throw UsageError("--weight-dtype must be fp32 or bf16");
-  if (fused_name != "on" && fused_name != "off")
-    throw UsageError("--fused must be on or off, got '" + fused_name + "'");
-  o.fused_kernels = fused_name == "on";
+  if (fused_name != "auto" && fused_name != "on" && fused_name != "off")
+    throw UsageError("--fused must be auto, on or off, got '" + fused_name + "'");
+  o.fused_kernels = fused_name != "off";
+  b.require_fused = fused_name == "on";
   return true;
 }
 
@@ -256,6 +259,7 @@ struct StepResult {
   int64_t global_batch = 0;
   std::optional<ChunkPlan> plan;  // myriad's classifier only
   std::string kernels;
+  bool fused = false;
   RankSpread step_ms, rate, peak;
   Floor floor{};
 };
@@ -270,6 +274,7 @@ StepResult summarise(const ProcessContext& context, const Communicator& comm,
   r.global_batch = config.local_batch * comm.size();
   if (subject.plan() != nullptr) r.plan = *subject.plan();
   r.kernels = subject.kernels();
+  r.fused = subject.fused();
   r.step_ms = spread_over_ranks(per_step * 1e3, context);
   const double tflops = 6.0 * r.global_batch * o.embedding_size * r.shard_rows / (per_step * 1e12);
   r.rate = spread_over_ranks(tflops, context);
@@ -297,7 +302,9 @@ void print_configuration(const BenchConfig& config, const StepResult& r, int wor
       format_bytes(o.workspace_bytes).c_str(), device.str().c_str());
   if (r.plan) {
     std::printf("# plan: %s, %s, %lld chunk(s) of %lld classes\n", r.kernels.c_str(),
-                r.plan->cache ? "cached logits" : "recompute in backward",
+                !r.plan->cache ? "recompute in backward"
+                : r.fused      ? "rows kept for backward"
+                               : "cached logits",
                 static_cast<long long>(r.plan->chunks), static_cast<long long>(r.plan->chunk_rows));
   }
 }
@@ -366,6 +373,11 @@ int run_classifier_bench(ProcessContext& context, int argc, char** argv) {
   const Ceilings ceilings = measure_ceilings(device, config.options.gemm_dtype);
 
   auto subject = std::make_unique<Subject>(comm, config, device);
+  MYRIAD_CHECK_COLLECTIVE(!b.require_fused || subject->fused(),
+                          "--fused on needs an H100 or H200 GPU, bf16 GEMMs and "
+                          "--embedding-size a multiple of 8 up to 512, without --naive (this "
+                          "run: {})",
+                          config.naive ? "the naive baseline" : subject->kernels());
   PhaseTimer timer(device, b.profile);
   const double per_step = time_steps(context, *subject, config, device, timer);
   const StepResult result = summarise(context, comm, config, *subject, per_step, ceilings, device);
