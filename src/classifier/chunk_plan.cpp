@@ -8,6 +8,10 @@ RowSource row_source(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype, b
   return !sampled && weight_dtype == gemm_dtype ? RowSource::kStored : RowSource::kCopy;
 }
 
+bool fused_kernels_take(c10::ScalarType gemm_dtype, int64_t dim) {
+  return gemm_dtype == c10::ScalarType::BFloat16 && dim > 0 && dim % 8 == 0 && dim <= kFusedMaxDim;
+}
+
 int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes, RowSource source,
                                    Logits logits) {
   return (logits == Logits::kInMemory ? 4 * batch : 0) +

@@ -135,6 +135,13 @@ ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoft
   MYRIAD_CHECK_COLLECTIVE(
       options.weight_dtype == torch::kFloat32 || options.weight_dtype == torch::kBFloat16,
       "classifier weights are stored in float32 or bfloat16");
+  fused_ = options.fused_kernels != FusedKernels::kOff &&
+           fused_chunks_apply(device, options.embedding_size, options.gemm_dtype);
+  MYRIAD_CHECK_COLLECTIVE(fused_ || options.fused_kernels != FusedKernels::kRequired,
+                          "the fused classifier kernels need an H100 or H200 GPU, bf16 GEMMs and "
+                          "an embedding size that is a multiple of 8 up to 512 (this run: {}, {} "
+                          "GEMMs, embedding size {})",
+                          kernels(), c10::toString(options.gemm_dtype), options.embedding_size);
   const int64_t rows = partition_.size(comm.rank());
   const int64_t first = partition_.offset(comm.rank());
   weight_ = initial_shard(first, rows, options, device);
@@ -143,8 +150,6 @@ ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoft
   }
   optimizer_ = std::make_unique<ShardOptimizer>(options.optimizer, rows, options.embedding_size,
                                                 device, first, options.seed);
-  fused_ = options.fused_kernels &&
-           fused_chunks_apply(device, options.embedding_size, options.gemm_dtype);
 }
 
 std::string ShardedMarginSoftmax::kernels() const {

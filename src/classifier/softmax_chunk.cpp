@@ -3,6 +3,7 @@
 #include <limits>
 #include <vector>
 
+#include "myriad/classifier/chunk_plan.h"
 #include "myriad/util/check_cuda.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
@@ -19,6 +20,11 @@
 #endif
 
 namespace myriad {
+
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+static_assert(cuda::kFusedTileClasses == kFusedTileRows && cuda::kFusedMaxDim == kFusedMaxDim,
+              "the chunk plan must know the fused kernels' tiles and widest embedding");
+#endif
 
 namespace {
 
@@ -185,7 +191,7 @@ torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& ro
 
 bool fused_chunks_apply(const torch::Device& device, int64_t dim, torch::ScalarType gemm_dtype) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
-  return device.is_cuda() && gemm_dtype == torch::kBFloat16 &&
+  return device.is_cuda() && fused_kernels_take(gemm_dtype, dim) &&
          cuda::fused_softmax_applies(device.index() < 0 ? 0 : device.index(),
                                      static_cast<int>(dim));
 #else
@@ -197,10 +203,12 @@ bool fused_chunks_apply(const torch::Device& device, int64_t dim, torch::ScalarT
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
 namespace {
 
-void check_fused_operands(const torch::Tensor& x, const torch::Tensor& rows) {
+// Checks the operands and makes x's device current: the part count and the launch both read it.
+c10::cuda::CUDAGuard prepare_fused_launch(const torch::Tensor& x, const torch::Tensor& rows) {
   MYRIAD_CHECK(x.scalar_type() == torch::kBFloat16 && rows.scalar_type() == torch::kBFloat16 &&
                    x.is_contiguous() && rows.is_contiguous() && x.size(1) == rows.size(1),
                "the fused classifier kernels take contiguous bfloat16 operands of one width");
+  return c10::cuda::CUDAGuard(x.device());
 }
 
 }  // namespace
@@ -211,9 +219,7 @@ void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& r
                                   int64_t begin, const MarginParams& params, torch::Tensor& row_max,
                                   torch::Tensor& row_sum, torch::Tensor& target_logit) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
-  check_fused_operands(x, rows);
-  // The part count and the launch both read the current device: make it x's.
-  const c10::cuda::CUDAGuard on_device(x.device());
+  const auto on_device = prepare_fused_launch(x, rows);
   if (x.size(0) == 0 || rows.size(0) == 0) return;  // nothing to fold in
   const auto f32 = x.options().dtype(torch::kFloat32);
   const int parts = cuda::fused_logit_parts(x.device().index(), x.size(0), rows.size(0));
@@ -238,9 +244,7 @@ torch::Tensor fused_chunk_logit_grad(const torch::Tensor& x, const torch::Tensor
                                      const torch::Tensor& row_max, const torch::Tensor& row_inv_sum,
                                      const torch::Tensor& coef, const MarginParams& params) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
-  check_fused_operands(x, rows);
-  // The part count and the launch both read the current device: make it x's.
-  const c10::cuda::CUDAGuard on_device(x.device());
+  const auto on_device = prepare_fused_launch(x, rows);
   torch::Tensor out = torch::empty({rows.size(0), x.size(0)}, x.options());
   MYRIAD_CHECK_CUDA(cuda::fused_logit_grad(
       x.data_ptr(), x.size(0), rows.data_ptr(), scale_pointer(row_scale), rows.size(0),

@@ -43,6 +43,11 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
   s.classifier_rows = row_source(config.classifier_weight_dtype, compute_dtype(precision),
                                  config.sample_rate < 1.0);
   s.classifier_workspace = config.classifier_workspace;
+  // The model is of H100 and H200 GPUs, where --fused-classifier auto takes the fused kernels.
+  s.classifier_logits = config.fused_classifier != Toggle::kOff &&
+                                fused_kernels_take(compute_dtype(precision), config.embedding_size)
+                            ? Logits::kInRegisters
+                            : Logits::kInMemory;
   s.backbone_params = backbone_params;
   s.backbone_states = states;
   s.grad_comm_bytes = config.grad_comm_dtype == torch::kFloat32 ? 4 : 2;
@@ -60,12 +65,17 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   c.class_rows = std::min<int64_t>(
       shard, static_cast<int64_t>(std::ceil(static_cast<double>(shard) * s.sample_rate)));
   const double rows = static_cast<double>(c.class_rows);
+  const bool fused = s.classifier_logits == Logits::kInRegisters;
   c.plan = plan_chunks(c.class_rows, batch, s.embedding_size, s.gemm_bytes, s.classifier_rows,
-                       s.classifier_workspace);
+                       s.classifier_workspace, s.classifier_logits);
   const double passes = c.plan.cache ? 1.0 : 2.0;  // over the rows, and over the logits
 
-  c.classifier_flops = (c.plan.cache ? 3.0 : 4.0) * 2.0 * b * d * rows;
-  const double per_logit = 4.0 * (passes + 2.0) + g;
+  // The fused kernels compute the logits in forward and again in backward, cached or not.
+  c.classifier_flops = (c.plan.cache && !fused ? 3.0 : 4.0) * 2.0 * b * d * rows;
+  // Per logit: float32 logits written and read by each pass, their gradient read once in float32
+  // and written in the GEMM dtype; the fused kernels write only that gradient, which both GEMMs
+  // read.
+  const double per_logit = fused ? 3.0 * g : 4.0 * (passes + 2.0) + g;
   // Per weight element: read and GEMM copy per pass (or, reading the stored rows, one more read
   // for 1/|w|), the float32 gradient written and read, the weight and its state read and written
   // by the update.
@@ -118,7 +128,8 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   // rows' float32 gradient too, which the fused update never holds for a whole chunk. Then the
   // gathered features (float32 and GEMM copies), their gradient and the labels.
   const double per_row = static_cast<double>(
-      chunk_cached_bytes_per_row(batch, s.embedding_size, s.gemm_bytes, s.classifier_rows) +
+      chunk_cached_bytes_per_row(batch, s.embedding_size, s.gemm_bytes, s.classifier_rows,
+                                 s.classifier_logits) +
       s.gemm_bytes * batch);
   c.workspace_memory =
       static_cast<double>(c.plan.chunk_rows) * per_row + b * d * (8.0 + g) + b * 8.0;

@@ -105,7 +105,9 @@ ShardedSoftmaxOptions classifier_options(const TrainConfig& c, int64_t classes) 
   o.optimizer.nesterov = c.nesterov;
   o.optimizer.state_dtype = c.classifier_state_dtype;
   o.weight_dtype = c.classifier_weight_dtype;
-  o.fused_kernels = c.fused_classifier != Toggle::kOff;
+  o.fused_kernels = c.fused_classifier == Toggle::kOn    ? FusedKernels::kRequired
+                    : c.fused_classifier == Toggle::kOff ? FusedKernels::kOff
+                                                         : FusedKernels::kAuto;
   return o;
 }
 
@@ -212,10 +214,6 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   // The classifier first: a pipeline's cut must fit beside it in each GPU's memory.
   classifier_ =
       std::make_unique<ShardedMarginSoftmax>(comm_, classifier_options(c_, classes_), device_);
-  MYRIAD_CHECK_COLLECTIVE(c_.fused_classifier != Toggle::kOn || classifier_->fused(),
-                          "--fused-classifier on needs an H100 or H200 GPU, bf16 precision and "
-                          "--embedding-size a multiple of 8 up to 512 (this run: {})",
-                          classifier_->kernels());
   if (!c_.init_classifier.empty()) init_classifier();
   if (c_.precision == Precision::kFp16)
     classifier_->set_inverse_loss_scale(scaler_.inverse_scale());

@@ -194,8 +194,10 @@ expect O13 0 "the option .--labels. is required but missing" "$bin/myriad-data" 
 expect O14 2 "--log-every must be positive" $(train --log-every 0)
 expect O15 2 "--fused must be auto, on or off, got 'maybe'" \
   "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused maybe
-expect O16 2 "--fused on needs an H100 or H200 GPU, bf16 GEMMs" \
+expect O16 2 "the fused classifier kernels need an H100 or H200 GPU, bf16 GEMMs and an embedding size that is a multiple of 8 up to 512 \(this run: LibTorch on the CPU" \
   "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused on
+expect O17 2 "--fused on and --naive exclude each other" \
+  "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused on --naive
 
 # --- data files ---------------------------------------------------------------------------------
 expect D1 2 "'.*/missing.h5' does not exist" $(train --data "$fix/missing.h5")
@@ -304,7 +306,7 @@ expect R6 2 "--device cuda was asked for, but not every rank sees a CUDA device"
 expect R9 2 "--profile-steps needs GPUs \(it drives the CUDA profiler\)" $(train --profile-steps 2:3)
 expect R10 2 "--cuda-graphs on needs GPUs" $(train --cuda-graphs on)
 expect R11 2 "--cuda-graphs on and --sync-bn exclude each other" $(train --cuda-graphs on --sync-bn)
-expect R12 2 "--fused-classifier on needs an H100 or H200 GPU, bf16 precision" \
+expect R12 2 "the fused classifier kernels need an H100 or H200 GPU, bf16 GEMMs and an embedding size that is a multiple of 8 up to 512 \(this run: LibTorch on the CPU" \
   env CUDA_VISIBLE_DEVICES= $(train --fused-classifier on)
 # Run directories held by another job: one on another host, alive (a heartbeat just now), and a
 # lock file that names no holder, as fresh.

@@ -251,7 +251,7 @@ TEST_P(ClassifierTest, Bf16GemmsForEveryMarginOnEitherKernelPath) {
                     torch::equal(first_grad, fused->weight_grad().cpu()))
             << label << ": a rerun differs (" << fused->kernels() << ")";
         ShardedSoftmaxOptions generic_options = o;
-        generic_options.fused_kernels = false;
+        generic_options.fused_kernels = FusedKernels::kOff;
         auto generic = make_module(p, generic_options);
         EXPECT_FALSE(generic->fused());
         const Outcome other = run_step(*generic, p);
@@ -535,6 +535,24 @@ TEST_P(ClassifierTest, BadInputsFailOnEveryRank) {
     ADD_FAILURE() << "fewer classes than ranks was accepted";
   } catch (const Error& e) {
     EXPECT_TRUE(e.collective());
+  }
+  // Fused kernels required: built where they apply (an H100 or H200 with bf16 GEMMs), refused on
+  // every rank elsewhere; float32 GEMMs never take them.
+  for (torch::ScalarType gemm_dtype : {torch::kBFloat16, torch::kFloat32}) {
+    ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+    o.gemm_dtype = gemm_dtype;
+    o.fused_kernels = FusedKernels::kRequired;
+    const bool applies = gemm_dtype == torch::kBFloat16 && hopper_build_on_hopper_gpu(device());
+    try {
+      ShardedMarginSoftmax required(comm(), o, device());
+      EXPECT_TRUE(applies && required.fused()) << c10::toString(gemm_dtype) << " GEMMs accepted";
+    } catch (const Error& e) {
+      EXPECT_FALSE(applies) << e.what();
+      EXPECT_TRUE(e.collective());
+      EXPECT_NE(e.message().find("the fused classifier kernels need an H100 or H200 GPU"),
+                std::string::npos)
+          << e.message();
+    }
   }
   // The module still works after the errors.
   const Outcome out = run_step(*module, p);

@@ -113,6 +113,26 @@ TEST(StepModel, StoredRowsAreReadNotCopied) {
   EXPECT_DOUBLE_EQ(c.workspace_memory, 5 * (36 + 16) + 240 + 64);
 }
 
+TEST(StepModel, FusedKernelsKeepNoLogits) {
+  StepShape s = small_step();
+  s.classifier_logits = Logits::kInRegisters;
+  const StepCost c = predict_step(s, small_rates());
+  EXPECT_TRUE(c.plan.cache);
+  // The logits computed in forward and again in backward: four products of 240 FLOPs.
+  EXPECT_DOUBLE_EQ(c.classifier_flops, 4 * 240);
+  // Per logit only the bf16 gradient, written once and read by both GEMMs (3 * 2); per weight as
+  // in the cached step.
+  EXPECT_DOUBLE_EQ(c.classifier_traffic, 5 * 8 * 6 + 450);
+  // A cached row keeps its GEMM row (2 * 3), then its bf16 logit gradient (2 * 8).
+  EXPECT_DOUBLE_EQ(c.workspace_memory, 5 * (6 + 16) + 240 + 64);
+  // In a chunked plan the logits' room goes to more rows: whole tiles of kFusedTileRows.
+  s.num_classes = 2 * 1000;
+  s.classifier_workspace = 300 * 66;  // 300 rows with logits in memory
+  EXPECT_EQ(predict_step(s, small_rates()).plan.chunk_rows, 512);  // 300 * 66 / 34 = 582
+  s.classifier_logits = Logits::kInMemory;
+  EXPECT_EQ(predict_step(s, small_rates()).plan.chunk_rows, 300);
+}
+
 TEST(StepModel, PartialFcAdamWAndNarrowGradients) {
   StepShape s = small_step();
   s.sample_rate = 0.5;
@@ -161,6 +181,13 @@ TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   EXPECT_EQ(s.backbone_params, 42);
   EXPECT_EQ(s.classifier_weight_bytes, 4);
   EXPECT_EQ(s.classifier_rows, RowSource::kCopy);  // float32 rows, bf16 GEMMs: a copy
+  EXPECT_EQ(s.classifier_logits, Logits::kInRegisters);  // bf16, D = 512: the fused kernels
+  config.embedding_size = 520;
+  EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_logits, Logits::kInMemory);
+  config.embedding_size = 512;
+  config.fused_classifier = Toggle::kOff;
+  EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_logits, Logits::kInMemory);
+  config.fused_classifier = Toggle::kAuto;
   config.precision = Precision::kFp32;
   EXPECT_EQ(step_shape(config, 1, 10, 1).gemm_bytes, 4);
   EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_rows, RowSource::kStored);

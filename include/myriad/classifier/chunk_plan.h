@@ -45,5 +45,11 @@ ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_byt
 
 // The fused kernels' tile of classes.
 constexpr int64_t kFusedTileRows = 128;
+// Their widest embedding: a CTA keeps its 128 rows of x̂ in shared memory.
+constexpr int64_t kFusedMaxDim = 512;
+
+// Whether the fused kernels take this shape on an H100 or H200: bfloat16 GEMMs and D a multiple of
+// 8 up to kFusedMaxDim. Whether a device runs them is fused_chunks_apply's question.
+bool fused_kernels_take(c10::ScalarType gemm_dtype, int64_t dim);
 
 }  // namespace myriad

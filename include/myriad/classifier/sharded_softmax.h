@@ -32,6 +32,14 @@ enum class NonFinitePolicy {
            // loss scaling overflowed: the trainer skips the step)
 };
 
+// Whether the fused Hopper kernels compute the logits (see ShardedMarginSoftmax::kernels()). They
+// apply on H100 and H200 GPUs with bfloat16 GEMMs and D a multiple of 8 up to 512.
+enum class FusedKernels {
+  kAuto,      // where they apply
+  kRequired,  // where they do not, the constructor fails on every rank before allocating
+  kOff,       // GEMMs and softmax kernels everywhere
+};
+
 struct ShardedSoftmaxOptions {
   int64_t num_classes = 0;
   int64_t embedding_size = 0;
@@ -53,9 +61,7 @@ struct ShardedSoftmaxOptions {
   // Initial weights are normal(0, init_std), drawn per global element so that they do not
   // depend on the number of ranks.
   double init_std = 0.01;
-  // Run the fused Hopper kernels where they apply (see kernels()); false keeps the GEMMs and
-  // softmax kernels everywhere.
-  bool fused_kernels = true;
+  FusedKernels fused_kernels = FusedKernels::kAuto;
 };
 
 // The classifier of design §1: this rank's shard W_r [n_r, D] of a margin-softmax classifier

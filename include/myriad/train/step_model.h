@@ -32,6 +32,8 @@ struct StepShape {
   int64_t classifier_weight_bytes = 4;
   // Whether the GEMMs read the stored shard or a copy of it (row_source()).
   RowSource classifier_rows = RowSource::kCopy;
+  // Whether the logits exist in memory, or only in the fused kernels' registers.
+  Logits classifier_logits = Logits::kInMemory;
   int64_t classifier_workspace = int64_t{2} << 30;
   int64_t backbone_params = 0;
   int64_t backbone_states = 1;  // SGD 1, AdamW 2

@@ -30,7 +30,7 @@ namespace {
 using namespace hopper;
 
 constexpr int kRows = 128;  // samples per CTA
-constexpr int kTile = 128;  // classes per tile
+constexpr int kTile = kFusedTileClasses;
 constexpr int kWarpgroup = 128;
 constexpr int kConsumers = 2 * kWarpgroup;
 constexpr int kThreads = kConsumers + kWarpgroup;  // and one producer warpgroup

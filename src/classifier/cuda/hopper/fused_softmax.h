@@ -15,6 +15,8 @@ namespace myriad::cuda {
 
 // Embeddings up to this width keep a CTA's 128 rows of x̂ in shared memory.
 constexpr int kFusedMaxDim = 512;
+// Classes per tile: the chunk plan cuts chunks in whole tiles (kFusedTileRows).
+constexpr int kFusedTileClasses = 128;
 
 // Whether `device` runs the fused kernels for `dim`-wide embeddings: compute capability 9.0,
 // dim a multiple of 8 and at most kFusedMaxDim.
