@@ -192,8 +192,7 @@ torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& ro
 bool fused_chunks_apply(const torch::Device& device, int64_t dim, torch::ScalarType gemm_dtype) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
   return device.is_cuda() && fused_kernels_take(gemm_dtype, dim) &&
-         cuda::fused_softmax_applies(device.index() < 0 ? 0 : device.index(),
-                                     static_cast<int>(dim));
+         cuda::fused_softmax_runs_on(device.index() < 0 ? 0 : device.index());
 #else
   (void)device, (void)dim, (void)gemm_dtype;
   return false;

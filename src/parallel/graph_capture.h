@@ -1,7 +1,8 @@
 #pragma once
 
-// CUDA graph capture for the training code (src/parallel, not installed): the scopes StageGraphs
-// records a stage's graphs in, and profile_blocks times a block's replay in. CUDA builds only.
+// CUDA graph capture and streams for the training code (src/parallel, not installed): the scopes
+// StageGraphs records a stage's graphs in, and profile_blocks times a block's replay in, and the
+// ordering of one stream after another. CUDA builds only.
 
 #ifdef MYRIAD_WITH_CUDA
 
@@ -72,6 +73,13 @@ class AutocastCacheOff {
   bool was_;
 };
 
+// Work queued on `waiter` from now on runs after everything queued on `done` so far.
+inline void wait_for_stream(c10::cuda::CUDAStream waiter, c10::cuda::CUDAStream done) {
+  at::cuda::CUDAEvent event;
+  event.record(done);
+  event.block(waiter);
+}
+
 // The scope's work on a stream of its own, forked from the current one and joined back at its end
 // (on failure too): a capture needs a stream other than the legacy default.
 class SideStream {
@@ -79,9 +87,7 @@ class SideStream {
   explicit SideStream(c10::DeviceIndex device)
       : current_(c10::cuda::getCurrentCUDAStream(device)),
         side_(c10::cuda::getStreamFromPool(false, device)) {
-    at::cuda::CUDAEvent fork;
-    fork.record(current_);
-    fork.block(side_);
+    wait_for_stream(side_, current_);
     guard_.emplace(side_);
   }
   ~SideStream() {

@@ -23,7 +23,7 @@ PhaseTimer::PhaseTimer(const torch::Device& device, bool enabled)
 PhaseTimer::~PhaseTimer() = default;
 
 void PhaseTimer::mark(const std::string& phase) {
-  if (!enabled_) return;
+  if (!enabled_ || paused_) return;
   Boundary b;
   b.ended = running_;
   b.host = std::chrono::steady_clock::now();

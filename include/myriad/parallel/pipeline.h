@@ -141,6 +141,7 @@ class PipelineEngine {
  private:
   struct MicroBatch;
   class BusyClock;
+  class PartsStream;
   void send(const std::vector<torch::Tensor>& tensors, int peer);
   std::vector<torch::Tensor> exchange(const std::vector<torch::Tensor>& tensors,
                                       const std::vector<torch::ScalarType>& dtypes, int peer);
@@ -179,6 +180,7 @@ class PipelineEngine {
   torch::Tensor labels_;  // the step's, on the last stage
   std::vector<torch::Tensor> image_parts_, key_parts_, label_parts_;
   std::unique_ptr<BusyClock> clock_;
+  std::unique_ptr<PartsStream> parts_stream_;  // 1F1B on a GPU, on stages before the last
   PhaseTimer* timer_ = nullptr;
   // The graphs of this stage's micro-batches, or none, and how the schedule uses their slots.
   std::unique_ptr<StageGraphs> make_graphs();

@@ -23,6 +23,9 @@ class PhaseTimer {
   void mark(const std::string& phase);
   // Ends the running phase without starting another.
   void stop();
+  // While paused, marks are ignored: they would come from work queued on another stream, whose
+  // events cannot be read against this stream's boundaries.
+  void pause(bool paused) { paused_ = paused; }
   // Milliseconds per phase since the last reset (waits for the device).
   std::map<std::string, double> totals();
   void reset();
@@ -33,6 +36,7 @@ class PhaseTimer {
 
   torch::Device device_;
   bool enabled_;
+  bool paused_ = false;
   std::string running_;
   std::vector<Boundary> boundaries_;
   std::map<std::string, double> totals_;

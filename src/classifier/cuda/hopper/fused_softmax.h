@@ -18,9 +18,9 @@ constexpr int kFusedMaxDim = 512;
 // Classes per tile: the chunk plan cuts chunks in whole tiles (kFusedTileRows).
 constexpr int kFusedTileClasses = 128;
 
-// Whether `device` runs the fused kernels for `dim`-wide embeddings: compute capability 9.0,
-// dim a multiple of 8 and at most kFusedMaxDim.
-bool fused_softmax_applies(int device, int dim);
+// Whether `device` runs the fused kernels: compute capability 9.0 (H100, H200). The shapes they
+// take are fused_kernels_take's rule (chunk_plan.h).
+bool fused_softmax_runs_on(int device);
 
 // How many parts of the classes fused_logit_stats reports for this shape on `device`: rows of
 // group_max and group_sum.
