@@ -12,7 +12,9 @@
 # launch/mpirun.sh during a checkpoint of several seconds, then a resume), backbones (the training
 # benchmark of insightface's r200, mbf and ViTs), pipeline (on 2 GPUs, 2 stages against data
 # parallelism for vit_h and r200 at the same global batch on both schedules; on one GPU, the cost
-# of micro-batches with and without CUDA graphs; and the largest batch per replica of each),
+# of micro-batches with and without CUDA graphs; and the largest batch per replica of each, with
+# and without activation checkpointing; PIPELINE_NETS, PIPELINE_RUNS, PIPELINE_LAYOUTS and
+# PIPELINE_FROM select parts, see the section),
 # profile (scripts/profile-step.sh: one step of iresnet50 and of iresnet100 by kind of kernel,
 # on two GPUs side by side where there are two) (default: all).
 #
@@ -334,44 +336,66 @@ if wants backbones; then
     --backbones r200,mbf,vit_t,vit_s,vit_b,vit_l,vit_h 2>&1 | tee -a "$summary" || status=1
 fi
 if wants pipeline; then
-  # PIPELINE_NETS names the networks (default: vit_h r200).
+  # PIPELINE_NETS names the networks (default: vit_h r200); PIPELINE_RUNS the parts (default:
+  # "speed largest"), PIPELINE_LAYOUTS the layouts of the largest-batch search and PIPELINE_FROM
+  # its first batch (below), so that the section can be split over calls shorter than a device's
+  # limit.
   nets=${PIPELINE_NETS:-vit_h r200}
-  if [ "$gpus" -ge 2 ]; then
-    # The same global batch of 512 on 2 GPUs: 2 replicas of 256 (P = 1), or one replica of 512 cut
-    # into 2 stages with M = 8 on each schedule, with CUDA graphs (docs/pipeline.md).
-    bench=("$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-pipeline" --gpus 2 --precisions bf16
-           --backbones "$(echo $nets | tr ' ' ,)" --steps 10)
-    "${bench[@]}" --batch-size 256 --label "P=1" 2>&1 | tee -a "$summary" || status=1
-    for schedule in gpipe 1f1b; do
-      "${bench[@]}" --batch-size 512 --label "P=2 M=8 $schedule" -- --pipeline-stages 2 --micro-batches 8 \
-        --pipeline-schedule "$schedule" --cuda-graphs on 2>&1 | tee -a "$summary" || status=1
-    done
-  else
-    # One GPU: the cost of micro-batches, 256 images as 1 or 8 micro-batches, eager and recorded.
-    bench=("$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-micro-batches" --gpus 1 --precisions bf16
-           --backbones "$(echo $nets | tr ' ' ,)" --steps 6)
-    for graphs in off on; do
-      "${bench[@]}" --label "M=1 graphs $graphs" -- --cuda-graphs "$graphs" 2>&1 | tee -a "$summary" || status=1
-      "${bench[@]}" --label "M=8 1f1b graphs $graphs" -- --micro-batches 8 --pipeline-schedule 1f1b \
-        --cuda-graphs "$graphs" 2>&1 | tee -a "$summary" || status=1
-    done
+  runs=${PIPELINE_RUNS:-speed largest}
+  if [[ " $runs " == *" speed "* ]]; then
+    if [ "$gpus" -ge 2 ]; then
+      # The same global batch of 512 on 2 GPUs: 2 replicas of 256 (P = 1), or one replica of 512
+      # cut into 2 stages with M = 8 on each schedule, with CUDA graphs (docs/pipeline.md).
+      bench=("$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-pipeline" --gpus 2 --precisions bf16
+             --backbones "$(echo $nets | tr ' ' ,)" --steps 10)
+      "${bench[@]}" --batch-size 256 --label "P=1" 2>&1 | tee -a "$summary" || status=1
+      for schedule in gpipe 1f1b; do
+        "${bench[@]}" --batch-size 512 --label "P=2 M=8 $schedule" -- --pipeline-stages 2 --micro-batches 8 \
+          --pipeline-schedule "$schedule" --cuda-graphs on 2>&1 | tee -a "$summary" || status=1
+      done
+    else
+      # One GPU: the cost of micro-batches, 256 images as 1 or 8 micro-batches, eager and recorded.
+      bench=("$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-micro-batches" --gpus 1 --precisions bf16
+             --backbones "$(echo $nets | tr ' ' ,)" --steps 6)
+      for graphs in off on; do
+        "${bench[@]}" --label "M=1 graphs $graphs" -- --cuda-graphs "$graphs" 2>&1 | tee -a "$summary" || status=1
+        "${bench[@]}" --label "M=8 1f1b graphs $graphs" -- --micro-batches 8 --pipeline-schedule 1f1b \
+          --cuda-graphs "$graphs" 2>&1 | tee -a "$summary" || status=1
+      done
+    fi
   fi
-  # The largest batch per replica that trains two steps: with P = 1 on one GPU, with 1F1B's 8
-  # micro-batches on one GPU, and, where there are two, with P = 2 (M = 8, GPipe and 1F1B):
-  # doubling from 64 until a run fails (4096 at most), then halving the gap once.
+  # The largest batch per replica that trains two steps, for each layout: p1 (one GPU), p1-1f1b
+  # (one GPU, 1F1B's 8 micro-batches), p2-gpipe and p2-1f1b (2 stages, M = 8, CUDA graphs), each
+  # also with --activation-checkpointing (+ac; eager, since graphs exclude it): doubling from
+  # PIPELINE_FROM (default 64) until a run fails (4096 at most), then halving the gap once.
   fits() { # LAYOUT NET BATCH
-    local layout=$1 net=$2 batch=$3 gpus_used=1 extra=()
+    local layout=${1%+ac} net=$2 batch=$3 gpus_used=1 extra=(--)
     case "$layout" in
-      p1-1f1b) extra=(-- --micro-batches 8 --pipeline-schedule 1f1b) ;;
-      p2-*) gpus_used=2; extra=(-- --pipeline-stages 2 --micro-batches 8 --pipeline-schedule "${layout#p2-}" --cuda-graphs on) ;;
+      p1) ;;
+      p1-1f1b) extra+=(--micro-batches 8 --pipeline-schedule 1f1b) ;;
+      p2-gpipe | p2-1f1b) gpus_used=2; extra+=(--pipeline-stages 2 --micro-batches 8 --pipeline-schedule "${layout#p2-}") ;;
     esac
+    if [ "$layout" != "$1" ]; then
+      extra+=(--activation-checkpointing --cuda-graphs off)
+    elif [ "$gpus_used" -eq 2 ]; then
+      extra+=(--cuda-graphs on)
+    fi
     "$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-largest" --gpus "$gpus_used" --precisions bf16 \
-      --backbones "$net" --steps 2 --batch-size "$batch" --label "largest $layout" "${extra[@]}" >/dev/null 2>&1
+      --backbones "$net" --steps 2 --batch-size "$batch" --label "largest $1" "${extra[@]}" >/dev/null 2>&1
   }
   layouts="p1 p1-1f1b"; [ "$gpus" -ge 2 ] && layouts="$layouts p2-gpipe p2-1f1b"
+  layouts=${PIPELINE_LAYOUTS:-$layouts $(printf '%s+ac ' $layouts)}
+  [[ " $runs " == *" largest "* ]] || layouts=""
+  for layout in $layouts; do
+    case "${layout%+ac}" in
+      p1 | p1-1f1b | p2-gpipe | p2-1f1b) ;;
+      *) note "PIPELINE_LAYOUTS: unknown layout '$layout' (p1, p1-1f1b, p2-gpipe, p2-1f1b, each with or without +ac)"
+         status=1; layouts="" ;;
+    esac
+  done
   for net in $nets; do
     for layout in $layouts; do
-      ok=0 bad=64
+      ok=0 bad=${PIPELINE_FROM:-64}
       while [ "$bad" -le 4096 ] && fits "$layout" "$net" "$bad"; do ok=$bad; bad=$((bad * 2)); done
       if [ "$bad" -gt 4096 ]; then
         note "largest batch per replica, $net, $layout: at least $ok (the most tried)"
@@ -381,7 +405,12 @@ if wants pipeline; then
       if [ "$mid" -gt "$ok" ] && [ "$mid" -lt "$bad" ]; then
         if fits "$layout" "$net" "$mid"; then ok=$mid; else bad=$mid; fi
       fi
-      note "largest batch per replica, $net, $layout: $ok trains, $bad does not (bf16, no activation checkpointing)"
+      ac=no; [ "$layout" = "${layout%+ac}" ] || ac=with
+      if [ "$ok" -eq 0 ]; then
+        note "largest batch per replica, $net, $layout: none tried trains, down to $bad (bf16, $ac activation checkpointing)"
+      else
+        note "largest batch per replica, $net, $layout: $ok trains, $bad does not (bf16, $ac activation checkpointing)"
+      fi
     done
   done
 fi
