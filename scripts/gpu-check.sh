@@ -342,6 +342,12 @@ if wants pipeline; then
   # limit.
   nets=${PIPELINE_NETS:-vit_h r200}
   runs=${PIPELINE_RUNS:-speed largest}
+  for run in $runs; do
+    [ "$run" = speed ] || [ "$run" = largest ] \
+      || { note "PIPELINE_RUNS: unknown part '$run' (speed, largest)"; status=1; runs=""; }
+  done
+  [[ "${PIPELINE_FROM:-64}" =~ ^[1-9][0-9]*$ ]] \
+    || { note "PIPELINE_FROM must be a positive batch size, not '$PIPELINE_FROM'"; status=1; runs=""; }
   if [[ " $runs " == *" speed "* ]]; then
     if [ "$gpus" -ge 2 ]; then
       # The same global batch of 512 on 2 GPUs: 2 replicas of 256 (P = 1), or one replica of 512
