@@ -48,13 +48,24 @@ std::vector<BlockCost> block_costs(const TrainConfig& c, Backbone& backbone, Com
 }
 
 // What a stage may hold: --pipeline-memory, or 90% of the device's free memory less the
-// classifier's workspace (no limit on the CPU).
-double stage_memory(const TrainConfig& c, const torch::Device& device) {
-  if (c.pipeline_memory > 0) return static_cast<double>(c.pipeline_memory);
-  const DeviceMemory memory = device_memory(device);
-  return memory.total > 0
-             ? 0.9 * static_cast<double>(memory.free) - static_cast<double>(c.classifier_workspace)
-             : std::numeric_limits<double>::infinity();
+// classifier's workspace (no limit on the CPU); the least of any rank's, since every rank must
+// take the same cut. The memory that rank 0's block profile left cached in the allocator is given
+// back first: read as taken, it left rank 0 planning vit_h with 45.7 GiB of an H200, less than
+// half of what an idle one leaves, and ranks that balance on different budgets can take different
+// cuts.
+double stage_memory(const TrainConfig& c, const torch::Device& device, Communicator& mpi) {
+  double budget = std::numeric_limits<double>::infinity();
+  if (c.pipeline_memory > 0) {
+    budget = static_cast<double>(c.pipeline_memory);
+  } else {
+    release_cached_memory(device);
+    const DeviceMemory memory = device_memory(device);
+    if (memory.total > 0)
+      budget = 0.9 * static_cast<double>(memory.free) - static_cast<double>(c.classifier_workspace);
+  }
+  torch::Tensor least = torch::full({1}, budget, torch::kFloat64);
+  mpi.all_reduce(least, ReduceOp::kMin);
+  return least.item<double>();
 }
 
 void log_plan(const TrainConfig& c, const Backbone& backbone, const std::vector<BlockCost>& costs,
@@ -97,7 +108,7 @@ PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicato
   const std::vector<BlockCost> measured = block_costs(c, backbone, mpi, rank, device, autocast);
   const std::vector<BlockCost> replayed = replayed_costs(measured);
   const std::vector<BlockCost>& costs = cuda_graphs_expected(c, device) ? replayed : measured;
-  const double memory = stage_memory(c, device);
+  const double memory = stage_memory(c, device, mpi);
   // The fastest cut that fits under `schedule` (the hand cut, if it fits), or none.
   const bool balance = c.pipeline_split.empty() && stages > 1;
   const auto fitting = [&](PipelineSchedule schedule) -> std::optional<StageCut> {

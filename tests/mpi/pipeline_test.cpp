@@ -12,6 +12,9 @@
 #include "myriad/model/backbone.h"
 #include "myriad/parallel/gradient_sync.h"
 #include "myriad/parallel/pipeline.h"
+#include "myriad/parallel/pipeline_balance.h"
+#include "myriad/train/pipeline_plan.h"
+#include "myriad/train/train_config.h"
 #include "myriad/util/device.h"
 #include "myriad/util/format.h"
 #include "support/reference_softmax.h"
@@ -460,6 +463,58 @@ TEST_P(PipelineTest, CapturedAllReduceGivesEagerGradientsBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PipelineTest, ::testing::Values("mpi", "nccl"), backend_name);
+
+class PipelinePlanTest : public MpiTest {};
+
+// Every rank plans with the least budget of any rank. Here rank 0's --pipeline-memory holds
+// GPipe's 8 micro-batches and the other ranks' only 1F1B's fewer: every rank must take 1F1B, and
+// one cut. A rank that planned with its own budget would run GPipe beside stages running 1F1B.
+TEST_F(PipelinePlanTest, EveryRankPlansWithTheLeastBudget) {
+  if (world() < 2) GTEST_SKIP() << "a plan of one stage has no budget to agree on";
+  TrainConfig c;
+  c.backbone = "smallcnn";  // 4 blocks: up to 4 stages
+  c.input = {1, 16, 16};
+  c.embedding_size = 16;
+  c.batch_size = 16;
+  c.micro_batches = 8;
+  c.pipeline_stages = world();
+  BackboneOptions o;
+  o.name = c.backbone;
+  o.input = c.input;
+  o.embedding_size = c.embedding_size;
+  torch::manual_seed(3);
+  const std::shared_ptr<Backbone> net = make_backbone(o);
+  // On the CPU a block's activation bytes are its output's, the same in every profile: the least
+  // budget that some cut fits in under each schedule, by bisection.
+  const int64_t micro_batch = c.batch_size / c.micro_batches;
+  const std::vector<BlockCost> costs = profile_blocks(
+      *net, {torch::randn({micro_batch, 1, 16, 16}), torch::arange(micro_batch), torch::Tensor()},
+      torch::kCPU, std::nullopt, parameter_state_factor(c));
+  const auto least_budget = [&](PipelineSchedule schedule) {
+    const std::vector<int64_t> in_flight =
+        micro_batches_in_flight(schedule, world(), c.micro_batches);
+    double low = 0.0, high = 1e12;
+    for (int i = 0; i < 80; ++i) {
+      const double mid = (low + high) / 2;
+      (balance_stages(costs, in_flight, mid) ? high : low) = mid;
+    }
+    return high;
+  };
+  const double gpipe = least_budget(PipelineSchedule::kGPipe);
+  const double one_f_one_b = least_budget(PipelineSchedule::k1F1B);
+  ASSERT_LT(one_f_one_b + 2, gpipe);
+  c.pipeline_memory = static_cast<int64_t>(rank() == 0 ? 2 * gpipe : (gpipe + one_f_one_b) / 2);
+  const PipelinePlan plan =
+      plan_pipeline(c, *net, comm(torch::kCPU), rank(), torch::kCPU, std::nullopt);
+  EXPECT_EQ(plan.schedule, PipelineSchedule::k1F1B);
+  std::vector<int64_t> mine = plan.cut;
+  mine.push_back(static_cast<int64_t>(plan.schedule));
+  const torch::Tensor local = torch::tensor(mine, torch::kInt64);
+  torch::Tensor first = local.clone();
+  comm(torch::kCPU).broadcast(first, 0);
+  EXPECT_TRUE(torch::equal(local, first))
+      << "rank " << rank() << " planned " << local << ", rank 0 " << first;
+}
 
 }  // namespace
 }  // namespace myriad::testing

@@ -33,13 +33,13 @@ struct PipelinePlan {
 };
 
 // The plan for `config`: the whole backbone with one stage; the hand cut (--pipeline-split); or
-// the fastest cut that fits in each GPU's memory beside the classifier's workspace, under the
-// profile rank 0 takes of every block (at one micro-batch) and broadcasts over `mpi`, so that
-// every rank computes the same plan. The cut balances the blocks' replayed times when the stages
-// will likely replay CUDA graphs (--cuda-graphs on, or auto where graphs can run), else their
-// eager times. --pipeline-schedule auto takes GPipe unless only 1F1B's
-// fewer micro-batches in flight fit. Collective when it profiles; logs the stages (and with
-// --pipeline-profile every block).
+// the fastest cut that fits in the memory every GPU has beside the classifier's workspace (the
+// least of any rank's, or --pipeline-memory), under the profile rank 0 takes of every block (at
+// one micro-batch) and broadcasts over `mpi`, so that every rank computes the same plan. The cut
+// balances the blocks' replayed times when the stages will likely replay CUDA graphs (--cuda-graphs
+// on, or auto where graphs can run), else their eager times. --pipeline-schedule auto takes GPipe
+// unless only 1F1B's fewer micro-batches in flight fit. Collective when it profiles; logs the
+// stages (and with --pipeline-profile every block).
 PipelinePlan plan_pipeline(const TrainConfig& config, Backbone& backbone, Communicator& mpi,
                            int rank, const torch::Device& device,
                            std::optional<torch::ScalarType> autocast);
