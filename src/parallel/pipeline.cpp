@@ -253,20 +253,23 @@ class PipelineEngine::BusyClock {
 // its own. Every rank takes part in part m, and the last stage runs it between m's forward and
 // backward. Queued on the first stage's stream, it waited there behind that stage's next forward:
 // 7-8 ms a micro-batch of r200 at P = 2 on H200s, a bubble of 0.42 instead of GPipe's 0.15. On a
-// stream of its own it runs beside that forward. The parts see the step's earlier work (fork: the
-// rows begin_parts chose, the last update), and the stage's stream waits for each part (join)
-// before its next transfer: the classifier's communicator then serves one stream at a time, and
-// no transfer spins on the GPU waiting for a part queued behind it.
+// stream of its own it runs beside that forward. Each part runs after the stage's work queued up
+// to the latest mark (the step's start: the rows begin_parts chose, the last update; then each
+// transfer), and the stage's stream waits for each part (join) before its next transfer. So no
+// NCCL kernel of one communicator waits on this GPU beside one of another that it depends on
+// through the other ranks: NCCL does not promise that two such kernels run at once.
 class PipelineEngine::PartsStream {
  public:
 #ifdef MYRIAD_WITH_CUDA
   explicit PartsStream(c10::DeviceIndex device)
       : device_(device), parts_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)) {}
-  void fork() {
-    wait_for_stream(parts_, c10::cuda::getCurrentCUDAStream(device_));
+  // The parts queued from now on run after everything the stage has queued so far.
+  void mark() {
+    marked_.record(c10::cuda::getCurrentCUDAStream(device_));
   }
   void run(const std::function<void()>& part) {
     const c10::cuda::CUDAStream stage = c10::cuda::getCurrentCUDAStream(device_);
+    marked_.block(parts_);
     {
       const c10::cuda::CUDAStreamGuard on_parts(parts_);
       part();
@@ -277,9 +280,10 @@ class PipelineEngine::PartsStream {
  private:
   c10::DeviceIndex device_;
   c10::cuda::CUDAStream parts_;
+  at::cuda::CUDAEvent marked_;
 #else
   // The host runs a CPU stage's work in order: there is nothing to run beside.
-  void fork() {}
+  void mark() {}
   void run(const std::function<void()>& part) {
     part();
   }
@@ -318,6 +322,10 @@ PipelineEngine::PipelineEngine(PipelineLayout layout, Backbone& backbone,
 
 PipelineEngine::~PipelineEngine() = default;
 
+void PipelineEngine::keep_parts_in_stream() {
+  parts_stream_.reset();
+}
+
 void PipelineEngine::place_stage() {
   move_blocks(backbone_, layout_.begin_block(), layout_.end_block(), device_);
 }
@@ -353,13 +361,23 @@ std::vector<torch::Tensor> PipelineEngine::stage_buffers() {
 void PipelineEngine::send(const std::vector<torch::Tensor>& tensors, int peer) {
   count_sent(tensors);
   pipe_->send(tensors, peer);
+  if (parts_stream_) parts_stream_->mark();
+}
+
+std::vector<torch::Tensor> PipelineEngine::recv(const std::vector<torch::ScalarType>& dtypes,
+                                                int peer) {
+  std::vector<torch::Tensor> got = pipe_->recv(dtypes, peer);
+  if (parts_stream_) parts_stream_->mark();
+  return got;
 }
 
 std::vector<torch::Tensor> PipelineEngine::exchange(const std::vector<torch::Tensor>& tensors,
                                                     const std::vector<torch::ScalarType>& dtypes,
                                                     int peer) {
   count_sent(tensors);
-  return pipe_->exchange(tensors, dtypes, peer);
+  std::vector<torch::Tensor> got = pipe_->exchange(tensors, dtypes, peer);
+  if (parts_stream_) parts_stream_->mark();
+  return got;
 }
 
 void PipelineEngine::count_sent(const std::vector<torch::Tensor>& tensors) {
@@ -427,7 +445,7 @@ Activations PipelineEngine::received_input(std::vector<torch::Tensor> got) const
 
 Activations PipelineEngine::receive_forward(int m) {
   return layout_.first() ? local_input(m)
-                         : received_input(pipe_->recv(kActivationDtypes, layout_.stage - 1));
+                         : received_input(recv(kActivationDtypes, layout_.stage - 1));
 }
 
 std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activations in) {
@@ -568,7 +586,7 @@ torch::Tensor PipelineEngine::gpipe(const ClassifierStep& classify, GradientSync
       layout_.last() ? grad.chunk(m_count) : std::vector<torch::Tensor>();
   for (int m = m_count - 1; m >= 0; --m) {
     const torch::Tensor incoming =
-        layout_.last() ? grads[m] : pipe_->recv(kGradientDtypes, layout_.stage + 1)[0];
+        layout_.last() ? grads[m] : recv(kGradientDtypes, layout_.stage + 1)[0];
     const torch::Tensor input_grad = backward_micro_batch(m, incoming, sync, m == 0);
     if (!layout_.first()) send({input_grad}, layout_.stage - 1);
   }
@@ -588,7 +606,7 @@ torch::Tensor PipelineEngine::one_f_one_b(const ClassifierStep& classify,
   const int warmup = std::min(layout_.stages - layout_.stage - 1, m_count);
   const int remaining = m_count - warmup;
   const int previous = layout_.stage - 1, next = layout_.stage + 1;
-  if (parts_stream_) parts_stream_->fork();
+  if (parts_stream_) parts_stream_->mark();
   torch::Tensor loss;
   for (int m = 0; m < warmup; ++m) send(forward_micro_batch(m, receive_forward(m)), next);
   Activations in;
@@ -609,7 +627,7 @@ torch::Tensor PipelineEngine::one_f_one_b(const ClassifierStep& classify,
   }
   for (int b = remaining; b < m_count; ++b) {
     run_classifier(micro_batches_[b].output, part_labels(b), classify, loss);
-    const torch::Tensor incoming = pipe_->recv(kGradientDtypes, next)[0];
+    const torch::Tensor incoming = recv(kGradientDtypes, next)[0];
     const torch::Tensor input_grad = backward_micro_batch(b, incoming, sync, b == m_count - 1);
     if (!layout_.first()) send({input_grad}, previous);
   }

@@ -393,6 +393,7 @@ void Run::build_pipeline() {
     batch_norm_comm_ = comms_.create_split(device_, layout_.stage, layout_.replica);
     batch_norm_comm_->set_checks(false);
     set_batch_norm_sync(*backbone_, batch_norm_comm_.get());
+    engine_->keep_parts_in_stream();
   }
   // Dropout differs between ranks, as in any data-parallel run.
   torch::manual_seed(c_.seed + 1000003 * static_cast<uint64_t>(context_.rank() + 1));

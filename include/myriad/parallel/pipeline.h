@@ -137,12 +137,19 @@ class PipelineEngine {
   void use_cuda_graphs(bool on = true);
   // Whether this stage's micro-batches run as CUDA graphs (or will from the next step).
   bool cuda_graphs() const { return graphs_wanted_; }
+  // Under 1F1B on GPUs the stages before the last run the classifier's parts beside their own
+  // work, on a stream of their own (docs/pipeline.md, "Streams"). A stage whose passes run
+  // collectives of their own (SyncBN) keeps them in its stream instead: NCCL kernels of two
+  // communicators must never wait for each other on one GPU.
+  void keep_parts_in_stream();
 
  private:
   struct MicroBatch;
   class BusyClock;
   class PartsStream;
+  // The step's transfers between stages (counted, and marked for the classifier parts' stream).
   void send(const std::vector<torch::Tensor>& tensors, int peer);
+  std::vector<torch::Tensor> recv(const std::vector<torch::ScalarType>& dtypes, int peer);
   std::vector<torch::Tensor> exchange(const std::vector<torch::Tensor>& tensors,
                                       const std::vector<torch::ScalarType>& dtypes, int peer);
   void count_sent(const std::vector<torch::Tensor>& tensors);
