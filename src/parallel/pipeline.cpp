@@ -98,8 +98,9 @@ torch::Tensor from_wire(const Backbone& backbone, const torch::Tensor& x) {
 // as a graph, whose replays the events time. Timing the kernels queued eagerly behind a spinning
 // kernel instead came out 11-13% above the replayed stages (r200, P = 2, nvidia-h200-x4): a
 // graph's kernels also start closer together than a stream's. A block that cannot be recorded
-// keeps its eager time: profiling must not end the run (the other ranks wait for its result).
-double replay_seconds(const std::function<void()>& work, int calls, double eager_seconds,
+// keeps its time launched and waited for: profiling must not end the run (the other ranks wait
+// for its result).
+double replay_seconds(const std::function<void()>& work, int calls, double waited_seconds,
                       const torch::Device& device) {
   const c10::DeviceIndex index = device.index();
   const c10::cuda::CUDAGuard on_device(device);
@@ -123,9 +124,11 @@ double replay_seconds(const std::function<void()>& work, int calls, double eager
     return start.elapsed_time(stop) / 1e3 / calls;
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    log_debug("profile: a block recorded as a CUDA graph failed ({}): its eager time stands",
-              what.substr(0, what.find('\n')));
-    return eager_seconds;
+    log_debug(
+        "profile: a block recorded as a CUDA graph failed ({}): its time launched and waited for "
+        "stands",
+        what.substr(0, what.find('\n')));
+    return waited_seconds;
   }
 }
 #endif
@@ -161,16 +164,20 @@ std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sam
     };
     run(false);  // warm-up: kernels chosen, memory pools grown
     wait_for(device);
+    // The host's launches alone, then with the device's work waited for: the first is what an
+    // eager stage's host spends on the block, the second stands for the device's time where no
+    // graph can time it.
     const auto start = Clock::now();
     for (int r = 0; r < kRepeats; ++r) run(false);
-    wait_for(device);
     BlockCost& cost = costs[static_cast<size_t>(b)];
-    cost.seconds = seconds_since(start) / kRepeats;
-    cost.replay_seconds = cost.seconds;
+    cost.launch_seconds = seconds_since(start) / kRepeats;
+    wait_for(device);
+    cost.device_seconds = seconds_since(start) / kRepeats;
     Activations out;
 #ifdef MYRIAD_WITH_CUDA
     if (device.is_cuda()) {
-      cost.replay_seconds = replay_seconds([&] { run(false); }, kRepeats, cost.seconds, device);
+      cost.device_seconds =
+          replay_seconds([&] { run(false); }, kRepeats, cost.device_seconds, device);
       // What forward keeps for backward: allocated memory with the graph alive, against without.
       const int64_t before = allocated_device_memory(device);
       out = run(true);
@@ -489,9 +496,8 @@ torch::Tensor PipelineEngine::run_classifier(const torch::Tensor& output,
       return torch::Tensor();
     }
     // The timer's boundaries are events on the stage's stream: the part, beside it, is not timed.
-    if (timer_ != nullptr) timer_->pause(true);
+    const PhaseTimer::Paused untimed(timer_);
     parts_stream_->run(part);
-    if (timer_ != nullptr) timer_->pause(false);
     return torch::Tensor();
   }
   const torch::Tensor embeddings = output.detach().requires_grad_(true);

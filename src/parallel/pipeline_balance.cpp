@@ -1,5 +1,6 @@
 #include "myriad/parallel/pipeline_balance.h"
 
+#include <algorithm>
 #include <limits>
 #include <sstream>
 
@@ -8,9 +9,12 @@
 namespace myriad {
 
 double stage_seconds(const std::vector<BlockCost>& costs, int64_t begin, int64_t end) {
-  double seconds = 0.0;
-  for (int64_t b = begin; b < end; ++b) seconds += costs[b].seconds;
-  return seconds;
+  double device = 0.0, launch = 0.0;
+  for (int64_t b = begin; b < end; ++b) {
+    device += costs[b].device_seconds;
+    launch += costs[b].launch_seconds;
+  }
+  return std::max(device, launch);
 }
 
 double stage_bytes(const std::vector<BlockCost>& costs, int64_t begin, int64_t end,
@@ -22,7 +26,7 @@ double stage_bytes(const std::vector<BlockCost>& costs, int64_t begin, int64_t e
 }
 
 std::vector<BlockCost> replayed_costs(std::vector<BlockCost> costs) {
-  for (BlockCost& cost : costs) cost.seconds = cost.replay_seconds;
+  for (BlockCost& cost : costs) cost.launch_seconds = 0.0;
   return costs;
 }
 

@@ -32,8 +32,8 @@ std::vector<BlockCost> block_costs(const TrainConfig& c, Backbone& backbone, Com
     const std::vector<BlockCost> costs =
         profile_blocks(backbone, sample, device, autocast, parameter_state_factor(c));
     for (int64_t b = 0; b < blocks; ++b) {
-      table[b][0] = costs[b].seconds;
-      table[b][1] = costs[b].replay_seconds;
+      table[b][0] = costs[b].device_seconds;
+      table[b][1] = costs[b].launch_seconds;
       table[b][2] = costs[b].activation_bytes;
       table[b][3] = costs[b].state_bytes;
     }
@@ -74,17 +74,20 @@ void log_plan(const TrainConfig& c, const Backbone& backbone, const std::vector<
   if (c.pipeline_profile) {
     for (int64_t b = 0; b < backbone.num_blocks(); ++b) {
       log_info(
-          "block {} {}: {:.2f} ms forward+backward ({:.2f} replayed), {} activations, {} state", b,
-          backbone.block_name(b), 1e3 * costs[b].seconds, 1e3 * costs[b].replay_seconds,
+          "block {} {}: forward+backward {:.2f} ms on the device (replayed), {:.2f} ms to launch, "
+          "{} activations, {} state",
+          b, backbone.block_name(b), 1e3 * costs[b].device_seconds, 1e3 * costs[b].launch_seconds,
           format_bytes(costs[b].activation_bytes), format_bytes(costs[b].state_bytes));
     }
   }
   for (size_t s = 0; s + 1 < cut.size(); ++s) {
     log_info(
         "pipeline stage {}: blocks [{}, {}) ({} to {}), predicted {:.2f} ms per micro-batch "
-        "({:.2f} replayed as CUDA graphs), {}",
+        "eagerly (bound by {}), {:.2f} replayed as CUDA graphs, {}",
         s, cut[s], cut[s + 1], backbone.block_name(cut[s]), backbone.block_name(cut[s + 1] - 1),
-        predicted.eager_ms[s], predicted.replay_ms[s], format_bytes(stage_bytes[s]));
+        predicted.eager_ms[s],
+        predicted.eager_ms[s] > predicted.replay_ms[s] ? "the host's launches" : "the device",
+        predicted.replay_ms[s], format_bytes(stage_bytes[s]));
   }
 }
 

@@ -39,10 +39,8 @@ TEST(PipelineBalance, EqualsTheBestOfAllContiguousCuts) {
     const int64_t n = 3 + trial % 9;
     const int p = 1 + trial % std::min<int64_t>(4, n);
     std::vector<BlockCost> costs(static_cast<size_t>(n));
-    for (BlockCost& c : costs) {
-      const double t = time(gen);
-      c = {t, t, bytes(gen), bytes(gen)};
-    }
+    // Blocks bound by the device and blocks bound by their launches, mixed in a stage.
+    for (BlockCost& c : costs) c = {time(gen), time(gen), bytes(gen), bytes(gen)};
     std::vector<int64_t> in_flight(static_cast<size_t>(p));
     for (int s = 0; s < p; ++s) in_flight[s] = 1 + (trial + s) % 4;
     // Half the trials under a memory limit that rules some cuts out.
@@ -77,7 +75,7 @@ TEST(PipelineBalance, EqualsTheBestOfAllContiguousCuts) {
 }
 
 TEST(PipelineBalance, AUniformModelIsCutEvenly) {
-  const std::vector<BlockCost> costs(12, BlockCost{1.0, 1.0, 0.0, 0.0});
+  const std::vector<BlockCost> costs(12, BlockCost{1.0, 0.5, 0.0, 0.0});
   const std::optional<StageCut> cut =
       balance_stages(costs, {4, 4, 4}, std::numeric_limits<double>::infinity());
   ASSERT_TRUE(cut.has_value());
@@ -93,12 +91,25 @@ TEST(PipelineBalance, HandSplitsMustGiveEveryStageABlock) {
   EXPECT_THROW(parse_pipeline_split("5,x", 3, 10), UsageError);
 }
 
-// Stages that replay CUDA graphs are balanced on the blocks' replay times: a block whose kernels
-// are long but few (launch-light) weighs more there than its eager time says.
-TEST(PipelineBalance, ReplayedCostsBalanceTheReplayTimes) {
+// An eager stage goes at the slower of its device and its host: the sum of its blocks' device
+// times, or of their launch times, whichever is larger; never the sum of the larger of each.
+TEST(PipelineBalance, AnEagerStageGoesAtTheSlowerOfDeviceAndHost) {
+  std::vector<BlockCost> costs(3);
+  const double device[] = {4.0, 1.0, 1.0}, launch[] = {1.0, 2.0, 2.0};
+  for (size_t b = 0; b < costs.size(); ++b) costs[b] = {device[b], launch[b], 0.0, 0.0};
+  EXPECT_DOUBLE_EQ(stage_seconds(costs, 0, 3), 6.0);  // the device's 6 against the host's 5
+  EXPECT_DOUBLE_EQ(stage_seconds(costs, 1, 3), 4.0);  // the host's 4 against the device's 2
+  EXPECT_DOUBLE_EQ(stage_seconds(costs, 0, 1), 4.0);
+  const StageCut cut = evaluate_cut(costs, {0, 1, 3}, {1, 1});
+  EXPECT_EQ(cut.stage_seconds, (std::vector<double>{4.0, 4.0}));
+}
+
+// Stages that replay CUDA graphs are balanced on the blocks' device times alone: a block whose
+// kernels are many but short (launch-heavy) weighs less there than its eager time says.
+TEST(PipelineBalance, ReplayedCostsBalanceTheDeviceTimes) {
   std::vector<BlockCost> costs(4);
-  const double eager[] = {1.0, 2.0, 2.0, 1.0}, replay[] = {1.0, 0.5, 0.5, 1.0};
-  for (size_t b = 0; b < costs.size(); ++b) costs[b] = {eager[b], replay[b], 0.0, 0.0};
+  const double device[] = {1.0, 0.5, 0.5, 1.0}, launch[] = {1.0, 2.0, 2.0, 1.0};
+  for (size_t b = 0; b < costs.size(); ++b) costs[b] = {device[b], launch[b], 0.0, 0.0};
   const double unlimited = std::numeric_limits<double>::infinity();
   const std::optional<StageCut> by_eager = balance_stages(costs, {1, 1, 1}, unlimited);
   const std::optional<StageCut> by_replay =

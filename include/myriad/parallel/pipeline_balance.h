@@ -7,12 +7,15 @@
 
 namespace myriad {
 
-// What one block of a backbone costs a pipeline stage (measured by profile_blocks).
+// What one block of a backbone costs a pipeline stage (measured by profile_blocks), for the
+// forward + backward of one micro-batch.
 struct BlockCost {
-  double seconds = 0.0;  // forward + backward of one micro-batch, launched from the host
-  // The same recorded as a CUDA graph and replayed, as a stage that replays graphs runs it (the
-  // host's launch gaps left out); `seconds` on the CPU.
-  double replay_seconds = 0.0;
+  // The device's own time: the block recorded as a CUDA graph and timed as replayed, as a stage
+  // that replays graphs runs it (on the CPU, and where a block cannot be recorded, its time
+  // launched from the host and waited for).
+  double device_seconds = 0.0;
+  // The host's time to launch the block eagerly, not waiting for the device; none for a replay.
+  double launch_seconds = 0.0;
   double activation_bytes = 0.0;  // kept from forward to backward, per micro-batch in flight
   double state_bytes = 0.0;       // parameters, gradients and optimizer state
 };
@@ -24,7 +27,9 @@ struct StageCut {
   std::vector<double> stage_bytes;    // state, plus activations of the micro-batches in flight
 };
 
-// The cost of stage [begin, end) holding `in_flight` micro-batches' activations.
+// The time of stage [begin, end) per micro-batch: the host launches the blocks while the device
+// runs what was launched, so the slower of the two sets the pace (the sum of the blocks' device
+// times, or of their launch times). Its memory with `in_flight` micro-batches' activations held.
 double stage_seconds(const std::vector<BlockCost>& costs, int64_t begin, int64_t end);
 double stage_bytes(const std::vector<BlockCost>& costs, int64_t begin, int64_t end,
                    int64_t in_flight);
@@ -37,7 +42,8 @@ double stage_bytes(const std::vector<BlockCost>& costs, int64_t begin, int64_t e
 std::optional<StageCut> balance_stages(const std::vector<BlockCost>& costs,
                                        const std::vector<int64_t>& in_flight, double memory_bytes);
 
-// `costs` as stages that replay CUDA graphs meet them: each block's replay_seconds as its time.
+// `costs` as stages that replay CUDA graphs meet them: the device's time alone, each graph being one
+// launch.
 std::vector<BlockCost> replayed_costs(std::vector<BlockCost> costs);
 
 // The stage times and memory of a given cut (--pipeline-split, or for logging).

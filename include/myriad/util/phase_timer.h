@@ -23,9 +23,23 @@ class PhaseTimer {
   void mark(const std::string& phase);
   // Ends the running phase without starting another.
   void stop();
-  // While paused, marks are ignored: they would come from work queued on another stream, whose
-  // events cannot be read against this stream's boundaries.
-  void pause(bool paused) { paused_ = paused; }
+  // For its scope (left by an exception too), the timer of `timer` (none: nothing) ignores marks:
+  // they would come from work queued on another stream, whose events cannot be read against this
+  // stream's boundaries.
+  class Paused {
+   public:
+    explicit Paused(PhaseTimer* timer) : timer_(timer) {
+      if (timer_ != nullptr) timer_->paused_ = true;
+    }
+    ~Paused() {
+      if (timer_ != nullptr) timer_->paused_ = false;
+    }
+    Paused(const Paused&) = delete;
+    Paused& operator=(const Paused&) = delete;
+
+   private:
+    PhaseTimer* timer_;
+  };
   // Milliseconds per phase since the last reset (waits for the device).
   std::map<std::string, double> totals();
   void reset();
