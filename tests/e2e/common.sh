@@ -60,17 +60,33 @@ rank_pid() {
   done
 }
 
+# latest_step RUN_DIR: the step of the checkpoint that RUN_DIR's LATEST names; nothing without one.
+latest_step() { sed 's/^step-0*//' "$1/checkpoints/LATEST" 2>/dev/null || true; }
+job_running() { kill -0 "$job" 2>/dev/null; } # the background job $job has not ended
+
+# wait_for_checkpoint RUN_DIR STEP SECONDS [ALIVE]: until RUN_DIR's LATEST names the checkpoint of
+# STEP or a later one (a step's metrics record comes before its checkpoint's commit, so a record
+# is not enough). Calls the caller's fail, after RUN_DIR.log where there is one, when SECONDS pass
+# or as soon as the command ALIVE fails: the job cannot publish it any more (default job_running).
+wait_for_checkpoint() {
+  local run=$1 step=$2 seconds=$3 alive=${4:-job_running} i latest
+  for ((i = 0; i < seconds * 10; i++)); do
+    latest=$(latest_step "$run")
+    [ "${latest:-0}" -ge "$step" ] && return 0
+    "$alive" || { [ ! -f "$run.log" ] || cat "$run.log"; fail "the job ended before the checkpoint of step $step"; }
+    sleep 0.1
+  done
+  [ ! -f "$run.log" ] || cat "$run.log"
+  fail "no checkpoint of step $step within $seconds s"
+}
+
 # stall_rank RUN_DIR RANK TIMEOUT: once the run of the background job $job has published a
 # checkpoint in RUN_DIR, stops its rank RANK (SIGSTOP: alive and silent, as behind a cut link) and
 # waits for the job, which must end non-zero within TIMEOUT + 60 s; sets code and took (seconds).
 # Calls the caller's fail otherwise.
 stall_rank() {
   local run=$1 rank=$2 timeout=$3 victim stopped_at
-  for _ in $(seq 1 240); do
-    [ -s "$run/checkpoints/LATEST" ] && break
-    sleep 0.5
-  done
-  [ -s "$run/checkpoints/LATEST" ] || fail "the run did not reach its first checkpoint"
+  wait_for_checkpoint "$run" 1 120
   victim=$(rank_pid "$run" "$rank")
   [ -n "$victim" ] || fail "rank $rank not found"
   kill -STOP "$victim"

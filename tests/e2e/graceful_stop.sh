@@ -51,8 +51,9 @@ wait_for_steps() { # until metrics.jsonl has a record
 
 expect_stopped() { # RUN_DIR WHAT: exit 75 and a checkpoint mid-run; sets step
   [ "$code" -eq 75 ] || { cat "$1.log"; echo "$2: expected exit 75, got $code"; exit 1; }
-  step=$(sed 's/step-0*//' "$1/checkpoints/LATEST")
-  [ "$step" -gt 0 ] && "$bin/myriad-ckpt" inspect "$1/checkpoints" >/dev/null
+  step=$(latest_step "$1")
+  [ "${step:-0}" -gt 0 ] || { cat "$1.log"; echo "$2: no checkpoint"; exit 1; }
+  "$bin/myriad-ckpt" inspect "$1/checkpoints" >/dev/null
   grep -q "stopping after step $step" "$1.log" || { cat "$1.log"; echo "$2: no stop message"; exit 1; }
 }
 # Resumes RUN_DIR through the wrapper and trains to step STEPS.

@@ -35,10 +35,7 @@ echo "a stopped rank: the others named their collective, the job ended in $took 
 small_train 2 --batch-size 8 --max-steps 100000 --log-every 20 --hang-timeout 0 --checkpoint-every 50 \
   --run-dir "$work/off" >"$work/off.log" 2>&1 &
 job=$!
-for _ in $(seq 1 120); do
-  [ -s "$work/off/checkpoints/LATEST" ] && break
-  sleep 0.5
-done
+wait_for_checkpoint "$work/off" 1 60
 victim=$(rank_pid "$work/off" 1)
 [ -n "$victim" ] || fail "rank 1 not found"
 kill -STOP "$victim"

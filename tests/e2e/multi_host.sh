@@ -128,12 +128,7 @@ EOF
 chmod +x "$work/rank.sh"
 exe=$work/rank.sh start "$run" --log-every 1 --hang-timeout 10 --checkpoint-every 10
 # A checkpoint first, to resume from.
-for _ in $(seq 1 600); do
-  [ -e "$run/checkpoints/LATEST" ] && break
-  kill -0 "$job" 2>/dev/null || { cat "$run.log"; fail "the job ended before the cut"; }
-  sleep 0.1
-done
-[ -e "$run/checkpoints/LATEST" ] || { cat "$run.log"; fail "no checkpoint within 60 s"; }
+wait_for_checkpoint "$run" 1 60
 cluster_cut myrh2
 finish "$run" 70
 [ "$code" -ne 0 ] || { cat "$run.log"; fail "the job exited 0 after myrh2's link was cut"; }

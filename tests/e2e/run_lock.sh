@@ -138,7 +138,7 @@ kill -KILL "$job"
 gone_within "$run" 30 "mpirun killed with SIGKILL"
 [ -e "$run/LOCK" ] || { echo "no lock left by the killed job (the test needs one)"; exit 1; }
 began=$(date +%s)
-step=$(sed 's/step-0*//' "$run/checkpoints/LATEST")
+step=$(latest_step "$run")
 level=info small_train 2 "${args[@]}" --max-steps $((step + 5)) --resume auto --run-dir "$run" >"$run.resumed.log" 2>&1 \
   || { cat "$run.resumed.log"; echo "the killed job's directory did not resume"; exit 1; }
 grep -q "took over the lock '$run/LOCK' of a job that is gone (host $host, pid $dead_pid, since .*): process $dead_pid no longer runs" "$run.resumed.log" \
@@ -212,7 +212,7 @@ ends_within() { # PID SECONDS WHAT: sets code
   set -e
 }
 expect_checkpoint() { # RUN_DIR WHAT
-  [ -s "$1/checkpoints/LATEST" ] && grep -q "stopping after step $(sed 's/step-0*//' "$1/checkpoints/LATEST")" "$1.log" \
+  [ -s "$1/checkpoints/LATEST" ] && grep -q "stopping after step $(latest_step "$1")" "$1.log" \
     || { cat "$1.log"; echo "$2: no checkpoint at the stop"; exit 1; }
   [ ! -e "$1/LOCK" ] && [ ! -e "$1.stop" ] || { echo "$2: the lock or the stop file outlived the job"; exit 1; }
 }

@@ -64,15 +64,14 @@ state() { on_login scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z
 node_state() { on_login scontrol show node "$1" 2>/dev/null | sed -n 's/.*State=\([^ ]*\).*/\1/p' || true; }
 last_step() { grep '"kind":"train"' "$work/run/metrics.jsonl" 2>/dev/null | tail -n 1 | grep -o '"step":[0-9]*' | cut -d: -f2 || true; }
 
-# Until a checkpoint at step 40 or later is published (LATEST) and the ranks run on.
-for _ in $(seq 1 900); do
-  latest=$(sed 's/^step-0*//' "$work/run/checkpoints/LATEST" 2>/dev/null || true)
-  [ "${latest:-0}" -ge 40 ] && break
+# Until a checkpoint at step 40 or later is published and the ranks run on.
+job_queued() { # or running; says the job's state otherwise
+  local now
   now=$(state)
-  case "$now" in "" | PENDING | CONFIGURING | RUNNING) ;; *) fail "job is $now before the node failure" ;; esac
-  sleep 0.1
-done
-[ "${latest:-0}" -ge 40 ] || fail "no checkpoint of step 40 within 90 s"
+  case "$now" in "" | PENDING | CONFIGURING | RUNNING) ;; *) echo "job $job is $now" && return 1 ;; esac
+}
+wait_for_checkpoint "$work/run" 40 90 job_queued
+latest=$(latest_step "$work/run")
 [ "$(state)" = RUNNING ] || fail "job is not running when myrh2 should fail ($(state))"
 cluster_ps myrh2 | grep -q myriad-train || fail "no rank runs on myrh2"
 

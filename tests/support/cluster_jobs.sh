@@ -80,4 +80,3 @@ nothing_left() { # WHAT [SECONDS [IGNORED]]: within SECONDS (default 10), no pro
   left
   fail "$1: processes are left ${2:-10} s after the job ended"
 }
-latest_step() { sed 's/^step-0*//' "$1/checkpoints/LATEST"; }
