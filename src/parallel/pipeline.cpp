@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
+#include <optional>
 
 #include "myriad/comm/communicator.h"
 #include "myriad/parallel/gradient_sync.h"
@@ -16,6 +18,7 @@
 #include "myriad/util/fault_point.h"
 #include "myriad/util/log.h"
 #include "myriad/util/phase_timer.h"
+#include "myriad/util/timeline.h"
 
 #ifdef MYRIAD_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -133,6 +136,39 @@ double replay_seconds(const std::function<void()>& work, int calls, double waite
 }
 #endif
 
+// The host's time to launch the whole backbone's forward from `input` and one backward, as a
+// stage issues its blocks: the least of `repeats` tries, each behind a wait for the device. None
+// where the whole backbone's activations do not fit (the blocks' own launch times then stand).
+std::optional<double> chained_launch_seconds(Backbone& backbone, const Activations& input,
+                                             const torch::Device& device,
+                                             std::optional<torch::ScalarType> autocast,
+                                             int repeats) {
+  const auto run = [&] {
+    std::unique_ptr<AutocastGuard> guard;
+    if (autocast) guard = std::make_unique<AutocastGuard>(device, *autocast);
+    Activations out = backbone.forward_blocks(input, 0, backbone.num_blocks());
+    guard.reset();
+    out.x.backward(torch::ones_like(out.x));
+  };
+  try {
+    run();  // warm-up
+    double best = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < repeats; ++r) {
+      wait_for(device);
+      const auto start = Clock::now();
+      run();
+      best = std::min(best, seconds_since(start));
+    }
+    wait_for(device);
+    return best;
+  } catch (const c10::Error& e) {
+    const std::string what = e.what();
+    log_debug("profile: the whole backbone's launches could not be timed ({}): each block's stand",
+              what.substr(0, what.find('\n')));
+    return std::nullopt;
+  }
+}
+
 }  // namespace
 
 std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sample,
@@ -147,8 +183,10 @@ std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sam
   for (auto& [name, tensor] : backbone.state_dict()) homes.emplace(name, tensor.device());
 
   std::vector<BlockCost> costs(static_cast<size_t>(backbone.num_blocks()));
-  Activations in{backbone.in_layout(sample.x.to(device)),
-                 sample.keys.defined() ? sample.keys.to(device) : sample.keys, sample.restore};
+  const Activations input{backbone.in_layout(sample.x.to(device)),
+                          sample.keys.defined() ? sample.keys.to(device) : sample.keys,
+                          sample.restore};
+  Activations in = input;
   for (int64_t b = 0; b < backbone.num_blocks(); ++b) {
     move_blocks(backbone, b, b + 1, device);
     const auto run = [&](bool keep_graph) {
@@ -197,6 +235,22 @@ std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sam
     in = {out.x.detach(), out.keys, out.restore};
     for (const torch::Tensor& p : backbone.parameters()) p.mutable_grad().reset();
   }
+  // Every block is on the device now.
+  if (const std::optional<double> chain =
+          chained_launch_seconds(backbone, input, device, autocast, kRepeats)) {
+    double alone = 0.0;
+    for (const BlockCost& cost : costs) alone += cost.launch_seconds;
+    log_info(
+        "pipeline profile: the whole backbone launched in {:.2f} ms, its blocks alone in "
+        "{:.2f} ms",
+        1e3 * *chain, 1e3 * alone);
+    costs = chained_launches(std::move(costs), *chain);
+    // On the CPU the host is the device: its blocks take what the chain says there too.
+    if (!device.is_cuda()) {
+      for (BlockCost& cost : costs) cost.device_seconds = cost.launch_seconds;
+    }
+  }
+  for (const torch::Tensor& p : backbone.parameters()) p.mutable_grad().reset();
   {
     torch::NoGradGuard no_grad;
     for (auto& [buffer, saved] : buffers) buffer.copy_(saved);
@@ -366,6 +420,7 @@ std::vector<torch::Tensor> PipelineEngine::stage_buffers() {
 }
 
 void PipelineEngine::send(const std::vector<torch::Tensor>& tensors, int peer) {
+  const Timeline::Scope traced(timeline_, "send");
   count_sent(tensors);
   pipe_->send(tensors, peer);
   if (parts_stream_) parts_stream_->mark();
@@ -373,6 +428,7 @@ void PipelineEngine::send(const std::vector<torch::Tensor>& tensors, int peer) {
 
 std::vector<torch::Tensor> PipelineEngine::recv(const std::vector<torch::ScalarType>& dtypes,
                                                 int peer) {
+  const Timeline::Scope traced(timeline_, "receive");
   std::vector<torch::Tensor> got = pipe_->recv(dtypes, peer);
   if (parts_stream_) parts_stream_->mark();
   return got;
@@ -381,6 +437,7 @@ std::vector<torch::Tensor> PipelineEngine::recv(const std::vector<torch::ScalarT
 std::vector<torch::Tensor> PipelineEngine::exchange(const std::vector<torch::Tensor>& tensors,
                                                     const std::vector<torch::ScalarType>& dtypes,
                                                     int peer) {
+  const Timeline::Scope traced(timeline_, "exchange");
   count_sent(tensors);
   std::vector<torch::Tensor> got = pipe_->exchange(tensors, dtypes, peer);
   if (parts_stream_) parts_stream_->mark();
@@ -459,6 +516,7 @@ std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activation
   phase("forward");
   MicroBatch& mb = micro_batches_[m];
   Activations out;
+  const Timeline::Scope traced(timeline_, "forward", m);
   clock_->start();
   if (graphs_ && !graphs_->prepare(in, *step_sync_)) use_cuda_graphs(false);
   if (graphs_) {
@@ -478,7 +536,7 @@ std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activation
   return {to_wire(backbone_, out.x), out.keys, out.restore};
 }
 
-torch::Tensor PipelineEngine::run_classifier(const torch::Tensor& output,
+torch::Tensor PipelineEngine::run_classifier(int part, const torch::Tensor& output,
                                              const torch::Tensor& labels,
                                              const ClassifierStep& classify, torch::Tensor& loss) {
   const auto add = [&loss](const torch::Tensor& part) {
@@ -486,22 +544,27 @@ torch::Tensor PipelineEngine::run_classifier(const torch::Tensor& output,
   };
   if (!layout_.last()) {
     // No samples here, but this rank's classes: its share of the classifier's work.
-    const auto part = [&] {
+    const auto share = [&] {
+      const Timeline::Scope traced(timeline_, "classifier", part,
+                                   parts_stream_ ? Timeline::Lane::kParts : Timeline::Lane::kStage);
       add(classify(torch::empty({0, embedding_size_}, torch::dtype(torch::kFloat32).device(device_))
                        .requires_grad_(true),
                    torch::empty({0}, torch::dtype(torch::kInt64).device(device_))));
     };
     if (!parts_stream_) {
-      part();
+      share();
       return torch::Tensor();
     }
     // The timer's boundaries are events on the stage's stream: the part, beside it, is not timed.
     const PhaseTimer::Paused untimed(timer_);
-    parts_stream_->run(part);
+    parts_stream_->run(share);
     return torch::Tensor();
   }
   const torch::Tensor embeddings = output.detach().requires_grad_(true);
-  add(classify(embeddings, labels));
+  {
+    const Timeline::Scope traced(timeline_, "classifier", part);
+    add(classify(embeddings, labels));
+  }
   MYRIAD_CHECK(embeddings.grad().defined(),
                "the classifier left the embeddings without a gradient: it must run backward");
   return embeddings.grad();
@@ -514,6 +577,7 @@ torch::Tensor PipelineEngine::backward_micro_batch(int m, const torch::Tensor& g
   const torch::Tensor incoming = layout_.last() ? grad : from_wire(backbone_, grad);
   fault_stall("backward", layout_.rank());
   torch::Tensor input_grad;
+  const Timeline::Scope traced(timeline_, "backward", m);
   clock_->start();
   if (graphs_) {
     input_grad = graphs_->backward(m % graph_slots_, incoming, last_pass);
@@ -587,7 +651,7 @@ torch::Tensor PipelineEngine::gpipe(const ClassifierStep& classify, GradientSync
     output = m_count == 1 ? outputs[0] : torch::cat(outputs);
   }
   torch::Tensor loss;
-  const torch::Tensor grad = run_classifier(output, labels_, classify, loss);
+  const torch::Tensor grad = run_classifier(-1, output, labels_, classify, loss);
   const std::vector<torch::Tensor> grads =
       layout_.last() ? grad.chunk(m_count) : std::vector<torch::Tensor>();
   for (int m = m_count - 1; m >= 0; --m) {
@@ -621,7 +685,7 @@ torch::Tensor PipelineEngine::one_f_one_b(const ClassifierStep& classify,
     const int f = warmup + i, b = i;
     const std::vector<torch::Tensor> out = forward_micro_batch(f, std::move(in));
     torch::Tensor incoming =
-        run_classifier(micro_batches_[b].output, part_labels(b), classify, loss);
+        run_classifier(b, micro_batches_[b].output, part_labels(b), classify, loss);
     if (!layout_.last()) incoming = exchange(out, kGradientDtypes, next)[0];
     const torch::Tensor input_grad = backward_micro_batch(b, incoming, sync, b == m_count - 1);
     if (i + 1 == remaining) {
@@ -632,7 +696,7 @@ torch::Tensor PipelineEngine::one_f_one_b(const ClassifierStep& classify,
     }
   }
   for (int b = remaining; b < m_count; ++b) {
-    run_classifier(micro_batches_[b].output, part_labels(b), classify, loss);
+    run_classifier(b, micro_batches_[b].output, part_labels(b), classify, loss);
     const torch::Tensor incoming = recv(kGradientDtypes, next)[0];
     const torch::Tensor input_grad = backward_micro_batch(b, incoming, sync, b == m_count - 1);
     if (!layout_.first()) send({input_grad}, previous);

@@ -30,6 +30,15 @@ std::vector<BlockCost> replayed_costs(std::vector<BlockCost> costs) {
   return costs;
 }
 
+std::vector<BlockCost> chained_launches(std::vector<BlockCost> costs, double chain_seconds) {
+  double sum = 0.0;
+  for (const BlockCost& cost : costs) sum += cost.launch_seconds;
+  if (!(chain_seconds > 0.0) || chain_seconds >= sum) return costs;
+  const double factor = chain_seconds / sum;
+  for (BlockCost& cost : costs) cost.launch_seconds *= factor;
+  return costs;
+}
+
 StageCut evaluate_cut(const std::vector<BlockCost>& costs, const std::vector<int64_t>& cut,
                       const std::vector<int64_t>& in_flight) {
   StageCut out;

@@ -176,7 +176,8 @@ po::options_description train_options(TrainConfig& c) {
       ("resume", po::value(&c.resume)->default_value(c.resume), "none, auto (the newest valid checkpoint of --checkpoint-dir; fresh when there is none) or a checkpoint directory")
       ("stop-at-step", count_option(&c.stop_at_step), "checkpoint and exit (code 75) after this step, as a signal would (0: off)")
       ("hang-timeout", real_option(&c.hang_timeout), "seconds a rank may wait on the others in one collective, or go without starting a step, before it logs what it waited for and aborts the whole job (0: off; docs/multi-node.md)")
-      ("profile-steps", po::value<std::string>(), "FIRST:LAST: run steps FIRST to LAST inside the CUDA profiler's capture range, for nsys --capture-range=cudaProfilerApi or ncu --profile-from-start off (GPUs only)");
+      ("profile-steps", po::value<std::string>(), "FIRST:LAST: run steps FIRST to LAST inside the CUDA profiler's capture range, for nsys --capture-range=cudaProfilerApi or ncu --profile-from-start off (GPUs only, unless with --timeline)")
+      ("timeline", po::value(&c.timeline), "FILE: write every rank's forward, backward, classifier and transfers of the --profile-steps steps, per micro-batch, as one Chrome trace (JSON, for ui.perfetto.dev or chrome://tracing)");
   // clang-format on
   add_margin_options(options);
   return options;
@@ -215,6 +216,8 @@ void read_text_options(const po::variables_map& values, TrainConfig& c) {
     c.profile_first = first;
     c.profile_last = last;
   }
+  require(c.timeline.empty() || c.profile_first > 0,
+          "--timeline needs --profile-steps FIRST:LAST, the steps it records");
   c.random_flip = !values["no-flip"].as<bool>();
   if (c.classifier_lr == 0.0) c.classifier_lr = c.lr;
   if (c.classifier_weight_decay < 0.0) c.classifier_weight_decay = c.weight_decay;

@@ -33,6 +33,7 @@
 #include "myriad/train/metrics_log.h"
 #include "myriad/train/pipeline_plan.h"
 #include "myriad/train/progress_report.h"
+#include "myriad/train/step_profiler.h"
 #include "myriad/train/straggler_report.h"
 #include "myriad/train/training_checkpoint.h"
 #include "myriad/util/atomic_output.h"
@@ -183,6 +184,7 @@ class Run {
   int64_t start_step_ = 0;
   DataPosition start_position_;
   std::optional<ProgressReport> progress_;  // once the parts it reads exist
+  std::optional<StepProfiler> profiler_;
 };
 
 Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_ini)
@@ -199,8 +201,9 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       stop_file_(default_stop_file(config.run_dir)) {
   precision_was_auto_ = c_.precision == Precision::kAuto;
   c_.precision = resolve_precision(c_.precision, device_);
-  MYRIAD_CHECK_COLLECTIVE(c_.profile_first == 0 || device_.is_cuda(),
-                          "--profile-steps needs GPUs (it drives the CUDA profiler)");
+  MYRIAD_CHECK_COLLECTIVE(
+      c_.profile_first == 0 || device_.is_cuda() || !c_.timeline.empty(),
+      "--profile-steps needs GPUs (it drives the CUDA profiler), or --timeline");
   MYRIAD_CHECK_COLLECTIVE(c_.cuda_graphs != Toggle::kOn || device_.is_cuda(),
                           "--cuda-graphs on needs GPUs");
   if (c_.deterministic) use_deterministic_algorithms();
@@ -242,10 +245,10 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
     if (context.rank() == 0) lock_.emplace(c_.run_dir, c_.checkpoint_dir);
   });
   resume();
-  if (c_.profile_first > 0 && (c_.profile_first <= start_step_ || c_.profile_first > total_steps_))
+  if (c_.profile_first > 0 && (c_.profile_last <= start_step_ || c_.profile_first > total_steps_))
     log_warn(
-        "--profile-steps {}:{} starts outside the steps this run takes ({} to {}): the CUDA "
-        "profiler captures nothing",
+        "--profile-steps {}:{} lies outside the steps this run takes ({} to {}): nothing is "
+        "profiled",
         c_.profile_first, c_.profile_last, start_step_ + 1, total_steps_);
   CheckpointOptions checkpoints;
   checkpoints.keep = c_.checkpoint_keep;
@@ -260,6 +263,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       c_, device_, context.size(), layout_.replicas, comm_, comms_.mpi(), timer_, *sync_, *engine_,
       scaler_, stragglers_, static_cast<double>(backbone_->multiply_adds()),
       std::move(predicted_stage_ms_)});
+  profiler_.emplace(context, c_, device_, *engine_);
   log_start(global_batch);
 }
 
@@ -535,7 +539,7 @@ TrainResult Run::execute() {
   for (int64_t step = start_step_; step < total_steps_; ++step) {
     HangWatchdog::instance().step_started(step);
     graphs_->before_step();
-    if (step + 1 == c_.profile_first) set_profiler_capture(device_, true);
+    profiler_->before_step(step);
     // A checkpoint's copy of the backbone is done before this step changes it.
     checkpointer_->order_before_step();
     const auto wait_start = Clock::now();
@@ -590,7 +594,7 @@ TrainResult Run::execute() {
     stragglers_.step_finished();
     if (fp16) scaler_.update(overflow);
     graphs_->after_step();
-    if (step + 1 == c_.profile_last) set_profiler_capture(device_, false);
+    profiler_->after_step(step, total_steps_);
     progress_->step_done();
 
     if ((step + 1) % c_.log_every == 0 || step + 1 == total_steps_)

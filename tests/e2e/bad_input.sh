@@ -303,7 +303,10 @@ expect R5 2 "--precision fp16 needs GPUs" $(train --precision fp16)
 # No rank sees a GPU here, also on GPU nodes (scripts/gpu-check.sh runs this test there).
 expect R6 2 "--device cuda was asked for, but not every rank sees a CUDA device" \
   env CUDA_VISIBLE_DEVICES= $(train --device cuda)
-expect R9 2 "--profile-steps needs GPUs \(it drives the CUDA profiler\)" $(train --profile-steps 2:3)
+expect R9 2 "--profile-steps needs GPUs \(it drives the CUDA profiler\), or --timeline" $(train --profile-steps 2:3)
+expect R13 2 "--timeline needs --profile-steps FIRST:LAST, the steps it records" $(train --timeline "$run/t.json")
+expect R14 2 "checking --timeline failed on rank 0: --timeline '.*/missing/t.json' cannot be written: its directory '.*/missing' does not exist" \
+  $(train --timeline "$run/missing/t.json" --profile-steps 1:2)
 expect R10 2 "--cuda-graphs on needs GPUs" $(train --cuda-graphs on)
 expect R11 2 "--cuda-graphs on and --sync-bn exclude each other" $(train --cuda-graphs on --sync-bn)
 expect R12 2 "the fused classifier kernels need an H100 or H200 GPU, bf16 GEMMs and an embedding size that is a multiple of 8 up to 512 \(this run: LibTorch on the CPU" \

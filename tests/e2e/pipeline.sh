@@ -5,6 +5,8 @@
 #    same global batch within 1e-5 (relative): 2 ranks with P = 2 and 3 ranks with P = 3 against 1
 #    rank, on the GPipe and the 1F1B schedule, 1F1B with P = 1 against GPipe, and 4 ranks with
 #    P = 2 against 2 ranks with P = 1;
+#  * the timeline (--timeline) of r18's runs: each stage's passes in its schedule's order, and after
+#    its neighbours' across the ranks' timelines;
 #  * resume across P and W: a run stopped with P = 2 resumes with P = 1 (2 -> 1 stage, 4 -> 2
 #    ranks), one stopped with P = 1 resumes with P = 2 (1 -> 2 stages), and one with a hand cut
 #    resumes with the profiled one, and one on 1F1B resumes on GPipe; the resumed losses match an
@@ -71,6 +73,52 @@ assert (p["bytes_per_step"] > 0) == (stages > 1) and p["bytes_per_step"] % 4 == 
 PY
 }
 
+# The timeline of steps 2 and 3 (--timeline, docs/pipeline.md): every rank's forward and backward
+# of each micro-batch once per step, in the order the schedule defines for its stage (derived here
+# from the schedules' definitions), one after another on its stage; each forward on stage s + 1
+# after stage s's, each backward on stage s after stage s + 1's, read across the ranks' timelines
+# (lined up by a barrier; 20 ms for a rank descheduled on this oversubscribed machine, where a
+# step's offset gone wrong is off by a step, over a second); the classifier once per micro-batch
+# (1F1B) or step (GPipe) on every rank.
+timeline_check() { # RUN_DIR STAGES SCHEDULE
+  "$py" - "$@" <<'PY'
+import sys, json
+run, P, schedule, M, tol = sys.argv[1], int(sys.argv[2]), sys.argv[3], 4, 20e3
+t = json.load(open(f"{run}/timeline.json"))
+assert t["otherData"] == {"first_step": 2, "steps": 2, "ranks": P}, t["otherData"]
+names = {e["pid"]: e["args"]["name"] for e in t["traceEvents"] if e["name"] == "process_name"}
+assert sorted(names) == list(range(P)) and all(f"stage {r} " in names[r] for r in range(P)), names
+def order(s):
+    if schedule == "gpipe":
+        return [("forward", m) for m in range(M)] + [("backward", m) for m in reversed(range(M))]
+    w = min(P - s - 1, M)
+    passes = [("forward", m) for m in range(w)]
+    for i in range(M - w):
+        passes += [("forward", w + i), ("backward", i)]
+    return passes + [("backward", m) for m in range(M - w, M)]
+for step in (2, 3):
+    ev = [e for e in t["traceEvents"] if e["ph"] == "X" and e["args"]["step"] == step]
+    span = {}
+    for s in range(P):
+        mine = sorted((e for e in ev if e["pid"] == s and e["tid"] == 0), key=lambda e: e["ts"])
+        for a, b in zip(mine, mine[1:]):
+            assert b["ts"] >= a["ts"] + a["dur"], f"step {step}, stage {s}: {a['name']} overlaps {b['name']}"
+        passes = [(e["name"].split()[0], e["args"]["micro_batch"]) for e in mine
+                  if e["name"].split()[0] in ("forward", "backward")]
+        assert passes == order(s), f"step {step}, stage {s}: {passes}"
+        for e in mine:
+            span[(e["name"], s)] = (e["ts"], e["ts"] + e["dur"])
+        parts = sorted(e["name"] for e in ev if e["pid"] == s and e["name"].startswith("classifier"))
+        assert parts == ([f"classifier {m}" for m in range(M)] if schedule == "1f1b" else ["classifier"]), parts
+    for s in range(P - 1):
+        for m in range(M):
+            f, b = f"forward {m}", f"backward {m}"
+            assert span[(f, s + 1)][0] >= span[(f, s)][1] - tol, f"step {step}: {f} on stage {s + 1} before stage {s}'s"
+            assert span[(b, s)][0] >= span[(b, s + 1)][1] - tol, f"step {step}: {b} on stage {s} before stage {s + 1}'s"
+print(f"timeline, P = {P}, {schedule}: every rank's passes in order, and after their neighbours'")
+PY
+}
+
 for case in "r18 3x32x32" "vit_t 3x18x18"; do
   read -r net shape <<<"$case"
   train 1 "$net" "$shape" "$work/$net-p1" --checkpoint-every 3
@@ -79,10 +127,12 @@ for case in "r18 3x32x32" "vit_t 3x18x18"; do
       [ "$stages-$schedule" != 1-gpipe ] || continue
       run="$work/$net-p$stages-$schedule"
       what="$net, $stages ranks with P = $stages ($schedule) against 1 rank (gpipe)"
+      timeline=(); [ "$net" != r18 ] || timeline=(--profile-steps 2:3 --timeline "$run/timeline.json")
       train "$stages" "$net" "$shape" "$run" --checkpoint-every 3 --pipeline-stages "$stages" \
-        --pipeline-schedule "$schedule"
+        --pipeline-schedule "$schedule" "${timeline[@]}"
       same_losses "$work/$net-p1" "$run" "$what" 1e-5
       pipeline_record "$run" "$stages" "$schedule"
+      [ "$net" != r18 ] || timeline_check "$run" "$stages" "$schedule"
       same_parameters "$work/$net-p1/checkpoints/step-000000003" "$run/checkpoints/step-000000003" \
         "$what"
     done

@@ -121,5 +121,26 @@ TEST(PipelineBalance, ReplayedCostsBalanceTheDeviceTimes) {
   EXPECT_EQ(by_replay->stage_seconds, (std::vector<double>{1.0, 1.0, 1.0}));
 }
 
+TEST(PipelineBalance, ChainedLaunchesOnlyShortenTheLaunchTimes) {
+  std::vector<BlockCost> costs(3);
+  const std::vector<double> launches = {1.0, 2.0, 5.0};
+  for (size_t b = 0; b < costs.size(); ++b) {
+    costs[b].launch_seconds = launches[b];
+    costs[b].device_seconds = 10.0 + b;
+  }
+  // A chain of 4 s against 8 s launched alone: every block's launch halves, its device time stays.
+  const std::vector<BlockCost> chained = chained_launches(costs, 4.0);
+  for (size_t b = 0; b < costs.size(); ++b) {
+    EXPECT_DOUBLE_EQ(chained[b].launch_seconds, launches[b] / 2.0);
+    EXPECT_EQ(chained[b].device_seconds, costs[b].device_seconds);
+  }
+  // A chain slower than the blocks alone, or none timed, changes nothing.
+  for (const double chain : {8.0, 12.0, 0.0}) {
+    const std::vector<BlockCost> same = chained_launches(costs, chain);
+    for (size_t b = 0; b < costs.size(); ++b)
+      EXPECT_EQ(same[b].launch_seconds, launches[b]) << "chain " << chain;
+  }
+}
+
 }  // namespace
 }  // namespace myriad

@@ -18,6 +18,7 @@ class Communicator;
 class GradientSynchronizer;
 class PhaseTimer;
 class StageGraphs;
+class Timeline;
 
 // The order of a step's forward and backward passes over the micro-batches (docs/pipeline.md).
 // GPipe: every forward, the classifier once on the replica's batch, every backward. 1F1B: each
@@ -131,6 +132,9 @@ class PipelineEngine {
   PipelineTimes take_times();
   // Times the passes as "forward" and "backward" into `timer` (null: no timing).
   void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }
+  // Records each micro-batch's forward and backward, the classifier and the transfers into
+  // `timeline` (null: none), for --timeline.
+  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
   // From the next step on, this stage's micro-batches run as CUDA graphs (StageGraphs), recorded
   // at that step: one slot per micro-batch the schedule holds at once; or, with false, eagerly,
   // and the graphs' memory is given back. A recording that runs out of memory turns them off.
@@ -167,9 +171,10 @@ class PipelineEngine {
   // Forward of micro-batch m through this stage, its ends kept for backward; what goes to the next
   // stage (its wire form: activations, keys, masking order), or nothing on the last.
   std::vector<torch::Tensor> forward_micro_batch(int m, Activations in);
-  // The classifier on the last stage's `output` with `labels` (ignored elsewhere: none): their
-  // gradient on the last stage; the loss is added to `loss`.
-  torch::Tensor run_classifier(const torch::Tensor& output, const torch::Tensor& labels,
+  // The classifier on the last stage's `output` with `labels` (ignored elsewhere: none), as
+  // micro-batch `part` (1F1B) or the whole batch (-1): their gradient on the last stage; the loss
+  // is added to `loss`.
+  torch::Tensor run_classifier(int part, const torch::Tensor& output, const torch::Tensor& labels,
                                const ClassifierStep& classify, torch::Tensor& loss);
   torch::Tensor part_labels(int m) const;  // micro-batch m's labels on the last stage
   // Backward of micro-batch m given its output's gradient (in wire form off the last stage); the
@@ -189,6 +194,7 @@ class PipelineEngine {
   std::unique_ptr<BusyClock> clock_;
   std::unique_ptr<PartsStream> parts_stream_;  // 1F1B on a GPU, on stages before the last
   PhaseTimer* timer_ = nullptr;
+  Timeline* timeline_ = nullptr;
   // The graphs of this stage's micro-batches, or none, and how the schedule uses their slots.
   std::unique_ptr<StageGraphs> make_graphs();
   bool graphs_wanted_ = false;

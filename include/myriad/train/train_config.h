@@ -107,6 +107,9 @@ struct TrainConfig {
   // profiler's capture range; 0: no capture.
   int64_t profile_first = 0;
   int64_t profile_last = 0;
+  // Where rank 0 writes the profiled steps' timeline of every rank (Chrome's trace format);
+  // empty: none.
+  std::string timeline;
 };
 
 // The options of myriad-train, bound to fields of `config` (margin options included).

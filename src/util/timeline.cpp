@@ -1,0 +1,172 @@
+#include "myriad/util/timeline.h"
+
+#include "myriad/util/device.h"
+#include "myriad/util/error.h"
+
+#ifdef MYRIAD_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace myriad {
+
+namespace {
+
+const char* lane_name(Timeline::Lane lane) {
+  switch (lane) {
+    case Timeline::Lane::kStage:
+      return "stage stream";
+    case Timeline::Lane::kParts:
+      return "classifier parts stream";
+    case Timeline::Lane::kHost:
+      return "host (queueing)";
+  }
+  return "";
+}
+
+double microseconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
+
+}  // namespace
+
+struct Timeline::Step {
+  int64_t step = 0;
+  Clock::time_point host;
+#ifdef MYRIAD_WITH_CUDA
+  std::shared_ptr<at::cuda::CUDAEvent> event;
+#endif
+};
+
+struct Timeline::Region {
+  std::string name;
+  int micro_batch = -1;
+  Lane lane = Lane::kStage;
+  size_t step = 0;  // index into steps_
+  Clock::time_point host_begin, host_end;
+  bool closed = false;
+#ifdef MYRIAD_WITH_CUDA
+  std::shared_ptr<at::cuda::CUDAEvent> begin, end;
+#endif
+};
+
+Timeline::Timeline(const torch::Device& device) : device_(device) {}
+
+Timeline::~Timeline() = default;
+
+void Timeline::start_step(int64_t step) {
+  synchronize_device(device_);
+  Step s;
+  s.step = step;
+#ifdef MYRIAD_WITH_CUDA
+  if (device_.is_cuda()) {
+    s.event = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+    s.event->record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    // The device is idle: the event completes now, and the host's clock is read with it.
+    s.event->synchronize();
+  }
+#endif
+  s.host = Clock::now();
+  steps_.push_back(std::move(s));
+}
+
+int64_t Timeline::steps() const {
+  return static_cast<int64_t>(steps_.size());
+}
+
+size_t Timeline::open(const char* name, int micro_batch, Lane lane) {
+  MYRIAD_CHECK(!steps_.empty(), "a timeline region '{}' began before any traced step", name);
+  Region r;
+  r.name = name;
+  r.micro_batch = micro_batch;
+  r.lane = lane;
+  r.step = steps_.size() - 1;
+#ifdef MYRIAD_WITH_CUDA
+  if (device_.is_cuda()) {
+    r.begin = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+    r.begin->record(c10::cuda::getCurrentCUDAStream(device_.index()));
+  }
+#endif
+  r.host_begin = Clock::now();
+  regions_.push_back(std::move(r));
+  return regions_.size() - 1;
+}
+
+void Timeline::close(size_t index) {
+  Region& r = regions_.at(index);
+  r.host_end = Clock::now();
+#ifdef MYRIAD_WITH_CUDA
+  if (device_.is_cuda()) {
+    r.end = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+    r.end->record(c10::cuda::getCurrentCUDAStream(device_.index()));
+  }
+#endif
+  r.closed = true;
+}
+
+Timeline::Scope::Scope(Timeline* timeline, const char* name, int micro_batch, Lane lane)
+    : timeline_(timeline) {
+  if (timeline_ != nullptr) index_ = timeline_->open(name, micro_batch, lane);
+}
+
+Timeline::Scope::~Scope() {
+  if (timeline_ != nullptr) timeline_->close(index_);
+}
+
+nlohmann::json Timeline::events(int pid, const std::string& process) const {
+  nlohmann::json out = nlohmann::json::array();
+  out.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", process}}}});
+  out.push_back(
+      {{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+  std::vector<bool> used(3, false);
+  const auto add = [&](const Region& r, Lane lane, double begin_us, double end_us) {
+    used[static_cast<size_t>(lane)] = true;
+    nlohmann::json args = {{"step", steps_[r.step].step}};
+    if (r.micro_batch >= 0) args["micro_batch"] = r.micro_batch;
+    out.push_back(
+        {{"name", r.micro_batch >= 0 ? r.name + " " + std::to_string(r.micro_batch) : r.name},
+         {"cat", lane_name(lane)},
+         {"ph", "X"},
+         {"pid", pid},
+         {"tid", static_cast<int>(lane)},
+         {"ts", begin_us},
+         {"dur", std::max(0.0, end_us - begin_us)},
+         {"args", std::move(args)}});
+  };
+  for (const Region& r : regions_) {
+    if (!r.closed) continue;
+    const Step& s = steps_[r.step];
+    // A step's times are its reference's plus how far the step's reference is from the first.
+    const double offset = microseconds(s.host - steps_.front().host);
+    const double host_begin = offset + microseconds(r.host_begin - s.host);
+    const double host_end = offset + microseconds(r.host_end - s.host);
+#ifdef MYRIAD_WITH_CUDA
+    if (device_.is_cuda()) {
+      r.end->synchronize();
+      add(r, r.lane, offset + 1e3 * s.event->elapsed_time(*r.begin),
+          offset + 1e3 * s.event->elapsed_time(*r.end));
+      add(r, Lane::kHost, host_begin, host_end);
+      continue;
+    }
+#endif
+    add(r, r.lane, host_begin, host_end);
+  }
+  for (size_t lane = 0; lane < used.size(); ++lane) {
+    if (!used[lane]) continue;
+    const int tid = static_cast<int>(lane);
+    out.push_back({{"name", "thread_name"},
+                   {"ph", "M"},
+                   {"pid", pid},
+                   {"tid", tid},
+                   {"args", {{"name", lane_name(static_cast<Lane>(lane))}}}});
+    out.push_back({{"name", "thread_sort_index"},
+                   {"ph", "M"},
+                   {"pid", pid},
+                   {"tid", tid},
+                   {"args", {{"sort_index", tid}}}});
+  }
+  return out;
+}
+
+}  // namespace myriad
