@@ -77,13 +77,13 @@ PY
 # of each micro-batch once per step, in the order the schedule defines for its stage (derived here
 # from the schedules' definitions), one after another on its stage; each forward on stage s + 1
 # after stage s's, each backward on stage s after stage s + 1's, read across the ranks' timelines
-# (lined up by a barrier; 20 ms for a rank descheduled on this oversubscribed machine, where a
-# step's offset gone wrong is off by a step, over a second); the classifier once per micro-batch
+# (lined up by a barrier; 50 ms for a rank that the scheduler of this oversubscribed machine runs
+# late after the barrier, against a step of over a second); the classifier once per micro-batch
 # (1F1B) or step (GPipe) on every rank.
 timeline_check() { # RUN_DIR STAGES SCHEDULE
   "$py" - "$@" <<'PY'
 import sys, json
-run, P, schedule, M, tol = sys.argv[1], int(sys.argv[2]), sys.argv[3], 4, 20e3
+run, P, schedule, M, tol = sys.argv[1], int(sys.argv[2]), sys.argv[3], 4, 50e3
 t = json.load(open(f"{run}/timeline.json"))
 assert t["otherData"] == {"first_step": 2, "steps": 2, "ranks": P}, t["otherData"]
 names = {e["pid"]: e["args"]["name"] for e in t["traceEvents"] if e["name"] == "process_name"}
