@@ -139,7 +139,7 @@ for rank in 0 1 2 3; do
   [ "$(grep -c . <<<"$lines")" -eq 1 ] \
     || { cat "$run.log"; fail "rank $rank logged $(grep -c . <<<"$lines") hang lines, not one: $lines"; }
   grep -q "rank $rank on ${hosts[$rank]}" <<<"$lines" \
-    && grep -Eq "all_reduce|all_gather|reduce_scatter|broadcast|agreement|send|recv" <<<"$lines" \
+    && grep -Eq "all_reduce|gather|reduce_scatter|broadcast|barrier|agreement|send|recv" <<<"$lines" \
     || fail "rank $rank's hang line lacks its rank, its host (${hosts[$rank]}) or the collective: $lines"
 done
 # The ranks on myrh2 end on their own. Its Open MPI daemon cannot yet: its last messages to mpirun
