@@ -194,7 +194,9 @@ std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sam
       if (b > 0) x.x = in.x.detach().requires_grad_(true);
       std::unique_ptr<AutocastGuard> guard;
       if (autocast) guard = std::make_unique<AutocastGuard>(device, *autocast);
-      Activations out = backbone.forward_block(b, x);
+      // As a stage runs it: with activation checkpointing a middle block keeps only its input
+      // and computes its forward again in backward.
+      Activations out = backbone.forward_blocks(x, b, b + 1);
       guard.reset();
       if (keep_graph) return out;
       out.x.backward(torch::ones_like(out.x));
@@ -539,8 +541,8 @@ std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activation
 torch::Tensor PipelineEngine::run_classifier(int part, const torch::Tensor& output,
                                              const torch::Tensor& labels,
                                              const ClassifierStep& classify, torch::Tensor& loss) {
-  const auto add = [&loss](const torch::Tensor& part) {
-    loss = loss.defined() ? loss + part : part;
+  const auto add = [&loss](const torch::Tensor& part_loss) {
+    loss = loss.defined() ? loss + part_loss : part_loss;
   };
   if (!layout_.last()) {
     // No samples here, but this rank's classes: its share of the classifier's work.

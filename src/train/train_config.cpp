@@ -218,6 +218,12 @@ void read_text_options(const po::variables_map& values, TrainConfig& c) {
   }
   require(c.timeline.empty() || c.profile_first > 0,
           "--timeline needs --profile-steps FIRST:LAST, the steps it records");
+  // Each traced step keeps a few hundred CUDA events until the timeline is written.
+  constexpr int64_t kTimelineSteps = 100;
+  require(c.timeline.empty() || c.profile_last - c.profile_first < kTimelineSteps,
+          str_format("--timeline records at most {} steps, and --profile-steps {}:{} spans {}",
+                     kTimelineSteps, c.profile_first, c.profile_last,
+                     c.profile_last - c.profile_first + 1));
   c.random_flip = !values["no-flip"].as<bool>();
   if (c.classifier_lr == 0.0) c.classifier_lr = c.lr;
   if (c.classifier_weight_decay < 0.0) c.classifier_weight_decay = c.weight_decay;

@@ -305,6 +305,8 @@ expect R6 2 "--device cuda was asked for, but not every rank sees a CUDA device"
   env CUDA_VISIBLE_DEVICES= $(train --device cuda)
 expect R9 2 "--profile-steps needs GPUs \(it drives the CUDA profiler\), or --timeline" $(train --profile-steps 2:3)
 expect R13 2 "--timeline needs --profile-steps FIRST:LAST, the steps it records" $(train --timeline "$run/t.json")
+expect R15 2 "--timeline records at most 100 steps, and --profile-steps 1:200 spans 200" \
+  $(train --timeline "$run/t.json" --profile-steps 1:200)
 expect R14 2 "checking --timeline failed on rank 0: --timeline '.*/missing/t.json' cannot be written: its directory '.*/missing' does not exist" \
   $(train --timeline "$run/missing/t.json" --profile-steps 1:2)
 expect R10 2 "--cuda-graphs on needs GPUs" $(train --cuda-graphs on)

@@ -55,9 +55,10 @@ PipelineLayout pipeline_layout(int world, int rank, int stages, int micro_batche
 std::vector<int64_t> micro_batches_in_flight(PipelineSchedule schedule, int stages,
                                              int micro_batches);
 
-// Forward + backward time and activation memory of each block on `device`, one block at a time
-// (so that a backbone too large for one device can be profiled), from `sample` (a micro-batch of
-// images and their keys) through every block. State bytes count parameters `state_factor` times
+// Forward + backward time and activation memory of each block on `device`, one block at a time,
+// from `sample` (a micro-batch of images and their keys) through every block, each run as a stage
+// runs it (activation checkpointing included); then the launch times scaled to the whole
+// backbone launched at once, where its activations fit (chained_launches). State bytes count parameters `state_factor` times
 // (weights, gradients and optimizer state) plus buffers. The backbone's values, buffers and
 // devices are as before afterwards. Activation memory is measured on CUDA devices and estimated
 // from the blocks' outputs on the CPU.
