@@ -25,6 +25,7 @@
 #include "myriad/optim/loss_scaler.h"
 #include "myriad/optim/lr_schedule.h"
 #include "myriad/optim/multi_tensor_optimizer.h"
+#include "myriad/parallel/buffer_broadcast.h"
 #include "myriad/parallel/gradient_sync.h"
 #include "myriad/parallel/pipeline.h"
 #include "myriad/train/async_checkpoint.h"
@@ -167,6 +168,7 @@ class Run {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   SkippableStep* backbone_step_ = nullptr;  // optimizer_'s step
   std::unique_ptr<Communicator> batch_norm_comm_;
+  std::optional<BufferBroadcast> buffers_;  // without SyncBN
   std::shared_ptr<DistributedSampler> sampler_;
   std::unique_ptr<BatchSource> loader_;
   std::optional<torch::ScalarType> autocast_;
@@ -245,6 +247,9 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
     if (context.rank() == 0) lock_.emplace(c_.run_dir, c_.checkpoint_dir);
   });
   resume();
+  // DDP's rule: BN running statistics follow the first replica. SyncBN computes them from the
+  // global batch, so they already agree.
+  if (!c_.sync_bn) buffers_.emplace(engine_->stage_buffers(), stage_comm());
   if (c_.profile_first > 0 && (c_.profile_last <= start_step_ || c_.profile_first > total_steps_))
     log_warn(
         "--profile-steps {}:{} lies outside the steps this run takes ({} to {}): nothing is "
@@ -555,9 +560,7 @@ TrainResult Run::execute() {
     // The first stage loaded the replica's batch; the classifier needs its labels on the last.
     const torch::Tensor labels = engine_->route_labels(
         layout_.first() ? batch.labels.to(device_, /*non_blocking=*/true) : torch::Tensor());
-    // DDP's rule: BN running statistics follow the first replica. SyncBN computes them from the
-    // global batch, so they already agree.
-    if (!c_.sync_bn) broadcast_tensors(engine_->stage_buffers(), stage_comm());
+    if (buffers_) buffers_->broadcast();
     // The classifier on embeddings from the last stages (none from the others): the loss, and by
     // its backward their gradient.
     const auto classify = [&](const torch::Tensor& embeddings, const torch::Tensor& part_labels) {

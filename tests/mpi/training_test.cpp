@@ -15,6 +15,7 @@
 #include "myriad/model/batch_norm.h"
 #include "myriad/model/vit.h"
 #include "myriad/optim/loss_scaler.h"
+#include "myriad/parallel/buffer_broadcast.h"
 #include "myriad/parallel/gradient_sync.h"
 #include "support/optimizer_check.h"
 #include "support/reference_softmax.h"
@@ -332,6 +333,37 @@ TEST_P(TrainingTest, BroadcastMakesReplicasIdentical) {
   const auto a = net->parameters();
   const auto b = rank0->parameters();
   for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(torch::equal(a[k].cpu(), b[k].cpu())) << k;
+}
+
+// The buffers keep their values when they move into the flat tensors, and each broadcast gives
+// every rank rank 0's, also after in-place updates such as batch norm's; a buffer that was given
+// storage of its own afterwards is refused on every rank alike.
+TEST_P(TrainingTest, BufferBroadcastFollowsRankZero) {
+  const auto on = torch::device(device());
+  const auto rank_values = [&](int r) {
+    return std::vector<torch::Tensor>{
+        torch::arange(3, on.dtype(torch::kFloat32)) + r, torch::full({2, 2}, 10.0 * (r + 1), on),
+        torch::full({}, static_cast<int64_t>(5 + r), on.dtype(torch::kInt64)),
+        torch::full({4}, -1.0 - r, on.dtype(torch::kFloat64))};
+  };
+  std::vector<torch::Tensor> buffers = rank_values(rank());
+  const std::vector<torch::Tensor> mine = rank_values(rank());
+  const std::vector<torch::Tensor> first = rank_values(0);
+  BufferBroadcast broadcast(buffers, comm());
+  for (size_t k = 0; k < buffers.size(); ++k) EXPECT_TRUE(torch::equal(buffers[k], mine[k])) << k;
+  broadcast.broadcast();
+  for (size_t k = 0; k < buffers.size(); ++k) EXPECT_TRUE(torch::equal(buffers[k], first[k])) << k;
+
+  buffers[0].mul_(0.5).add_(rank());
+  buffers[2].add_(1);
+  broadcast.broadcast();
+  EXPECT_TRUE(torch::equal(buffers[0], first[0] * 0.5));
+  EXPECT_EQ(buffers[2].item<int64_t>(), 6);
+  EXPECT_TRUE(torch::equal(buffers[3], first[3]));
+
+  if (world() == 1) return;  // one replica: the buffers never moved
+  buffers[1].set_(torch::zeros({2, 2}, on));
+  EXPECT_THROW(broadcast.broadcast(), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TrainingTest, ::testing::Values("mpi", "nccl"), backend_name);

@@ -143,8 +143,8 @@ class GradientSynchronizer {
 };
 
 // Copies rank 0's `tensors` into every rank's (collective), coalesced into one broadcast per
-// dtype: a module's parameters and buffers at the start, so that replicas start identical, and
-// its buffers (batch-norm statistics) before each step, so that they stay identical.
+// dtype: a module's parameters and buffers at the start, so that replicas start identical
+// (BufferBroadcast keeps the buffers identical from then on).
 void broadcast_tensors(const std::vector<torch::Tensor>& tensors, Communicator& comm);
 
 }  // namespace myriad
