@@ -373,7 +373,7 @@ if wants pipeline; then
   # The largest batch per replica that trains two steps, for each layout: p1 (one GPU), p1-1f1b
   # (one GPU, 1F1B's 8 micro-batches), p2-gpipe and p2-1f1b (2 stages, M = 8, CUDA graphs), each
   # also with --activation-checkpointing (+ac; eager, since graphs exclude it): doubling from
-  # PIPELINE_FROM (default 64) until a run fails (4096 at most), then halving the gap once.
+  # PIPELINE_FROM (default 64) until a run fails (16384 at most), then halving the gap once.
   fits() { # LAYOUT NET BATCH
     local layout=${1%+ac} net=$2 batch=$3 gpus_used=1 extra=(--)
     case "$layout" in
@@ -402,8 +402,8 @@ if wants pipeline; then
   for net in $nets; do
     for layout in $layouts; do
       ok=0 bad=${PIPELINE_FROM:-64}
-      while [ "$bad" -le 4096 ] && fits "$layout" "$net" "$bad"; do ok=$bad; bad=$((bad * 2)); done
-      if [ "$bad" -gt 4096 ]; then
+      while [ "$bad" -le 16384 ] && fits "$layout" "$net" "$bad"; do ok=$bad; bad=$((bad * 2)); done
+      if [ "$bad" -gt 16384 ]; then
         note "largest batch per replica, $net, $layout: at least $ok (the most tried)"
         continue
       fi
