@@ -2,8 +2,10 @@
 
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "myriad/classifier/mixed_gemm.h"
 #include "myriad/classifier/partial_fc.h"
@@ -81,10 +83,12 @@ struct ShardedMarginSoftmax::Step {
 
 // A step whose batch comes in parts: what begin_parts fixed, and each part once its backward ran.
 struct ShardedMarginSoftmax::Parts {
-  std::vector<int64_t> counts;  // every rank's labels of the whole step
-  int64_t batch = 0;            // the whole step's global batch
-  torch::Tensor active;         // Partial FC's rows for every part
-  torch::Tensor upstream;       // the incoming gradient of the parts' backward
+  std::vector<int64_t> counts;                    // every rank's labels of the whole step
+  std::vector<std::vector<int64_t>> part_counts;  // every rank's rows of each part
+  size_t forwarded = 0;                           // parts forwarded so far
+  int64_t batch = 0;                              // the whole step's global batch
+  torch::Tensor active;                           // Partial FC's rows for every part
+  torch::Tensor upstream;                         // the incoming gradient of the parts' backward
   std::vector<std::unique_ptr<Step>> done;
 };
 
@@ -215,6 +219,7 @@ void ShardedMarginSoftmax::check_labels(const torch::Tensor& y, const torch::Ten
 torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
                                                 const torch::Tensor& labels, int64_t* step_id) {
   NoAutocast no_autocast;
+  const AgreedBeforehand agreed(comm_, parts_ != nullptr);
   auto step = std::make_unique<Step>();
   step->id = ++forwards_;
   *step_id = step->id;
@@ -244,7 +249,11 @@ ShardedMarginSoftmax::Gathered ShardedMarginSoftmax::gather_inputs(Step& step,
   const int64_t dim = options_.embedding_size;
   // Gather first: the gathered tensors are identical on every rank, so every check below fails
   // on all ranks alike, and the collectives themselves reject ranks whose inputs disagree.
-  step.counts = comm_.all_gather_counts(features.dim() > 0 ? features.size(0) : 0);
+  if (parts_) {
+    step.counts = part_counts(features, labels);
+  } else {
+    step.counts = comm_.all_gather_counts(features.dim() > 0 ? features.size(0) : 0);
+  }
   const torch::Tensor x = comm_.all_gather(features.detach(), step.counts);
   const torch::Tensor y = comm_.all_gather(labels.detach(), step.counts);
   MYRIAD_CHECK_COLLECTIVE(
@@ -460,6 +469,7 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
                "next forward",
                step_id);
   NoAutocast no_autocast;
+  const AgreedBeforehand agreed(comm_, parts_ != nullptr);
   std::unique_ptr<Step> step = std::move(pending_);
   const MarginParams params = options_.margin.params();
   const int rank = comm_.rank();
@@ -492,11 +502,13 @@ torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::T
   return local.to(local_options.dtype());
 }
 
-void ShardedMarginSoftmax::begin_parts(const torch::Tensor& labels) {
+void ShardedMarginSoftmax::begin_parts(const torch::Tensor& labels,
+                                       const std::vector<int64_t>& part_rows) {
   MYRIAD_CHECK(!parts_, "begin_parts: the previous step's parts were not finished");
   NoAutocast no_autocast;
   auto parts = std::make_unique<Parts>();
   parts->counts = comm_.all_gather_counts(labels.dim() > 0 ? labels.size(0) : 0);
+  parts->part_counts = agree_part_rows(part_rows, parts->counts);
   torch::Tensor y = comm_.all_gather(labels.detach(), parts->counts);
   MYRIAD_CHECK_COLLECTIVE(y.dim() == 1 && !y.is_floating_point() && y.scalar_type() != torch::kBool,
                           "labels must be a 1-D integer tensor");
@@ -509,6 +521,55 @@ void ShardedMarginSoftmax::begin_parts(const torch::Tensor& labels) {
   check_labels(y, summary, parts->counts);
   parts->active = sampled_rows(local_targets(y), ++steps_);
   parts_ = std::move(parts);
+}
+
+std::vector<std::vector<int64_t>> ShardedMarginSoftmax::agree_part_rows(
+    const std::vector<int64_t>& part_rows, const std::vector<int64_t>& labels) const {
+  // Every rank's number of parts, then each part's rows; a rank whose own rows are malformed
+  // sends -1 there, so that every rank fails alike, naming it.
+  const int rank = comm_.rank();
+  const std::vector<int64_t> parts =
+      comm_.all_gather_counts(static_cast<int64_t>(part_rows.size()));
+  for (int r = 0; r < comm_.size(); ++r) {
+    MYRIAD_CHECK_COLLECTIVE(parts[r] == parts[0],
+                            "begin_parts: rank {} cuts the step into {} parts, rank 0 into {}", r,
+                            parts[r], parts[0]);
+  }
+  MYRIAD_CHECK_COLLECTIVE(parts[0] > 0, "begin_parts: a step in no parts");
+  const bool malformed =
+      std::accumulate(part_rows.begin(), part_rows.end(), int64_t{0}) != labels[rank] ||
+      std::any_of(part_rows.begin(), part_rows.end(), [](int64_t rows) { return rows < 0; });
+  std::vector<std::vector<int64_t>> counts;
+  for (const int64_t rows : part_rows) {
+    counts.push_back(comm_.all_gather_counts(malformed ? -1 : rows));
+    for (int r = 0; r < comm_.size(); ++r) {
+      MYRIAD_CHECK_COLLECTIVE(
+          counts.back()[r] >= 0,
+          "begin_parts: rank {}'s rows of its parts do not sum to its {} labels", r, labels[r]);
+    }
+  }
+  return counts;
+}
+
+std::vector<int64_t> ShardedMarginSoftmax::part_counts(const torch::Tensor& features,
+                                                       const torch::Tensor& labels) {
+  const size_t part = parts_->forwarded;
+  MYRIAD_CHECK(part < parts_->part_counts.size(),
+               "a forward beyond the {} parts that begin_parts agreed on",
+               parts_->part_counts.size());
+  const std::vector<int64_t>& counts = parts_->part_counts[part];
+  const int64_t rows = counts[comm_.rank()];
+  MYRIAD_CHECK(
+      features.dim() == 2 && features.size(0) == rows &&
+          features.size(1) == options_.embedding_size && features.scalar_type() == torch::kFloat32,
+      "part {}: this rank's features must be float32 [{}, {}], as begin_parts agreed; got "
+      "{} {}",
+      part, rows, options_.embedding_size, c10::toString(features.scalar_type()), features.sizes());
+  MYRIAD_CHECK(labels.dim() == 1 && labels.size(0) == rows && labels.scalar_type() == torch::kInt64,
+               "part {}: this rank's labels must be int64 [{}], as begin_parts agreed; got {} {}",
+               part, rows, c10::toString(labels.scalar_type()), labels.sizes());
+  ++parts_->forwarded;
+  return counts;
 }
 
 void ShardedMarginSoftmax::finish_parts() {

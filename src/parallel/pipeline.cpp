@@ -318,9 +318,11 @@ class PipelineEngine::BusyClock {
 // 7-8 ms a micro-batch of r200 at P = 2 on H200s, a bubble of 0.42 instead of GPipe's 0.15. On a
 // stream of its own it runs beside that forward. Each part runs after the stage's work queued up
 // to the latest mark (the step's start: the rows begin_parts chose, the last update; then each
-// transfer), and the stage's stream waits for each part (join) before its next transfer. So no
-// NCCL kernel of one communicator waits on this GPU beside one of another that it depends on
-// through the other ranks: NCCL does not promise that two such kernels run at once.
+// transfer), and the stage's stream waits for the part (join) only before its next transfer or
+// the step's end, not at once: a part is queued before the stage's next forward (one_f_one_b),
+// which must not wait for it. So no NCCL kernel of one communicator waits on this GPU beside one
+// of another that it depends on through the other ranks: NCCL does not promise that two such
+// kernels run at once.
 class PipelineEngine::PartsStream {
  public:
 #ifdef MYRIAD_WITH_CUDA
@@ -331,25 +333,32 @@ class PipelineEngine::PartsStream {
     marked_.record(c10::cuda::getCurrentCUDAStream(device_));
   }
   void run(const std::function<void()>& part) {
-    const c10::cuda::CUDAStream stage = c10::cuda::getCurrentCUDAStream(device_);
     marked_.block(parts_);
     {
       const c10::cuda::CUDAStreamGuard on_parts(parts_);
       part();
     }
-    wait_for_stream(stage, parts_);
+    joined_ = false;
+  }
+  // The stage's stream waits for the parts queued so far.
+  void join() {
+    if (joined_) return;
+    wait_for_stream(c10::cuda::getCurrentCUDAStream(device_), parts_);
+    joined_ = true;
   }
 
  private:
   c10::DeviceIndex device_;
   c10::cuda::CUDAStream parts_;
   at::cuda::CUDAEvent marked_;
+  bool joined_ = true;
 #else
   // The host runs a CPU stage's work in order: there is nothing to run beside.
   void mark() {}
   void run(const std::function<void()>& part) {
     part();
   }
+  void join() {}
 #endif
 };
 
@@ -423,6 +432,7 @@ std::vector<torch::Tensor> PipelineEngine::stage_buffers() {
 
 void PipelineEngine::send(const std::vector<torch::Tensor>& tensors, int peer) {
   const Timeline::Scope traced(timeline_, "send");
+  if (parts_stream_) parts_stream_->join();
   count_sent(tensors);
   pipe_->send(tensors, peer);
   if (parts_stream_) parts_stream_->mark();
@@ -431,6 +441,7 @@ void PipelineEngine::send(const std::vector<torch::Tensor>& tensors, int peer) {
 std::vector<torch::Tensor> PipelineEngine::recv(const std::vector<torch::ScalarType>& dtypes,
                                                 int peer) {
   const Timeline::Scope traced(timeline_, "receive");
+  if (parts_stream_) parts_stream_->join();
   std::vector<torch::Tensor> got = pipe_->recv(dtypes, peer);
   if (parts_stream_) parts_stream_->mark();
   return got;
@@ -440,6 +451,7 @@ std::vector<torch::Tensor> PipelineEngine::exchange(const std::vector<torch::Ten
                                                     const std::vector<torch::ScalarType>& dtypes,
                                                     int peer) {
   const Timeline::Scope traced(timeline_, "exchange");
+  if (parts_stream_) parts_stream_->join();
   count_sent(tensors);
   std::vector<torch::Tensor> got = pipe_->exchange(tensors, dtypes, peer);
   if (parts_stream_) parts_stream_->mark();
@@ -464,6 +476,12 @@ torch::Tensor PipelineEngine::route_labels(const torch::Tensor& labels) {
   }
   if (layout_.last()) return pipe_->recv({torch::kInt64}, 0)[0];
   return none;
+}
+
+std::vector<int64_t> PipelineEngine::part_rows(const torch::Tensor& labels) const {
+  const int64_t rows = layout_.last() ? labels.size(0) : 0;
+  return std::vector<int64_t>(static_cast<size_t>(layout_.micro_batches),
+                              rows / layout_.micro_batches);
 }
 
 namespace {
@@ -667,11 +685,14 @@ torch::Tensor PipelineEngine::gpipe(const ClassifierStep& classify, GradientSync
 
 // Megatron-LM's non-interleaved 1F1B: stage s runs w = min(P - s - 1, M) forwards ahead, then
 // alternates one forward and one backward, then the w backwards left. The classifier of
-// micro-batch m runs on every rank just before the receive of m's gradient (on the last stage,
-// which has no warm-up, right after m's forward): every stage reaches it only once the
-// micro-batch's forward has passed every later stage. Two neighbours that each have something
-// for the other (an activation forward, a gradient back) exchange it in one transfer, so
-// neither waits for the other's to arrive first.
+// micro-batch m runs on every rank: on the last stage right after m's forward, and on the others
+// (their share: no samples, their classes) right after the transfer that sends m's activations
+// on. That is the earliest point at which every rank has passed m on, so every rank meets the
+// parts and the pipeline's transfers in the same order, and it puts a share before the stage's
+// next forward, not behind it: eager passes fill CUDA's launch queue, and a share queued after a
+// forward left the host a whole pass behind the last stage, which waited for it. Two neighbours
+// that each have something for the other (an activation forward, a gradient back) exchange it in
+// one transfer, so neither waits for the other's to arrive first.
 torch::Tensor PipelineEngine::one_f_one_b(const ClassifierStep& classify,
                                           GradientSynchronizer& sync) {
   const int m_count = layout_.micro_batches;
@@ -680,15 +701,25 @@ torch::Tensor PipelineEngine::one_f_one_b(const ClassifierStep& classify,
   const int previous = layout_.stage - 1, next = layout_.stage + 1;
   if (parts_stream_) parts_stream_->mark();
   torch::Tensor loss;
-  for (int m = 0; m < warmup; ++m) send(forward_micro_batch(m, receive_forward(m)), next);
+  const auto share = [&](int m) {
+    run_classifier(m, torch::Tensor(), torch::Tensor(), classify, loss);
+  };
+  for (int m = 0; m < warmup; ++m) {
+    send(forward_micro_batch(m, receive_forward(m)), next);
+    share(m);
+  }
   Activations in;
   if (remaining > 0) in = receive_forward(warmup);
   for (int i = 0; i < remaining; ++i) {
     const int f = warmup + i, b = i;
     const std::vector<torch::Tensor> out = forward_micro_batch(f, std::move(in));
-    torch::Tensor incoming =
-        run_classifier(b, micro_batches_[b].output, part_labels(b), classify, loss);
-    if (!layout_.last()) incoming = exchange(out, kGradientDtypes, next)[0];
+    torch::Tensor incoming;
+    if (layout_.last()) {
+      incoming = run_classifier(b, micro_batches_[b].output, part_labels(b), classify, loss);
+    } else {
+      incoming = exchange(out, kGradientDtypes, next)[0];
+      share(f);
+    }
     const torch::Tensor input_grad = backward_micro_batch(b, incoming, sync, b == m_count - 1);
     if (i + 1 == remaining) {
       if (!layout_.first()) send({input_grad}, previous);
@@ -698,11 +729,12 @@ torch::Tensor PipelineEngine::one_f_one_b(const ClassifierStep& classify,
     }
   }
   for (int b = remaining; b < m_count; ++b) {
-    run_classifier(b, micro_batches_[b].output, part_labels(b), classify, loss);
     const torch::Tensor incoming = recv(kGradientDtypes, next)[0];
     const torch::Tensor input_grad = backward_micro_batch(b, incoming, sync, b == m_count - 1);
     if (!layout_.first()) send({input_grad}, previous);
   }
+  // What follows the step (the classifier's update, the optimizer) runs after every part.
+  if (parts_stream_) parts_stream_->join();
   return loss;
 }
 

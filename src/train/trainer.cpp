@@ -578,7 +578,7 @@ TrainResult Run::execute() {
     // The backbone's gradients are summed over the micro-batches and, in the last backward pass,
     // over the replicas.
     const bool classifier_in_parts = layout_.schedule == PipelineSchedule::k1F1B;
-    if (classifier_in_parts) classifier_->begin_parts(labels);
+    if (classifier_in_parts) classifier_->begin_parts(labels, engine_->part_rows(labels));
     const torch::Tensor loss = engine_->train_step(
         layout_.first() ? batch.images.to(device_, /*non_blocking=*/true) : torch::Tensor(),
         layout_.first() ? sample_keys(batch) : torch::Tensor(), labels, classify, *sync_);

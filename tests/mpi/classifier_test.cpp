@@ -641,10 +641,13 @@ TEST_P(ClassifierTest, PartsOfAStepGiveTheWholeStep) {
     const int steps = c.o.update == WeightUpdate::kFused ? 2 : 1;
     for (int step = 0; step < steps; ++step) {
       const Outcome want = run_step(*whole, p);
-      parted->begin_parts(y);
+      const std::vector<torch::Tensor> cut = torch::tensor_split(torch::arange(x.size(0)), 3);
+      std::vector<int64_t> part_rows;
+      for (const torch::Tensor& rows : cut) part_rows.push_back(rows.numel());
+      parted->begin_parts(y, part_rows);
       torch::Tensor loss = torch::zeros({}, torch::device(device()));
       std::vector<torch::Tensor> grads;
-      for (const torch::Tensor& rows : torch::tensor_split(torch::arange(x.size(0)), 3)) {
+      for (const torch::Tensor& rows : cut) {
         const int64_t first = rows.numel() > 0 ? rows[0].item<int64_t>() : 0;
         torch::Tensor part = x.narrow(0, first, rows.numel()).clone().requires_grad_(true);
         const torch::Tensor part_loss = parted->forward(part, y.narrow(0, first, rows.numel()));
@@ -666,6 +669,65 @@ TEST_P(ClassifierTest, PartsOfAStepGiveTheWholeStep) {
       }
     }
   }
+}
+
+// Parts whose rows the ranks disagree on fail on every rank at begin_parts, naming the rank, and a
+// part whose features or labels are not what begin_parts agreed is refused before its first
+// collective (which no longer agrees on its arguments across ranks); the module trains after all.
+TEST_P(ClassifierTest, PartsThatDisagreeFailOnEveryRank) {
+  const Problem p = make_problem(uneven_batches(world()), 19, 8, 46);
+  auto module = make_module(p, options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0)));
+  const int culprit = world() - 1;
+  const torch::Tensor x = local_rows(p, p.features).to(device());
+  const torch::Tensor y = local_rows(p, p.labels).to(device());
+  const int64_t rows = y.size(0);
+  const std::vector<int64_t> halves = {rows / 2, rows - rows / 2};
+  const auto expect_error = [](const std::function<void()>& call, const std::string& expected,
+                               bool collective) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected one mentioning: " << expected;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.collective(), collective) << e.what();
+      EXPECT_NE(e.message().find(expected), std::string::npos) << e.message();
+    }
+  };
+  if (world() > 1) {
+    expect_error(
+        [&] { module->begin_parts(y, rank() == culprit ? std::vector<int64_t>{rows} : halves); },
+        str_format("rank {} cuts the step into 1 parts, rank 0 into 2", culprit), true);
+  }
+  expect_error(
+      [&] {
+        module->begin_parts(y, rank() == culprit ? std::vector<int64_t>{rows, 1} : halves);
+      },
+      str_format("rank {}'s rows of its parts do not sum to its {} labels", culprit, rows), true);
+  expect_error([&] { module->begin_parts(y, {}); }, "a step in no parts", true);
+
+  module->begin_parts(y, halves);
+  const auto part = [&](int64_t first, int64_t count, int64_t width, torch::ScalarType labels) {
+    torch::Tensor features =
+        width == 8 ? x.narrow(0, first, count).clone() : torch::randn({count, width}).to(device());
+    torch::Tensor loss =
+        module->forward(features.requires_grad_(true), y.narrow(0, first, count).to(labels));
+    loss.backward();
+    return loss.detach();
+  };
+  expect_error([&] { part(0, halves[0], 9, torch::kInt64); },
+               str_format("part 0: this rank's features must be float32 [{}, 8]", halves[0]),
+               false);
+  expect_error([&] { part(0, halves[0], 8, torch::kInt32); },
+               str_format("part 0: this rank's labels must be int64 [{}]", halves[0]), false);
+  torch::Tensor loss =
+      part(0, halves[0], 8, torch::kInt64) + part(halves[0], halves[1], 8, torch::kInt64);
+  expect_error([&] { part(0, halves[0], 8, torch::kInt64); },
+               "a forward beyond the 2 parts that begin_parts agreed on", false);
+  module->finish_parts();
+  // The same step whole, on a module that saw no errors: the same loss.
+  auto whole = make_module(p, options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0)));
+  EXPECT_LE(relative_error(loss, run_step(*whole, p).loss), kTolerance);
+  // And it still trains.
+  EXPECT_TRUE(std::isfinite(run_step(*module, p).loss.item<float>()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ClassifierTest, ::testing::Values("mpi", "nccl"), backend_name);

@@ -80,7 +80,7 @@ class PipelineTest : public BackendTest {
       return loss;
     };
     const bool parts = l.schedule == PipelineSchedule::k1F1B;
-    if (parts) classifier.begin_parts(routed);
+    if (parts) classifier.begin_parts(routed, engine.part_rows(routed));
     const torch::Tensor loss =
         engine.train_step(l.first() ? images.to(device()) : torch::Tensor(),
                           l.first() ? keys.to(device()) : torch::Tensor(), routed, classify, sync);

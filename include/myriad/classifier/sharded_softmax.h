@@ -91,16 +91,20 @@ class ShardedMarginSoftmax {
 
   // A step whose global batch reaches the classifier in parts, one micro-batch at a time (the
   // 1F1B pipeline schedule, docs/pipeline.md). begin_parts takes this rank's labels of the whole
-  // step (empty where it holds none): they are checked once, fix the classes Partial FC samples
-  // for every part, and the batch B that every part's loss is a share of. Each forward() is then
-  // one part: it returns its samples' share of the step's mean loss (the parts' losses sum to
-  // the loss of the whole), and its backward gives the part's features' gradient and changes no
-  // weight. Every part's backward takes the same incoming gradient (1, or the loss scale).
-  // finish_parts() updates the shard once over all parts, recomputing the logits chunk by chunk
-  // from the features and softmax statistics each part kept: one more GEMM pass over the batch
-  // than forward() of the whole, and the same update. Features are checked for NaN there, for
-  // all parts at once. Both are collective.
-  void begin_parts(const torch::Tensor& labels);
+  // step (empty where it holds none) and its rows of each part, in order (summing to the labels'
+  // rows): they are checked once, fix the classes Partial FC samples for every part, the batch B
+  // that every part's loss is a share of, and every rank's rows of every part. Each forward() is
+  // then one part: it returns its samples' share of the step's mean loss (the parts' losses sum
+  // to the loss of the whole), and its backward gives the part's features' gradient and changes
+  // no weight. Every part's backward takes the same incoming gradient (1, or the loss scale). A
+  // part's collectives skip the cross-rank agreement (AgreedBeforehand), which would hold each
+  // rank's host until every rank arrives: what it would catch was agreed here, and a part's
+  // features (float32 [rows, D]) and labels (int64 [rows]) are checked on each rank before its
+  // first collective. finish_parts() updates the shard once over all parts, recomputing the
+  // logits chunk by chunk from the features and softmax statistics each part kept: one more GEMM
+  // pass over the batch than forward() of the whole, and the same update. Features are checked
+  // for NaN there, for all parts at once. Both are collective.
+  void begin_parts(const torch::Tensor& labels, const std::vector<int64_t>& part_rows);
   void finish_parts();
 
   // Global class predicted for each local row: argmax over all C classes of cos (or the raw
@@ -176,6 +180,13 @@ class ShardedMarginSoftmax {
     torch::Tensor x, y;
   };
   Gathered gather_inputs(Step& step, const torch::Tensor& features, const torch::Tensor& labels);
+  // Every rank's rows of each part (`part_rows` here; `labels` is every rank's labels of the
+  // step), agreed on by all: a collective error for another number of parts on some rank, or
+  // rows that do not sum to its labels.
+  std::vector<std::vector<int64_t>> agree_part_rows(const std::vector<int64_t>& part_rows,
+                                                    const std::vector<int64_t>& labels) const;
+  // The next part's every rank's rows, once its features and labels on this rank are as agreed.
+  std::vector<int64_t> part_counts(const torch::Tensor& features, const torch::Tensor& labels);
   // The features in float32 (normalised for a normalised margin) and in the GEMM dtype.
   void normalize_features(Step& step, const torch::Tensor& x) const;
   // The rows that take part (Partial FC's sample, or all), each sample's target column among them,

@@ -89,6 +89,7 @@ class Communicator {
   // Turns the cross-rank argument agreement off for this communicator, for internal traffic
   // whose shapes are fixed and were agreed on once (gradient buckets).
   void set_checks(bool enabled) { checks_ = enabled; }
+  bool checks() const { return checks_; }
 
  protected:
   // Duplicates `control` for this communicator's own agreement traffic.
@@ -132,6 +133,23 @@ class Communicator {
   int rank_ = 0;
   int size_ = 1;
   bool checks_ = true;
+};
+
+// Within its scope, `comm`'s collectives skip the cross-rank agreement when `skip` is true (each
+// call's local checks still run), for a caller that agreed on their arguments beforehand: a part
+// of a step whose collectives would otherwise each wait on the host for every rank to arrive.
+class AgreedBeforehand {
+ public:
+  AgreedBeforehand(Communicator& comm, bool skip) : comm_(comm), checks_(comm.checks()) {
+    if (skip) comm_.set_checks(false);
+  }
+  ~AgreedBeforehand() { comm_.set_checks(checks_); }
+  AgreedBeforehand(const AgreedBeforehand&) = delete;
+  AgreedBeforehand& operator=(const AgreedBeforehand&) = delete;
+
+ private:
+  Communicator& comm_;
+  bool checks_;
 };
 
 }  // namespace myriad

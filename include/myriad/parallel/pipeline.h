@@ -58,10 +58,10 @@ std::vector<int64_t> micro_batches_in_flight(PipelineSchedule schedule, int stag
 // Forward + backward time and activation memory of each block on `device`, one block at a time,
 // from `sample` (a micro-batch of images and their keys) through every block, each run as a stage
 // runs it (activation checkpointing included); then the launch times scaled to the whole
-// backbone launched at once, where its activations fit (chained_launches). State bytes count parameters `state_factor` times
-// (weights, gradients and optimizer state) plus buffers. The backbone's values, buffers and
-// devices are as before afterwards. Activation memory is measured on CUDA devices and estimated
-// from the blocks' outputs on the CPU.
+// backbone launched at once, where its activations fit (chained_launches). State bytes count
+// parameters `state_factor` times (weights, gradients and optimizer state) plus buffers. The
+// backbone's values, buffers and devices are as before afterwards. Activation memory is measured on
+// CUDA devices and estimated from the blocks' outputs on the CPU.
 std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sample,
                                       const torch::Device& device,
                                       std::optional<torch::ScalarType> autocast,
@@ -100,6 +100,11 @@ class PipelineEngine {
   // The replica's labels, from the first stage (which loaded them) to the last (where the
   // classifier needs them); an empty [0] on the other stages.
   torch::Tensor route_labels(const torch::Tensor& labels);
+
+  // This rank's rows of each micro-batch's classifier part under 1F1B, for
+  // ShardedMarginSoftmax::begin_parts: its `labels` (route_labels) cut into equal micro-batches on
+  // the last stage, none on the others.
+  std::vector<int64_t> part_rows(const torch::Tensor& labels) const;
 
   // The classifier's part of a step: the loss of `embeddings` (a float32 leaf that requires
   // grad: [b, D] on the last stage, [0, D] elsewhere) with `labels` ([b], or [0]), its backward
