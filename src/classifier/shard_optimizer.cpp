@@ -12,6 +12,9 @@
 
 #include "cuda/kernels.h"
 #endif
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+#include "cuda/hopper/fused_weight_update.h"
+#endif
 
 namespace myriad {
 
@@ -94,6 +97,56 @@ std::vector<std::pair<std::string, torch::Tensor*>> ShardOptimizer::state() {
     return {{"momentum", &momentum_}};
   }
   return {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};
+}
+
+bool ShardOptimizer::updates_from_logit_grad(int64_t batch, int64_t dim) const {
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+  return options_.kind == OptimizerKind::kSgd &&
+         cuda::fused_sgd_rows_take(batch, static_cast<int>(dim));
+#else
+  (void)batch, (void)dim;
+  return false;
+#endif
+}
+
+void ShardOptimizer::update_rows_from_logit_grad(torch::Tensor& weight, const torch::Tensor& index,
+                                                 int64_t begin, int64_t end,
+                                                 const torch::Tensor& logit_grad,
+                                                 const torch::Tensor& xt, RowGradient grad_of,
+                                                 const torch::Tensor& grad_multiplier) {
+  const int64_t batch = xt.size(1);
+  MYRIAD_CHECK(weight.is_cuda() && updates_from_logit_grad(batch, weight.size(1)),
+               "the fused weight update runs SGD on H100 and H200 GPUs, for batches that are "
+               "multiples of 8 and embedding sizes that are multiples of 8 up to 512 (this call: "
+               "{}, {}, batch {}, embedding size {})",
+               weight.device().str(), options_.kind == OptimizerKind::kSgd ? "SGD" : "AdamW", batch,
+               weight.size(1));
+  MYRIAD_CHECK(logit_grad.scalar_type() == torch::kBFloat16 &&
+                   xt.scalar_type() == torch::kBFloat16 && logit_grad.is_contiguous() &&
+                   xt.is_contiguous() && logit_grad.size(0) == end - begin &&
+                   logit_grad.size(1) == batch && xt.size(0) == weight.size(1),
+               "the fused weight update takes a contiguous bfloat16 logits' gradient [{}, {}] and "
+               "transposed features [{}, {}], got {} and {}",
+               end - begin, batch, weight.size(1), batch, logit_grad.sizes(), xt.sizes());
+  MYRIAD_CHECK(!grad_multiplier.defined() ||
+                   (grad_multiplier.scalar_type() == torch::kFloat32 &&
+                    grad_multiplier.numel() == 1 && grad_multiplier.device() == weight.device()),
+               "the gradient multiplier must be one float32 on the weights' device");
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+  const OptimizerOptions& o = options_;
+  const cuda::WeightShard shard{weight.data_ptr(), element_type(weight.scalar_type()), first_row_,
+                                rounding_seed()};
+  const cuda::SgdArgs args{static_cast<float>(o.lr), static_cast<float>(o.momentum),
+                           static_cast<float>(o.weight_decay), o.nesterov,
+                           grad_multiplier.defined() ? grad_multiplier.data_ptr<float>() : nullptr};
+  MYRIAD_CHECK_CUDA(cuda::fused_sgd_rows(
+      shard, momentum_.defined() ? momentum_.data_ptr() : nullptr, element_type(o.state_dtype),
+      logit_grad.data_ptr(), xt.data_ptr(), batch, static_cast<int>(weight.size(1)),
+      index.defined() ? index.data_ptr<int64_t>() : nullptr, begin, end - begin, grad_of, args,
+      c10::cuda::getCurrentCUDAStream(weight.device().index()).stream()));
+#else
+  (void)index, (void)grad_of;
+#endif
 }
 
 void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& index, int64_t begin,

@@ -157,8 +157,15 @@ ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoft
 }
 
 std::string ShardedMarginSoftmax::kernels() const {
+  if (fused_weight_update() && optimizer_->updates_from_logit_grad(8, options_.embedding_size))
+    return "fused Hopper kernels, logits never in memory, SGD's rows' gradient never in memory "
+           "(global batches of multiples of 8)";
   if (fused_) return "fused Hopper kernels, logits never in memory";
   return device_.is_cuda() ? "GEMMs and softmax kernels" : "LibTorch on the CPU";
+}
+
+bool ShardedMarginSoftmax::fused_weight_update() const {
+  return fused_ && options_.fused_weight_update && options_.update == WeightUpdate::kFused;
 }
 
 ShardedMarginSoftmax::~ShardedMarginSoftmax() = default;
@@ -418,6 +425,11 @@ torch::Tensor ShardedMarginSoftmax::chunk_logits(Step& step, int64_t c, int64_t 
 void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn,
                                            bool update) {
   const MarginParams params = options_.margin.params();
+  const bool fused_update =
+      fused_ && update && options_.update == WeightUpdate::kFused &&
+      optimizer_->updates_from_logit_grad(step.batch, options_.embedding_size);
+  // The fused update reads the features transposed, [D, B]; one copy serves every chunk.
+  const torch::Tensor xt = fused_update ? step.xg.t().contiguous() : torch::Tensor();
   for (int64_t c = 0; c < step.plan.chunks; ++c) {
     const int64_t begin = c * step.plan.chunk_rows;
     const int64_t end = std::min(begin + step.plan.chunk_rows, step.active_rows);
@@ -441,14 +453,20 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
     }
     rows = torch::Tensor();
     if (!update) continue;
+    const RowGradient grad_of = !params.normalized ? RowGradient::kRow
+                                : scale.defined()  ? RowGradient::kUnitRowOverNorm
+                                                   : RowGradient::kUnitRow;
+    if (fused_update) {
+      phase("fused_update");
+      optimizer_->update_rows_from_logit_grad(weight_, step.active, begin, end, logit_grad, xt,
+                                              grad_of, g.multiplier);
+      continue;
+    }
     phase("gemm_weight_grad");
     torch::Tensor row_grad = torch::empty({end - begin, options_.embedding_size},
                                           step.xg.options().dtype(torch::kFloat32));
     gemm_f32(row_grad, logit_grad, false, step.xg, false, false);
     phase("update");
-    const RowGradient grad_of = !params.normalized ? RowGradient::kRow
-                                : scale.defined()  ? RowGradient::kUnitRowOverNorm
-                                                   : RowGradient::kUnitRow;
     if (options_.update == WeightUpdate::kFused) {
       optimizer_->update_rows(weight_, step.active, begin, end, row_grad, grad_of, g.multiplier);
     } else {

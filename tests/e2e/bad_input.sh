@@ -198,6 +198,8 @@ expect O16 2 "the fused classifier kernels need an H100 or H200 GPU, bf16 GEMMs 
   "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused on
 expect O17 2 "--fused on and --naive exclude each other" \
   "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused on --naive
+expect O18 2 "--fused-update must be on or off, got 'maybe'" \
+  "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused-update maybe
 
 # --- data files ---------------------------------------------------------------------------------
 expect D1 2 "'.*/missing.h5' does not exist" $(train --data "$fix/missing.h5")

@@ -16,17 +16,11 @@
 #include <vector>
 
 #include "../../src/classifier/cuda/hopper/fused_softmax.h"
+#include "check_support.cuh"
 
 using myriad::MarginParams;
 
-#define CHECK(x)                                                                                \
-  do {                                                                                          \
-    const cudaError_t rc_ = (x);                                                                \
-    if (rc_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(rc_)); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
+using myriad::testing::time_ms;
 
 namespace {
 
@@ -234,22 +228,6 @@ __global__ void fill_random(__nv_bfloat16* w, int64_t n) {
   }
 }
 
-// Mean ms of `reps` runs of f after one warm-up.
-template <class F>
-float time_ms(F f, int reps) {
-  f();
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  CHECK(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) f();
-  CHECK(cudaEventRecord(b));
-  CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, a, b));
-  return ms / reps;
-}
-
 void time_case(int64_t batch, int64_t classes, int dim) {
   Problem p = make_problem(batch, 1, dim, 5, false);
   __nv_bfloat16 *x = to_device(p.x), *w;
@@ -316,11 +294,7 @@ void time_case(int64_t batch, int64_t classes, int dim) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string mode = argc > 1 ? argv[1] : "check";
-  if (!myriad::cuda::fused_softmax_runs_on(0)) {
-    std::printf("SKIP: the fused kernels need a compute capability 9.0 GPU\n");
-    return 77;
-  }
+  const std::string mode = myriad::testing::mode_on_hopper(argc, argv);
   if (mode == "check") {
     MarginParams arc;
     arc.m2 = 0.5f;

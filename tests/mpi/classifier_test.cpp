@@ -156,6 +156,39 @@ class ClassifierTest : public BackendTest {
         << label << ": grad_weight";
     expect_same_loss_everywhere(out.loss);
   }
+
+  struct SgdReference {
+    torch::Tensor weight, momentum;  // float64, every class
+    torch::Tensor touched;           // which classes a step sampled
+  };
+
+  // torch.optim.SGD's rule (momentum, weight decay added to the gradient, Nesterov) applied to
+  // the float64 reference gradient for `steps` steps, from the initial weights as o stores them;
+  // with Partial FC only the rows each step samples change.
+  static SgdReference reference_sgd(const Problem& p, const ShardedSoftmaxOptions& o, int steps) {
+    const int64_t classes = p.weight.size(0);
+    SgdReference r;
+    r.weight = p.weight.to(o.weight_dtype).to(torch::kFloat64);
+    r.momentum = torch::zeros_like(r.weight);
+    r.touched = torch::zeros({classes}, torch::kBool);
+    const OptimizerOptions& opt = o.optimizer;
+    for (int64_t step = 1; step <= steps; ++step) {
+      torch::Tensor active;
+      if (o.sample_rate < 1.0)
+        active = sample_class_rows(p.labels, classes, 0, o.sample_rate, o.seed, step);
+      const ReferenceResult ref =
+          reference_softmax(p.features, p.labels, r.weight.to(torch::kFloat32), o.margin, active);
+      const torch::Tensor rows = active.defined() ? active : torch::arange(classes);
+      const torch::Tensor g =
+          ref.grad_weight.index_select(0, rows) + opt.weight_decay * r.weight.index_select(0, rows);
+      const torch::Tensor b = r.momentum.index_select(0, rows) * opt.momentum + g;
+      r.momentum.index_copy_(0, rows, b);
+      const torch::Tensor d = opt.nesterov ? g + opt.momentum * b : b;
+      r.weight.index_copy_(0, rows, r.weight.index_select(0, rows) - opt.lr * d);
+      r.touched.index_fill_(0, rows, true);
+    }
+    return r;
+  }
 };
 
 TEST_P(ClassifierTest, MatchesReferenceForEveryMarginChunkedAndNot) {
@@ -308,25 +341,10 @@ TEST_P(ClassifierTest, FusedSgdMatchesReferenceAndTouchesOnlySampledRows) {
       const ClassPartition& part = module->partition();
       const int64_t offset = part.offset(rank()), rows = part.size(rank());
 
-      // bfloat16 weights start from the initial weights rounded to bfloat16.
+      for (int step = 1; step <= 2; ++step) run_step(*module, p);
+      const SgdReference ref = reference_sgd(p, o, 2);
+      const torch::Tensor w = ref.weight, buf = ref.momentum, touched = ref.touched;
       const torch::Tensor initial_all = p.weight.to(weight_dtype).to(torch::kFloat32);
-      torch::Tensor w = initial_all.to(torch::kFloat64);
-      torch::Tensor buf = torch::zeros_like(w);
-      torch::Tensor touched = torch::zeros({p.weight.size(0)}, torch::kBool);
-      for (int64_t step = 1; step <= 2; ++step) {
-        run_step(*module, p);
-        torch::Tensor active;
-        if (rate < 1.0) active = sample_class_rows(p.labels, 53, 0, rate, 5, step);
-        const ReferenceResult ref =
-            reference_softmax(p.features, p.labels, w.to(torch::kFloat32), o.margin, active);
-        torch::Tensor rows_now = active.defined() ? active : torch::arange(53);
-        torch::Tensor g =
-            ref.grad_weight.index_select(0, rows_now) + 0.01 * w.index_select(0, rows_now);
-        torch::Tensor b = buf.index_select(0, rows_now) * 0.9 + g;
-        buf.index_copy_(0, rows_now, b);
-        w.index_copy_(0, rows_now, w.index_select(0, rows_now) - 0.5 * b);
-        touched.index_fill_(0, rows_now, true);
-      }
       const double tolerance =
           state == torch::kBFloat16 || weight_dtype == torch::kBFloat16 ? 1e-2 : kTolerance;
       const std::string label = str_format("rate {}, state {}, weights {}", rate,
@@ -350,6 +368,94 @@ TEST_P(ClassifierTest, FusedSgdMatchesReferenceAndTouchesOnlySampledRows) {
                        initial.index_select(0, untouched)))
           << label;
       EXPECT_EQ(momentum.cpu().index_select(0, untouched).abs().sum().item<double>(), 0.0) << label;
+    }
+  }
+}
+
+// bf16 GEMMs with SGD: on an H100 or H200 the update is fused with the rows' gradient
+// (fused_sgd_rows), elsewhere cuBLAS's GEMM and sgd_rows run. Either way two steps must match
+// SGD on the float64 reference gradient, the update with the fused kernels off, and a rerun bit
+// for bit, for the three row gradients (plain softmax: the rows; ArcFace on float32 weights: the
+// normalised copies; on bf16 weights: the stored rows), momentum in float32 and bf16, Nesterov,
+// chunks, and Partial FC's rows.
+TEST_P(ClassifierTest, FusedWeightUpdateMatchesReferenceUnfusedUpdateAndRerun) {
+  // 8 rows per rank: a global batch the fused update takes at every rank count.
+  const Problem p = make_problem(std::vector<int64_t>(world(), 8), 211, 24, 41);
+  struct Case {
+    MarginConfig margin;
+    torch::ScalarType weight_dtype, state;
+    double rate;
+    bool nesterov, chunked;
+  };
+  const MarginConfig arcface = margin_of(MarginType::kArcFace, 1, 0.5, 0);
+  const MarginConfig softmax = margin_of(MarginType::kSoftmax, 1, 0, 0);
+  const std::vector<Case> cases = {
+      {softmax, torch::kFloat32, torch::kFloat32, 1.0, false, false},
+      {arcface, torch::kFloat32, torch::kFloat32, 1.0, false, true},
+      {arcface, torch::kBFloat16, torch::kBFloat16, 1.0, false, false},
+      {arcface, torch::kBFloat16, torch::kFloat32, 0.4, false, true},
+      {arcface, torch::kFloat32, torch::kBFloat16, 0.4, true, false},
+  };
+  for (const Case& c : cases) {
+    ShardedSoftmaxOptions o = options_for(p, c.margin);
+    o.gemm_dtype = torch::kBFloat16;
+    o.update = WeightUpdate::kFused;
+    o.fused_weight_update = true;
+    o.weight_dtype = c.weight_dtype;
+    o.sample_rate = c.rate;
+    o.seed = 9;
+    o.optimizer.lr = 0.5;
+    o.optimizer.momentum = 0.9;
+    o.optimizer.weight_decay = 0.01;
+    o.optimizer.nesterov = c.nesterov;
+    o.optimizer.state_dtype = c.state;
+    if (c.chunked) o.workspace_bytes = budget_for_chunk(40, p.features.size(0), 24, 2);
+    const std::string label =
+        str_format("{}, weights {}, momentum {}, rate {}{}{}", c.margin.describe(),
+                   c10::toString(c.weight_dtype), c10::toString(c.state), c.rate,
+                   c.nesterov ? ", Nesterov" : "", c.chunked ? ", chunked" : "");
+    const auto train = [&](const ShardedSoftmaxOptions& options) {
+      auto module = make_module(p, options);
+      for (int step = 0; step < 2; ++step) run_step(*module, p);
+      return std::make_pair(module->weight().cpu().to(torch::kFloat32),
+                            module->optimizer().state()[0].second->cpu().to(torch::kFloat32));
+    };
+    auto probe = make_module(p, o);
+    const bool fused_update = probe->kernels().find("rows' gradient never") != std::string::npos;
+    EXPECT_EQ(fused_update, hopper_build_on_hopper_gpu(device()))
+        << label << ": " << probe->kernels();
+    const auto [weight, momentum] = train(o);
+    const auto [weight_again, momentum_again] = train(o);
+    EXPECT_TRUE(torch::equal(weight, weight_again) && torch::equal(momentum, momentum_again))
+        << label << ": a rerun differs";
+    const ClassPartition& part = probe->partition();
+    const int64_t offset = part.offset(rank()), rows = part.size(rank());
+    const SgdReference ref = reference_sgd(p, o, 2);
+    const torch::Tensor initial =
+        p.weight.to(c.weight_dtype).to(torch::kFloat32).slice(0, offset, offset + rows);
+    // The updates, not the weights: a wrong update hides among weights that barely move.
+    ShardedSoftmaxOptions unfused = o;
+    unfused.fused_kernels = FusedKernels::kOff;
+    const auto [weight_unfused, momentum_unfused] = train(unfused);
+    EXPECT_LE(relative_error(weight - initial, weight_unfused - initial), 3e-2)
+        << label << ": update, fused kernels off";
+    EXPECT_LE(relative_error(momentum, momentum_unfused), 2e-2) << label << ": momentum, fused off";
+    EXPECT_LE(relative_error(weight - initial, ref.weight.slice(0, offset, offset + rows) -
+                                                   initial.to(torch::kFloat64)),
+              6e-2)
+        << label << ": update, float64 reference";
+    // bf16 GEMMs put up to 4% into this small problem's momentum on the CPU path (2 steps of
+    // ArcFace at s = 64); a wrong term of the update moves it by tens of percent.
+    EXPECT_LE(relative_error(momentum, ref.momentum.slice(0, offset, offset + rows)), 6e-2)
+        << label << ": momentum, float64 reference";
+    if (c.rate < 1.0) {
+      // Rows that no step sampled keep their initial weights and a zero momentum.
+      const torch::Tensor untouched =
+          ref.touched.slice(0, offset, offset + rows).logical_not().nonzero().squeeze(1);
+      EXPECT_TRUE(
+          torch::equal(weight.index_select(0, untouched), initial.index_select(0, untouched)))
+          << label;
+      EXPECT_EQ(momentum.index_select(0, untouched).abs().sum().item<double>(), 0.0) << label;
     }
   }
 }

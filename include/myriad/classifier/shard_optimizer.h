@@ -49,6 +49,17 @@ class ShardOptimizer {
                    const torch::Tensor& grad, RowGradient grad_of,
                    const torch::Tensor& grad_multiplier);
 
+  // Whether update_rows_from_logit_grad takes a global batch of `batch` rows of width `dim` on
+  // the GPU: SGD, in a build with the fused Hopper kernels (the caller runs them, so the GPU is
+  // an H100 or H200), with fused_sgd_rows' shapes.
+  bool updates_from_logit_grad(int64_t batch, int64_t dim) const;
+  // update_rows with grad = logit_grad . xt^T, formed on the tensor cores and never stored:
+  // `logit_grad` bfloat16 [end - begin, B] (d loss / d logits of the chunk's rows, as the fused
+  // backward writes it) and `xt` the features transposed, bfloat16 [D, B].
+  void update_rows_from_logit_grad(torch::Tensor& weight, const torch::Tensor& index, int64_t begin,
+                                   int64_t end, const torch::Tensor& logit_grad,
+                                   const torch::Tensor& xt, RowGradient grad_of,
+                                   const torch::Tensor& grad_multiplier);
   double lr() const { return options_.lr; }
   void set_lr(double lr) { options_.lr = lr; }
   const OptimizerOptions& options() const { return options_; }

@@ -62,6 +62,11 @@ struct ShardedSoftmaxOptions {
   // depend on the number of ranks.
   double init_std = 0.01;
   FusedKernels fused_kernels = FusedKernels::kAuto;
+  // Where the fused kernels run SGD on a global batch that is a multiple of 8: form the rows'
+  // gradient and apply the update in one kernel (fused_sgd_rows), the float32 gradient never in
+  // memory. Off by default: it measures slower than cuBLAS's GEMM and the row update so far
+  // (docs/classifier.md).
+  bool fused_weight_update = false;
 };
 
 // The classifier of design §1: this rank's shard W_r [n_r, D] of a margin-softmax classifier
@@ -156,6 +161,8 @@ class ShardedMarginSoftmax {
   std::unique_ptr<Step> pending_;
   std::unique_ptr<Parts> parts_;  // between begin_parts and finish_parts
   int64_t steps_ = 0;
+  // Whether backward may take fused_sgd_rows (for batches it takes).
+  bool fused_weight_update() const;
   bool fused_ = false;
   int64_t forwards_ = 0;          // pairs each backward with its forward
   torch::Tensor inv_loss_scale_;  // undefined: 1

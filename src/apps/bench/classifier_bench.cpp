@@ -188,7 +188,8 @@ struct ClassifierBenchOptions {
 bool parse_classifier_options(const ProcessContext& context, int argc, char** argv,
                               ClassifierBenchOptions& b) {
   po::options_description options("classifier options");
-  std::string classes_text, dtype_name, workspace_text, state_name, weight_name, fused_name;
+  std::string classes_text, dtype_name, workspace_text, state_name, weight_name, fused_name,
+      fused_update_name;
   BenchConfig& config = b.config;
   ShardedSoftmaxOptions& o = config.options;
   // clang-format off
@@ -202,6 +203,7 @@ bool parse_classifier_options(const ProcessContext& context, int argc, char** ar
       ("momentum-dtype", po::value(&state_name)->default_value("fp32"), "SGD momentum storage: fp32 or bf16")
       ("weight-dtype", po::value(&weight_name)->default_value("fp32"), "classifier weights: fp32, or bf16 with stochastic rounding")
       ("fused", po::value(&fused_name)->default_value("auto"), "the fused Hopper kernels: auto (where they apply), on (an error elsewhere) or off (GEMMs and softmax kernels)")
+      ("fused-update", po::value(&fused_update_name)->default_value("off"), "SGD fused with the rows' gradient where the fused kernels run (slower so far, see docs/classifier.md): on or off")
       ("naive", po::bool_switch(&config.naive), "benchmark the naive baseline (logits gathered to rank 0)")
       ("steps", po::value(&config.steps)->default_value(20), "timed steps")
       ("warmup", po::value(&config.warmup)->default_value(5), "untimed steps first")
@@ -235,11 +237,15 @@ bool parse_classifier_options(const ProcessContext& context, int argc, char** ar
   if (fused_name != "auto" && fused_name != "on" && fused_name != "off")
     throw UsageError("--fused must be auto, on or off, got '" + fused_name + "'");
   if (fused_name == "on" && config.naive)
-    throw UsageError("--fused on and --naive exclude each other: the naive baseline has no fused "
-                     "kernels");
+    throw UsageError(
+        "--fused on and --naive exclude each other: the naive baseline has no fused "
+        "kernels");
   o.fused_kernels = fused_name == "on"    ? FusedKernels::kRequired
                     : fused_name == "off" ? FusedKernels::kOff
                                           : FusedKernels::kAuto;
+  if (fused_update_name != "on" && fused_update_name != "off")
+    throw UsageError("--fused-update must be on or off, got '" + fused_update_name + "'");
+  o.fused_weight_update = fused_update_name == "on";
   return true;
 }
 

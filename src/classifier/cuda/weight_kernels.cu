@@ -12,8 +12,7 @@
 #include <utility>
 
 #include "kernels.h"
-#include "myriad/util/cuda_elements.cuh"
-#include "myriad/util/stochastic_round.h"
+#include "row_update.cuh"
 
 namespace myriad::cuda {
 
@@ -21,29 +20,6 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;
 constexpr int kThreads = kRowsPerBlock * 32;
-constexpr float kMinSquaredNorm = 1e-24f;
-
-// Stores of updated weights: float32 as they are, bfloat16 rounded stochastically with the bits
-// of each element's global index.
-struct WeightStore {
-  int64_t first_row;
-  uint64_t rounding_seed;
-
-  template <int N>
-  __device__ void operator()(float* p, const float (&v)[N], int64_t) const {
-    store_floats(p, v);
-  }
-  template <int N>
-  __device__ void operator()(__nv_bfloat16* p, const float (&v)[N], int64_t element) const {
-    Pack<__nv_bfloat16, N> pack;
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-      pack.e[j] = __ushort_as_bfloat16(
-          bf16_bits_stochastic(v[j], rounding_bits(rounding_seed, element + j)));
-    }
-    store_pack<N>(p, pack);
-  }
-};
 
 __device__ inline float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
@@ -106,25 +82,11 @@ __global__ void prepare_rows_kernel(const In* __restrict__ weight, int64_t dim,
   });
 }
 
-// dw for one element: the gradient with respect to the row itself. For grad = dL/d(w/|w|),
-// dw = grad/|w| - (w.grad) w/|w|^3; for grad = dL/d(w/|w|) / |w|, dw = grad - (w.grad) w/|w|^2.
-struct RowGradientOf {
-  float scale = 1.0f;   // of grad
-  float radial = 0.0f;  // of w
-  float multiplier = 1.0f;
-
-  __device__ float operator()(float w, float g) const {
-    return g * multiplier * scale - radial * w;
-  }
-};
-
 template <int kWidth, typename W>
 __device__ inline RowGradientOf row_gradient(const W* w, const float* g, int64_t dim, int lane,
                                              RowGradient grad_of, const float* multiplier) {
-  RowGradientOf rg;
-  if (multiplier != nullptr) rg.multiplier = *multiplier;
-  if (grad_of == RowGradient::kRow) return rg;
   float squares = 0.0f, dot = 0.0f;
+  if (grad_of == RowGradient::kRow) return row_gradient_of(dot, squares, grad_of, multiplier);
   for_each_group<kWidth>(dim, lane, [&](int64_t k) {
     float wv[kWidth], gv[kWidth];
     load_floats(w + k, wv);
@@ -135,16 +97,7 @@ __device__ inline RowGradientOf row_gradient(const W* w, const float* g, int64_t
       dot += wv[j] * gv[j];
     }
   });
-  squares = fmaxf(warp_sum(squares), kMinSquaredNorm);
-  dot = warp_sum(dot) * rg.multiplier;
-  const float inv_norm = rsqrtf(squares);
-  if (grad_of == RowGradient::kUnitRow) {
-    rg.scale = inv_norm;
-    rg.radial = dot * inv_norm * inv_norm * inv_norm;
-  } else {
-    rg.radial = dot * inv_norm * inv_norm;
-  }
-  return rg;
+  return row_gradient_of(warp_sum(dot), warp_sum(squares), grad_of, multiplier);
 }
 
 template <int kWidth, typename W, typename State>
@@ -166,14 +119,8 @@ __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight
     load_floats(g + k, gv);
     if (buf != nullptr) load_floats(buf + k, bv);
 #pragma unroll
-    for (int j = 0; j < kWidth; ++j) {
-      float d = dw(wv[j], gv[j]) + args.weight_decay * wv[j];
-      if (buf != nullptr) {
-        bv[j] = args.momentum * bv[j] + d;
-        d = args.nesterov ? d + args.momentum * bv[j] : bv[j];
-      }
-      wv[j] -= args.lr * d;
-    }
+    for (int j = 0; j < kWidth; ++j)
+      wv[j] = sgd_element(wv[j], gv[j], dw, args, buf != nullptr ? &bv[j] : nullptr);
     if (buf != nullptr) store_floats(buf + k, bv);
     store_weight(w + k, wv, first_element + k);
   });

@@ -75,13 +75,6 @@ struct Shared {
   uint64_t scale_empty[2];
 };
 
-template <class S>
-__device__ inline S& shared_storage() {
-  extern __shared__ uint8_t raw[];
-  const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
-  return *reinterpret_cast<S*>((base + kSwizzleAtomBytes - 1) & ~uintptr_t{kSwizzleAtomBytes - 1});
-}
-
 // Lane `lane` of `lanes` takes tiles [first, last): contiguous, sizes within one of each other.
 struct TileRange {
   int64_t first, last;
@@ -132,15 +125,6 @@ __device__ void produce(S& s, const CUtensorMap* x_map, const CUtensorMap* w_map
       barrier_arrive(&s.scale_full[slot]);  // releases this lane's stores
     }
   }
-}
-
-// Pins the compiler's reads and writes of `acc` at this point: registers that a wgmma writes
-// asynchronously are touched only after the wait that precedes this.
-__device__ inline void fence_registers(float (&acc)[2][64]) {
-#pragma unroll
-  for (int q = 0; q < 2; ++q)
-#pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[q][i])::"memory");
 }
 
 // What a kernel reads and writes besides the operands. Statistics: group_max, group_sum,
@@ -210,18 +194,10 @@ struct Consumer {
     for (int kb = 0; kb < kKBlocks; ++kb, ++it) {
       const int stage = it % S::kStages;
       barrier_wait(&s.full[stage], (it / S::kStages) & 1);
-      wgmma_fence();
       const uint64_t b = descriptor_k_major_sw128(s.w[stage]);
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const uint64_t a = descriptor_k_major_sw128(&s.x[kb][q * 64 * kSwizzleElements]);
-#pragma unroll
-        for (int k = 0; k < kSwizzleElements / 16; ++k)
-          wgmma_m64n128k16_bf16(acc[q], a + k * kDescriptorK16Step, b + k * kDescriptorK16Step,
-                                kb > 0 || k > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<1>();
+      wgmma_k_block(
+          acc, [&](int q) { return descriptor_k_major_sw128(&s.x[kb][q * 64 * kSwizzleElements]); },
+          [&](int) { return b; }, kb > 0);
       if (previous >= 0 && t == 0) barrier_arrive(&s.empty[previous]);
       previous = stage;
     }
@@ -535,35 +511,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The shared memory that bulk stores read lives until they have read it.
     if (staged && c.t == 0) bulk_wait();
   }
-}
-
-cudaError_t driver_encode(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank,
-                          const void* data, const cuuint64_t* sizes, const cuuint64_t* strides,
-                          const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  if (encode == nullptr) {
-    cudaDriverEntryPointQueryResult found;
-    const cudaError_t rc = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled",
-                                                            reinterpret_cast<void**>(&encode),
-                                                            12000, cudaEnableDefault, &found);
-    if (rc != cudaSuccess) return rc;
-    if (found != cudaDriverEntryPointSuccess) return cudaErrorSymbolNotFound;
-  }
-  const cuuint32_t steps[2] = {1, 1};
-  const CUresult rc = encode(map, type, rank, const_cast<void*>(data), sizes, strides, box, steps,
-                             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return rc == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
-
-// A 2-D tensor map over a row-major bf16 matrix [rows, dim], in boxes of 64 elements x box_rows
-// with the 128-byte swizzle; what lies outside the matrix reads as zeros.
-cudaError_t matrix_map(CUtensorMap* map, const void* data, int64_t rows, int dim, int box_rows) {
-  const cuuint64_t sizes[2] = {static_cast<cuuint64_t>(dim), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(dim) * 2};
-  const cuuint32_t box[2] = {kSwizzleElements, static_cast<cuuint32_t>(box_rows)};
-  return driver_encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, data, sizes, strides, box,
-                       CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 struct Grid {

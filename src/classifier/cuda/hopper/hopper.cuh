@@ -5,6 +5,8 @@
 // is needed; every wrapper is exercised by the fused kernels' tests against float64 references.
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 
@@ -172,6 +174,96 @@ __device__ inline void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, ui
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
         "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
+}
+
+// One K block of 64 on the tensor cores, asynchronously: acc[q] (+)= A_q . B_q for q = 0, 1, with
+// A_q and B_q the 128-byte-swizzled K-major tiles whose descriptors a(q) and b(q) give (M 64, N
+// 128); `accumulate` false overwrites acc. Returns once the previous K block's products are done,
+// so that its stage may be released, and this one's at most still run.
+template <class A, class B>
+__device__ __forceinline__ void wgmma_k_block(float (&acc)[2][64], A a, B b, bool accumulate) {
+  wgmma_fence();
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const uint64_t desc_a = a(q), desc_b = b(q);
+#pragma unroll
+    for (int k = 0; k < kSwizzleElements / 16; ++k)
+      wgmma_m64n128k16_bf16(acc[q], desc_a + k * kDescriptorK16Step,
+                            desc_b + k * kDescriptorK16Step, accumulate || k > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<1>();
+}
+
+// Every thread of every CTA of the cluster meets here; shared-memory writes before it are
+// visible to the cluster's reads after it.
+__device__ inline void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// The float2 at `p` in this CTA's shared memory, read from the same place in the shared memory of
+// the cluster's CTA `rank`.
+__device__ inline float2 cluster_load(const float2* p, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(remote)
+               : "r"(shared_address(p)), "r"(rank));
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n"
+               : "=f"(v.x), "=f"(v.y)
+               : "r"(remote)
+               : "memory");
+  return v;
+}
+
+// The dynamic shared memory as an S, started on a 1024-byte boundary (launches ask for
+// sizeof(S) + kSwizzleAtomBytes).
+template <class S>
+__device__ inline S& shared_storage() {
+  extern __shared__ uint8_t raw[];
+  const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
+  return *reinterpret_cast<S*>((base + kSwizzleAtomBytes - 1) & ~uintptr_t{kSwizzleAtomBytes - 1});
+}
+
+// Pins the compiler's reads and writes of `acc` at this point: registers that a wgmma writes
+// asynchronously are touched only after the wait that precedes this.
+__device__ inline void fence_registers(float (&acc)[2][64]) {
+#pragma unroll
+  for (int q = 0; q < 2; ++q)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[q][i])::"memory");
+}
+
+// Tensor maps, made on the host through the driver's entry point (no link to libcuda).
+inline cudaError_t driver_encode(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank,
+                                 const void* data, const cuuint64_t* sizes,
+                                 const cuuint64_t* strides, const cuuint32_t* box,
+                                 CUtensorMapSwizzle swizzle) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t rc = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled",
+                                                            reinterpret_cast<void**>(&encode),
+                                                            12000, cudaEnableDefault, &found);
+    if (rc != cudaSuccess) return rc;
+    if (found != cudaDriverEntryPointSuccess) return cudaErrorSymbolNotFound;
+  }
+  const cuuint32_t steps[2] = {1, 1};
+  const CUresult rc = encode(map, type, rank, const_cast<void*>(data), sizes, strides, box, steps,
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return rc == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// A 2-D tensor map over a row-major bf16 matrix [rows, dim], in boxes of 64 elements x box_rows
+// with the 128-byte swizzle; what lies outside the matrix reads as zeros.
+inline cudaError_t matrix_map(CUtensorMap* map, const void* data, int64_t rows, int dim,
+                              int box_rows) {
+  const cuuint64_t sizes[2] = {static_cast<cuuint64_t>(dim), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(dim) * 2};
+  const cuuint32_t box[2] = {kSwizzleElements, static_cast<cuuint32_t>(box_rows)};
+  return driver_encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, data, sizes, strides, box,
+                       CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 }  // namespace myriad::cuda::hopper
