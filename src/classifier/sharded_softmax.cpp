@@ -426,7 +426,7 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
                                            bool update) {
   const MarginParams params = options_.margin.params();
   const bool fused_update =
-      fused_ && update && options_.update == WeightUpdate::kFused &&
+      fused_weight_update() && update &&
       optimizer_->updates_from_logit_grad(step.batch, options_.embedding_size);
   // The fused update reads the features transposed, [D, B]; one copy serves every chunk.
   const torch::Tensor xt = fused_update ? step.xg.t().contiguous() : torch::Tensor();
