@@ -19,21 +19,27 @@ CommFactory::~CommFactory() = default;
 
 namespace {
 
-std::unique_ptr<Communicator> create_over(MPI_Comm comm, const torch::Device& device) {
+std::unique_ptr<Communicator> create_over(MPI_Comm comm, const torch::Device& device,
+                                          const CommOptions& options) {
   if (device.is_cpu()) return std::make_unique<MpiCommunicator>(comm);
   MYRIAD_CHECK(device.is_cuda(), "no communicator moves tensors on {}", device.str());
 #ifdef MYRIAD_WITH_NCCL
   return std::make_unique<NcclCommunicator>(
-      comm, device.has_index() ? device : torch::Device(torch::kCUDA, c10::cuda::current_device()));
+      comm, device.has_index() ? device : torch::Device(torch::kCUDA, c10::cuda::current_device()),
+      options.max_ctas);
 #else
+  (void)options;
   MYRIAD_THROW("CUDA tensors need the NCCL backend, which this build of myriad does not have");
 #endif
 }
 
 }  // namespace
 
-std::unique_ptr<Communicator> CommFactory::create(const torch::Device& device) const {
-  return create_over(context_.world(), device);
+std::unique_ptr<Communicator> CommFactory::create(const torch::Device& device,
+                                                  const CommOptions& options) const {
+  MYRIAD_CHECK(options.max_ctas >= 0, "a communicator's CTAs per kernel must be at least 0, got {}",
+               options.max_ctas);
+  return create_over(context_.world(), device, options);
 }
 
 std::unique_ptr<Communicator> CommFactory::create_split(const torch::Device& device, int color,
@@ -42,7 +48,7 @@ std::unique_ptr<Communicator> CommFactory::create_split(const torch::Device& dev
   MYRIAD_CHECK_MPI(MPI_Comm_split(context_.world(), color, key, &split));
   // Communicators duplicate what they are given; the split itself is not kept.
   try {
-    std::unique_ptr<Communicator> comm = create_over(split, device);
+    std::unique_ptr<Communicator> comm = create_over(split, device, CommOptions{});
     MYRIAD_CHECK_MPI(MPI_Comm_free(&split));
     return comm;
   } catch (...) {

@@ -176,7 +176,7 @@ class NcclCommunicator::Trail {
   std::vector<cudaEvent_t> spare_;
 };
 
-NcclCommunicator::NcclCommunicator(MPI_Comm comm, torch::Device device)
+NcclCommunicator::NcclCommunicator(MPI_Comm comm, torch::Device device, int max_ctas)
     : Communicator(comm), device_(device), trail_(std::make_unique<Trail>()) {
   MYRIAD_CHECK(device.is_cuda() && device.has_index(),
                "NCCL needs a CUDA device with an index, got {}", device.str());
@@ -184,10 +184,18 @@ NcclCommunicator::NcclCommunicator(MPI_Comm comm, torch::Device device)
   if (rank() == 0) MYRIAD_CHECK_NCCL(ncclGetUniqueId(&id), nullptr);
   MYRIAD_CHECK_MPI(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, control()));
   c10::cuda::CUDAGuard guard(device_);
-  MYRIAD_CHECK_NCCL(ncclCommInitRank(&comm_, size(), id, rank()), nullptr);
+  if (max_ctas > 0) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.minCTAs = 1;
+    config.maxCTAs = max_ctas;
+    MYRIAD_CHECK_NCCL(ncclCommInitRankConfig(&comm_, size(), id, rank(), &config), nullptr);
+  } else {
+    MYRIAD_CHECK_NCCL(ncclCommInitRank(&comm_, size(), id, rank()), nullptr);
+  }
   int version = 0;
   ncclGetVersion(&version);
-  log_debug("NCCL {} communicator ready on {} ({} ranks)", version, device_.str(), size());
+  log_debug("NCCL {} communicator ready on {} ({} ranks, {} CTAs per kernel)", version,
+            device_.str(), size(), max_ctas > 0 ? "at most " + std::to_string(max_ctas) : "NCCL's");
   // ncclCommAbort may be called from another thread; it releases a host blocked on NCCL's work.
   watchdog_abort_ =
       HangWatchdog::instance().register_abort([comm = comm_] { ncclCommAbort(comm); },

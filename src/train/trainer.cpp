@@ -56,6 +56,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// NCCL kernels of the classifier's communicator with several stages: one CTA per kernel kept
+// vit_h's first stage as fast under 1F1B as under GPipe (docs/pipeline.md); a second one gives
+// an all-gather across nodes a second channel for one more SM.
+constexpr int kPipelineClassifierCtas = 2;
+
 // Opens an HDF5 set on every rank; if any rank cannot (a file missing on one node), all fail.
 std::shared_ptr<const ImageSource> open_dataset(const ProcessContext& context,
                                                 const std::string& option, const std::string& path,
@@ -156,6 +161,9 @@ class Run {
   std::shared_ptr<Backbone> backbone_;
   PipelineLayout layout_;
   std::unique_ptr<Communicator> stage_comm_;  // with several stages
+  // With several stages the classifier has a communicator of its own, whose kernels take few SMs
+  // (see the constructor); with one, it shares comm_.
+  std::unique_ptr<Communicator> classifier_comm_;
   // Before the engine: its CUDA graphs hold the all-reduces they recorded on the synchroniser's
   // communicator, which NCCL does not let go of while they exist.
   std::unique_ptr<GradientSynchronizer> sync_;
@@ -217,8 +225,13 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
   open_data(global_batch);
 
   // The classifier first: a pipeline's cut must fit beside it in each GPU's memory.
-  classifier_ =
-      std::make_unique<ShardedMarginSoftmax>(comm_, classifier_options(c_, classes_), device_);
+  // With stages, a stage's collectives for a classifier part wait on the GPU for the last stage
+  // beside the stage's own passes (1F1B), and NCCL's default CTAs per kernel then hold SMs that
+  // those passes lose (docs/pipeline.md): a few CTAs move the part's small tensors as fast.
+  if (layout_.stages > 1)
+    classifier_comm_ = comms_.create(device_, CommOptions{kPipelineClassifierCtas});
+  classifier_ = std::make_unique<ShardedMarginSoftmax>(classifier_comm_ ? *classifier_comm_ : comm_,
+                                                       classifier_options(c_, classes_), device_);
   if (!c_.init_classifier.empty()) init_classifier();
   if (c_.precision == Precision::kFp16)
     classifier_->set_inverse_loss_scale(scaler_.inverse_scale());

@@ -379,6 +379,21 @@ int check_rejects() {
     std::printf("reject batch %lld dim %d: %s\n", (long long)batch, dim, ok ? "ok" : "FAILED");
     failed += ok ? 0 : 1;
   }
+  // Weights or momentum that do not start on a pack of 8 elements (a view into a shard).
+  alignas(32) static float storage[16];
+  const std::pair<ElementType, void*> misaligned[] = {{ElementType::kBFloat16, storage + 1},
+                                                      {ElementType::kFloat32, storage + 2}};
+  for (const auto& [type, pointer] : misaligned) {
+    const bool weights = type == ElementType::kBFloat16;
+    const cudaError_t rc = myriad::cuda::fused_sgd_rows(
+        WeightShard{weights ? pointer : storage, type, 0, kSeed}, weights ? storage : pointer,
+        ElementType::kFloat32, storage, storage, 256, 512, nullptr, 0, 1, RowGradient::kRow, args,
+        nullptr);
+    const bool ok = rc == cudaErrorMisalignedAddress;
+    std::printf("reject misaligned %s: %s\n", weights ? "bf16 weights" : "float32 momentum",
+                ok ? "ok" : "FAILED");
+    failed += ok ? 0 : 1;
+  }
   cudaGetLastError();
   return failed;
 }

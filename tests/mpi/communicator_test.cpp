@@ -321,6 +321,40 @@ TEST_P(CommunicatorTest, SplitCommunicatorsReduceWithinTheirGroup) {
   EXPECT_DOUBLE_EQ(t[0].item<double>(), expected);
 }
 
+// A communicator of its own whose NCCL kernels take one CTA (what a pipeline's classifier gets):
+// the collectives the classifier runs give the same results, on tensors of several megabytes,
+// which one CTA moves in many steps. A negative count is refused before anything is created.
+TEST_P(CommunicatorTest, CommunicatorWithOneCtaPerKernelGivesTheSameResults) {
+  EXPECT_THROW(environment().comms->create(device(), CommOptions{-1}), Error);
+  auto few = environment().comms->create(device(), CommOptions{1});
+  ASSERT_EQ(few->size(), world());
+  ASSERT_EQ(few->rank(), rank());
+  const int64_t w = world();
+  const int64_t rows = int64_t{1} << 18;  // 4 MiB of float32 per rank's block
+  torch::Tensor t = pattern({rows, 4}, rank() + 1, torch::kFloat32, device());
+  few->all_reduce(t);
+  expect_equal(t, pattern({rows, 4}, w * (w + 1) / 2, torch::kFloat32, torch::kCPU));
+
+  const std::vector<int64_t> counts = uneven_counts(world());
+  std::vector<int64_t> sizes(counts.size());
+  for (size_t r = 0; r < counts.size(); ++r) sizes[r] = counts[r] * rows / 4;
+  const int64_t before = std::accumulate(sizes.begin(), sizes.begin() + rank(), int64_t{0});
+  const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  const torch::Tensor mine =
+      pattern({sizes[rank()], 4}, rank() + 1, torch::kBFloat16, device(), before);
+  std::vector<torch::Tensor> blocks;
+  int64_t offset = 0;
+  for (int r = 0; r < world(); ++r) {
+    blocks.push_back(pattern({sizes[r], 4}, r + 1, torch::kBFloat16, torch::kCPU, offset));
+    offset += sizes[r];
+  }
+  expect_equal(few->all_gather(mine, sizes), torch::cat(blocks));
+
+  const torch::Tensor input = pattern({total, 4}, rank() + 1, torch::kFloat32, device());
+  expect_equal(few->reduce_scatter(input, sizes),
+               pattern({sizes[rank()], 4}, w * (w + 1) / 2, torch::kFloat32, torch::kCPU, before));
+}
+
 // Point to point along a chain: each rank sends its neighbour activations, their keys and an
 // absent tensor, and takes its other neighbour's; shapes are learnt by the receiver.
 TEST_P(CommunicatorTest, PointToPointMovesTensorsBetweenNeighbours) {

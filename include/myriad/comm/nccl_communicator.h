@@ -20,7 +20,8 @@ namespace myriad {
 // also inside a CUDA graph being recorded, where the event is recorded again at every replay.
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(MPI_Comm comm, torch::Device device);
+  // max_ctas > 0 caps the CTAs of each of its kernels (ncclConfig_t::maxCTAs); 0 is NCCL's default.
+  NcclCommunicator(MPI_Comm comm, torch::Device device, int max_ctas = 0);
   ~NcclCommunicator() override;
 
   const char* backend() const override { return "nccl"; }

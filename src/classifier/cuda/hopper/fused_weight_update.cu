@@ -299,6 +299,14 @@ cudaError_t fused_sgd_rows(WeightShard weight, void* momentum, ElementType momen
   if (!fused_sgd_rows_take(batch, dim) || count > (int64_t{1} << 31) - kRows ||
       weight.type == ElementType::kFloat16 || momentum_type == ElementType::kFloat16)
     return cudaErrorInvalidValue;
+  // Rows are read and written 8 elements at a time (16 or 32 bytes): a view into a shard that
+  // starts elsewhere is refused here rather than faulting in the kernel.
+  const auto element_bytes = [](ElementType type) {
+    return type == ElementType::kBFloat16 ? 2 : 4;
+  };
+  if (!packs_fit(dim, 8, weight.data, element_bytes(weight.type)) ||
+      !packs_fit(dim, 8, momentum, element_bytes(momentum_type)))
+    return cudaErrorMisalignedAddress;
   CUtensorMap g_map, x_map;
   cudaError_t rc = matrix_map(&g_map, logit_grad, count, static_cast<int>(batch), kRows);
   if (rc == cudaSuccess) rc = matrix_map(&x_map, xt, dim, static_cast<int>(batch), kBlockCols);
