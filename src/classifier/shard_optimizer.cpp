@@ -36,6 +36,14 @@ void write_rows(torch::Tensor& t, const torch::Tensor& index, int64_t begin, int
   if (target.data_ptr() != rows.data_ptr()) target.copy_(rows);
 }
 
+// The update's multiplier (loss scaling undone): undefined, or one float32 beside the weights.
+void check_grad_multiplier(const torch::Tensor& multiplier, const torch::Tensor& weight) {
+  MYRIAD_CHECK(
+      !multiplier.defined() || (multiplier.scalar_type() == torch::kFloat32 &&
+                                multiplier.numel() == 1 && multiplier.device() == weight.device()),
+      "the gradient multiplier must be one float32 on the weights' device");
+}
+
 }  // namespace
 
 torch::Tensor row_grad_of_rows(const torch::Tensor& rows, const torch::Tensor& grad,
@@ -60,6 +68,14 @@ ShardOptimizer::ShardOptimizer(const OptimizerOptions& options, int64_t rows, in
     exp_avg_ = torch::zeros({rows, dim}, state);
     exp_avg_sq_ = torch::zeros({rows, dim}, state);
   }
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+  if (device.is_cuda() && dim <= cuda::kFusedMaxDim) {
+    std::vector<int64_t> order(cuda::fused_sgd_rows_xt_rows(static_cast<int>(dim)));
+    for (size_t p = 0; p < order.size(); ++p)
+      order[p] = cuda::fused_sgd_rows_column(static_cast<int>(p));
+    column_order_ = torch::tensor(order).to(device);
+  }
+#endif
 }
 
 void ShardOptimizer::begin_step() {
@@ -99,13 +115,31 @@ std::vector<std::pair<std::string, torch::Tensor*>> ShardOptimizer::state() {
   return {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};
 }
 
-bool ShardOptimizer::updates_from_logit_grad(int64_t batch, int64_t dim) const {
+bool ShardOptimizer::updates_from_logit_grad(int64_t batch, int64_t dim,
+                                             torch::ScalarType weight_dtype) const {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
   return options_.kind == OptimizerKind::kSgd &&
-         cuda::fused_sgd_rows_take(batch, static_cast<int>(dim));
+         cuda::fused_sgd_rows_take(batch, static_cast<int>(dim), element_type(weight_dtype));
 #else
-  (void)batch, (void)dim;
+  (void)batch, (void)dim, (void)weight_dtype;
   return false;
+#endif
+}
+
+torch::Tensor ShardOptimizer::logit_grad_update_features(const torch::Tensor& x) const {
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+  MYRIAD_CHECK(
+      column_order_.defined() && x.dim() == 2 &&
+          column_order_.size(0) == cuda::fused_sgd_rows_xt_rows(static_cast<int>(x.size(1))) &&
+          x.device() == column_order_.device(),
+      "the fused weight update's features must be [B, D] on the optimizer's GPU, got {} "
+      "on {}",
+      x.sizes(), x.device().str());
+  const torch::Tensor padded = torch::constant_pad_nd(x, {0, column_order_.size(0) - x.size(1)});
+  return padded.index_select(1, column_order_).t().contiguous();
+#else
+  (void)x;
+  MYRIAD_THROW("the fused weight update needs a build with the fused Hopper kernels");
 #endif
 }
 
@@ -115,23 +149,23 @@ void ShardOptimizer::update_rows_from_logit_grad(torch::Tensor& weight, const to
                                                  const torch::Tensor& xt, RowGradient grad_of,
                                                  const torch::Tensor& grad_multiplier) {
   const int64_t batch = xt.size(1);
-  MYRIAD_CHECK(weight.is_cuda() && updates_from_logit_grad(batch, weight.size(1)),
-               "the fused weight update runs SGD on H100 and H200 GPUs, for batches that are "
-               "multiples of 8 and embedding sizes that are multiples of 8 up to 512 (this call: "
-               "{}, {}, batch {}, embedding size {})",
-               weight.device().str(), options_.kind == OptimizerKind::kSgd ? "SGD" : "AdamW", batch,
-               weight.size(1));
+  MYRIAD_CHECK(
+      weight.is_cuda() && updates_from_logit_grad(batch, weight.size(1), weight.scalar_type()),
+      "the fused weight update runs SGD on bfloat16 rows on H100 and H200 GPUs, for "
+      "batches that are multiples of 8 and embedding sizes that are multiples of 8 up to "
+      "512 (this call: {}, {}, {} rows, batch {}, embedding size {})",
+      weight.device().str(), options_.kind == OptimizerKind::kSgd ? "SGD" : "AdamW",
+      weight.scalar_type(), batch, weight.size(1));
   MYRIAD_CHECK(logit_grad.scalar_type() == torch::kBFloat16 &&
                    xt.scalar_type() == torch::kBFloat16 && logit_grad.is_contiguous() &&
                    xt.is_contiguous() && logit_grad.size(0) == end - begin &&
-                   logit_grad.size(1) == batch && xt.size(0) == weight.size(1),
+                   logit_grad.size(1) == batch && column_order_.defined() &&
+                   xt.size(0) == column_order_.size(0),
                "the fused weight update takes a contiguous bfloat16 logits' gradient [{}, {}] and "
-               "transposed features [{}, {}], got {} and {}",
-               end - begin, batch, weight.size(1), batch, logit_grad.sizes(), xt.sizes());
-  MYRIAD_CHECK(!grad_multiplier.defined() ||
-                   (grad_multiplier.scalar_type() == torch::kFloat32 &&
-                    grad_multiplier.numel() == 1 && grad_multiplier.device() == weight.device()),
-               "the gradient multiplier must be one float32 on the weights' device");
+               "the features from logit_grad_update_features [{}, {}], got {} and {}",
+               end - begin, batch, column_order_.defined() ? column_order_.size(0) : 0, batch,
+               logit_grad.sizes(), xt.sizes());
+  check_grad_multiplier(grad_multiplier, weight);
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
   const OptimizerOptions& o = options_;
   const cuda::WeightShard shard{weight.data_ptr(), element_type(weight.scalar_type()), first_row_,
@@ -154,10 +188,7 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
                                  const torch::Tensor& grad_multiplier) {
   const int64_t count = end - begin;
   if (count == 0) return;
-  MYRIAD_CHECK(!grad_multiplier.defined() ||
-                   (grad_multiplier.scalar_type() == torch::kFloat32 &&
-                    grad_multiplier.numel() == 1 && grad_multiplier.device() == weight.device()),
-               "the gradient multiplier must be one float32 on the weights' device");
+  check_grad_multiplier(grad_multiplier, weight);
   MYRIAD_CHECK(weight.scalar_type() == torch::kFloat32 || weight.scalar_type() == torch::kBFloat16,
                "classifier weights must be float32 or bfloat16");
   const OptimizerOptions& o = options_;

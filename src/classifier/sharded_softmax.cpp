@@ -157,7 +157,8 @@ ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoft
 }
 
 std::string ShardedMarginSoftmax::kernels() const {
-  if (fused_weight_update() && optimizer_->updates_from_logit_grad(8, options_.embedding_size))
+  if (fused_weight_update() &&
+      optimizer_->updates_from_logit_grad(8, options_.embedding_size, options_.weight_dtype))
     return "fused Hopper kernels, logits never in memory, SGD's rows' gradient never in memory "
            "(global batches of multiples of 8)";
   if (fused_) return "fused Hopper kernels, logits never in memory";
@@ -425,11 +426,12 @@ torch::Tensor ShardedMarginSoftmax::chunk_logits(Step& step, int64_t c, int64_t 
 void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn,
                                            bool update) {
   const MarginParams params = options_.margin.params();
-  const bool fused_update =
-      fused_weight_update() && update &&
-      optimizer_->updates_from_logit_grad(step.batch, options_.embedding_size);
+  const bool fused_update = fused_weight_update() && update &&
+                            optimizer_->updates_from_logit_grad(step.batch, options_.embedding_size,
+                                                                options_.weight_dtype);
   // The fused update reads the features transposed, [D, B]; one copy serves every chunk.
-  const torch::Tensor xt = fused_update ? step.xg.t().contiguous() : torch::Tensor();
+  const torch::Tensor xt =
+      fused_update ? optimizer_->logit_grad_update_features(step.xg) : torch::Tensor();
   for (int64_t c = 0; c < step.plan.chunks; ++c) {
     const int64_t begin = c * step.plan.chunk_rows;
     const int64_t end = std::min(begin + step.plan.chunk_rows, step.active_rows);

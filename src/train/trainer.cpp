@@ -56,9 +56,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// NCCL kernels of the classifier's communicator with several stages: one CTA per kernel kept
-// vit_h's first stage as fast under 1F1B as under GPipe (docs/pipeline.md); a second one gives
-// an all-gather across nodes a second channel for one more SM.
+// CTAs per NCCL kernel of the classifier's own communicator with several stages (see the
+// constructor): one kept vit_h's first stage as fast under 1F1B as under GPipe; a second gives an
+// all-gather across nodes a second channel for one more SM.
 constexpr int kPipelineClassifierCtas = 2;
 
 // Opens an HDF5 set on every rank; if any rank cannot (a file missing on one node), all fail.
@@ -160,10 +160,8 @@ class Run {
   int64_t classes_ = 0;
   std::shared_ptr<Backbone> backbone_;
   PipelineLayout layout_;
-  std::unique_ptr<Communicator> stage_comm_;  // with several stages
-  // With several stages the classifier has a communicator of its own, whose kernels take few SMs
-  // (see the constructor); with one, it shares comm_.
-  std::unique_ptr<Communicator> classifier_comm_;
+  std::unique_ptr<Communicator> stage_comm_;       // with several stages
+  std::unique_ptr<Communicator> classifier_comm_;  // with several stages; else comm_ serves
   // Before the engine: its CUDA graphs hold the all-reduces they recorded on the synchroniser's
   // communicator, which NCCL does not let go of while they exist.
   std::unique_ptr<GradientSynchronizer> sync_;

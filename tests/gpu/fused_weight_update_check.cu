@@ -73,7 +73,6 @@ T* upload(const std::vector<T>& v) {
 
 struct Case {
   RowGradient grad_of;
-  int w_bf16;    // float32 or bf16 weights
   int momentum;  // 0: none (null buffer, momentum 0), 1: float32 buffer, 2: bf16 buffer
   int nesterov, multiplier, indexed;  // multiplier: null or a device float of 0.5
   int dim;
@@ -111,7 +110,7 @@ Problem make_problem(const Case& c, uint64_t seed) {
     std::iota(p.row_of.begin(), p.row_of.end(), p.begin);
   }
   const int dim = c.dim;
-  p.w = Array(c.w_bf16, p.rows * dim);
+  p.w = Array(true, p.rows * dim);
   std::uniform_real_distribution<float> spread(0.3f, 3.0f);  // rows of different norms
   for (int64_t s = 0; s < p.rows; ++s) {
     const float sd = 0.05f * spread(rng);
@@ -207,6 +206,19 @@ Reference reference(const Problem& p) {
     });
   for (std::thread& th : pool) th.join();
   return ref;
+}
+
+// x transposed as fused_sgd_rows reads it: rows in its column order, padded with zeros.
+std::vector<__nv_bfloat16> kernel_xt(const Problem& p) {
+  const int rows = myriad::cuda::fused_sgd_rows_xt_rows(p.c.dim);
+  std::vector<__nv_bfloat16> out(size_t(rows) * p.c.batch, __float2bfloat16(0.0f));
+  for (int q = 0; q < rows; ++q) {
+    const int k = myriad::cuda::fused_sgd_rows_column(q);
+    if (k < p.c.dim)
+      std::copy_n(p.xt.begin() + size_t(k) * p.c.batch, p.c.batch,
+                  out.begin() + size_t(q) * p.c.batch);
+  }
+  return out;
 }
 
 struct State {
@@ -311,7 +323,7 @@ int check_case(int number, const Case& c) {
   const Reference ref = reference(p);
   const int dim = c.dim;
   void* grad = upload(p.grad);
-  void* xt = upload(p.xt);
+  void* xt = upload(kernel_xt(p));
   int64_t* index = upload(p.index);  // null without one
   float* mult = c.multiplier ? upload(std::vector<float>{kMultiplier}) : nullptr;
   float* grad32 = upload(ref.grad);
@@ -350,47 +362,57 @@ int check_case(int number, const Case& c) {
   if (!got.w.same(again.w, 0, p.w.size()) || !got.m.same(again.m, 0, p.m.size()))
     v.fail("a rerun on the same state differs");
   // One spare, so that a lone crossing in a case of a few hundred elements passes.
-  const int64_t bf16_elements = c.count * dim * (int(c.w_bf16) + int(c.momentum == 2));
+  const int64_t bf16_elements = c.count * dim * (1 + int(c.momentum == 2));
   if (differ > bf16_elements / 1000 + 1)
     v.fail("%lld of %lld bf16 elements differ from sgd_rows'", (long long)differ,
            (long long)bf16_elements);
   std::printf(
-      "case %2d: %-8s w %s, momentum %s%s, multiplier %s, %s, dim %d batch %lld count %lld: "
+      "case %2d: %-8s momentum %s%s, multiplier %s, %s, dim %d batch %lld count %lld: "
       "float32 error %.3f of bound, %lld/%lld bf16 differ from sgd_rows: %s\n",
-      number, kGradOf[int(c.grad_of)], c.w_bf16 ? "bf16" : "f32", kStorage[c.momentum],
-      c.nesterov ? " nesterov" : "", c.multiplier ? "0.5" : "null",
-      c.indexed ? "index" : "no index", dim, (long long)c.batch, (long long)c.count, v.worst,
-      (long long)differ, (long long)bf16_elements, v.failures ? "FAILED" : "ok");
+      number, kGradOf[int(c.grad_of)], kStorage[c.momentum], c.nesterov ? " nesterov" : "",
+      c.multiplier ? "0.5" : "null", c.indexed ? "index" : "no index", dim, (long long)c.batch,
+      (long long)c.count, v.worst, (long long)differ, (long long)bf16_elements,
+      v.failures ? "FAILED" : "ok");
   if (v.failures) std::printf("  %d failures; first: %s\n", v.failures, v.first);
   return v.failures ? 1 : 0;
 }
 
-// Shapes the fused kernel doesn't take: rows of samples not whole 16-byte units, too wide or
-// not of whole 16-byte units; the launcher refuses them without touching its pointers. Counts
-// its checks into `number`.
+// What the fused kernel doesn't take: rows of samples not whole 16-byte units, too wide or not
+// of whole 16-byte units, float32 weights; the launcher refuses them without touching its
+// pointers. Counts its checks into `number`.
 int check_rejects(int& number) {
   int failed = 0;
   const SgdArgs args{kLr, 0.0f, kDecay, false, nullptr};
-  const std::pair<int64_t, int> shapes[] = {{12, 512}, {256, 520}, {256, 100}};
-  for (const auto& [batch, dim] : shapes) {
+  struct Shape {
+    int64_t batch;
+    int dim;
+    ElementType weights;
+  };
+  const Shape shapes[] = {{12, 512, ElementType::kBFloat16},
+                          {256, 520, ElementType::kBFloat16},
+                          {256, 100, ElementType::kBFloat16},
+                          {256, 512, ElementType::kFloat32}};
+  for (const Shape& shape : shapes) {
     const cudaError_t rc = myriad::cuda::fused_sgd_rows(
-        WeightShard{nullptr, ElementType::kFloat32, 0, kSeed}, nullptr, ElementType::kFloat32,
-        nullptr, nullptr, batch, dim, nullptr, 0, 1, RowGradient::kRow, args, nullptr);
-    const bool ok = !myriad::cuda::fused_sgd_rows_take(batch, dim) && rc != cudaSuccess;
-    std::printf("reject batch %lld dim %d: %s\n", (long long)batch, dim, ok ? "ok" : "FAILED");
+        WeightShard{nullptr, shape.weights, 0, kSeed}, nullptr, ElementType::kFloat32, nullptr,
+        nullptr, shape.batch, shape.dim, nullptr, 0, 1, RowGradient::kRow, args, nullptr);
+    const bool ok = !myriad::cuda::fused_sgd_rows_take(shape.batch, shape.dim, shape.weights) &&
+                    rc != cudaSuccess;
+    std::printf("reject batch %lld dim %d %s weights: %s\n", (long long)shape.batch, shape.dim,
+                shape.weights == ElementType::kFloat32 ? "float32" : "bf16", ok ? "ok" : "FAILED");
     failed += ok ? 0 : 1;
     ++number;
   }
   // Weights or momentum that do not start on a pack of 8 elements (a view into a shard).
   alignas(32) static float storage[16];
   const std::pair<ElementType, void*> misaligned[] = {{ElementType::kBFloat16, storage + 1},
-                                                      {ElementType::kFloat32, storage + 2}};
+                                                      {ElementType::kFloat32, storage + 1}};
   for (const auto& [type, pointer] : misaligned) {
     const bool weights = type == ElementType::kBFloat16;
     const cudaError_t rc = myriad::cuda::fused_sgd_rows(
-        WeightShard{weights ? pointer : storage, type, 0, kSeed}, weights ? storage : pointer,
-        ElementType::kFloat32, storage, storage, 256, 512, nullptr, 0, 1, RowGradient::kRow, args,
-        nullptr);
+        WeightShard{weights ? pointer : storage, ElementType::kBFloat16, 0, kSeed},
+        weights ? storage : pointer, ElementType::kFloat32, storage, storage, 256, 512, nullptr, 0,
+        1, RowGradient::kRow, args, nullptr);
     const bool ok = rc == cudaErrorMisalignedAddress;
     std::printf("reject misaligned %s: %s\n", weights ? "bf16 weights" : "float32 momentum",
                 ok ? "ok" : "FAILED");
@@ -483,27 +505,29 @@ int main(int argc, char** argv) {
   }
   constexpr RowGradient kRow = RowGradient::kRow, kUnit = RowGradient::kUnitRow,
                         kOver = RowGradient::kUnitRowOverNorm;
-  // grad_of, bf16 weights, momentum (0 none, 1 f32, 2 bf16), Nesterov, multiplier 0.5, index,
-  // dim, batch, count. D = 136 and 264 leave partial 128-column blocks; D > 256 takes 2-CTA
+  // grad_of, momentum (0 none, 1 f32, 2 bf16), Nesterov, multiplier 0.5, index, dim, batch,
+  // count; bf16 weights. D = 136 and 264 leave partial 128-column blocks; D > 256 takes 2-CTA
   // clusters.
   // clang-format off
   const Case cases[] = {
-    {kRow, 0, 0, 0, 0, 0, 64, 8, 1}, {kRow, 0, 1, 1, 1, 0, 136, 72, 127},
-    {kRow, 1, 2, 0, 0, 1, 264, 256, 129}, {kRow, 1, 1, 1, 1, 1, 512, 1000, 300},
-    {kRow, 0, 2, 0, 0, 0, 384, 256, 300}, {kRow, 1, 0, 0, 1, 1, 256, 8, 127},
-    {kRow, 0, 1, 0, 1, 1, 384, 72, 129}, {kRow, 1, 2, 1, 0, 0, 64, 1000, 300},
-    {kUnit, 0, 1, 0, 0, 0, 64, 72, 300}, {kUnit, 0, 0, 0, 1, 1, 136, 256, 129},
-    {kUnit, 1, 2, 1, 1, 0, 256, 1000, 127}, {kUnit, 1, 1, 0, 0, 1, 264, 8, 300},
-    {kUnit, 0, 2, 1, 0, 1, 384, 72, 1}, {kUnit, 1, 0, 0, 1, 0, 512, 256, 129},
-    {kUnit, 0, 1, 1, 1, 1, 512, 1000, 127}, {kUnit, 1, 2, 0, 1, 0, 136, 1000, 1},
-    {kUnit, 0, 1, 1, 0, 0, 512, 8, 300}, {kUnit, 1, 2, 1, 0, 1, 264, 72, 129},
-    {kOver, 0, 1, 0, 1, 0, 64, 1000, 129}, {kOver, 1, 2, 1, 0, 1, 136, 8, 300},
-    {kOver, 0, 2, 0, 1, 1, 256, 256, 1}, {kOver, 1, 1, 1, 0, 0, 264, 72, 127},
-    {kOver, 0, 0, 0, 0, 0, 384, 1000, 300}, {kOver, 1, 2, 0, 1, 1, 512, 72, 300},
-    {kOver, 1, 2, 1, 1, 0, 384, 8, 129}, {kOver, 0, 1, 1, 0, 1, 264, 1000, 129},
-    {kOver, 0, 2, 1, 1, 0, 64, 256, 127}, {kOver, 1, 1, 0, 0, 0, 512, 256, 127},
-    // Many CTAs: 157 tiles of 128 rows, two CTAs each at D = 512.
-    {kOver, 1, 2, 1, 1, 1, 512, 256, 20000}, {kUnit, 0, 1, 0, 0, 0, 512, 256, 20000},
+    {kRow, 0, 0, 0, 0, 64, 8, 1}, {kRow, 1, 1, 1, 0, 136, 72, 127},
+    {kRow, 2, 0, 0, 1, 264, 256, 129}, {kRow, 1, 1, 1, 1, 512, 1000, 300},
+    {kRow, 2, 0, 0, 0, 384, 256, 300}, {kRow, 0, 0, 1, 1, 256, 8, 127},
+    {kRow, 1, 0, 1, 1, 384, 72, 129}, {kRow, 2, 1, 0, 0, 64, 1000, 300},
+    {kUnit, 1, 0, 0, 0, 64, 72, 300}, {kUnit, 0, 0, 1, 1, 136, 256, 129},
+    {kUnit, 2, 1, 1, 0, 256, 1000, 127}, {kUnit, 1, 0, 0, 1, 264, 8, 300},
+    {kUnit, 2, 1, 0, 1, 384, 72, 1}, {kUnit, 0, 0, 1, 0, 512, 256, 129},
+    {kUnit, 1, 1, 1, 1, 512, 1000, 127}, {kUnit, 2, 0, 1, 0, 136, 1000, 1},
+    {kUnit, 1, 1, 0, 0, 512, 8, 300}, {kUnit, 2, 1, 0, 1, 264, 72, 129},
+    {kOver, 1, 0, 1, 0, 64, 1000, 129}, {kOver, 2, 1, 0, 1, 136, 8, 300},
+    {kOver, 2, 0, 1, 1, 256, 256, 1}, {kOver, 1, 1, 0, 0, 264, 72, 127},
+    {kOver, 0, 0, 0, 0, 384, 1000, 300}, {kOver, 2, 0, 1, 1, 512, 72, 300},
+    {kOver, 2, 1, 1, 0, 384, 8, 129}, {kOver, 1, 1, 0, 1, 264, 1000, 129},
+    {kOver, 2, 1, 1, 0, 64, 256, 127}, {kOver, 1, 0, 0, 0, 512, 256, 127},
+    // Many tiles: 157 of 128 rows, two CTAs each at D = 512; then over a thousand, so that
+    // every persistent CTA walks several and the ring and the barriers' phases wrap many times.
+    {kOver, 2, 1, 1, 1, 512, 256, 20000}, {kUnit, 1, 0, 0, 0, 512, 256, 20000},
+    {kOver, 2, 0, 1, 1, 512, 72, 150000}, {kRow, 1, 1, 0, 0, 256, 72, 150000},
   };
   // clang-format on
   int failed = 0, number = 0;

@@ -49,13 +49,16 @@ class ShardOptimizer {
                    const torch::Tensor& grad, RowGradient grad_of,
                    const torch::Tensor& grad_multiplier);
 
-  // Whether update_rows_from_logit_grad takes a global batch of `batch` rows of width `dim` on
-  // the GPU: SGD, in a build with the fused Hopper kernels (the caller runs them, so the GPU is
-  // an H100 or H200), with fused_sgd_rows' shapes.
-  bool updates_from_logit_grad(int64_t batch, int64_t dim) const;
-  // update_rows with grad = logit_grad . xt^T, formed on the tensor cores and never stored:
+  // Whether update_rows_from_logit_grad takes a global batch of `batch` rows of width `dim`,
+  // stored as `weight_dtype`, on the GPU: SGD, in a build with the fused Hopper kernels (the
+  // caller runs them, so the GPU is an H100 or H200), with fused_sgd_rows' shapes (bfloat16 rows).
+  bool updates_from_logit_grad(int64_t batch, int64_t dim, torch::ScalarType weight_dtype) const;
+  // The features x [B, D] (bfloat16) as update_rows_from_logit_grad takes them: transposed, in
+  // the fused kernel's order of columns, padded (fused_weight_update.h).
+  torch::Tensor logit_grad_update_features(const torch::Tensor& x) const;
+  // update_rows with grad = logit_grad . x, formed on the tensor cores and never stored:
   // `logit_grad` bfloat16 [end - begin, B] (d loss / d logits of the chunk's rows, as the fused
-  // backward writes it) and `xt` the features transposed, bfloat16 [D, B].
+  // backward writes it) and `xt` the features as logit_grad_update_features gives them.
   void update_rows_from_logit_grad(torch::Tensor& weight, const torch::Tensor& index, int64_t begin,
                                    int64_t end, const torch::Tensor& logit_grad,
                                    const torch::Tensor& xt, RowGradient grad_of,
@@ -79,6 +82,7 @@ class ShardOptimizer {
   torch::Tensor momentum_;
   torch::Tensor exp_avg_;
   torch::Tensor exp_avg_sq_;
+  torch::Tensor column_order_;  // on the device, for logit_grad_update_features
 };
 
 // `values` (float32, CPU) rounded stochastically to bfloat16 as the update kernels do; row i is

@@ -62,10 +62,10 @@ struct ShardedSoftmaxOptions {
   // depend on the number of ranks.
   double init_std = 0.01;
   FusedKernels fused_kernels = FusedKernels::kAuto;
-  // Where the fused kernels run SGD on a global batch that is a multiple of 8: form the rows'
-  // gradient and apply the update in one kernel (fused_sgd_rows), the float32 gradient never in
-  // memory. Off by default: it measures slower than cuBLAS's GEMM and the row update so far
-  // (docs/classifier.md).
+  // Where the fused kernels run SGD on bfloat16 rows and a global batch that is a multiple of 8:
+  // form the rows' gradient and apply the update in one kernel (fused_sgd_rows), the float32
+  // gradient never in memory. Off by default: faster than cuBLAS's GEMM and the row update at a
+  // global batch of 256, slower at 1024 so far (docs/classifier.md).
   bool fused_weight_update = false;
 };
 

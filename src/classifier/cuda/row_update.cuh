@@ -24,13 +24,19 @@ struct WeightStore {
   __device__ void operator()(float* p, const float (&v)[N], int64_t) const {
     store_floats(p, v);
   }
+  // rounding_bits of elements element + j, with the hash of the key's upper half taken once per
+  // pack (twice where the lower half wraps within it): the same bits at half the arithmetic.
   template <int N>
   __device__ void operator()(__nv_bfloat16* p, const float (&v)[N], int64_t element) const {
+    const uint64_t key = rounding_seed + static_cast<uint64_t>(element);
+    const uint32_t low = static_cast<uint32_t>(key), high = static_cast<uint32_t>(key >> 32);
+    const uint32_t upper[2] = {mix32(high), mix32(high + 1)};
     Pack<__nv_bfloat16, N> pack;
 #pragma unroll
     for (int j = 0; j < N; ++j) {
-      pack.e[j] = __ushort_as_bfloat16(
-          bf16_bits_stochastic(v[j], rounding_bits(rounding_seed, element + j)));
+      const uint32_t lower = low + static_cast<uint32_t>(j);
+      const uint32_t bits = mix32(lower ^ upper[lower < low ? 1 : 0]);
+      pack.e[j] = __ushort_as_bfloat16(bf16_bits_stochastic(v[j], bits));
     }
     store_pack<N>(p, pack);
   }

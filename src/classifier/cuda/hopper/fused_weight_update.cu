@@ -1,21 +1,33 @@
-// SGD with the rows' gradient formed on chip (fused_weight_update.h). A CTA owns 128 rows and 256
-// columns of their gradient, g[rows, cols] = logit_grad[rows, :] x[:, cols], summed over the
-// batch with wgmma from a TMA ring, two consumer warpgroups taking 64 rows each. The float32 tile
-// then goes to shared memory, over the ring, and all twelve warps apply the update to whole
-// stretches of rows from there: each lane 8 consecutive elements, one 16-byte access of a bf16
-// row. (Updating from the accumulators' layout took 4-byte accesses from 8 warps, and ran at 0.7
-// TB/s where the separate update kernel reaches 3.5.)
+// SGD with the rows' gradient formed on chip (fused_weight_update.h), in a persistent kernel that
+// streams the weights as an update kernel would. A CTA owns 128 rows and 256 columns of a tile
+// of the gradient, g[rows, cols] = logit_grad[rows, :] x[:, cols], summed over the batch with
+// wgmma from a TMA ring (two consumer warpgroups, 64 rows each), and walks its tiles in turn:
+// - a producer warp keeps the ring of logit_grad and x blocks full, across tiles;
+// - the other three producer warps copy the next tile's weights into shared memory (cp.async,
+//   so that Partial FC's gathered rows come as cheaply as contiguous ones) while the products
+//   run;
+// - each consumer thread starts copying its first momentum into shared memory before the
+//   products, and each later part's before it computes the present one (copies hold no
+//   registers; loads held ahead spilled the accumulators);
+// - the consumers update from their accumulators: w.g and |w|^2 from the staged weights, then
+//   the new weights and momentum stored straight from registers, 16 bytes at a time.
+// One tile's update thus overlaps the copies of the next. Measured against cuBLAS's GEMM and
+// sgd_rows in docs/classifier.md.
 //
 // A row's gradient with respect to the stored row needs w.g and |w|^2 over the whole row. Where
-// D > 256 the two halves of a row lie in two CTAs of a cluster, which add their halves' sums
-// through distributed shared memory, in one fixed order on both. Whole rows in one CTA would
-// need 128 KB of accumulators per 64 rows, and tiles of 64 rows read x twice as often from L2.
+// D > 256 the two halves of a row lie in two CTAs of a cluster that walk the same tiles. Each
+// sends its halves' sums into the other's shared memory and arrives on the other's barrier; both
+// add them in one fixed order, so that --deterministic reruns stay bit for bit.
+//
+// bf16 weights only: float32 rows of 256 columns would take 128 KB of shared memory, which leaves
+// too little for the ring.
 
 #include <cuda.h>
 #include <cuda_bf16.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
-#include <type_traits>
 
 #include "../row_update.cuh"
 #include "fused_weight_update.h"
@@ -27,268 +39,421 @@ namespace {
 
 using namespace hopper;
 
-constexpr int kRows = 128;       // gradient rows per CTA
+constexpr int kRows = 128;       // gradient rows per tile
 constexpr int kCols = 256;       // and columns: two wgmma N blocks
 constexpr int kBlockCols = 128;  // columns of one wgmma
 constexpr int kHalfRows = 64;    // rows per consumer warpgroup (wgmma's M)
 constexpr int kWarpgroup = 128;
 constexpr int kConsumers = 2 * kWarpgroup;
 constexpr int kThreads = kConsumers + kWarpgroup;
-constexpr int kStages = 4;
-
-constexpr int kWarps = kThreads / 32;
-constexpr int kLaneCols = kCols / 32;   // columns per lane in the update: 8
-constexpr int kTileStride = kCols + 8;  // floats per row of the staged tile: rows 8 banks apart
+constexpr int kStages = 2;
+constexpr int kChunks = kCols * 2 / 16;  // 16-byte chunks of a tile row of bf16 weights: 32
+constexpr int kMomentumSlots = 8;        // 16-byte slots per consumer thread
+constexpr int kOperandWarp = kConsumers / 32;
+constexpr int kWeightWarps = 3;  // the producer warpgroup's warps after the operand warp
 
 struct Shared {
-  union {
-    struct {
-      // Stage: the K block of 64 samples of the CTA's logit_grad rows and of its columns of x.
-      __nv_bfloat16 a[kStages][kRows * kSwizzleElements];
-      __nv_bfloat16 b[kStages][2][kBlockCols * kSwizzleElements];
-    } ring;
-    float g[kRows][kTileStride];  // the finished tile, once the ring has been read
-  };
-  float2 sums[kRows];  // this half's (w.g, |w|^2) per row, for the other half of the cluster
+  // Stage: the K block of 64 samples of the tile's logit_grad rows and of its columns of x.
+  __nv_bfloat16 a[kStages][kRows * kSwizzleElements];
+  __nv_bfloat16 b[kStages][2][kBlockCols * kSwizzleElements];
+  // The tile's weights, chunk c of row r at [r][c ^ (r % 8)]: the eight rows that a warp reads
+  // at once then lie in different banks.
+  uint4 w[kRows][kChunks];
+  // The consumers' momentum, each thread's own slots: [slot][thread], so that a warp's reads of a
+  // slot are contiguous. Each thread copies in the next part of its update's momentum while it
+  // computes the present one; copies hold no registers, unlike loads.
+  uint4 m[kMomentumSlots][kConsumers];
+  float2 sums[2][kRows];  // the other half's (w.g, |w|^2) per row, by the tile's parity
   uint64_t full[kStages];
   uint64_t empty[kStages];
+  uint64_t w_full, w_empty;
+  uint64_t sums_full[2][2];  // [tile parity][warpgroup]
 };
-static_assert(sizeof(float) * kRows * kTileStride <=
-                  sizeof(__nv_bfloat16) * kStages * (kRows + 2 * kBlockCols) * kSwizzleElements,
-              "the staged tile must fit in the ring");
 constexpr uint32_t kStageBytes = (kRows + 2 * kBlockCols) * kSwizzleElements * 2;
 
 struct Problem {
   int64_t count;  // rows
-  int batch, dim;
+  int batch, dim, halves, tiles;
   const int64_t* index;
   int64_t begin;
   RowGradient grad_of;
   SgdArgs args;
   WeightStore store;
+
+  __device__ int64_t shard_row(int64_t r) const {
+    return index != nullptr ? index[begin + r] : begin + r;
+  }
+  __device__ int k_blocks() const { return (batch + kSwizzleElements - 1) / kSwizzleElements; }
 };
 
-// The producer's one thread: every K block's tiles through the ring.
-__device__ void produce(Shared& s, const CUtensorMap* g_map, const CUtensorMap* x_map, int row0,
-                        int col0, int k_blocks) {
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    const int stage = kb % kStages;
-    const int round = kb / kStages;
-    if (round > 0) barrier_wait(&s.empty[stage], (round - 1) & 1);
-    barrier_arrive_expect(&s.full[stage], kStageBytes);
-    tma_load_2d(s.ring.a[stage], g_map, kb * kSwizzleElements, row0, &s.full[stage]);
-    for (int q = 0; q < 2; ++q)
-      tma_load_2d(s.ring.b[stage][q], x_map, kb * kSwizzleElements, col0 + q * kBlockCols,
-                  &s.full[stage]);
+// This CTA's place: its cluster walks tiles cluster, cluster + clusters, ...; it owns columns
+// [col0, col0 + kCols) of each.
+struct Walk {
+  int half, cluster, clusters, col0;
+  __device__ explicit Walk(const Problem& p)
+      : half(static_cast<int>(blockIdx.x) % p.halves),
+        cluster(static_cast<int>(blockIdx.x) / p.halves),
+        clusters(static_cast<int>(gridDim.x) / p.halves),
+        col0(half * kCols) {}
+  template <class Body>
+  __device__ void tiles(const Problem& p, Body&& body) const {
+    int n = 0;
+    for (int tile = cluster; tile < p.tiles; tile += clusters) body(n++, tile * kRows);
   }
+};
+
+// The operand producer's one thread: every tile's K blocks through the ring.
+__device__ void produce_operands(Shared& s, const CUtensorMap* g_map, const CUtensorMap* x_map,
+                                 const Problem& p, const Walk& walk) {
+  const int k_blocks = p.k_blocks();
+  int issued = 0;
+  walk.tiles(p, [&](int, int row0) {
+    for (int kb = 0; kb < k_blocks; ++kb, ++issued) {
+      const int stage = issued % kStages, round = issued / kStages;
+      if (round > 0) barrier_wait(&s.empty[stage], (round - 1) & 1);
+      barrier_arrive_expect(&s.full[stage], kStageBytes);
+      tma_load_2d(s.a[stage], g_map, kb * kSwizzleElements, row0, &s.full[stage]);
+      for (int q = 0; q < 2; ++q)
+        tma_load_2d(s.b[stage][q], x_map, kb * kSwizzleElements, walk.col0 + q * kBlockCols,
+                    &s.full[stage]);
+    }
+  });
 }
 
-// A consumer warpgroup's 64 rows x 256 columns of the gradient, summed over the batch.
-__device__ void multiply(Shared& s, float (&acc)[2][64], int warpgroup, int t, int k_blocks) {
+// A weight producer warp: rows first, first + kWeightWarps, ... of each tile, lane l copying
+// chunk l of each, once the consumers are done with the previous tile's.
+__device__ void produce_weights(Shared& s, const __nv_bfloat16* weight, const Problem& p,
+                                const Walk& walk, int first, int lane) {
+  const int col = walk.col0 + lane * 8;
+  walk.tiles(p, [&](int n, int row0) {
+    if (n > 0) barrier_wait(&s.w_empty, (n - 1) & 1);
+    const int rows = static_cast<int>(p.count - row0 < kRows ? p.count - row0 : kRows);
+    if (col < p.dim) {
+      const __nv_bfloat16* source = weight + col;
+      for (int r = first; r < rows; r += kWeightWarps)
+        cp_async_16(&s.w[r][lane ^ (r % 8)], source + p.shard_row(row0 + r) * p.dim);
+    }
+    cp_async_arrive(&s.w_full);
+  });
+}
+
+// A consumer warpgroup's 64 rows x 256 columns of a tile's gradient; `consumed` counts the K
+// blocks that earlier tiles took from the ring.
+__device__ void multiply(Shared& s, float (&acc)[2][64], int warpgroup, int t, int k_blocks,
+                         int& consumed) {
   int previous = -1;
   for (int kb = 0; kb < k_blocks; ++kb) {
-    const int stage = kb % kStages;
-    barrier_wait(&s.full[stage], (kb / kStages) & 1);
+    const int stage = (consumed + kb) % kStages;
+    barrier_wait(&s.full[stage], ((consumed + kb) / kStages) & 1);
     const uint64_t a =
-        descriptor_k_major_sw128(&s.ring.a[stage][warpgroup * kHalfRows * kSwizzleElements]);
+        descriptor_k_major_sw128(&s.a[stage][warpgroup * kHalfRows * kSwizzleElements]);
     wgmma_k_block(
-        acc, [&](int) { return a; },
-        [&](int q) { return descriptor_k_major_sw128(s.ring.b[stage][q]); }, kb > 0);
+        acc, [&](int) { return a; }, [&](int q) { return descriptor_k_major_sw128(s.b[stage][q]); },
+        kb > 0);
     if (previous >= 0 && t == 0) barrier_arrive(&s.empty[previous]);
     previous = stage;
   }
   wgmma_wait<0>();
   fence_registers(acc);
+  if (t == 0) barrier_arrive(&s.empty[previous]);
+  consumed += k_blocks;
 }
 
-// The warpgroup's accumulators into the staged tile: register i of thread t holds row
-// fragment_row(t, i) and column fragment_col(t, i) of each 64 x 128 block q.
-__device__ void stage(Shared& s, const float (&acc)[2][64], int warpgroup, int t) {
-#pragma unroll
-  for (int q = 0; q < 2; ++q)
-#pragma unroll
-    for (int i = 0; i < 64; i += 2) {
-      const int row = warpgroup * kHalfRows + fragment_row(t, i);
-      *reinterpret_cast<float2*>(&s.g[row][q * kBlockCols + fragment_col(t, i)]) =
-          make_float2(acc[q][i], acc[q][i + 1]);
-    }
-}
-
-// A warp's share of the update: rows warp, warp + kWarps, ... of the tile, lane l taking its
-// columns col0 + 8 l + [0, 8) of each.
-template <typename W, typename State>
-struct RowUpdate {
+// A consumer thread's part of a tile's update. xt's rows come in fused_sgd_rows_column's order,
+// so that register i of acc[h], which holds the tile's row row((i / 2) % 2) and accumulator
+// column h * 128 + fragment_col(t, i), holds the CTA's column h * 128 + 32 m + 8 (t % 4) +
+// 2 a + i % 2 with m = i / 16, a = (i / 4) % 4: each thread holds 8 neighbouring columns of its
+// rows, which it reads and writes as one access (moving pairs of columns took twice the time).
+template <typename State>
+struct Epilogue {
   Shared& s;
-  W* weight;
-  State* momentum;
   const Problem& p;
-  int warp, lane, col0, half, halves;
+  const Walk& walk;
+  __nv_bfloat16* weight;
+  State* momentum;
+  int warpgroup, t;
   int row0;
 
-  // Rows whose loads are in flight together: the epilogue has only twelve warps per
-  // multiprocessor to hide the latency of device memory with.
-  static constexpr int kAtOnce = 6;
+  static constexpr int kPacks = 4;  // packs of 8 columns per row and 128-column block
 
-  // What a row's update reads from device memory: this lane's weights, and with `with_momentum`
-  // its momentum.
-  struct Loaded {
-    Pack<W, kLaneCols> w;
-    Pack<State, kLaneCols> m;
-  };
+  __device__ int row(int j) const { return warpgroup * kHalfRows + fragment_row(t, 2 * j); }
+  // Pack m of block h: its first column among the CTA's, and its chunk of the staged row.
+  __device__ int col(int h, int m) const { return h * kBlockCols + 32 * m + 8 * (t % 4); }
+  __device__ bool valid(int h, int m) const { return walk.col0 + col(h, m) < p.dim; }
+  __device__ void staged(int r, int h, int m, float (&w)[8]) const {
+    const uint4 chunk = s.w[r][(col(h, m) / 8) ^ (r % 8)];
+    const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[a]));
+      w[2 * a] = v.x, w[2 * a + 1] = v.y;
+    }
+  }
+  // The gradient of pack m of block h of row j, in column order.
+  __device__ static void gradient(const float (&acc)[2][64], int h, int m, int j, float (&g)[8]) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) g[e] = acc[h][16 * m + 4 * (e / 2) + 2 * j + e % 2];
+  }
 
-  __device__ int column() const { return col0 + lane * kLaneCols; }
-  __device__ bool has_column() const { return column() < p.dim; }
-  __device__ int64_t shard_row(int r) const {
-    const int64_t row = int64_t{row0} + r;
-    return p.index != nullptr ? p.index[p.begin + row] : p.begin + row;
-  }
-  __device__ int rows() const {
-    const int64_t left = p.count - row0;
-    return left < kRows ? static_cast<int>(left) : kRows;
-  }
-  template <class Body>
-  __device__ void for_rows(bool with_momentum, Body&& body) const {
-    for_each_row<kAtOnce>(
-        warp, rows(), kWarps,
-        [&](int64_t r) {
-          Loaded l{};
-          if (has_column()) {
-            const int64_t at = shard_row(static_cast<int>(r)) * p.dim + column();
-            l.w = load_pack<kLaneCols>(weight + at);
-            if (with_momentum) l.m = load_pack<kLaneCols>(momentum + at);
+  // This thread's rows' (w.g, |w|^2) over the CTA's columns, summed over the four threads that
+  // share each row.
+  __device__ void half_sums(const float (&acc)[2][64], float2 (&sums)[2]) const {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int m = 0; m < kPacks; ++m) {
+          if (!valid(h, m)) continue;
+          float w[8], g[8];
+          staged(row(j), h, m, w);
+          gradient(acc, h, m, j, g);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            sums[j].x = fmaf(w[e], g[e], sums[j].x);
+            sums[j].y = fmaf(w[e], w[e], sums[j].y);
           }
-          return l;
-        },
-        [&](int64_t r, const Loaded& l) { body(static_cast<int>(r), l); });
-  }
-  __device__ void gradient(int r, float (&g)[kLaneCols]) const {
-    const float4* from = reinterpret_cast<const float4*>(&s.g[r][lane * kLaneCols]);
-    const float4 lo = from[0], hi = from[1];
-    g[0] = lo.x, g[1] = lo.y, g[2] = lo.z, g[3] = lo.w, g[4] = hi.x, g[5] = hi.y, g[6] = hi.z,
-    g[7] = hi.w;
-  }
-
-  // Each of the warp's rows: the sums over this CTA's columns, then over the whole row.
-  __device__ void row_sums() const {
-    for_rows(false, [&](int r, const Loaded& l) {
-      float g[kLaneCols], dot = 0.0f, squares = 0.0f;
-      gradient(r, g);
-      if (has_column()) {
-#pragma unroll
-        for (int j = 0; j < kLaneCols; ++j) {
-          const float v = to_float(l.w.e[j]);
-          dot = fmaf(v, g[j], dot);
-          squares = fmaf(v, v, squares);
         }
-      }
-      for (int offset = 16; offset > 0; offset >>= 1) {
-        dot += __shfl_xor_sync(0xffffffff, dot, offset);
-        squares += __shfl_xor_sync(0xffffffff, squares, offset);
-      }
-      if (lane == 0) s.sums[r] = make_float2(dot, squares);
-    });
-  }
-
-  // Row r's sums over the whole row: half 0's plus half 1's, in that order in both CTAs, so that
-  // both update the row alike.
-  __device__ float2 whole_row_sums(int r) const {
-    const float2 mine = s.sums[r];
-    if (halves == 1) return mine;
-    const float2 other = cluster_load(&s.sums[r], 1 - half);
-    const float2 first = half == 0 ? mine : other, second = half == 0 ? other : mine;
-    return make_float2(first.x + second.x, first.y + second.y);
-  }
-
-  __device__ void update() const {
-    const WeightStore& store = p.store;
-    const bool with_momentum = momentum != nullptr;
-    for_rows(with_momentum, [&](int r, const Loaded& l) {
-      if (!has_column()) return;
-      float sums_x = 0.0f, sums_y = 0.0f;
-      if (p.grad_of != RowGradient::kRow) {
-        const float2 sums = whole_row_sums(r);
-        sums_x = sums.x, sums_y = sums.y;
-      }
-      const RowGradientOf dw = row_gradient_of(sums_x, sums_y, p.grad_of, p.args.grad_multiplier);
-      const int64_t row = shard_row(r);
-      float g[kLaneCols], v[kLaneCols], b[kLaneCols];
-      gradient(r, g);
 #pragma unroll
-      for (int j = 0; j < kLaneCols; ++j) {
-        b[j] = with_momentum ? to_float(l.m.e[j]) : 0.0f;
-        v[j] = sgd_element(to_float(l.w.e[j]), g[j], dw, p.args, with_momentum ? &b[j] : nullptr);
+    for (int j = 0; j < 2; ++j)
+      for (int offset = 1; offset < 4; offset <<= 1) {
+        sums[j].x += __shfl_xor_sync(0xffffffff, sums[j].x, offset);
+        sums[j].y += __shfl_xor_sync(0xffffffff, sums[j].y, offset);
       }
-      if (with_momentum) store_floats(momentum + row * p.dim + column(), b);
-      store(weight + row * p.dim + column(), v, (store.first_row + row) * p.dim + column());
-    });
+  }
+
+  // The sums over whole rows: with two halves, each CTA hands its own to the other and adds
+  // half 0's and half 1's in that order.
+  __device__ void whole_sums(int n, float2 (&sums)[2]) const {
+    if (p.halves == 1) return;
+    const int slot = n % 2, other = 1 - walk.half;
+    if (t % 4 == 0)
+      for (int j = 0; j < 2; ++j) store_remote(&s.sums[slot][row(j)], other, sums[j]);
+    arrive_remote(&s.sums_full[slot][warpgroup], other);
+    barrier_wait_cluster(&s.sums_full[slot][warpgroup], (n / 2) & 1);
+    for (int j = 0; j < 2; ++j) {
+      const float2 theirs = s.sums[slot][row(j)];
+      const float2 first = walk.half == 0 ? sums[j] : theirs;
+      const float2 second = walk.half == 0 ? theirs : sums[j];
+      sums[j] = make_float2(first.x + second.x, first.y + second.y);
+    }
+  }
+
+  // A part of the update is block h = part / 2 of row j = part % 2: 4 packs of momentum, in 4
+  // slots (bf16) or 8 (float32). bf16 momentum takes two buffers of slots, float32 one.
+  static constexpr int kPackSlots = sizeof(State) / 2;
+  static constexpr int kPartSlots = kPacks * kPackSlots;
+  static constexpr int kBuffers = kMomentumSlots / kPartSlots;
+  static constexpr int kParts = 4;
+
+  // Starts copying `part`'s momentum into its buffer, as one group of copies.
+  __device__ void fetch_momentum(int part, const int64_t (&at)[2]) const {
+    const int h = part / 2, j = part % 2, first = (part % kBuffers) * kPartSlots;
+    if (momentum != nullptr && at[j] >= 0) {
+#pragma unroll
+      for (int m = 0; m < kPacks; ++m) {
+        if (!valid(h, m)) continue;
+        const auto* from = reinterpret_cast<const uint4*>(momentum + at[j] + col(h, m));
+#pragma unroll
+        for (int q = 0; q < kPackSlots; ++q)
+          cp_async_16(&s.m[first + m * kPackSlots + q][thread()], from + q);
+      }
+    }
+    cp_async_commit();
+  }
+  __device__ int thread() const {
+    return warpgroup * kWarpgroup + t;
+  }
+  __device__ Pack<State, 8> fetched(int part, int m) const {
+    Pack<State, 8> pack;
+    auto* words = reinterpret_cast<uint4*>(&pack);
+    const int first = (part % kBuffers) * kPartSlots + m * kPackSlots;
+#pragma unroll
+    for (int q = 0; q < kPackSlots; ++q) words[q] = s.m[first + q][thread()];
+    return pack;
+  }
+  // Waits for `part`'s copies: the copies of the parts after it that are already under way may
+  // still land.
+  __device__ static void wait_momentum(int part) {
+    if (kBuffers > 1 && part + 1 < kParts)
+      cp_async_wait<1>();
+    else
+      cp_async_wait<0>();
+  }
+
+  __device__ void update_part(int part, const float (&acc)[2][64], const RowGradientOf& dw,
+                              const int64_t (&at)[2]) const {
+    const int h = part / 2, j = part % 2;
+    if (at[j] < 0) return;
+    const bool with_momentum = momentum != nullptr;
+    // Stochastic rounding draws the bits of each element's index in the whole classifier.
+    const int64_t first_element = p.store.first_row * p.dim;
+#pragma unroll
+    for (int m = 0; m < kPacks; ++m) {
+      if (!valid(h, m)) continue;
+      float w[8], g[8], state[8];
+      staged(row(j), h, m, w);
+      gradient(acc, h, m, j, g);
+      Pack<State, 8> b{};
+      if (with_momentum) b = fetched(part, m);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        state[e] = to_float(b.e[e]);
+        w[e] = sgd_element(w[e], g[e], dw, p.args, with_momentum ? &state[e] : nullptr);
+      }
+      const int64_t at_pack = at[j] + col(h, m);
+      if (with_momentum) store_floats(momentum + at_pack, state);
+      p.store(weight + at_pack, w, first_element + at_pack);
+    }
+  }
+
+  // Each of the thread's rows' first element of this CTA's columns in the shard, or -1.
+  __device__ void rows_at(int64_t (&at)[2]) const {
+    for (int j = 0; j < 2; ++j) {
+      const int64_t r = int64_t{row0} + row(j);
+      at[j] = r < p.count ? p.shard_row(r) * p.dim + walk.col0 : -1;
+    }
+  }
+  // Before the products: the first parts' momentum starts landing.
+  __device__ void prefetch(const int64_t (&at)[2]) const {
+    for (int part = 0; part < kBuffers; ++part) fetch_momentum(part, at);
+  }
+
+  __device__ void update(int n, const float (&acc)[2][64], const int64_t (&at)[2]) const {
+    float2 sums[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
+    if (p.grad_of != RowGradient::kRow) {
+      half_sums(acc, sums);
+      whole_sums(n, sums);
+    }
+    RowGradientOf dw[2];
+    for (int j = 0; j < 2; ++j)
+      dw[j] = row_gradient_of(sums[j].x, sums[j].y, p.grad_of, p.args.grad_multiplier);
+#pragma unroll
+    for (int part = 0; part < kParts; ++part) {
+      wait_momentum(part);
+      update_part(part, acc, dw[part % 2], at);
+      // The part's stores used what it read of its buffer, so the copies may overwrite it.
+      if (part + kBuffers < kParts) fetch_momentum(part + kBuffers, at);
+    }
   }
 };
 
-template <typename W, typename State>
+template <typename State>
 __global__ void __launch_bounds__(kThreads, 1)
     fused_sgd_rows_kernel(const __grid_constant__ CUtensorMap g_map,
-                          const __grid_constant__ CUtensorMap x_map, W* weight, State* momentum,
-                          Problem p, int halves) {
+                          const __grid_constant__ CUtensorMap x_map, __nv_bfloat16* weight,
+                          State* momentum, Problem p) {
   Shared& s = shared_storage<Shared>();
-  const int half = static_cast<int>(blockIdx.x) % halves;  // the CTA's rank in its cluster
-  const int row0 = static_cast<int>(blockIdx.x) / halves * kRows;
-  const int col0 = half * kCols;
-  const int k_blocks = (p.batch + kSwizzleElements - 1) / kSwizzleElements;
+  const Walk walk(p);
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       barrier_init(&s.full[i], 1);
       barrier_init(&s.empty[i], 2);  // each consumer warpgroup
     }
+    barrier_init(&s.w_full, 32 * kWeightWarps);  // each lane of the weight producers
+    barrier_init(&s.w_empty, kConsumers);
+    for (int slot = 0; slot < 2; ++slot)
+      for (int q = 0; q < 2; ++q) barrier_init(&s.sums_full[slot][q], kWarpgroup);
     barrier_init_fence();
   }
-  __syncthreads();
-  if (threadIdx.x >= kConsumers) {
-    if (threadIdx.x == kConsumers) produce(s, &g_map, &x_map, row0, col0, k_blocks);
-  } else {
-    const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroup;
-    const int t = static_cast<int>(threadIdx.x) % kWarpgroup;
-    float acc[2][64];
-    multiply(s, acc, warpgroup, t, k_blocks);
-    // The tile goes over the ring: both warpgroups' products must have read it first.
-    named_sync(1, kConsumers);
-    stage(s, acc, warpgroup, t);
-  }
-  __syncthreads();
-  const RowUpdate<W, State> u{s,
-                              weight,
-                              momentum,
-                              p,
-                              static_cast<int>(threadIdx.x) / 32,
-                              static_cast<int>(threadIdx.x) % 32,
-                              col0,
-                              half,
-                              halves,
-                              row0};
-  const bool sums = p.grad_of != RowGradient::kRow;
-  if (sums) u.row_sums();
-  // The halves' sums meet; with one half, each warp reads back only the sums of its own rows.
-  if (sums && halves > 1)
+  // The other CTA of the cluster arrives on these barriers: both must have initialised them.
+  if (p.halves > 1)
     cluster_sync();
   else
-    __syncwarp();
-  u.update();
-  // Neither CTA leaves while the other may still read its shared memory.
-  if (sums && halves > 1) cluster_sync();
+    __syncthreads();
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  if (threadIdx.x >= kConsumers) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (warp == kOperandWarp && threadIdx.x % 32 == 0) produce_operands(s, &g_map, &x_map, p, walk);
+    if (warp > kOperandWarp && warp <= kOperandWarp + kWeightWarps)
+      produce_weights(s, weight, p, walk, warp - kOperandWarp - 1,
+                      static_cast<int>(threadIdx.x) % 32);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroup;
+    const int t = static_cast<int>(threadIdx.x) % kWarpgroup;
+    int consumed = 0;
+    walk.tiles(p, [&](int n, int row0) {
+      const Epilogue<State> e{s, p, walk, weight, momentum, warpgroup, t, row0};
+      int64_t at[2];
+      e.rows_at(at);
+      e.prefetch(at);
+      float acc[2][64];
+      multiply(s, acc, warpgroup, t, p.k_blocks(), consumed);
+      barrier_wait(&s.w_full, n & 1);
+      e.update(n, acc, at);
+      barrier_arrive(&s.w_empty);
+    });
+  }
+  // Neither CTA leaves while the other may still write to its shared memory.
+  if (p.halves > 1) cluster_sync();
 }
 
-template <typename F>
-void with_storage_type(ElementType type, F&& f) {
-  if (type == ElementType::kBFloat16)
-    f(static_cast<__nv_bfloat16*>(nullptr));
-  else
-    f(static_cast<float*>(nullptr));
-}
+template <typename State>
+struct Launch {
+  // The kernel's shared memory and the clusters that fit the device at once, asked once per
+  // device: the grid is that many, each walking its share of the tiles.
+  static cudaError_t clusters(int halves, int* out) {
+    constexpr int kMaxDevices = 64;
+    static std::array<std::atomic<int>, 2 * kMaxDevices> found{};
+    int device = 0;
+    cudaError_t rc = cudaGetDevice(&device);
+    if (rc != cudaSuccess) return rc;
+    if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+    std::atomic<int>& known = found[2 * device + halves - 1];
+    int count = known.load(std::memory_order_relaxed);
+    if (count == 0) {
+      rc = cudaFuncSetAttribute(fused_sgd_rows_kernel<State>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes());
+      if (rc != cudaSuccess) return rc;
+      cudaLaunchConfig_t config = configuration(1, halves, nullptr);
+      cudaLaunchAttribute cluster = cluster_attribute(halves);
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      rc = cudaOccupancyMaxActiveClusters(&count, fused_sgd_rows_kernel<State>, &config);
+      if (rc != cudaSuccess) return rc;
+      if (count == 0) return cudaErrorInvalidConfiguration;
+      known.store(count, std::memory_order_relaxed);
+    }
+    *out = count;
+    return cudaSuccess;
+  }
+  static int shared_bytes() { return static_cast<int>(sizeof(Shared) + kSwizzleAtomBytes); }
+  static cudaLaunchConfig_t configuration(int clusters, int halves, cudaStream_t stream) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(clusters * halves));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = static_cast<size_t>(shared_bytes());
+    config.stream = stream;
+    return config;
+  }
+  static cudaLaunchAttribute cluster_attribute(int halves) {
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = static_cast<unsigned>(halves);
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    return cluster;
+  }
+  static cudaError_t run(const CUtensorMap& g_map, const CUtensorMap& x_map, __nv_bfloat16* weight,
+                         void* momentum, const Problem& p, cudaStream_t stream) {
+    int fit = 0;
+    cudaError_t rc = clusters(p.halves, &fit);
+    if (rc != cudaSuccess) return rc;
+    cudaLaunchConfig_t config = configuration(fit < p.tiles ? fit : p.tiles, p.halves, stream);
+    cudaLaunchAttribute cluster = cluster_attribute(p.halves);
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, fused_sgd_rows_kernel<State>, g_map, x_map, weight,
+                              static_cast<State*>(momentum), p);
+  }
+};
 
 }  // namespace
 
-bool fused_sgd_rows_take(int64_t batch, int dim) {
+bool fused_sgd_rows_take(int64_t batch, int dim, ElementType weight_type) {
   return batch > 0 && batch % 8 == 0 && batch < (int64_t{1} << 31) && dim > 0 && dim % 8 == 0 &&
-         dim <= kFusedMaxDim;
+         dim <= kFusedMaxDim && weight_type == ElementType::kBFloat16;
 }
 
 cudaError_t fused_sgd_rows(WeightShard weight, void* momentum, ElementType momentum_type,
@@ -296,53 +461,33 @@ cudaError_t fused_sgd_rows(WeightShard weight, void* momentum, ElementType momen
                            const int64_t* index, int64_t begin, int64_t count, RowGradient grad_of,
                            SgdArgs args, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  if (!fused_sgd_rows_take(batch, dim) || count > (int64_t{1} << 31) - kRows ||
-      weight.type == ElementType::kFloat16 || momentum_type == ElementType::kFloat16)
+  if (!fused_sgd_rows_take(batch, dim, weight.type) || count > (int64_t{1} << 31) - kRows ||
+      momentum_type == ElementType::kFloat16)
     return cudaErrorInvalidValue;
-  // Rows are read and written 8 elements at a time (16 or 32 bytes): a view into a shard that
-  // starts elsewhere is refused here rather than faulting in the kernel.
-  const auto element_bytes = [](ElementType type) {
-    return type == ElementType::kBFloat16 ? 2 : 4;
-  };
-  if (!packs_fit(dim, 8, weight.data, element_bytes(weight.type)) ||
-      !packs_fit(dim, 8, momentum, element_bytes(momentum_type)))
+  // Weights and momentum are copied 8 elements at a time: a view into a shard that starts
+  // elsewhere is refused here rather than faulting in the kernel.
+  if (!packs_fit(dim, 8, weight.data, 2) ||
+      !packs_fit(dim, 8, momentum, momentum_type == ElementType::kBFloat16 ? 2 : 4))
     return cudaErrorMisalignedAddress;
   CUtensorMap g_map, x_map;
   cudaError_t rc = matrix_map(&g_map, logit_grad, count, static_cast<int>(batch), kRows);
-  if (rc == cudaSuccess) rc = matrix_map(&x_map, xt, dim, static_cast<int>(batch), kBlockCols);
+  if (rc == cudaSuccess)
+    rc = matrix_map(&x_map, xt, fused_sgd_rows_xt_rows(dim), static_cast<int>(batch), kBlockCols);
   if (rc != cudaSuccess) return rc;
-  const Problem p{count, static_cast<int>(batch),
-                  dim,   index,
-                  begin, grad_of,
-                  args,  WeightStore{weight.first_row, weight.rounding_seed}};
-  const int halves = dim > kCols ? 2 : 1;
-  const unsigned tiles = static_cast<unsigned>((count + kRows - 1) / kRows);
-  rc = cudaSuccess;
-  with_storage_type(weight.type, [&](auto* w_tag) {
-    using W = std::remove_pointer_t<decltype(w_tag)>;
-    with_storage_type(momentum_type, [&](auto* s_tag) {
-      using State = std::remove_pointer_t<decltype(s_tag)>;
-      const auto kernel = fused_sgd_rows_kernel<W, State>;
-      const size_t shared = sizeof(Shared) + kSwizzleAtomBytes;
-      rc = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(shared));
-      if (rc != cudaSuccess) return;
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(tiles * halves);
-      config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = shared;
-      config.stream = stream;
-      cudaLaunchAttribute cluster;
-      cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = static_cast<unsigned>(halves);
-      cluster.val.clusterDim.y = 1;
-      cluster.val.clusterDim.z = 1;
-      config.attrs = &cluster;
-      config.numAttrs = 1;
-      rc = cudaLaunchKernelEx(&config, kernel, g_map, x_map, static_cast<W*>(weight.data),
-                              static_cast<State*>(momentum), p, halves);
-    });
-  });
+  const Problem p{count,
+                  static_cast<int>(batch),
+                  dim,
+                  dim > kCols ? 2 : 1,
+                  static_cast<int>((count + kRows - 1) / kRows),
+                  index,
+                  begin,
+                  grad_of,
+                  args,
+                  WeightStore{weight.first_row, weight.rounding_seed}};
+  auto* w = static_cast<__nv_bfloat16*>(weight.data);
+  rc = momentum_type == ElementType::kBFloat16
+           ? Launch<__nv_bfloat16>::run(g_map, x_map, w, momentum, p, stream)
+           : Launch<float>::run(g_map, x_map, w, momentum, p, stream);
   if (rc != cudaSuccess) return rc;
   return cudaGetLastError();
 }

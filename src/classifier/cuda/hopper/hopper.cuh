@@ -1,7 +1,8 @@
 #pragma once
 
 // Hopper (sm_90a) building blocks for the fused classifier: mbarriers, bulk tensor copies (TMA),
-// and warpgroup MMAs (wgmma) on 128-byte-swizzled K-major tiles. Inline PTX, so that no CUTLASS
+// asynchronous copies (cp.async), exchanges within a cluster, and warpgroup MMAs (wgmma) on
+// 128-byte-swizzled K-major tiles. Inline PTX, so that no CUTLASS
 // is needed; every wrapper is exercised by the fused kernels' tests against float64 references.
 
 #include <cuda.h>
@@ -195,25 +196,60 @@ __device__ __forceinline__ void wgmma_k_block(float (&acc)[2][64], A a, B b, boo
   wgmma_wait<1>();
 }
 
-// Every thread of every CTA of the cluster meets here; shared-memory writes before it are
-// visible to the cluster's reads after it.
-__device__ inline void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+__device__ inline void cp_async_16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)), "l"(src)
+               : "memory");
+}
+__device__ inline void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most kPending of this thread's committed groups of copies are still landing.
+template <int kPending>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+// One arrival on `bar` once this thread's earlier cp.async copies have landed (counted in the
+// barrier's initial count).
+__device__ inline void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(bar))
+               : "memory");
 }
 
-// The float2 at `p` in this CTA's shared memory, read from the same place in the shared memory of
-// the cluster's CTA `rank`.
-__device__ inline float2 cluster_load(const float2* p, int rank) {
+// The address of the place of `p` in the shared memory of the cluster's CTA `rank`.
+__device__ inline uint32_t remote_address(const void* p, int rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                : "=r"(remote)
                : "r"(shared_address(p)), "r"(rank));
-  float2 v;
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n"
-               : "=f"(v.x), "=f"(v.y)
-               : "r"(remote)
+  return remote;
+}
+// Stores v at the place of `p` in CTA `rank`'s shared memory.
+__device__ inline void store_remote(float2* p, int rank, float2 v) {
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(remote_address(p, rank)),
+               "f"(v.x), "f"(v.y)
                : "memory");
-  return v;
+}
+// An arrival on the barrier at the place of `bar` in CTA `rank`'s shared memory, after (release)
+// this thread's earlier writes to it.
+__device__ inline void arrive_remote(uint64_t* bar, int rank) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(
+                   remote_address(bar, rank))
+               : "memory");
+}
+// Waits for the barrier's phase `parity`, seeing (acquire) what the cluster wrote before arriving.
+__device__ inline void barrier_wait_cluster(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(shared_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Every thread of every CTA of the cluster meets here; shared-memory writes before it are
+// visible to the cluster's reads after it.
+__device__ inline void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
 // The dynamic shared memory as an S, started on a 1024-byte boundary (launches ask for
