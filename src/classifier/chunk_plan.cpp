@@ -12,6 +12,11 @@ bool fused_kernels_take(c10::ScalarType gemm_dtype, int64_t dim) {
   return gemm_dtype == c10::ScalarType::BFloat16 && dim > 0 && dim % 8 == 0 && dim <= kFusedMaxDim;
 }
 
+bool fused_update_chosen(FusedUpdate choice, int64_t batch) {
+  return choice == FusedUpdate::kOn ||
+         (choice == FusedUpdate::kAuto && batch <= kFusedUpdateAutoMaxBatch);
+}
+
 int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes, RowSource source,
                                    Logits logits) {
   return (logits == Logits::kInMemory ? 4 * batch : 0) +

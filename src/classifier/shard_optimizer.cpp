@@ -115,13 +115,13 @@ std::vector<std::pair<std::string, torch::Tensor*>> ShardOptimizer::state() {
   return {{"exp_avg", &exp_avg_}, {"exp_avg_sq", &exp_avg_sq_}};
 }
 
-bool ShardOptimizer::updates_from_logit_grad(int64_t batch, int64_t dim,
-                                             torch::ScalarType weight_dtype) const {
+bool ShardOptimizer::updates_from_logit_grad(OptimizerKind kind, int64_t batch, int64_t dim,
+                                             torch::ScalarType weight_dtype) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
-  return options_.kind == OptimizerKind::kSgd &&
+  return kind == OptimizerKind::kSgd &&
          cuda::fused_sgd_rows_take(batch, static_cast<int>(dim), element_type(weight_dtype));
 #else
-  (void)batch, (void)dim, (void)weight_dtype;
+  (void)kind, (void)batch, (void)dim, (void)weight_dtype;
   return false;
 #endif
 }
@@ -149,13 +149,13 @@ void ShardOptimizer::update_rows_from_logit_grad(torch::Tensor& weight, const to
                                                  const torch::Tensor& xt, RowGradient grad_of,
                                                  const torch::Tensor& grad_multiplier) {
   const int64_t batch = xt.size(1);
-  MYRIAD_CHECK(
-      weight.is_cuda() && updates_from_logit_grad(batch, weight.size(1), weight.scalar_type()),
-      "the fused weight update runs SGD on bfloat16 rows on H100 and H200 GPUs, for "
-      "batches that are multiples of 8 and embedding sizes that are multiples of 8 up to "
-      "512 (this call: {}, {}, {} rows, batch {}, embedding size {})",
-      weight.device().str(), options_.kind == OptimizerKind::kSgd ? "SGD" : "AdamW",
-      weight.scalar_type(), batch, weight.size(1));
+  MYRIAD_CHECK(weight.is_cuda() && updates_from_logit_grad(options_.kind, batch, weight.size(1),
+                                                           weight.scalar_type()),
+               "the fused weight update runs SGD on bfloat16 rows on H100 and H200 GPUs, for "
+               "batches that are multiples of 8 and embedding sizes that are multiples of 8 up to "
+               "512 (this call: {}, {}, {} rows, batch {}, embedding size {})",
+               weight.device().str(), options_.kind == OptimizerKind::kSgd ? "SGD" : "AdamW",
+               weight.scalar_type(), batch, weight.size(1));
   MYRIAD_CHECK(logit_grad.scalar_type() == torch::kBFloat16 &&
                    xt.scalar_type() == torch::kBFloat16 && logit_grad.is_contiguous() &&
                    xt.is_contiguous() && logit_grad.size(0) == end - begin &&

@@ -146,6 +146,16 @@ ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoft
                           "an embedding size that is a multiple of 8 up to 512 (this run: {}, {} "
                           "GEMMs, embedding size {})",
                           kernels(), c10::toString(options.gemm_dtype), options.embedding_size);
+  fused_update_ = fused_ && options.update == WeightUpdate::kFused &&
+                  options.fused_update != FusedUpdate::kOff &&
+                  ShardOptimizer::updates_from_logit_grad(
+                      options.optimizer.kind, 8, options.embedding_size, options.weight_dtype);
+  MYRIAD_CHECK_COLLECTIVE(
+      fused_update_ || options.fused_update != FusedUpdate::kOn,
+      "the fused weight update needs the fused classifier kernels, SGD and bfloat16 weights that "
+      "the classifier updates (this run: {}, {}, {} weights)",
+      kernels(), options.optimizer.kind == OptimizerKind::kSgd ? "SGD" : "AdamW",
+      c10::toString(options.weight_dtype));
   const int64_t rows = partition_.size(comm.rank());
   const int64_t first = partition_.offset(comm.rank());
   weight_ = initial_shard(first, rows, options, device);
@@ -157,16 +167,15 @@ ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoft
 }
 
 std::string ShardedMarginSoftmax::kernels() const {
-  if (fused_weight_update() &&
-      optimizer_->updates_from_logit_grad(8, options_.embedding_size, options_.weight_dtype))
-    return "fused Hopper kernels, logits never in memory, SGD's rows' gradient never in memory "
-           "(global batches of multiples of 8)";
+  if (fused_update_)
+    return str_format(
+        "fused Hopper kernels, logits never in memory, SGD's rows' gradient never in memory "
+        "(global batches of multiples of 8{})",
+        options_.fused_update == FusedUpdate::kAuto
+            ? str_format(" up to {}", kFusedUpdateAutoMaxBatch)
+            : std::string());
   if (fused_) return "fused Hopper kernels, logits never in memory";
   return device_.is_cuda() ? "GEMMs and softmax kernels" : "LibTorch on the CPU";
-}
-
-bool ShardedMarginSoftmax::fused_weight_update() const {
-  return fused_ && options_.fused_weight_update && options_.update == WeightUpdate::kFused;
 }
 
 ShardedMarginSoftmax::~ShardedMarginSoftmax() = default;
@@ -426,9 +435,10 @@ torch::Tensor ShardedMarginSoftmax::chunk_logits(Step& step, int64_t c, int64_t 
 void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn,
                                            bool update) {
   const MarginParams params = options_.margin.params();
-  const bool fused_update = fused_weight_update() && update &&
-                            optimizer_->updates_from_logit_grad(step.batch, options_.embedding_size,
-                                                                options_.weight_dtype);
+  const bool fused_update =
+      fused_update_ && update && fused_update_chosen(options_.fused_update, step.batch) &&
+      ShardOptimizer::updates_from_logit_grad(options_.optimizer.kind, step.batch,
+                                              options_.embedding_size, options_.weight_dtype);
   // The fused update reads the features transposed, [D, B]; one copy serves every chunk.
   const torch::Tensor xt =
       fused_update ? optimizer_->logit_grad_update_features(step.xg) : torch::Tensor();

@@ -48,6 +48,12 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
                                 fused_kernels_take(compute_dtype(precision), config.embedding_size)
                             ? Logits::kInRegisters
                             : Logits::kInMemory;
+  // Where the fused kernels run: SGD on bf16 rows, global batches of multiples of 8.
+  const int64_t batch = ranks * config.batch_size;
+  s.classifier_update_fused =
+      s.classifier_logits == Logits::kInRegisters && config.optimizer == OptimizerKind::kSgd &&
+      config.classifier_weight_dtype == torch::kBFloat16 && batch % 8 == 0 &&
+      fused_update_chosen(fused_update_choice(config.fused_update), batch);
   s.backbone_params = backbone_params;
   s.backbone_states = states;
   s.grad_comm_bytes = config.grad_comm_dtype == torch::kFloat32 ? 4 : 2;
@@ -77,13 +83,13 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   // read.
   const double per_logit = fused ? 3.0 * g : 4.0 * (passes + 2.0) + g;
   // Per weight element: read and GEMM copy per pass (or, reading the stored rows, one more read
-  // for 1/|w|), the float32 gradient written and read, the weight and its state read and written
-  // by the update.
+  // for 1/|w|), the float32 gradient written and read unless the update is fused, the weight and
+  // its state read and written by the update.
   const double w = static_cast<double>(s.classifier_weight_bytes);
   const double rows_read =
       s.classifier_rows == RowSource::kStored ? w * (passes + 1.0) : (w + g) * passes;
   const double per_weight =
-      rows_read + 8.0 + 2.0 * w +
+      rows_read + (s.classifier_update_fused ? 0.0 : 8.0) + 2.0 * w +
       2.0 * static_cast<double>(s.classifier_states * s.classifier_state_bytes);
   c.classifier_traffic = rows * b * per_logit + rows * d * per_weight;
   c.classifier_gemm = c.classifier_flops / rates.gemm_flops;
@@ -127,10 +133,10 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   // 2 H200s at C = 8M): logits and GEMM rows, and the logits' gradient; plan_chunks budgets the
   // rows' float32 gradient too, which the fused update never holds for a whole chunk. Then the
   // gathered features (float32 and GEMM copies), their gradient and the labels.
-  const double per_row = static_cast<double>(
-      chunk_cached_bytes_per_row(batch, s.embedding_size, s.gemm_bytes, s.classifier_rows,
-                                 s.classifier_logits) +
-      s.gemm_bytes * batch);
+  const double per_row =
+      static_cast<double>(chunk_cached_bytes_per_row(batch, s.embedding_size, s.gemm_bytes,
+                                                     s.classifier_rows, s.classifier_logits) +
+                          s.gemm_bytes * batch);
   c.workspace_memory =
       static_cast<double>(c.plan.chunk_rows) * per_row + b * d * (8.0 + g) + b * 8.0;
   // Weights and gradients (their buckets) in float32, the optimizer state, and a compressed copy

@@ -115,6 +115,7 @@ ShardedSoftmaxOptions classifier_options(const TrainConfig& c, int64_t classes) 
   o.fused_kernels = c.fused_classifier == Toggle::kOn    ? FusedKernels::kRequired
                     : c.fused_classifier == Toggle::kOff ? FusedKernels::kOff
                                                          : FusedKernels::kAuto;
+  o.fused_update = fused_update_choice(c.fused_update);
   return o;
 }
 

@@ -198,8 +198,12 @@ expect O16 2 "the fused classifier kernels need an H100 or H200 GPU, bf16 GEMMs 
   "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused on
 expect O17 2 "--fused on and --naive exclude each other" \
   "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused on --naive
-expect O18 2 "--fused-update must be on or off, got 'maybe'" \
+expect O18 2 "--fused-update must be auto, on or off, got 'maybe'" \
   "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused-update maybe
+expect O19 2 "the fused weight update needs the fused classifier kernels, SGD and bfloat16 weights that the classifier updates \(this run: LibTorch on the CPU, SGD, Float weights\)" \
+  "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused-update on
+expect O20 2 "--fused-update on and --naive exclude each other" \
+  "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused-update on --naive
 
 # --- data files ---------------------------------------------------------------------------------
 expect D1 2 "'.*/missing.h5' does not exist" $(train --data "$fix/missing.h5")
@@ -315,6 +319,8 @@ expect R10 2 "--cuda-graphs on needs GPUs" $(train --cuda-graphs on)
 expect R11 2 "--cuda-graphs on and --sync-bn exclude each other" $(train --cuda-graphs on --sync-bn)
 expect R12 2 "the fused classifier kernels need an H100 or H200 GPU, bf16 GEMMs and an embedding size that is a multiple of 8 up to 512 \(this run: LibTorch on the CPU" \
   env CUDA_VISIBLE_DEVICES= $(train --fused-classifier on)
+expect R16 2 "the fused weight update needs the fused classifier kernels, SGD and bfloat16 weights that the classifier updates \(this run: LibTorch on the CPU, SGD, BFloat16 weights\)" \
+  env CUDA_VISIBLE_DEVICES= $(train --fused-update on --classifier-weight-dtype bf16)
 # Run directories held by another job: one on another host, alive (a heartbeat just now), and a
 # lock file that names no holder, as fresh.
 mkdir -p "$fix/held" "$fix/garbled"

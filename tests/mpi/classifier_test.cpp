@@ -373,7 +373,8 @@ TEST_P(ClassifierTest, FusedSgdMatchesReferenceAndTouchesOnlySampledRows) {
 }
 
 // bf16 GEMMs with SGD: on an H100 or H200 the update of bf16 rows is fused with their gradient
-// (fused_sgd_rows), elsewhere (float32 rows, other GPUs) cuBLAS's GEMM and sgd_rows run. Either way
+// (fused_sgd_rows) by default at this small batch, elsewhere (float32 rows, other GPUs) cuBLAS's
+// GEMM and sgd_rows run. Either way
 // two steps must match SGD on the float64 reference gradient, the update with the fused kernels
 // off, and a rerun bit for bit, for the three row gradients (plain softmax: the rows; ArcFace on
 // float32 weights: the normalised copies; on bf16 weights: the stored rows), momentum in float32
@@ -400,7 +401,6 @@ TEST_P(ClassifierTest, FusedWeightUpdateMatchesReferenceUnfusedUpdateAndRerun) {
     ShardedSoftmaxOptions o = options_for(p, c.margin);
     o.gemm_dtype = torch::kBFloat16;
     o.update = WeightUpdate::kFused;
-    o.fused_weight_update = true;
     o.weight_dtype = c.weight_dtype;
     o.sample_rate = c.rate;
     o.seed = 9;
@@ -421,7 +421,10 @@ TEST_P(ClassifierTest, FusedWeightUpdateMatchesReferenceUnfusedUpdateAndRerun) {
                             module->optimizer().state()[0].second->cpu().to(torch::kFloat32));
     };
     auto probe = make_module(p, o);
-    const bool fused_update = probe->kernels().find("rows' gradient never") != std::string::npos;
+    const bool fused_update =
+        probe->kernels().find(str_format("rows' gradient never in memory (global batches of "
+                                         "multiples of 8 up to {})",
+                                         kFusedUpdateAutoMaxBatch)) != std::string::npos;
     EXPECT_EQ(fused_update,
               hopper_build_on_hopper_gpu(device()) && c.weight_dtype == torch::kBFloat16)
         << label << ": " << probe->kernels();
@@ -657,6 +660,38 @@ TEST_P(ClassifierTest, BadInputsFailOnEveryRank) {
       EXPECT_FALSE(applies) << e.what();
       EXPECT_TRUE(e.collective());
       EXPECT_NE(e.message().find("the fused classifier kernels need an H100 or H200 GPU"),
+                std::string::npos)
+          << e.message();
+    }
+  }
+  // The fused update asked for: built where it applies (bf16 rows, SGD, on an H100 or H200 with
+  // bf16 GEMMs), refused on every rank elsewhere.
+  for (const auto& [weight_dtype, kind] : {std::pair{torch::kBFloat16, OptimizerKind::kSgd},
+                                           std::pair{torch::kFloat32, OptimizerKind::kSgd},
+                                           std::pair{torch::kBFloat16, OptimizerKind::kAdamW}}) {
+    ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+    o.gemm_dtype = torch::kBFloat16;
+    o.update = WeightUpdate::kFused;
+    o.weight_dtype = weight_dtype;
+    o.optimizer.kind = kind;
+    o.fused_update = FusedUpdate::kOn;
+    const bool applies = weight_dtype == torch::kBFloat16 && kind == OptimizerKind::kSgd &&
+                         hopper_build_on_hopper_gpu(device());
+    const std::string label = str_format("{} weights, {}", c10::toString(weight_dtype),
+                                         kind == OptimizerKind::kSgd ? "SGD" : "AdamW");
+    try {
+      ShardedMarginSoftmax required(comm(), o, device());
+      EXPECT_TRUE(applies) << label << ": accepted";
+      // On: every batch the kernel takes, not only those up to kFusedUpdateAutoMaxBatch.
+      EXPECT_NE(required.kernels().find("rows' gradient never in memory (global batches of "
+                                        "multiples of 8)"),
+                std::string::npos)
+          << label << ": " << required.kernels();
+    } catch (const Error& e) {
+      EXPECT_FALSE(applies) << label << ": " << e.what();
+      EXPECT_TRUE(e.collective());
+      EXPECT_NE(e.message().find("the fused weight update needs the fused classifier kernels, SGD "
+                                 "and bfloat16 weights"),
                 std::string::npos)
           << e.message();
     }

@@ -127,7 +127,7 @@ TEST(StepModel, FusedKernelsKeepNoLogits) {
   EXPECT_DOUBLE_EQ(c.workspace_memory, 5 * (6 + 16) + 240 + 64);
   // In a chunked plan the logits' room goes to more rows: whole tiles of kFusedTileRows.
   s.num_classes = 2 * 1000;
-  s.classifier_workspace = 300 * 66;  // 300 rows with logits in memory
+  s.classifier_workspace = 300 * 66;                               // 300 rows with logits in memory
   EXPECT_EQ(predict_step(s, small_rates()).plan.chunk_rows, 512);  // 300 * 66 / 34 = 582
   s.classifier_logits = Logits::kInMemory;
   EXPECT_EQ(predict_step(s, small_rates()).plan.chunk_rows, 300);
@@ -180,7 +180,7 @@ TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   EXPECT_EQ(s.classifier_workspace, 12345);
   EXPECT_EQ(s.backbone_params, 42);
   EXPECT_EQ(s.classifier_weight_bytes, 4);
-  EXPECT_EQ(s.classifier_rows, RowSource::kCopy);  // float32 rows, bf16 GEMMs: a copy
+  EXPECT_EQ(s.classifier_rows, RowSource::kCopy);        // float32 rows, bf16 GEMMs: a copy
   EXPECT_EQ(s.classifier_logits, Logits::kInRegisters);  // bf16, D = 512: the fused kernels
   config.embedding_size = 520;
   EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_logits, Logits::kInMemory);
@@ -201,6 +201,29 @@ TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   EXPECT_EQ(half.classifier_rows, RowSource::kCopy);  // bf16 rows, float32 GEMMs
   config.precision = Precision::kBf16;
   EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_rows, RowSource::kStored);
+  // SGD on bf16 rows fuses the update at global batches up to 384 (64 per rank here), and its
+  // float32 gradient (8 bytes per weight element, written and read) leaves the traffic.
+  EXPECT_FALSE(step_shape(config, 4, 1000000, 42).classifier_update_fused);  // AdamW
+  config.optimizer = OptimizerKind::kSgd;
+  const StepShape fused_update = step_shape(config, 4, 1000000, 42);
+  EXPECT_TRUE(fused_update.classifier_update_fused);
+  EXPECT_FALSE(step_shape(config, 7, 1000000, 42).classifier_update_fused);  // 448
+  StepShape unfused_update = fused_update;
+  unfused_update.classifier_update_fused = false;
+  EXPECT_DOUBLE_EQ(predict_step(unfused_update, small_rates()).classifier_traffic -
+                       predict_step(fused_update, small_rates()).classifier_traffic,
+                   8.0 * 250000 * 512);
+  config.fused_update = Toggle::kOn;
+  EXPECT_TRUE(step_shape(config, 16, 1000000, 42).classifier_update_fused);
+  config.batch_size = 63;  // 252, a global batch the kernel does not take
+  EXPECT_FALSE(step_shape(config, 4, 1000000, 42).classifier_update_fused);
+  config.batch_size = 64;
+  config.fused_update = Toggle::kOff;
+  EXPECT_FALSE(step_shape(config, 4, 1000000, 42).classifier_update_fused);
+  config.precision = Precision::kFp32;  // float32 GEMMs: no fused kernels
+  config.fused_update = Toggle::kAuto;
+  EXPECT_FALSE(step_shape(config, 4, 1000000, 42).classifier_update_fused);
+  config.precision = Precision::kBf16;
   EXPECT_DOUBLE_EQ(predict_step(half, small_rates()).classifier_weight_memory * 2,
                    predict_step(s, small_rates()).classifier_weight_memory);
 }

@@ -143,6 +143,9 @@ std::vector<ChoiceOption> choice_options() {
       {"fused-classifier",
        {"auto", "on", "off"},
        [](const TrainConfig& c) { return to_string(c.fused_classifier); }},
+      {"fused-update",
+       {"auto", "on", "off"},
+       [](const TrainConfig& c) { return to_string(c.fused_update); }},
   };
 }
 
@@ -176,6 +179,7 @@ TEST(TrainConfig, BadChoicesNameTheOption) {
       {"classifier-state-dtype", "--classifier-state-dtype must be fp32 or bf16"},
       {"classifier-weight-dtype", "--classifier-weight-dtype must be fp32 or bf16"},
       {"fused-classifier", "--fused-classifier must be auto, on or off, got 'x'"},
+      {"fused-update", "--fused-update must be auto, on or off, got 'x'"},
   };
   ASSERT_EQ(expected.size(), choice_options().size());
   for (const ChoiceOption& o : choice_options()) {

@@ -52,4 +52,16 @@ constexpr int64_t kFusedMaxDim = 512;
 // 8 up to kFusedMaxDim. Whether a device runs them is fused_chunks_apply's question.
 bool fused_kernels_take(c10::ScalarType gemm_dtype, int64_t dim);
 
+// Whether SGD's update of the rows is formed from the logits' gradient in one kernel
+// (fused_sgd_rows), where the fused kernels run SGD on bfloat16 rows: at global batches up to
+// kFusedUpdateAutoMaxBatch (kAuto), at every batch the kernel takes (kOn), or never (kOff).
+enum class FusedUpdate { kAuto, kOn, kOff };
+// Where the fused update stops being the faster path: at 4M rows of D = 512 on an H200 it takes
+// 10.61 against 11.07 ms for cuBLAS's GEMM and the row update at a batch of 384, 12.29 against
+// 11.87 ms at 512 (docs/classifier.md). It streams the rows once, but does not yet overlap its
+// products with its update, which costs it at large batches.
+constexpr int64_t kFusedUpdateAutoMaxBatch = 384;
+// The choice's rule for a step of global batch `batch`.
+bool fused_update_chosen(FusedUpdate choice, int64_t batch);
+
 }  // namespace myriad

@@ -50,9 +50,11 @@ class ShardOptimizer {
                    const torch::Tensor& grad_multiplier);
 
   // Whether update_rows_from_logit_grad takes a global batch of `batch` rows of width `dim`,
-  // stored as `weight_dtype`, on the GPU: SGD, in a build with the fused Hopper kernels (the
-  // caller runs them, so the GPU is an H100 or H200), with fused_sgd_rows' shapes (bfloat16 rows).
-  bool updates_from_logit_grad(int64_t batch, int64_t dim, torch::ScalarType weight_dtype) const;
+  // stored as `weight_dtype`, on the GPU for optimizer `kind`: SGD, in a build with the fused
+  // Hopper kernels (the caller runs them, so the GPU is an H100 or H200), with fused_sgd_rows'
+  // shapes (bfloat16 rows). Static, so that a caller can refuse a run before allocating it.
+  static bool updates_from_logit_grad(OptimizerKind kind, int64_t batch, int64_t dim,
+                                      torch::ScalarType weight_dtype);
   // The features x [B, D] (bfloat16) as update_rows_from_logit_grad takes them: transposed, in
   // the fused kernel's order of columns, padded (fused_weight_update.h).
   torch::Tensor logit_grad_update_features(const torch::Tensor& x) const;

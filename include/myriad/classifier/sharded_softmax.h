@@ -62,11 +62,11 @@ struct ShardedSoftmaxOptions {
   // depend on the number of ranks.
   double init_std = 0.01;
   FusedKernels fused_kernels = FusedKernels::kAuto;
-  // Where the fused kernels run SGD on bfloat16 rows and a global batch that is a multiple of 8:
+  // Where the fused kernels run SGD on bfloat16 rows and a global batch that is a multiple of 8,
   // form the rows' gradient and apply the update in one kernel (fused_sgd_rows), the float32
-  // gradient never in memory. Off by default: faster than cuBLAS's GEMM and the row update at a
-  // global batch of 256, slower at 1024 so far (docs/classifier.md).
-  bool fused_weight_update = false;
+  // gradient never in memory: at the batches fused_update_chosen picks (chunk_plan.h). kOn where
+  // the update cannot be fused fails the constructor on every rank before it allocates.
+  FusedUpdate fused_update = FusedUpdate::kAuto;
 };
 
 // The classifier of design §1: this rank's shard W_r [n_r, D] of a margin-softmax classifier
@@ -161,9 +161,9 @@ class ShardedMarginSoftmax {
   std::unique_ptr<Step> pending_;
   std::unique_ptr<Parts> parts_;  // between begin_parts and finish_parts
   int64_t steps_ = 0;
-  // Whether backward may take fused_sgd_rows (for batches it takes).
-  bool fused_weight_update() const;
   bool fused_ = false;
+  // Whether backward may take fused_sgd_rows, at the batches that it and fused_update_chosen take.
+  bool fused_update_ = false;
   int64_t forwards_ = 0;          // pairs each backward with its forward
   torch::Tensor inv_loss_scale_;  // undefined: 1
   ChunkPlan last_plan_;

@@ -34,6 +34,8 @@ struct StepShape {
   RowSource classifier_rows = RowSource::kCopy;
   // Whether the logits exist in memory, or only in the fused kernels' registers.
   Logits classifier_logits = Logits::kInMemory;
+  // Whether SGD forms the rows' gradient in the update kernel (FusedUpdate), never in memory.
+  bool classifier_update_fused = false;
   int64_t classifier_workspace = int64_t{2} << 30;
   int64_t backbone_params = 0;
   int64_t backbone_states = 1;  // SGD 1, AdamW 2
@@ -93,7 +95,8 @@ struct StepCost {
 // The classifier follows docs/classifier.md: per active row and sample, float32 logits written,
 // read by the statistics and by the logit gradient, whose result (GEMM dtype) is written; per row
 // and embedding element, the row read and its GEMM copy written, and the fused update reading and
-// writing the row and its state and reading its float32 gradient. Three GEMMs when the logits are
+// writing the row and its state and reading its float32 gradient (which the fused update never
+// writes). Three GEMMs when the logits are
 // cached, four (and a second pass over the rows) when backward recomputes them. The backbone's
 // all-reduce overlaps backward (two thirds of the backbone's time) except for its last bucket,
 // unless the shape holds a measured exposure.

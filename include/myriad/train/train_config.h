@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "myriad/classifier/chunk_plan.h"
 #include "myriad/classifier/margin_config.h"
 #include "myriad/classifier/shard_optimizer.h"
 #include "myriad/comm/device_selection.h"
@@ -29,6 +30,8 @@ enum class ScheduleChoice { kAuto, kGPipe, k1F1B };
 // Each value as its option spells it (what config_as_ini writes and logs show).
 const char* to_string(Precision precision);
 const char* to_string(Toggle toggle);
+// --fused-update as the classifier's choice.
+FusedUpdate fused_update_choice(Toggle toggle);
 const char* to_string(ScheduleChoice schedule);
 const char* to_string(OptimizerKind optimizer);
 
@@ -73,6 +76,8 @@ struct TrainConfig {
   int64_t classifier_workspace = 0;                             // bytes
   // The classifier's fused Hopper kernels: auto where they apply, on (an error elsewhere), off.
   Toggle fused_classifier = Toggle::kAuto;
+  // SGD's update of bf16 rows fused with their gradient (FusedUpdate): auto, on, off.
+  Toggle fused_update = Toggle::kAuto;
   LrScheduleKind lr_schedule = LrScheduleKind::kPoly;
   double poly_power = 2.0;
   std::vector<int64_t> lr_steps;

@@ -203,7 +203,7 @@ bool parse_classifier_options(const ProcessContext& context, int argc, char** ar
       ("momentum-dtype", po::value(&state_name)->default_value("fp32"), "SGD momentum storage: fp32 or bf16")
       ("weight-dtype", po::value(&weight_name)->default_value("fp32"), "classifier weights: fp32, or bf16 with stochastic rounding")
       ("fused", po::value(&fused_name)->default_value("auto"), "the fused Hopper kernels: auto (where they apply), on (an error elsewhere) or off (GEMMs and softmax kernels)")
-      ("fused-update", po::value(&fused_update_name)->default_value("off"), "SGD fused with the rows' gradient where the fused kernels run, for bf16 weights (faster at small batches only so far, see docs/classifier.md): on or off")
+      ("fused-update", po::value(&fused_update_name)->default_value("auto"), "SGD's update formed from the logits' gradient in one kernel, for bf16 weights where the fused kernels run: auto (at global batches up to 384, where it measures faster; docs/classifier.md), on (every batch; an error where it cannot run) or off")
       ("naive", po::bool_switch(&config.naive), "benchmark the naive baseline (logits gathered to rank 0)")
       ("steps", po::value(&config.steps)->default_value(20), "timed steps")
       ("warmup", po::value(&config.warmup)->default_value(5), "untimed steps first")
@@ -236,16 +236,21 @@ bool parse_classifier_options(const ProcessContext& context, int argc, char** ar
   if (o.weight_dtype == torch::kFloat16) throw UsageError("--weight-dtype must be fp32 or bf16");
   if (fused_name != "auto" && fused_name != "on" && fused_name != "off")
     throw UsageError("--fused must be auto, on or off, got '" + fused_name + "'");
-  if (fused_name == "on" && config.naive)
-    throw UsageError(
-        "--fused on and --naive exclude each other: the naive baseline has no fused "
-        "kernels");
   o.fused_kernels = fused_name == "on"    ? FusedKernels::kRequired
                     : fused_name == "off" ? FusedKernels::kOff
                                           : FusedKernels::kAuto;
-  if (fused_update_name != "on" && fused_update_name != "off")
-    throw UsageError("--fused-update must be on or off, got '" + fused_update_name + "'");
-  o.fused_weight_update = fused_update_name == "on";
+  if (fused_update_name != "auto" && fused_update_name != "on" && fused_update_name != "off")
+    throw UsageError("--fused-update must be auto, on or off, got '" + fused_update_name + "'");
+  o.fused_update = fused_update_name == "on"    ? FusedUpdate::kOn
+                   : fused_update_name == "off" ? FusedUpdate::kOff
+                                                : FusedUpdate::kAuto;
+  for (const auto& [name, value] :
+       {std::pair{"--fused", &fused_name}, std::pair{"--fused-update", &fused_update_name}}) {
+    if (*value == "on" && config.naive)
+      throw UsageError(std::string(name) +
+                       " on and --naive exclude each other: the naive baseline has no fused "
+                       "kernels");
+  }
   return true;
 }
 
