@@ -57,10 +57,10 @@ bool fused_kernels_take(c10::ScalarType gemm_dtype, int64_t dim);
 // kFusedUpdateAutoMaxBatch (kAuto), at every batch the kernel takes (kOn), or never (kOff).
 enum class FusedUpdate { kAuto, kOn, kOff };
 // Where the fused update stops being the faster path: at 4M rows of D = 512 on an H200 it takes
-// 10.61 against 11.07 ms for cuBLAS's GEMM and the row update at a batch of 384, 12.29 against
-// 11.87 ms at 512 (docs/classifier.md). It streams the rows once, but does not yet overlap its
-// products with its update, which costs it at large batches.
-constexpr int64_t kFusedUpdateAutoMaxBatch = 384;
+// 10.33 against 10.64 ms for cuBLAS's GEMM and the row update at a batch of 512, 13.34 against
+// 11.76 ms at 768 (docs/classifier.md). It streams the rows once, but its products re-read the
+// features from L2 for every tile of rows and wait for them, which costs it at large batches.
+constexpr int64_t kFusedUpdateAutoMaxBatch = 512;
 // The choice's rule for a step of global batch `batch`.
 bool fused_update_chosen(FusedUpdate choice, int64_t batch);
 

@@ -62,12 +62,27 @@ __device__ inline void store_pack(T* p, const Pack<T, N>& v) {
   *reinterpret_cast<Pack<T, N>*>(p) = v;
 }
 
+// A pack's elements in float32. bfloat16 pairs come apart with one integer operation each (a
+// shift for the lower, a mask for the upper), where element-wise conversion takes two.
+template <int N, typename T>
+__device__ inline void to_floats(const Pack<T, N>& pack, float (&v)[N]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && N % 2 == 0) {
+    const auto* words = reinterpret_cast<const uint32_t*>(&pack);
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+      v[2 * j] = __uint_as_float(words[j] << 16);
+      v[2 * j + 1] = __uint_as_float(words[j] & 0xFFFF0000u);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = to_float(pack.e[j]);
+  }
+}
+
 // N elements from one access, in float32.
 template <int N, typename T>
 __device__ inline void load_floats(const T* p, float (&v)[N]) {
-  const Pack<T, N> pack = load_pack<N>(p);
-#pragma unroll
-  for (int j = 0; j < N; ++j) v[j] = to_float(pack.e[j]);
+  to_floats(load_pack<N>(p), v);
 }
 
 // N float32 values rounded into T and stored as one access.

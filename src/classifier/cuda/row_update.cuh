@@ -25,19 +25,48 @@ struct WeightStore {
     store_floats(p, v);
   }
   // rounding_bits of elements element + j, with the hash of the key's upper half taken once per
-  // pack (twice where the lower half wraps within it): the same bits at half the arithmetic.
+  // pack (twice where the lower half wraps within it), and the rounding of bf16_bits_stochastic
+  // without its case for NaN unless the pack holds one: the same bits at less than half the
+  // arithmetic, which sets the pace of the fused weight update.
   template <int N>
   __device__ void operator()(__nv_bfloat16* p, const float (&v)[N], int64_t element) const {
     const uint64_t key = rounding_seed + static_cast<uint64_t>(element);
     const uint32_t low = static_cast<uint32_t>(key), high = static_cast<uint32_t>(key >> 32);
-    const uint32_t upper[2] = {mix32(high), mix32(high + 1)};
-    Pack<__nv_bfloat16, N> pack;
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-      const uint32_t lower = low + static_cast<uint32_t>(j);
-      const uint32_t bits = mix32(lower ^ upper[lower < low ? 1 : 0]);
-      pack.e[j] = __ushort_as_bfloat16(bf16_bits_stochastic(v[j], bits));
+    const uint32_t upper = mix32(high);
+    if (low <= ~uint32_t{0} - (N - 1)) {
+      store(p, v, [&](int j) { return mix32((low + static_cast<uint32_t>(j)) ^ upper); });
+    } else {
+      const uint32_t next = mix32(high + 1);
+      store(p, v, [&](int j) {
+        const uint32_t lower = low + static_cast<uint32_t>(j);
+        return mix32(lower ^ (lower < low ? next : upper));
+      });
     }
+  }
+  // Element j rounded with bits_of(j): where the pack holds no NaN, the upper halves of its bits
+  // plus the random ones, two elements to a word.
+  template <int N, class Bits>
+  __device__ static void store(__nv_bfloat16* p, const float (&v)[N], Bits bits_of) {
+    Pack<__nv_bfloat16, N> pack;
+    bool nan = false;
+#pragma unroll
+    for (int j = 0; j < N; ++j) nan |= v[j] != v[j];
+    if constexpr (N % 2 == 0) {
+      if (!nan) {
+        auto* words = reinterpret_cast<uint32_t*>(&pack);
+#pragma unroll
+        for (int j = 0; j < N / 2; ++j) {
+          const uint32_t even = __float_as_uint(v[2 * j]) + (bits_of(2 * j) & 0xFFFFu);
+          const uint32_t odd = __float_as_uint(v[2 * j + 1]) + (bits_of(2 * j + 1) & 0xFFFFu);
+          words[j] = __byte_perm(even, odd, 0x7632);
+        }
+        store_pack<N>(p, pack);
+        return;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      pack.e[j] = __ushort_as_bfloat16(bf16_bits_stochastic(v[j], bits_of(j)));
     store_pack<N>(p, pack);
   }
 };
@@ -45,13 +74,10 @@ struct WeightStore {
 // dw for one element: the gradient with respect to the row itself. For grad = dL/d(w/|w|),
 // dw = grad/|w| - (w.grad) w/|w|^3; for grad = dL/d(w/|w|) / |w|, dw = grad - (w.grad) w/|w|^2.
 struct RowGradientOf {
-  float scale = 1.0f;   // of grad
+  float gain = 1.0f;    // of grad: the multiplier that undoes loss scaling, times 1/|w| or 1
   float radial = 0.0f;  // of w
-  float multiplier = 1.0f;
 
-  __device__ float operator()(float w, float g) const {
-    return g * multiplier * scale - radial * w;
-  }
+  __device__ float operator()(float w, float g) const { return fmaf(g, gain, -radial * w); }
 };
 
 // The row's RowGradientOf from the sums over its elements of w.grad (`dot`) and w^2 (`squares`);
@@ -59,12 +85,12 @@ struct RowGradientOf {
 __device__ inline RowGradientOf row_gradient_of(float dot, float squares, RowGradient grad_of,
                                                 const float* multiplier) {
   RowGradientOf rg;
-  if (multiplier != nullptr) rg.multiplier = *multiplier;
+  if (multiplier != nullptr) rg.gain = *multiplier;
   if (grad_of == RowGradient::kRow) return rg;
-  dot *= rg.multiplier;
+  dot *= rg.gain;
   const float inv_norm = rsqrtf(fmaxf(squares, kMinSquaredNorm));
   if (grad_of == RowGradient::kUnitRow) {
-    rg.scale = inv_norm;
+    rg.gain *= inv_norm;
     rg.radial = dot * inv_norm * inv_norm * inv_norm;
   } else {
     rg.radial = dot * inv_norm * inv_norm;
@@ -73,15 +99,22 @@ __device__ inline RowGradientOf row_gradient_of(float dot, float squares, RowGra
 }
 
 // SGD on one element w with gradient g (as torch.optim.SGD: weight decay added to the gradient,
-// then momentum `b`, when the row has a buffer, and Nesterov); returns the new w.
+// then momentum `b`, when the row has a buffer, and Nesterov); returns the new w. kNesterov as a
+// constant spares the fused update computing both forms and selecting one.
+template <bool kNesterov>
 __device__ inline float sgd_element(float w, float g, const RowGradientOf& dw, const SgdArgs& args,
                                     float* b) {
-  float d = dw(w, g) + args.weight_decay * w;
+  float d = fmaf(g, dw.gain, (args.weight_decay - dw.radial) * w);
   if (b != nullptr) {
-    *b = args.momentum * *b + d;
-    d = args.nesterov ? d + args.momentum * *b : *b;
+    *b = fmaf(args.momentum, *b, d);
+    d = kNesterov ? fmaf(args.momentum, *b, d) : *b;
   }
-  return w - args.lr * d;
+  return fmaf(-args.lr, d, w);
+}
+__device__ inline float sgd_element(float w, float g, const RowGradientOf& dw, const SgdArgs& args,
+                                    float* b) {
+  return args.nesterov ? sgd_element<true>(w, g, dw, args, b)
+                       : sgd_element<false>(w, g, dw, args, b);
 }
 
 }  // namespace myriad::cuda

@@ -1,7 +1,9 @@
 // SGD with the rows' gradient formed on chip (fused_weight_update.h), in a persistent kernel that
 // streams the weights as an update kernel would. A CTA owns 128 rows and 256 columns of a tile
 // of the gradient, g[rows, cols] = logit_grad[rows, :] x[:, cols], summed over the batch with
-// wgmma from a TMA ring (two consumer warpgroups, 64 rows each), and walks its tiles in turn:
+// wgmma from a TMA ring, and walks its tiles in turn. Four consumer warpgroups each own 64 rows
+// and 128 columns: the update's arithmetic, not the products, sets the pace, and it needs four
+// warps per scheduler to hide its latencies (two, with 256 columns each, issued 40% of the time).
 // - a producer warp keeps the ring of logit_grad and x blocks full, across tiles;
 // - the other three producer warps copy the next tile's weights into shared memory (cp.async,
 //   so that Partial FC's gathered rows come as cheaply as contiguous ones) while the products
@@ -9,8 +11,9 @@
 // - each consumer thread starts copying its first momentum into shared memory before the
 //   products, and each later part's before it computes the present one (copies hold no
 //   registers; loads held ahead spilled the accumulators);
-// - the consumers update from their accumulators: w.g and |w|^2 from the staged weights, then
-//   the new weights and momentum stored straight from registers, 16 bytes at a time.
+// - the consumers update from their accumulators: w.g and |w|^2 from the staged weights (the two
+//   warpgroups that share rows add their columns' sums through shared memory), then the new
+//   weights and momentum stored straight from registers, 16 bytes at a time.
 // One tile's update thus overlaps the copies of the next. Measured against cuBLAS's GEMM and
 // sgd_rows in docs/classifier.md.
 //
@@ -44,11 +47,19 @@ constexpr int kCols = 256;       // and columns: two wgmma N blocks
 constexpr int kBlockCols = 128;  // columns of one wgmma
 constexpr int kHalfRows = 64;    // rows per consumer warpgroup (wgmma's M)
 constexpr int kWarpgroup = 128;
-constexpr int kConsumers = 2 * kWarpgroup;
+constexpr int kConsumerGroups = 4;  // (rows / kHalfRows) x (columns / kBlockCols)
+constexpr int kConsumers = kConsumerGroups * kWarpgroup;
 constexpr int kThreads = kConsumers + kWarpgroup;
+// Registers per thread: the launch gives 65536 / kThreads, rounded down to 8 (96), which the
+// producers hand to the consumers.
+constexpr int kProducerRegisters = 32;
+constexpr int kConsumerRegisters = 112;
+static_assert(kProducerRegisters * kWarpgroup + kConsumerRegisters * kConsumers <=
+                  65536 / kThreads / 8 * 8 * kThreads,
+              "the warpgroups' registers exceed the launch's");
 constexpr int kStages = 2;
 constexpr int kChunks = kCols * 2 / 16;  // 16-byte chunks of a tile row of bf16 weights: 32
-constexpr int kMomentumSlots = 8;        // 16-byte slots per consumer thread
+constexpr int kMomentumSlots = 4;        // 16-byte slots per consumer thread
 constexpr int kOperandWarp = kConsumers / 32;
 constexpr int kWeightWarps = 3;  // the producer warpgroup's warps after the operand warp
 
@@ -63,11 +74,13 @@ struct Shared {
   // slot are contiguous. Each thread copies in the next part of its update's momentum while it
   // computes the present one; copies hold no registers, unlike loads.
   uint4 m[kMomentumSlots][kConsumers];
-  float2 sums[2][kRows];  // the other half's (w.g, |w|^2) per row, by the tile's parity
+  // Per row, by the tile's parity: each 128-column block's (w.g, |w|^2), and the other half's.
+  float2 block_sums[2][kCols / kBlockCols][kRows];
+  float2 sums[2][kRows];
   uint64_t full[kStages];
   uint64_t empty[kStages];
   uint64_t w_full, w_empty;
-  uint64_t sums_full[2][2];  // [tile parity][warpgroup]
+  uint64_t sums_full[2][kRows / kHalfRows];  // [tile parity][the warpgroups' rows]
 };
 constexpr uint32_t kStageBytes = (kRows + 2 * kBlockCols) * kSwizzleElements * 2;
 
@@ -137,83 +150,85 @@ __device__ void produce_weights(Shared& s, const __nv_bfloat16* weight, const Pr
   });
 }
 
-// A consumer warpgroup's 64 rows x 256 columns of a tile's gradient; `consumed` counts the K
+// A consumer warpgroup's place in the tile: rows [64 rows, + 64), columns [128 block, + 128).
+struct Place {
+  int rows, block, t;
+  __device__ explicit Place(int warpgroup, int thread)
+      : rows(warpgroup % 2), block(warpgroup / 2), t(thread) {}
+  __device__ int warpgroup() const { return block * 2 + rows; }
+  __device__ int thread() const { return warpgroup() * kWarpgroup + t; }
+};
+
+// A consumer warpgroup's 64 rows x 128 columns of a tile's gradient; `consumed` counts the K
 // blocks that earlier tiles took from the ring.
-__device__ void multiply(Shared& s, float (&acc)[2][64], int warpgroup, int t, int k_blocks,
+__device__ void multiply(Shared& s, float (&acc)[1][64], const Place& at, int k_blocks,
                          int& consumed) {
   int previous = -1;
   for (int kb = 0; kb < k_blocks; ++kb) {
     const int stage = (consumed + kb) % kStages;
     barrier_wait(&s.full[stage], ((consumed + kb) / kStages) & 1);
     const uint64_t a =
-        descriptor_k_major_sw128(&s.a[stage][warpgroup * kHalfRows * kSwizzleElements]);
+        descriptor_k_major_sw128(&s.a[stage][at.rows * kHalfRows * kSwizzleElements]);
+    const uint64_t b = descriptor_k_major_sw128(s.b[stage][at.block]);
     wgmma_k_block(
-        acc, [&](int) { return a; }, [&](int q) { return descriptor_k_major_sw128(s.b[stage][q]); },
-        kb > 0);
-    if (previous >= 0 && t == 0) barrier_arrive(&s.empty[previous]);
+        acc, [&](int) { return a; }, [&](int) { return b; }, kb > 0);
+    if (previous >= 0 && at.t == 0) barrier_arrive(&s.empty[previous]);
     previous = stage;
   }
   wgmma_wait<0>();
   fence_registers(acc);
-  if (t == 0) barrier_arrive(&s.empty[previous]);
+  if (at.t == 0) barrier_arrive(&s.empty[previous]);
   consumed += k_blocks;
 }
 
 // A consumer thread's part of a tile's update. xt's rows come in fused_sgd_rows_column's order,
-// so that register i of acc[h], which holds the tile's row row((i / 2) % 2) and accumulator
-// column h * 128 + fragment_col(t, i), holds the CTA's column h * 128 + 32 m + 8 (t % 4) +
-// 2 a + i % 2 with m = i / 16, a = (i / 4) % 4: each thread holds 8 neighbouring columns of its
-// rows, which it reads and writes as one access (moving pairs of columns took twice the time).
-template <typename State>
+// so that register i of acc, which holds the warpgroup's row row((i / 2) % 2) and accumulator
+// column fragment_col(t, i), holds the block's column 32 m + 8 (t % 4) + 2 a + i % 2 with
+// m = i / 16, a = (i / 4) % 4: each thread holds 8 neighbouring columns of its rows, which it
+// reads and writes as one access (moving pairs of columns took twice the time). Nesterov's
+// momentum is a constant of the kernel: the update's arithmetic sets its pace.
+template <typename State, bool kNesterov>
 struct Epilogue {
   Shared& s;
   const Problem& p;
   const Walk& walk;
   __nv_bfloat16* weight;
   State* momentum;
-  int warpgroup, t;
+  Place place;
   int row0;
 
   static constexpr int kPacks = 4;  // packs of 8 columns per row and 128-column block
 
-  __device__ int row(int j) const { return warpgroup * kHalfRows + fragment_row(t, 2 * j); }
-  // Pack m of block h: its first column among the CTA's, and its chunk of the staged row.
-  __device__ int col(int h, int m) const { return h * kBlockCols + 32 * m + 8 * (t % 4); }
-  __device__ bool valid(int h, int m) const { return walk.col0 + col(h, m) < p.dim; }
-  __device__ void staged(int r, int h, int m, float (&w)[8]) const {
-    const uint4 chunk = s.w[r][(col(h, m) / 8) ^ (r % 8)];
-    const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
-#pragma unroll
-    for (int a = 0; a < 4; ++a) {
-      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[a]));
-      w[2 * a] = v.x, w[2 * a + 1] = v.y;
-    }
+  __device__ int row(int j) const { return place.rows * kHalfRows + fragment_row(place.t, 2 * j); }
+  // Pack m: its first column among the CTA's, and its chunk of the staged row.
+  __device__ int col(int m) const { return place.block * kBlockCols + 32 * m + 8 * (place.t % 4); }
+  __device__ bool valid(int m) const { return walk.col0 + col(m) < p.dim; }
+  __device__ void staged(int r, int m, float (&w)[8]) const {
+    to_floats(*reinterpret_cast<const Pack<__nv_bfloat16, 8>*>(&s.w[r][(col(m) / 8) ^ (r % 8)]), w);
   }
-  // The gradient of pack m of block h of row j, in column order.
-  __device__ static void gradient(const float (&acc)[2][64], int h, int m, int j, float (&g)[8]) {
+  // The gradient of pack m of row j, in column order.
+  __device__ static void gradient(const float (&acc)[1][64], int m, int j, float (&g)[8]) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) g[e] = acc[h][16 * m + 4 * (e / 2) + 2 * j + e % 2];
+    for (int e = 0; e < 8; ++e) g[e] = acc[0][16 * m + 4 * (e / 2) + 2 * j + e % 2];
   }
 
-  // This thread's rows' (w.g, |w|^2) over the CTA's columns, summed over the four threads that
-  // share each row.
-  __device__ void half_sums(const float (&acc)[2][64], float2 (&sums)[2]) const {
+  // This thread's rows' (w.g, |w|^2) over the warpgroup's columns, summed over the four threads
+  // that share each row.
+  __device__ void block_sums(const float (&acc)[1][64], float2 (&sums)[2]) const {
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int m = 0; m < kPacks; ++m) {
+        if (!valid(m)) continue;
+        float w[8], g[8];
+        staged(row(j), m, w);
+        gradient(acc, m, j, g);
 #pragma unroll
-        for (int m = 0; m < kPacks; ++m) {
-          if (!valid(h, m)) continue;
-          float w[8], g[8];
-          staged(row(j), h, m, w);
-          gradient(acc, h, m, j, g);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            sums[j].x = fmaf(w[e], g[e], sums[j].x);
-            sums[j].y = fmaf(w[e], w[e], sums[j].y);
-          }
+        for (int e = 0; e < 8; ++e) {
+          sums[j].x = fmaf(w[e], g[e], sums[j].x);
+          sums[j].y = fmaf(w[e], w[e], sums[j].y);
         }
+      }
 #pragma unroll
     for (int j = 0; j < 2; ++j)
       for (int offset = 1; offset < 4; offset <<= 1) {
@@ -222,15 +237,32 @@ struct Epilogue {
       }
   }
 
-  // The sums over whole rows: with two halves, each CTA hands its own to the other and adds
-  // half 0's and half 1's in that order.
+  // The sums over the CTA's columns: the two warpgroups of these rows hand each other their
+  // blocks' through shared memory (a slot per tile parity: a warpgroup reaches the next tile's
+  // meeting only after both left this one) and add them.
+  __device__ void cta_sums(int n, float2 (&sums)[2]) const {
+    const int slot = n % 2;
+    if (place.t % 4 == 0)
+      for (int j = 0; j < 2; ++j) s.block_sums[slot][place.block][row(j)] = sums[j];
+    named_sync(1 + place.rows, 2 * kWarpgroup);
+    for (int j = 0; j < 2; ++j) {
+      const float2 theirs = s.block_sums[slot][1 - place.block][row(j)];
+      sums[j] = make_float2(sums[j].x + theirs.x, sums[j].y + theirs.y);
+    }
+  }
+
+  // The sums over whole rows: with two halves, the first block's warpgroup of each CTA hands the
+  // CTA's to the other CTA, and both warpgroups of these rows add half 0's and half 1's in that
+  // order.
   __device__ void whole_sums(int n, float2 (&sums)[2]) const {
     if (p.halves == 1) return;
     const int slot = n % 2, other = 1 - walk.half;
-    if (t % 4 == 0)
-      for (int j = 0; j < 2; ++j) store_remote(&s.sums[slot][row(j)], other, sums[j]);
-    arrive_remote(&s.sums_full[slot][warpgroup], other);
-    barrier_wait_cluster(&s.sums_full[slot][warpgroup], (n / 2) & 1);
+    if (place.block == 0) {
+      if (place.t % 4 == 0)
+        for (int j = 0; j < 2; ++j) store_remote(&s.sums[slot][row(j)], other, sums[j]);
+      arrive_remote(&s.sums_full[slot][place.rows], other);
+    }
+    barrier_wait_cluster(&s.sums_full[slot][place.rows], (n / 2) & 1);
     for (int j = 0; j < 2; ++j) {
       const float2 theirs = s.sums[slot][row(j)];
       const float2 first = walk.half == 0 ? sums[j] : theirs;
@@ -239,37 +271,37 @@ struct Epilogue {
     }
   }
 
-  // A part of the update is block h = part / 2 of row j = part % 2: 4 packs of momentum, in 4
-  // slots (bf16) or 8 (float32). bf16 momentum takes two buffers of slots, float32 one.
+  // A part of the update is packs 2 (part % 2) and + 1 of row j = part / 2: 2 slots of momentum
+  // (bf16) or 4 (float32). bf16 momentum takes two buffers of slots, float32 one.
+  static constexpr int kPartPacks = 2;
   static constexpr int kPackSlots = sizeof(State) / 2;
-  static constexpr int kPartSlots = kPacks * kPackSlots;
+  static constexpr int kPartSlots = kPartPacks * kPackSlots;
   static constexpr int kBuffers = kMomentumSlots / kPartSlots;
-  static constexpr int kParts = 4;
+  static constexpr int kParts = 2 * kPacks / kPartPacks;
+  static_assert(kBuffers >= 1, "a part's momentum exceeds the slots");
 
   // Starts copying `part`'s momentum into its buffer, as one group of copies.
   __device__ void fetch_momentum(int part, const int64_t (&at)[2]) const {
-    const int h = part / 2, j = part % 2, first = (part % kBuffers) * kPartSlots;
+    const int j = part / 2, first = (part % kBuffers) * kPartSlots;
     if (momentum != nullptr && at[j] >= 0) {
 #pragma unroll
-      for (int m = 0; m < kPacks; ++m) {
-        if (!valid(h, m)) continue;
-        const auto* from = reinterpret_cast<const uint4*>(momentum + at[j] + col(h, m));
+      for (int k = 0; k < kPartPacks; ++k) {
+        const int m = (part % 2) * kPartPacks + k;
+        if (!valid(m)) continue;
+        const auto* from = reinterpret_cast<const uint4*>(momentum + at[j] + col(m));
 #pragma unroll
         for (int q = 0; q < kPackSlots; ++q)
-          cp_async_16(&s.m[first + m * kPackSlots + q][thread()], from + q);
+          cp_async_16(&s.m[first + k * kPackSlots + q][place.thread()], from + q);
       }
     }
     cp_async_commit();
   }
-  __device__ int thread() const {
-    return warpgroup * kWarpgroup + t;
-  }
-  __device__ Pack<State, 8> fetched(int part, int m) const {
+  __device__ Pack<State, 8> fetched(int part, int k) const {
     Pack<State, 8> pack;
     auto* words = reinterpret_cast<uint4*>(&pack);
-    const int first = (part % kBuffers) * kPartSlots + m * kPackSlots;
+    const int first = (part % kBuffers) * kPartSlots + k * kPackSlots;
 #pragma unroll
-    for (int q = 0; q < kPackSlots; ++q) words[q] = s.m[first + q][thread()];
+    for (int q = 0; q < kPackSlots; ++q) words[q] = s.m[first + q][place.thread()];
     return pack;
   }
   // Waits for `part`'s copies: the copies of the parts after it that are already under way may
@@ -281,27 +313,25 @@ struct Epilogue {
       cp_async_wait<0>();
   }
 
-  __device__ void update_part(int part, const float (&acc)[2][64], const RowGradientOf& dw,
+  __device__ void update_part(int part, const float (&acc)[1][64], const RowGradientOf& dw,
                               const int64_t (&at)[2]) const {
-    const int h = part / 2, j = part % 2;
+    const int j = part / 2;
     if (at[j] < 0) return;
     const bool with_momentum = momentum != nullptr;
     // Stochastic rounding draws the bits of each element's index in the whole classifier.
     const int64_t first_element = p.store.first_row * p.dim;
 #pragma unroll
-    for (int m = 0; m < kPacks; ++m) {
-      if (!valid(h, m)) continue;
+    for (int k = 0; k < kPartPacks; ++k) {
+      const int m = (part % 2) * kPartPacks + k;
+      if (!valid(m)) continue;
       float w[8], g[8], state[8];
-      staged(row(j), h, m, w);
-      gradient(acc, h, m, j, g);
-      Pack<State, 8> b{};
-      if (with_momentum) b = fetched(part, m);
+      staged(row(j), m, w);
+      gradient(acc, m, j, g);
+      if (with_momentum) to_floats(fetched(part, k), state);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        state[e] = to_float(b.e[e]);
-        w[e] = sgd_element(w[e], g[e], dw, p.args, with_momentum ? &state[e] : nullptr);
-      }
-      const int64_t at_pack = at[j] + col(h, m);
+      for (int e = 0; e < 8; ++e)
+        w[e] = sgd_element<kNesterov>(w[e], g[e], dw, p.args, with_momentum ? &state[e] : nullptr);
+      const int64_t at_pack = at[j] + col(m);
       if (with_momentum) store_floats(momentum + at_pack, state);
       p.store(weight + at_pack, w, first_element + at_pack);
     }
@@ -319,10 +349,11 @@ struct Epilogue {
     for (int part = 0; part < kBuffers; ++part) fetch_momentum(part, at);
   }
 
-  __device__ void update(int n, const float (&acc)[2][64], const int64_t (&at)[2]) const {
+  __device__ void update(int n, const float (&acc)[1][64], const int64_t (&at)[2]) const {
     float2 sums[2] = {make_float2(0.0f, 0.0f), make_float2(0.0f, 0.0f)};
     if (p.grad_of != RowGradient::kRow) {
-      half_sums(acc, sums);
+      block_sums(acc, sums);
+      cta_sums(n, sums);
       whole_sums(n, sums);
     }
     RowGradientOf dw[2];
@@ -331,14 +362,14 @@ struct Epilogue {
 #pragma unroll
     for (int part = 0; part < kParts; ++part) {
       wait_momentum(part);
-      update_part(part, acc, dw[part % 2], at);
+      update_part(part, acc, dw[part / 2], at);
       // The part's stores used what it read of its buffer, so the copies may overwrite it.
       if (part + kBuffers < kParts) fetch_momentum(part + kBuffers, at);
     }
   }
 };
 
-template <typename State>
+template <typename State, bool kNesterov>
 __global__ void __launch_bounds__(kThreads, 1)
     fused_sgd_rows_kernel(const __grid_constant__ CUtensorMap g_map,
                           const __grid_constant__ CUtensorMap x_map, __nv_bfloat16* weight,
@@ -348,12 +379,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       barrier_init(&s.full[i], 1);
-      barrier_init(&s.empty[i], 2);  // each consumer warpgroup
+      barrier_init(&s.empty[i], kConsumerGroups);
     }
     barrier_init(&s.w_full, 32 * kWeightWarps);  // each lane of the weight producers
     barrier_init(&s.w_empty, kConsumers);
+    // Each thread of the other CTA's warpgroup of the same rows and first block.
     for (int slot = 0; slot < 2; ++slot)
-      for (int q = 0; q < 2; ++q) barrier_init(&s.sums_full[slot][q], kWarpgroup);
+      for (int q = 0; q < kRows / kHalfRows; ++q) barrier_init(&s.sums_full[slot][q], kWarpgroup);
     barrier_init_fence();
   }
   // The other CTA of the cluster arrives on these barriers: both must have initialised them.
@@ -363,23 +395,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   const int warp = static_cast<int>(threadIdx.x) / 32;
   if (threadIdx.x >= kConsumers) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (warp == kOperandWarp && threadIdx.x % 32 == 0) produce_operands(s, &g_map, &x_map, p, walk);
     if (warp > kOperandWarp && warp <= kOperandWarp + kWeightWarps)
       produce_weights(s, weight, p, walk, warp - kOperandWarp - 1,
                       static_cast<int>(threadIdx.x) % 32);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroup;
-    const int t = static_cast<int>(threadIdx.x) % kWarpgroup;
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+    const Place place(static_cast<int>(threadIdx.x) / kWarpgroup,
+                      static_cast<int>(threadIdx.x) % kWarpgroup);
     int consumed = 0;
     walk.tiles(p, [&](int n, int row0) {
-      const Epilogue<State> e{s, p, walk, weight, momentum, warpgroup, t, row0};
+      const Epilogue<State, kNesterov> e{s, p, walk, weight, momentum, place, row0};
       int64_t at[2];
       e.rows_at(at);
       e.prefetch(at);
-      float acc[2][64];
-      multiply(s, acc, warpgroup, t, p.k_blocks(), consumed);
+      float acc[1][64];
+      multiply(s, acc, place, p.k_blocks(), consumed);
       barrier_wait(&s.w_full, n & 1);
       e.update(n, acc, at);
       barrier_arrive(&s.w_empty);
@@ -389,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (p.halves > 1) cluster_sync();
 }
 
-template <typename State>
+template <typename State, bool kNesterov>
 struct Launch {
   // The kernel's shared memory and the clusters that fit the device at once, asked once per
   // device: the grid is that many, each walking its share of the tiles.
@@ -403,14 +435,14 @@ struct Launch {
     std::atomic<int>& known = found[2 * device + halves - 1];
     int count = known.load(std::memory_order_relaxed);
     if (count == 0) {
-      rc = cudaFuncSetAttribute(fused_sgd_rows_kernel<State>,
+      rc = cudaFuncSetAttribute(fused_sgd_rows_kernel<State, kNesterov>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes());
       if (rc != cudaSuccess) return rc;
       cudaLaunchConfig_t config = configuration(1, halves, nullptr);
       cudaLaunchAttribute cluster = cluster_attribute(halves);
       config.attrs = &cluster;
       config.numAttrs = 1;
-      rc = cudaOccupancyMaxActiveClusters(&count, fused_sgd_rows_kernel<State>, &config);
+      rc = cudaOccupancyMaxActiveClusters(&count, fused_sgd_rows_kernel<State, kNesterov>, &config);
       if (rc != cudaSuccess) return rc;
       if (count == 0) return cudaErrorInvalidConfiguration;
       known.store(count, std::memory_order_relaxed);
@@ -444,8 +476,8 @@ struct Launch {
     cudaLaunchAttribute cluster = cluster_attribute(p.halves);
     config.attrs = &cluster;
     config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, fused_sgd_rows_kernel<State>, g_map, x_map, weight,
-                              static_cast<State*>(momentum), p);
+    return cudaLaunchKernelEx(&config, fused_sgd_rows_kernel<State, kNesterov>, g_map, x_map,
+                              weight, static_cast<State*>(momentum), p);
   }
 };
 
@@ -485,9 +517,13 @@ cudaError_t fused_sgd_rows(WeightShard weight, void* momentum, ElementType momen
                   args,
                   WeightStore{weight.first_row, weight.rounding_seed}};
   auto* w = static_cast<__nv_bfloat16*>(weight.data);
-  rc = momentum_type == ElementType::kBFloat16
-           ? Launch<__nv_bfloat16>::run(g_map, x_map, w, momentum, p, stream)
-           : Launch<float>::run(g_map, x_map, w, momentum, p, stream);
+  const auto run = [&](auto launch) {
+    return decltype(launch)::run(g_map, x_map, w, momentum, p, stream);
+  };
+  if (momentum_type == ElementType::kBFloat16)
+    rc = args.nesterov ? run(Launch<__nv_bfloat16, true>{}) : run(Launch<__nv_bfloat16, false>{});
+  else
+    rc = args.nesterov ? run(Launch<float, true>{}) : run(Launch<float, false>{});
   if (rc != cudaSuccess) return rc;
   return cudaGetLastError();
 }

@@ -177,15 +177,16 @@ __device__ inline void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, ui
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)));
 }
 
-// One K block of 64 on the tensor cores, asynchronously: acc[q] (+)= A_q . B_q for q = 0, 1, with
-// A_q and B_q the 128-byte-swizzled K-major tiles whose descriptors a(q) and b(q) give (M 64, N
-// 128); `accumulate` false overwrites acc. Returns once the previous K block's products are done,
-// so that its stage may be released, and this one's at most still run.
-template <class A, class B>
-__device__ __forceinline__ void wgmma_k_block(float (&acc)[2][64], A a, B b, bool accumulate) {
+// One K block of 64 on the tensor cores, asynchronously: acc[q] (+)= A_q . B_q for each of the
+// kBlocks blocks, with A_q and B_q the 128-byte-swizzled K-major tiles whose descriptors a(q) and
+// b(q) give (M 64, N 128); `accumulate` false overwrites acc. Returns once the previous K block's
+// products are done, so that its stage may be released, and this one's at most still run.
+template <int kBlocks, class A, class B>
+__device__ __forceinline__ void wgmma_k_block(float (&acc)[kBlocks][64], A a, B b,
+                                              bool accumulate) {
   wgmma_fence();
 #pragma unroll
-  for (int q = 0; q < 2; ++q) {
+  for (int q = 0; q < kBlocks; ++q) {
     const uint64_t desc_a = a(q), desc_b = b(q);
 #pragma unroll
     for (int k = 0; k < kSwizzleElements / 16; ++k)
@@ -254,18 +255,22 @@ __device__ inline void cluster_sync() {
 
 // The dynamic shared memory as an S, started on a 1024-byte boundary (launches ask for
 // sizeof(S) + kSwizzleAtomBytes).
+// The offset is added to the array itself, not to an integer made of its address, so that the
+// compiler still knows the result for shared memory and reads it with shared loads rather than
+// generic ones.
 template <class S>
 __device__ inline S& shared_storage() {
   extern __shared__ uint8_t raw[];
-  const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
-  return *reinterpret_cast<S*>((base + kSwizzleAtomBytes - 1) & ~uintptr_t{kSwizzleAtomBytes - 1});
+  const uint32_t misalignment = shared_address(raw) % kSwizzleAtomBytes;
+  return *reinterpret_cast<S*>(raw + (kSwizzleAtomBytes - misalignment) % kSwizzleAtomBytes);
 }
 
 // Pins the compiler's reads and writes of `acc` at this point: registers that a wgmma writes
 // asynchronously are touched only after the wait that precedes this.
-__device__ inline void fence_registers(float (&acc)[2][64]) {
+template <int kBlocks>
+__device__ inline void fence_registers(float (&acc)[kBlocks][64]) {
 #pragma unroll
-  for (int q = 0; q < 2; ++q)
+  for (int q = 0; q < kBlocks; ++q)
 #pragma unroll
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[q][i])::"memory");
 }
