@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include "myriad/classifier/mixed_gemm.h"
 #include "myriad/classifier/partial_fc.h"
@@ -13,6 +14,7 @@
 #include "myriad/util/autocast.h"
 #include "myriad/util/error.h"
 #include "myriad/util/hash_random.h"
+#include "myriad/util/host_copy.h"
 #include "myriad/util/phase_timer.h"
 #include "softmax_chunk.h"
 
@@ -243,6 +245,11 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
   step->feature_dtype = features.scalar_type();
   phase("gather");
   const Gathered in = gather_inputs(*step, features, labels);
+  std::optional<HostCopy> summary;
+  if (!parts_) {
+    summary.emplace(torch::stack({in.y.min().to(torch::kFloat64), in.y.max().to(torch::kFloat64),
+                                  in.x.isfinite().all().to(torch::kFloat64)}));
+  }
   normalize_features(*step, in.x);
   choose_rows(*step, in.y);
   RowStatistics local = forward_chunks(*step);
@@ -255,7 +262,7 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
     pending_ = std::move(step);
     return loss;
   }
-  check_inputs(*step, in);
+  check_inputs(*step, in, *summary);
   pending_ = std::move(step);
   return pending_->skip ? torch::full_like(loss, std::numeric_limits<float>::quiet_NaN()) : loss;
 }
@@ -373,16 +380,16 @@ torch::Tensor ShardedMarginSoftmax::reduce_statistics(Step& step, RowStatistics&
          static_cast<double>(step.divisor);
 }
 
-void ShardedMarginSoftmax::check_inputs(Step& step, const Gathered& in) const {
-  // One host synchronisation validates labels and features, once all of forward is queued so
-  // that the device never waits for the host. Until then bad values are harmless: labels outside
-  // [0, C) belong to no shard, and non-finite features only make non-finite logits.
-  const torch::Tensor summary =
-      torch::stack({in.y.min().to(torch::kFloat64), in.y.max().to(torch::kFloat64),
-                    in.x.isfinite().all().to(torch::kFloat64)})
-          .cpu();
-  check_labels(in.y, summary, step.counts);
-  if (summary[2].item<double>() != 0.0) return;
+void ShardedMarginSoftmax::check_inputs(Step& step, const Gathered& in, HostCopy& summary) const {
+  // One host synchronisation validates labels and features, once all of forward is queued. It
+  // waits for the summary alone, queued right after the gather, so the device works through
+  // forward while the host checks and queues backward. (Waiting for all of forward left the
+  // device idle until backward's first kernel: 0.36 ms of a 2.19 ms step at 500K classes and
+  // 256 samples on one H200.) Until here bad values are harmless: labels outside [0, C) belong
+  // to no shard, and non-finite features only make non-finite logits.
+  const torch::Tensor& values = summary.get();
+  check_labels(in.y, values, step.counts);
+  if (values[2].item<double>() != 0.0) return;
   if (options_.non_finite == NonFinitePolicy::kError) {
     const int64_t bad = first_true(in.x.isfinite().all(1).logical_not_());
     MYRIAD_THROW_COLLECTIVE("the features of {} contain NaN or infinity",

@@ -15,6 +15,7 @@
 namespace myriad {
 
 class Communicator;
+class HostCopy;
 class PhaseTimer;
 
 // What backward does with the classifier's gradient.
@@ -208,8 +209,9 @@ class ShardedMarginSoftmax {
   // The statistics over all shards (consuming `local`), kept in the step; returns the loss.
   torch::Tensor reduce_statistics(Step& step, RowStatistics& local);
   // Labels outside [0, C) and non-finite features: a collective error, or (fp16's policy) a
-  // skipped step.
-  void check_inputs(Step& step, const Gathered& in) const;
+  // skipped step. `summary` is (min label, max label, all features finite), queued at once after
+  // the gather so that the host checks it while the device works through forward.
+  void check_inputs(Step& step, const Gathered& in, HostCopy& summary) const;
   // Each sample's row in this shard (global labels `y`), or -1 where another shard holds it.
   torch::Tensor local_targets(const torch::Tensor& y) const;
   // Partial FC's rows of step `step` for these targets; undefined when every row takes part.
