@@ -9,7 +9,7 @@ RowSource row_source(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype, b
 }
 
 bool fused_kernels_take(c10::ScalarType gemm_dtype, int64_t dim) {
-  return gemm_dtype == c10::ScalarType::BFloat16 && dim > 0 && dim % 8 == 0 && dim <= kFusedMaxDim;
+  return gemm_dtype == c10::ScalarType::BFloat16 && fused_dim_fits(dim);
 }
 
 bool fused_update_chosen(FusedUpdate choice, int64_t batch) {

@@ -69,7 +69,7 @@ ShardOptimizer::ShardOptimizer(const OptimizerOptions& options, int64_t rows, in
     exp_avg_sq_ = torch::zeros({rows, dim}, state);
   }
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
-  if (device.is_cuda() && dim <= cuda::kFusedMaxDim) {
+  if (device.is_cuda() && dim <= kFusedMaxDim) {
     std::vector<int64_t> order(cuda::fused_sgd_rows_xt_rows(static_cast<int>(dim)));
     for (size_t p = 0; p < order.size(); ++p)
       order[p] = cuda::fused_sgd_rows_column(static_cast<int>(p));

@@ -246,10 +246,7 @@ torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
   phase("gather");
   const Gathered in = gather_inputs(*step, features, labels);
   std::optional<HostCopy> summary;
-  if (!parts_) {
-    summary.emplace(torch::stack({in.y.min().to(torch::kFloat64), in.y.max().to(torch::kFloat64),
-                                  in.x.isfinite().all().to(torch::kFloat64)}));
-  }
+  if (!parts_) summary.emplace(summarize_inputs(in));
   normalize_features(*step, in.x);
   choose_rows(*step, in.y);
   RowStatistics local = forward_chunks(*step);
@@ -378,6 +375,11 @@ torch::Tensor ShardedMarginSoftmax::reduce_statistics(Step& step, RowStatistics&
   // The samples' share of the mean loss over the whole step's batch.
   return (sum_exp.log() + global_max - packed.select(1, 1)).sum() /
          static_cast<double>(step.divisor);
+}
+
+HostCopy ShardedMarginSoftmax::summarize_inputs(const Gathered& in) {
+  return HostCopy(torch::stack({in.y.min().to(torch::kFloat64), in.y.max().to(torch::kFloat64),
+                                in.x.isfinite().all().to(torch::kFloat64)}));
 }
 
 void ShardedMarginSoftmax::check_inputs(Step& step, const Gathered& in, HostCopy& summary) const {

@@ -21,11 +21,6 @@
 
 namespace myriad {
 
-#ifdef MYRIAD_WITH_HOPPER_KERNELS
-static_assert(cuda::kFusedTileClasses == kFusedTileRows && cuda::kFusedMaxDim == kFusedMaxDim,
-              "the chunk plan must know the fused kernels' tiles and widest embedding");
-#endif
-
 namespace {
 
 // Samples whose target lies in the chunk (`cols`), their target's row in the chunk (`rows`), and

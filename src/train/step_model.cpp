@@ -48,11 +48,11 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
                                 fused_kernels_take(compute_dtype(precision), config.embedding_size)
                             ? Logits::kInRegisters
                             : Logits::kInMemory;
-  // Where the fused kernels run: SGD on bf16 rows, global batches of multiples of 8.
+  // Where the fused kernels run: SGD on bf16 rows, at the global batches the kernel takes.
   const int64_t batch = ranks * config.batch_size;
   s.classifier_update_fused =
       s.classifier_logits == Logits::kInRegisters && config.optimizer == OptimizerKind::kSgd &&
-      config.classifier_weight_dtype == torch::kBFloat16 && batch % 8 == 0 &&
+      config.classifier_weight_dtype == torch::kBFloat16 && fused_update_batch_fits(batch) &&
       fused_update_chosen(fused_update_choice(config.fused_update), batch);
   s.backbone_params = backbone_params;
   s.backbone_states = states;

@@ -311,6 +311,10 @@ int main(int argc, char** argv) {
     failed += check(64, 200000, 64, cos, true);   // a dozen tiles per part
     // 30 and more tiles per CTA at the largest D: the weight ring wraps many times.
     failed += check(256, 280000, 512, arc, true);
+    // Many row blocks (8 and 16 CTAs share each lane's tiles), odd tiles per lane, a partial last
+    // row block.
+    failed += check(1024, 30000, 256, cos, false);
+    failed += check(2000, 9000, 512, arc, true);
     // A micro-batch of no samples: one part, nothing launched.
     if (myriad::cuda::fused_logit_parts(0, 0, 1000) != 1 ||
         myriad::cuda::fused_logit_stats(nullptr, 0, nullptr, nullptr, 1000, 512, nullptr, 0, arc,

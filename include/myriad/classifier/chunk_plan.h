@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "myriad/classifier/fused_shapes.h"
+
 namespace myriad {
 
 // How the class rows are processed within a memory budget (design §1). With `cache`, forward
@@ -42,11 +44,6 @@ int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes)
 // last chunk's last tile is partial.
 ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,
                       RowSource source, int64_t budget_bytes, Logits logits = Logits::kInMemory);
-
-// The fused kernels' tile of classes.
-constexpr int64_t kFusedTileRows = 128;
-// Their widest embedding: a CTA keeps its 128 rows of x̂ in shared memory.
-constexpr int64_t kFusedMaxDim = 512;
 
 // Whether the fused kernels take this shape on an H100 or H200: bfloat16 GEMMs and D a multiple of
 // 8 up to kFusedMaxDim. Whether a device runs them is fused_chunks_apply's question.

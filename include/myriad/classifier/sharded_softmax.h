@@ -208,9 +208,12 @@ class ShardedMarginSoftmax {
   RowStatistics forward_chunks(Step& step);
   // The statistics over all shards (consuming `local`), kept in the step; returns the loss.
   torch::Tensor reduce_statistics(Step& step, RowStatistics& local);
+  // The step's (min label, max label, all features finite), queued at once after the gather and
+  // copied to the host behind it, so that the host checks it while the device works through
+  // forward.
+  static HostCopy summarize_inputs(const Gathered& in);
   // Labels outside [0, C) and non-finite features: a collective error, or (fp16's policy) a
-  // skipped step. `summary` is (min label, max label, all features finite), queued at once after
-  // the gather so that the host checks it while the device works through forward.
+  // skipped step, from summarize_inputs' summary.
   void check_inputs(Step& step, const Gathered& in, HostCopy& summary) const;
   // Each sample's row in this shard (global labels `y`), or -1 where another shard holds it.
   torch::Tensor local_targets(const torch::Tensor& y) const;

@@ -30,7 +30,7 @@ namespace {
 using namespace hopper;
 
 constexpr int kRows = 128;  // samples per CTA
-constexpr int kTile = kFusedTileClasses;
+constexpr int kTile = kFusedTileRows;
 constexpr int kWarpgroup = 128;
 constexpr int kConsumers = 2 * kWarpgroup;
 constexpr int kThreads = kConsumers + kWarpgroup;  // and one producer warpgroup
@@ -546,7 +546,7 @@ template <bool kGrad>
 cudaError_t launch(const void* x, int64_t batch, const void* w, int64_t classes, int dim,
                    MarginParams params, const Io& io, cudaStream_t stream) {
   if (batch == 0 || classes == 0) return cudaSuccess;
-  if (dim % 8 != 0 || dim > kFusedMaxDim) return cudaErrorInvalidValue;
+  if (!fused_dim_fits(dim)) return cudaErrorInvalidValue;
   if (classes > (int64_t{1} << 31) - kTile || batch > (int64_t{1} << 31) - kRows)
     return cudaErrorInvalidValue;  // TMA coordinates are 32-bit
   int device = 0;

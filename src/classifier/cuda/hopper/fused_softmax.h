@@ -9,14 +9,10 @@
 
 #include <cstdint>
 
+#include "myriad/classifier/fused_shapes.h"
 #include "myriad/classifier/margin.h"
 
 namespace myriad::cuda {
-
-// Embeddings up to this width keep a CTA's 128 rows of x̂ in shared memory.
-constexpr int kFusedMaxDim = 512;
-// Classes per tile: the chunk plan cuts chunks in whole tiles (kFusedTileRows).
-constexpr int kFusedTileClasses = 128;
 
 // Whether `device` runs the fused kernels: compute capability 9.0 (H100, H200). The shapes they
 // take are fused_kernels_take's rule (chunk_plan.h).

@@ -484,8 +484,8 @@ struct Launch {
 }  // namespace
 
 bool fused_sgd_rows_take(int64_t batch, int dim, ElementType weight_type) {
-  return batch > 0 && batch % 8 == 0 && batch < (int64_t{1} << 31) && dim > 0 && dim % 8 == 0 &&
-         dim <= kFusedMaxDim && weight_type == ElementType::kBFloat16;
+  return fused_update_batch_fits(batch) && fused_dim_fits(dim) &&
+         weight_type == ElementType::kBFloat16;
 }
 
 cudaError_t fused_sgd_rows(WeightShard weight, void* momentum, ElementType momentum_type,

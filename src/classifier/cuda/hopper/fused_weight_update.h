@@ -10,6 +10,7 @@
 
 #include "../kernels.h"
 #include "fused_softmax.h"
+#include "myriad/classifier/fused_shapes.h"
 
 namespace myriad::cuda {
 
