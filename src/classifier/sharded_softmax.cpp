@@ -80,6 +80,7 @@ struct ShardedMarginSoftmax::Step {
   torch::Tensor row_inv_sum;  // [B] 1 / global sum of exp(z - max)
   std::vector<torch::Tensor> cached_dot;
   std::vector<torch::Tensor> cached_rows;
+  KeptExponentials kept;      // where the plan keeps the exponentials
   torch::Tensor finite_rows;  // [B] bool, a part's: whether each sample's features are finite
 };
 
@@ -324,6 +325,14 @@ void ShardedMarginSoftmax::choose_rows(Step& step, const torch::Tensor& y) {
   // The fused kernels recompute the logits in backward: a cached plan keeps only the rows.
   step.plan = plan_chunks(step.active_rows, step.batch, options_.embedding_size, gemm_bytes, source,
                           options_.workspace_bytes, logits());
+  // Or they keep every logit's exponential where that fits, and backward needs no products of its
+  // own (a normalising margin bounds the logits by s; the parts of a step recompute them).
+  if (fused_ && !parts_ && options_.margin.params().normalized) {
+    if (const std::optional<ChunkPlan> kept =
+            plan_kept_exponentials(step.active_rows, step.batch, options_.embedding_size,
+                                   gemm_bytes, source, options_.workspace_bytes))
+      step.plan = *kept;
+  }
   last_plan_ = step.plan;
 }
 
@@ -342,8 +351,13 @@ ShardedMarginSoftmax::RowStatistics ShardedMarginSoftmax::forward_chunks(Step& s
     const torch::Tensor scale = step.row_scales.empty() ? torch::Tensor() : step.row_scales.back();
     if (fused_) {
       phase("fused_logit_stats");
+      if (step.plan.kept_exponentials) {
+        step.kept = {torch::empty({end - begin, step.batch}, step.xg.options()),
+                     torch::empty({step.batch}, f32)};
+      }
       accumulate_fused_chunk_stats(step.xg, rows, scale, step.target_col, begin, params, local.max,
-                                   local.sum, local.target_logit);
+                                   local.sum, local.target_logit,
+                                   step.plan.kept_exponentials ? &step.kept : nullptr);
       if (step.plan.cache) step.cached_rows.push_back(std::move(rows));
       continue;
     }
@@ -400,6 +414,7 @@ void ShardedMarginSoftmax::check_inputs(Step& step, const Gathered& in, HostCopy
   step.skip = true;
   step.cached_dot.clear();
   step.cached_rows.clear();
+  step.kept = {};
 }
 
 ShardedMarginSoftmax::GradientScale ShardedMarginSoftmax::gradient_scale(const torch::Tensor& grad,
@@ -441,6 +456,21 @@ torch::Tensor ShardedMarginSoftmax::chunk_logits(Step& step, int64_t c, int64_t 
   return rows;
 }
 
+torch::Tensor ShardedMarginSoftmax::kept_factor(Step& step, const GradientScale& g) {
+  if (!step.plan.kept_exponentials) return {};
+  const MarginParams params = options_.margin.params();
+  // One host synchronisation: a row whose max lies deeper below s may have lost elements that
+  // matter to underflow, and the step recomputes its logits from the rows forward kept.
+  if ((step.row_max < params.scale - kKeptMaxDepth).any().item<bool>()) {
+    step.kept = {};
+    return {};
+  }
+  phase("kept_logit_grad");
+  const torch::Tensor scale = step.row_scales.empty() ? torch::Tensor() : step.row_scales[0];
+  return finish_kept_exponentials(step.kept, scale, step.target_col, 0, step.row_max,
+                                  step.row_inv_sum, g.coef, params);
+}
+
 void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn,
                                            bool update) {
   const MarginParams params = options_.margin.params();
@@ -448,9 +478,15 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
       fused_update_ && update && fused_update_chosen(options_.fused_update, step.batch) &&
       ShardOptimizer::updates_from_logit_grad(options_.optimizer.kind, step.batch,
                                               options_.embedding_size, options_.weight_dtype);
+  // From kept exponentials the logits' gradient is kept[j, b] factor[b]: the rows' gradient takes
+  // the features times the factor (rounded to the GEMM dtype once, from float32), and dX̂ takes
+  // it after its product (one chunk: dX̂ is that product alone).
+  const torch::Tensor factor = kept_factor(step, g);
+  const torch::Tensor row_features =
+      factor.defined() ? (step.xn * factor.unsqueeze(1)).to(options_.gemm_dtype) : step.xg;
   // The fused update reads the features transposed, [D, B]; one copy serves every chunk.
   const torch::Tensor xt =
-      fused_update ? optimizer_->logit_grad_update_features(step.xg) : torch::Tensor();
+      fused_update ? optimizer_->logit_grad_update_features(row_features) : torch::Tensor();
   for (int64_t c = 0; c < step.plan.chunks; ++c) {
     const int64_t begin = c * step.plan.chunk_rows;
     const int64_t end = std::min(begin + step.plan.chunk_rows, step.active_rows);
@@ -458,7 +494,9 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
     torch::Tensor rows = chunk_logits(step, c, begin, end, dot);
     const torch::Tensor scale = step.row_scales.empty() ? torch::Tensor() : step.row_scales[c];
     torch::Tensor logit_grad;
-    if (fused_) {
+    if (factor.defined()) {
+      logit_grad = std::move(step.kept.matrix);
+    } else if (fused_) {
       phase("fused_logit_grad");
       logit_grad = fused_chunk_logit_grad(step.xg, rows, scale, step.target_col, begin,
                                           step.row_max, step.row_inv_sum, g.coef, params);
@@ -471,6 +509,7 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
     if (dxn != nullptr) {
       phase("gemm_feature_grad");
       gemm_f32_long_k(*dxn, logit_grad, rows, true);
+      if (factor.defined()) dxn->mul_(factor.unsqueeze(1));
     }
     rows = torch::Tensor();
     if (!update) continue;
@@ -486,7 +525,7 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
     phase("gemm_weight_grad");
     torch::Tensor row_grad = torch::empty({end - begin, options_.embedding_size},
                                           step.xg.options().dtype(torch::kFloat32));
-    gemm_f32(row_grad, logit_grad, false, step.xg, false, false);
+    gemm_f32(row_grad, logit_grad, false, row_features, false, false);
     phase("update");
     if (options_.update == WeightUpdate::kFused) {
       optimizer_->update_rows(weight_, step.active, begin, end, row_grad, grad_of, g.multiplier);

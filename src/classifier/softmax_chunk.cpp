@@ -211,7 +211,8 @@ c10::cuda::CUDAGuard prepare_fused_launch(const torch::Tensor& x, const torch::T
 void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& rows,
                                   const torch::Tensor& row_scale, const torch::Tensor& target_col,
                                   int64_t begin, const MarginParams& params, torch::Tensor& row_max,
-                                  torch::Tensor& row_sum, torch::Tensor& target_logit) {
+                                  torch::Tensor& row_sum, torch::Tensor& target_logit,
+                                  KeptExponentials* kept) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
   const auto on_device = prepare_fused_launch(x, rows);
   if (x.size(0) == 0 || rows.size(0) == 0) return;  // nothing to fold in
@@ -219,15 +220,44 @@ void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& r
   const int parts = cuda::fused_logit_parts(x.device().index(), x.size(0), rows.size(0));
   torch::Tensor part_max = torch::empty({parts, x.size(0)}, f32);
   torch::Tensor part_sum = torch::empty({parts, x.size(0)}, f32);
+  if (kept != nullptr) {
+    MYRIAD_CHECK(kept->matrix.scalar_type() == torch::kBFloat16 && kept->matrix.is_contiguous() &&
+                     kept->matrix.sizes() == torch::IntArrayRef({rows.size(0), x.size(0)}) &&
+                     kept->target_cos.numel() == x.size(0),
+                 "the kept exponentials take a contiguous bfloat16 [classes, batch] matrix");
+  }
   MYRIAD_CHECK_CUDA(cuda::fused_logit_stats(
       x.data_ptr(), x.size(0), rows.data_ptr(), scale_pointer(row_scale), rows.size(0),
       static_cast<int>(x.size(1)), target_col.data_ptr<int64_t>(), begin, params,
       part_max.data_ptr<float>(), part_sum.data_ptr<float>(), target_logit.data_ptr<float>(),
-      stream_of(x)));
+      kept != nullptr ? kept->target_cos.data_ptr<float>() : nullptr,
+      kept != nullptr ? kept->matrix.data_ptr() : nullptr, stream_of(x)));
   merge_tile_stats(part_max, part_sum, row_max, row_sum);
 #else
   (void)x, (void)rows, (void)row_scale, (void)target_col, (void)begin, (void)params, (void)row_max,
-      (void)row_sum, (void)target_logit;
+      (void)row_sum, (void)target_logit, (void)kept;
+  MYRIAD_THROW("this build has no fused classifier kernels");
+#endif
+}
+
+torch::Tensor finish_kept_exponentials(KeptExponentials& kept, const torch::Tensor& row_scale,
+                                       const torch::Tensor& target_col, int64_t begin,
+                                       const torch::Tensor& row_max,
+                                       const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
+                                       const MarginParams& params) {
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+  const c10::cuda::CUDAGuard on_device(kept.matrix.device());
+  const int64_t batch = kept.matrix.size(1);
+  torch::Tensor factor = torch::empty({batch}, row_max.options());
+  MYRIAD_CHECK_CUDA(cuda::kept_finish(
+      kept.matrix.data_ptr(), batch, kept.matrix.size(0), scale_pointer(row_scale),
+      target_col.data_ptr<int64_t>(), begin, kept.target_cos.data_ptr<float>(),
+      row_max.data_ptr<float>(), row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params,
+      factor.data_ptr<float>(), stream_of(kept.matrix)));
+  return factor;
+#else
+  (void)kept, (void)row_scale, (void)target_col, (void)begin, (void)row_max, (void)row_inv_sum,
+      (void)coef, (void)params;
   MYRIAD_THROW("this build has no fused classifier kernels");
 #endif
 }

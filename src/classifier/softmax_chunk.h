@@ -49,11 +49,31 @@ torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& ro
 // backward, on the same operands; the logits never reach memory.
 bool fused_chunks_apply(const torch::Device& device, int64_t dim, torch::ScalarType gemm_dtype);
 
-// accumulate_chunk_stats from the operands: `x` [B, D] and `rows` [c, D], bfloat16.
+// What forward keeps for backward where the plan keeps the exponentials (a normalising margin):
+// `matrix` bfloat16 [c, B], exp(z - s) / |w_j| per logit, and each sample's target cosine
+// `target_cos` [B] where its target lies in the chunk.
+struct KeptExponentials {
+  torch::Tensor matrix;
+  torch::Tensor target_cos;
+};
+
+// accumulate_chunk_stats from the operands: `x` [B, D] and `rows` [c, D], bfloat16; with `kept`,
+// also fills it (allocated by the caller).
 void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& rows,
                                   const torch::Tensor& row_scale, const torch::Tensor& target_col,
                                   int64_t begin, const MarginParams& params, torch::Tensor& row_max,
-                                  torch::Tensor& row_sum, torch::Tensor& target_logit);
+                                  torch::Tensor& row_sum, torch::Tensor& target_logit,
+                                  KeptExponentials* kept = nullptr);
+
+// Backward from the kept exponentials, given the global statistics: replaces each target's
+// element by its gradient (margin included) over the sample's factor, and returns the factors
+// [B] float32, so that the logits' gradient is kept.matrix[j, b] * factor[b] everywhere. The
+// caller checks that every row's max lies within kKeptMaxDepth of s.
+torch::Tensor finish_kept_exponentials(KeptExponentials& kept, const torch::Tensor& row_scale,
+                                       const torch::Tensor& target_col, int64_t begin,
+                                       const torch::Tensor& row_max,
+                                       const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
+                                       const MarginParams& params);
 
 // chunk_logit_grad from the operands, in bfloat16.
 torch::Tensor fused_chunk_logit_grad(const torch::Tensor& x, const torch::Tensor& rows,

@@ -1,6 +1,6 @@
-// The fused kernels (forward statistics, logits' gradient) against a float64 reference on the
-// same bf16 inputs (shapes that leave partial tiles of samples, classes and K), then their time
-// beside cuBLAS's logits GEMM.
+// The fused kernels (forward statistics, logits' gradient, and the gradient from kept
+// exponentials) against a float64 reference on the same bf16 inputs (shapes that leave partial
+// tiles of samples, classes and K), then their time beside cuBLAS's logits GEMM.
 //   fused_softmax_check [check|time]
 
 #include <cublas_v2.h>
@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -116,7 +117,7 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
   CHECK(cudaMemset(gsum, 0xff, int64_t{parts} * batch * 4));
   CHECK(cudaMemset(tlogit, 0xff, batch * 4));
   CHECK(myriad::cuda::fused_logit_stats(x, batch, w, scale, classes, dim, target, p.begin, params,
-                                        gmax, gsum, tlogit, nullptr));
+                                        gmax, gsum, tlogit, nullptr, nullptr, nullptr));
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
   std::vector<float> got_max(int64_t{parts} * batch), got_sum(got_max.size()), got_t(batch);
@@ -199,17 +200,63 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
     const double err = std::fabs(g - ref_grad[e]) / (std::fabs(ref_grad[e]) + 1e-3 * largest);
     worst_grad = std::isnan(g) ? INFINITY : std::max(worst_grad, err);
   }
+  // Forward again, keeping the exponentials (normalising margins): the same statistics bit for
+  // bit, and from the kept matrix times each sample's factor the same gradient.
+  double worst_kept = 0;
+  bool same_stats = true;
+  if (params.normalized) {
+    __nv_bfloat16* kept;
+    float *kmax, *ksum, *kt, *tcos, *factor;
+    CHECK(cudaMalloc(&kept, classes * batch * 2));
+    CHECK(cudaMemset(kept, 0xff, classes * batch * 2));
+    CHECK(cudaMalloc(&kmax, int64_t{parts} * batch * 4));
+    CHECK(cudaMalloc(&ksum, int64_t{parts} * batch * 4));
+    CHECK(cudaMalloc(&kt, batch * 4));
+    CHECK(cudaMalloc(&tcos, batch * 4));
+    CHECK(cudaMalloc(&factor, batch * 4));
+    CHECK(cudaMemset(kmax, 0xff, int64_t{parts} * batch * 4));
+    CHECK(cudaMemset(ksum, 0xff, int64_t{parts} * batch * 4));
+    CHECK(cudaMemset(kt, 0xff, batch * 4));
+    CHECK(cudaMemset(factor, 0xff, batch * 4));
+    CHECK(myriad::cuda::fused_logit_stats(x, batch, w, scale, classes, dim, target, p.begin, params,
+                                          kmax, ksum, kt, tcos, kept, nullptr));
+    CHECK(myriad::cuda::kept_finish(kept, batch, classes, scale, target, p.begin, tcos, d_max,
+                                    d_inv, d_coef, params, factor, nullptr));
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    std::vector<float> k_max(got_max.size()), k_sum(got_sum.size()), k_t(batch), k_factor(batch);
+    std::vector<__nv_bfloat16> got_kept(classes * batch);
+    CHECK(cudaMemcpy(k_max.data(), kmax, k_max.size() * 4, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(k_sum.data(), ksum, k_sum.size() * 4, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(k_t.data(), kt, batch * 4, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(k_factor.data(), factor, batch * 4, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(got_kept.data(), kept, got_kept.size() * 2, cudaMemcpyDeviceToHost));
+    same_stats = std::equal(k_max.begin(), k_max.end(), got_max.begin(),
+                            [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; }) &&
+                 std::equal(k_sum.begin(), k_sum.end(), got_sum.begin(),
+                            [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; }) &&
+                 std::equal(k_t.begin(), k_t.end(), got_t.begin(),
+                            [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; });
+    for (size_t e = 0; e < ref_grad.size(); ++e) {
+      const double g = double(__bfloat162float(got_kept[e])) * k_factor[e % batch];
+      const double err = std::fabs(g - ref_grad[e]) / (std::fabs(ref_grad[e]) + 1e-3 * largest);
+      worst_kept = std::isnan(g) ? INFINITY : std::max(worst_kept, err);
+    }
+    cudaFree(kept), cudaFree(kmax), cudaFree(ksum), cudaFree(kt), cudaFree(tcos), cudaFree(factor);
+  }
   cudaFree(d_max), cudaFree(d_inv), cudaFree(d_coef), cudaFree(grad);
   // bf16 products summed in float32 against float64: cosines within about 1e-6, so z = 64 cos
   // within 1e-4 (measured: 1.5e-5); the gradient within bf16's rounding, 2^-8 relative.
-  const bool ok =
-      worst_max < 2e-4 && worst_sum < 2e-4 && worst_t < 2e-4 && bad_t == 0 && worst_grad < 6e-3;
+  const bool ok = worst_max < 2e-4 && worst_sum < 2e-4 && worst_t < 2e-4 && bad_t == 0 &&
+                  worst_grad < 6e-3 && worst_kept < 6e-3 && same_stats;
   std::printf(
       "check batch %lld classes %lld dim %d parts %d (m2 %.2f m3 %.2f%s%s): worst |max| "
-      "%.2e, sum rel %.2e, target %.2e, stray targets %d, gradient %.2e: %s\n",
+      "%.2e, sum rel %.2e, target %.2e, stray targets %d, gradient %.2e, from kept "
+      "exponentials %.2e%s: %s\n",
       (long long)batch, (long long)classes, dim, parts, params.m2, params.m3,
       params.normalized ? "" : ", plain", scaled ? ", row scales" : "", worst_max, worst_sum,
-      worst_t, bad_t, worst_grad, ok ? "ok" : "FAILED");
+      worst_t, bad_t, worst_grad, worst_kept,
+      same_stats ? "" : " (statistics differ when keeping them)", ok ? "ok" : "FAILED");
   cudaFree(x), cudaFree(w), cudaFree(scale), cudaFree(target), cudaFree(gmax), cudaFree(gsum),
       cudaFree(tlogit);
   return ok ? 0 : 1;
@@ -247,7 +294,7 @@ void time_case(int64_t batch, int64_t classes, int dim) {
   const float fused = time_ms(
       [&] {
         CHECK(myriad::cuda::fused_logit_stats(x, batch, w, nullptr, classes, dim, t, p.begin,
-                                              params, gmax, gsum, tl, nullptr));
+                                              params, gmax, gsum, tl, nullptr, nullptr, nullptr));
       },
       10);
   std::vector<float> ones(batch, 1.0f);
@@ -262,7 +309,22 @@ void time_case(int64_t batch, int64_t classes, int dim) {
                                              row_max, inv_sum, coef, params, grad, nullptr));
       },
       10);
-  cudaFree(row_max), cudaFree(inv_sum), cudaFree(coef), cudaFree(grad);
+  // Forward keeping the exponentials (into the gradient's buffer), and backward's finish.
+  float* tcos;
+  CHECK(cudaMalloc(&tcos, batch * 4));
+  const float keep = time_ms(
+      [&] {
+        CHECK(myriad::cuda::fused_logit_stats(x, batch, w, nullptr, classes, dim, t, p.begin,
+                                              params, gmax, gsum, tl, tcos, grad, nullptr));
+      },
+      10);
+  const float finish = time_ms(
+      [&] {
+        CHECK(myriad::cuda::kept_finish(grad, batch, classes, nullptr, t, p.begin, tcos, row_max,
+                                        inv_sum, coef, params, tl, nullptr));
+      },
+      10);
+  cudaFree(row_max), cudaFree(inv_sum), cudaFree(coef), cudaFree(grad), cudaFree(tcos);
   // cuBLAS: the logits of a chunk of 1M classes as today's path computes them (bf16 in, float32
   // out, class-major), scaled to all classes.
   const int64_t chunk = std::min<int64_t>(classes, 1 << 20);
@@ -283,9 +345,10 @@ void time_case(int64_t batch, int64_t classes, int dim) {
   const double flop = 2.0 * batch * classes * dim;
   std::printf(
       "time batch %lld classes %lld dim %d: statistics %.3f ms (%.0f TFLOP/s), gradient "
-      "%.3f ms (%.0f TFLOP/s), cuBLAS logits GEMM alone %.3f ms (%.0f TFLOP/s)\n",
+      "%.3f ms (%.0f TFLOP/s), statistics keeping the exponentials %.3f ms and backward's "
+      "finish %.3f ms, cuBLAS logits GEMM alone %.3f ms (%.0f TFLOP/s)\n",
       (long long)batch, (long long)classes, dim, fused, flop / fused / 1e9, fused_grad,
-      flop / fused_grad / 1e9, gemm, flop / gemm / 1e9);
+      flop / fused_grad / 1e9, keep, finish, gemm, flop / gemm / 1e9);
   cublasDestroy(h);
   cudaFree(logits), cudaFree(x), cudaFree(w), cudaFree(t), cudaFree(gmax), cudaFree(gsum),
       cudaFree(tl);
@@ -318,7 +381,8 @@ int main(int argc, char** argv) {
     // A micro-batch of no samples: one part, nothing launched.
     if (myriad::cuda::fused_logit_parts(0, 0, 1000) != 1 ||
         myriad::cuda::fused_logit_stats(nullptr, 0, nullptr, nullptr, 1000, 512, nullptr, 0, arc,
-                                        nullptr, nullptr, nullptr, nullptr) != cudaSuccess) {
+                                        nullptr, nullptr, nullptr, nullptr, nullptr,
+                                        nullptr) != cudaSuccess) {
       std::printf("empty batch: FAILED\n");
       ++failed;
     }

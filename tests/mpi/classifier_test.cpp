@@ -276,6 +276,10 @@ TEST_P(ClassifierTest, Bf16GemmsForEveryMarginOnEitherKernelPath) {
         EXPECT_EQ(fused->fused(), hopper_build_on_hopper_gpu(device()))
             << label << ": " << fused->kernels();
         const Outcome first = run_step(*fused, p);
+        // Whole, the fused kernels keep the exponentials for backward; chunked, they recompute.
+        EXPECT_EQ(fused->last_plan().kept_exponentials,
+                  fused->fused() && !chunked && margin.params().normalized)
+            << label;
         const torch::Tensor first_grad = fused->weight_grad().cpu();
         fused->zero_grad();
         const Outcome again = run_step(*fused, p);
@@ -294,6 +298,26 @@ TEST_P(ClassifierTest, Bf16GemmsForEveryMarginOnEitherKernelPath) {
       }
     }
   }
+}
+
+// Every sample along e0 and every class row at about -0.69 to it: every logit lies near -44,
+// more than kKeptMaxDepth below s = 64, where exp(z - s) underflows float32, so the kept
+// exponentials would give no gradient off the targets (each about 1/300 of the softmax);
+// backward must recompute the logits. Each product has one nonzero term, exact in bf16, so only
+// the gradient's bf16 rounding separates the fused path from the reference.
+TEST_P(ClassifierTest, KeptExponentialsGiveWayToRecomputationWhereRowsLieDeep) {
+  Problem p = make_problem(uneven_batches(world()), 300, 40, 29);
+  p.features.zero_();
+  p.features.select(1, 0).fill_(1.0);
+  p.weight.select(1, 0).fill_(-0.6);
+  p.weight = p.weight.to(torch::kBFloat16).to(torch::kFloat32);
+  ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+  o.gemm_dtype = torch::kBFloat16;
+  o.weight_dtype = torch::kBFloat16;
+  expect_matches_reference(p, o, 1e-2, "rows deep below s");
+  auto module = make_module(p, o);
+  run_step(*module, p);
+  EXPECT_EQ(module->last_plan().kept_exponentials, module->fused());
 }
 
 TEST_P(ClassifierTest, PartialFcUsesTheSameClassesAtEveryWorldSize) {

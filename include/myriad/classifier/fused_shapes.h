@@ -24,4 +24,10 @@ constexpr bool fused_update_batch_fits(int64_t batch) {
   return batch > 0 && batch % 8 == 0 && batch < (int64_t{1} << 31);
 }
 
+// Forward keeps exp(z - s) per logit for backward only where every row's max logit lies within
+// this much of s: then every element within 27 of its row's max (a softmax share above e^-27 of
+// the largest) is a normal float; what may underflow weighs less than 2e-12 of the row's largest
+// gradient. Deeper rows (all cosines below 1 - 60/s) make backward recompute the logits.
+constexpr float kKeptMaxDepth = 60.0f;
+
 }  // namespace myriad

@@ -181,6 +181,9 @@ class ShardedMarginSoftmax {
   // asked the features' gradient (added into `dxn`, when given) and the rows' update (or, with
   // kAccumulateGrad, their gradient).
   void backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn, bool update);
+  // Where forward kept the exponentials: each sample's factor [B] that makes them the logits'
+  // gradient (after their targets are replaced), or undefined where the logits are recomputed.
+  torch::Tensor kept_factor(Step& step, const GradientScale& g);
 
   // Forward's parts, in order. The step's features and labels gathered from every rank (labels
   // as int64) and checked for shape, and the step's batch, divisor and offset of this rank's rows.

@@ -316,9 +316,10 @@ void print_configuration(const BenchConfig& config, const StepResult& r, int wor
       format_bytes(o.workspace_bytes).c_str(), device.str().c_str());
   if (r.plan) {
     std::printf("# plan: %s, %s, %lld chunk(s) of %lld classes\n", r.kernels.c_str(),
-                !r.plan->cache ? "recompute in backward"
-                : r.fused      ? "rows kept for backward"
-                               : "cached logits",
+                r.plan->kept_exponentials ? "exponentials kept for backward (bf16)"
+                : !r.plan->cache          ? "recompute in backward"
+                : r.fused                 ? "rows kept for backward"
+                                          : "cached logits",
                 static_cast<long long>(r.plan->chunks), static_cast<long long>(r.plan->chunk_rows));
   }
 }

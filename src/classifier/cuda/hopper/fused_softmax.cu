@@ -3,7 +3,9 @@
 // them to per-row softmax statistics; only the statistics and the target logits reach memory,
 // in parts, [parts, batch], which the combine and the cross-rank reduction take as they take
 // chunk_stats' tiles. Backward recomputes them and writes the logits' gradient from the global
-// statistics, in bf16 for the dX and dW GEMMs.
+// statistics, in bf16 for the dX and dW GEMMs. Or forward keeps each logit's exponential against
+// the fixed reference s, exp(z - s) / |w_j| in bf16, and backward needs no products of its own:
+// the logits' gradient off the targets is that times a factor of the row alone (kept_finish).
 //
 // The grid is persistent: CTA (row block r, lane l) keeps r's 128 rows of x̂ in shared memory and
 // walks lane l's contiguous range of class tiles, the weights arriving through a TMA ring. The
@@ -53,9 +55,16 @@ struct Staging {
   __nv_bfloat16 box[2][64 * 64];  // per warpgroup, 64 classes x 64 samples
 };
 
-template <int kKBlocks, bool kGrad>
+// What a kernel computes: the statistics, the statistics and the kept exponentials, or the
+// logits' gradient. The last two write a bf16 [classes, batch] matrix.
+enum class Pass { kStatistics, kKeep, kGradient };
+constexpr bool writes_matrix(Pass pass) {
+  return pass != Pass::kStatistics;
+}
+
+template <int kKBlocks, Pass kPass>
 struct Shared {
-  using Out = std::conditional_t<kGrad, Staging, NoStaging>;
+  using Out = std::conditional_t<writes_matrix(kPass), Staging, NoStaging>;
   static constexpr int kXBytes = kKBlocks * kRows * kSwizzleElements * 2;
   static constexpr int kStageBytes = kTile * kSwizzleElements * 2;
   static constexpr int kRoom = kSharedLimit - kSwizzleAtomBytes - 512 - kXBytes - 2 * kTile * 4 -
@@ -128,7 +137,8 @@ __device__ void produce(S& s, const CUtensorMap* x_map, const CUtensorMap* w_map
 }
 
 // What a kernel reads and writes besides the operands. Statistics: group_max, group_sum,
-// target_logit. Gradient: row_max, row_inv_sum, coef in, logit_grad out.
+// target_logit; keeping the exponentials also target_cos and `matrix`. Gradient: row_max,
+// row_inv_sum, coef in, `matrix` (the logits' gradient) out.
 struct Io {
   const float* row_scale;
   const int64_t* target_col;
@@ -136,10 +146,11 @@ struct Io {
   float* group_max;
   float* group_sum;
   float* target_logit;
+  float* target_cos;
   const float* row_max;
   const float* row_inv_sum;
   const float* coef;
-  __nv_bfloat16* logit_grad;
+  __nv_bfloat16* matrix;
 };
 
 // A consumer warpgroup takes every other tile of the range for all 128 rows of the CTA, as two
@@ -148,9 +159,10 @@ struct Io {
 // tile's columns. Logits are handled in units of v = z / unit (the clamped cosine for
 // normalised classes), so that an exponent is one fused multiply-add:
 // exp(z - m) = 2^(v * unit * log2 e - m * log2 e).
-template <int kKBlocks, bool kGrad>
+template <int kKBlocks, Pass kPass>
 struct Consumer {
-  Shared<kKBlocks, kGrad>& s;
+  static constexpr bool kGrad = kPass == Pass::kGradient;
+  Shared<kKBlocks, kPass>& s;
   int warpgroup, t;
   int64_t classes, batch;
   MarginParams params;
@@ -186,7 +198,7 @@ struct Consumer {
   // Tile n's products into acc, releasing each weight stage as soon as its products are done.
   // The products are issued after the other warpgroup has issued its own tile's.
   __device__ __forceinline__ void multiply(float (&acc)[2][64], int64_t n, int64_t tiles) {
-    using S = Shared<kKBlocks, kGrad>;
+    using S = Shared<kKBlocks, kPass>;
     named_sync(kTurnBarrier + warpgroup, kConsumers);
     int it = static_cast<int>(n) * kKBlocks;
     int previous = -1;
@@ -272,10 +284,11 @@ struct Consumer {
   }
 
   // Statistics: the margin on a target that falls here (rare: one tile of all per row), then the
-  // online max and sum of exponentials per row.
+  // online max and sum of exponentials per row; with kKeep, the tile's exponentials as well.
   __device__ __forceinline__ void statistics(float (&acc)[2][64], int64_t tile, int64_t n) {
-    to_units(acc, tile, scales(n));
-    release_scales();
+    const float* scale = scales(n);
+    to_units(acc, tile, scale);
+    if constexpr (kPass == Pass::kStatistics) release_scales();
     int col[4];
     bool mine = false;
 #pragma unroll
@@ -285,8 +298,10 @@ struct Consumer {
       for (int r = 0; r < 4; ++r) {
         if (col[r] < 0) continue;
         float z, unused;
-        margin_target(element(acc, r, col[r], false, 0.0f), params, &z, &unused);
+        const float cos = element(acc, r, col[r], false, 0.0f);
+        margin_target(cos, params, &z, &unused);
         io.target_logit[row[r]] = z;
+        if constexpr (kPass == Pass::kKeep) io.target_cos[row[r]] = cos;
         element(acc, r, col[r], true, z / unit);
       }
     }
@@ -310,6 +325,24 @@ struct Consumer {
       sum[r] = fmaf(sum[r], keep, part[r]);
       m[r] = top[r];
     }
+    if constexpr (kPass == Pass::kKeep) keep_exponentials(acc, tile, scale);
+  }
+
+  // exp(z - s) / |w_j| for every logit of the tile (in v units z / s, exp(s (v - 1))), written like
+  // the gradient. The reference s bounds every z off the target, so nothing overflows; what
+  // underflows lies more than 87 below s, which backward checks for every row (kKeptMaxDepth).
+  // A target's element is replaced in backward.
+  __device__ __forceinline__ void keep_exponentials(float (&acc)[2][64], int64_t tile,
+                                                    const float* scale) {
+    const float k = unit * kLog2e;
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[q][i] = exp2_approx(fmaf(acc[q][i], k, -k));
+    if (scale != nullptr)
+      scale_columns(acc, [&](int c) { return *reinterpret_cast<const float2*>(scale + c); });
+    release_scales();
+    write_matrix(acc, tile);
   }
 
   // Gradient: d loss / d cos times 1/|w_j|, coef (softmax - one-hot) dz/dcos / |w_j|, written
@@ -353,6 +386,10 @@ struct Consumer {
     if (scale != nullptr)
       scale_columns(acc, [&](int c) { return *reinterpret_cast<const float2*>(scale + c); });
     release_scales();
+    write_matrix(acc, tile);
+  }
+
+  __device__ __forceinline__ void write_matrix(const float (&acc)[2][64], int64_t tile) {
     if (out_map != nullptr)
       store_staged(acc, tile);
     else
@@ -408,7 +445,7 @@ struct Consumer {
       for (int i = 0; i < 64; ++i) {
         const int64_t j = first + fragment_col(t, i);
         const int64_t b = row[row_of(q, i)];
-        if (j < classes && b < batch) io.logit_grad[j * batch + b] = __float2bfloat16(acc[q][i]);
+        if (j < classes && b < batch) io.matrix[j * batch + b] = __float2bfloat16(acc[q][i]);
       }
   }
 
@@ -463,13 +500,13 @@ struct Consumer {
   }
 };
 
-template <int kKBlocks, bool kGrad>
+template <int kKBlocks, Pass kPass>
 __global__ void __launch_bounds__(kThreads, 1)
     fused_softmax_kernel(const __grid_constant__ CUtensorMap x_map,
                          const __grid_constant__ CUtensorMap w_map,
                          const __grid_constant__ CUtensorMap out_map, bool staged, int64_t classes,
                          int64_t batch, MarginParams params, int lanes, Io io) {
-  using S = Shared<kKBlocks, kGrad>;
+  using S = Shared<kKBlocks, kPass>;
   S& s = shared_storage<S>();
   const int row_blocks = static_cast<int>(gridDim.x) / lanes;
   const int64_t row0 = int64_t{static_cast<int>(blockIdx.x) % row_blocks} * kRows;
@@ -495,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       produce(s, &x_map, &w_map, io.row_scale, classes, row0, range);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    Consumer<kKBlocks, kGrad> c{s,
+    Consumer<kKBlocks, kPass> c{s,
                                 static_cast<int>(threadIdx.x / kWarpgroup),
                                 static_cast<int>(threadIdx.x % kWarpgroup),
                                 classes,
@@ -507,7 +544,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     c.start(row0);
     barrier_wait(&s.x_full, 0);
     c.run(range);
-    if constexpr (!kGrad) c.write_statistics(lane);
+    if constexpr (kPass != Pass::kGradient) c.write_statistics(lane);
     // The shared memory that bulk stores read lives until they have read it.
     if (staged && c.t == 0) bulk_wait();
   }
@@ -542,7 +579,7 @@ int fused_logit_parts(int device, int64_t batch, int64_t classes) {
 
 namespace {
 
-template <bool kGrad>
+template <Pass kPass>
 cudaError_t launch(const void* x, int64_t batch, const void* w, int64_t classes, int dim,
                    MarginParams params, const Io& io, cudaStream_t stream) {
   if (batch == 0 || classes == 0) return cudaSuccess;
@@ -556,16 +593,16 @@ cudaError_t launch(const void* x, int64_t batch, const void* w, int64_t classes,
   CUtensorMap x_map, w_map, out_map{};
   rc = matrix_map(&x_map, x, batch, dim, kRows);
   if (rc == cudaSuccess) rc = matrix_map(&w_map, w, classes, dim, kTile);
-  // The gradient [classes, batch] in boxes of 64 samples x 64 classes, where its rows are
-  // 16-byte multiples.
-  const bool staged = kGrad && batch % 8 == 0;
+  // The matrix [classes, batch] in boxes of 64 samples x 64 classes, where its rows are 16-byte
+  // multiples.
+  const bool staged = writes_matrix(kPass) && batch % 8 == 0;
   if (rc == cudaSuccess && staged)
-    rc = matrix_map(&out_map, io.logit_grad, classes, static_cast<int>(batch), 64);
+    rc = matrix_map(&out_map, io.matrix, classes, static_cast<int>(batch), 64);
   if (rc != cudaSuccess) return rc;
   const auto run = [&](auto blocks) {
     constexpr int kKBlocks = decltype(blocks)::value;
-    const auto kernel = fused_softmax_kernel<kKBlocks, kGrad>;
-    const size_t shared = sizeof(Shared<kKBlocks, kGrad>) + kSwizzleAtomBytes;
+    const auto kernel = fused_softmax_kernel<kKBlocks, kPass>;
+    const size_t shared = sizeof(Shared<kKBlocks, kPass>) + kSwizzleAtomBytes;
     const cudaError_t set = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (set != cudaSuccess) return set;
@@ -598,19 +635,81 @@ cudaError_t launch(const void* x, int64_t batch, const void* w, int64_t classes,
 cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const float* row_scale,
                               int64_t classes, int dim, const int64_t* target_col, int64_t begin,
                               MarginParams params, float* group_max, float* group_sum,
-                              float* target_logit, cudaStream_t stream) {
-  const Io io{row_scale,    target_col, begin,   group_max, group_sum,
-              target_logit, nullptr,    nullptr, nullptr,   nullptr};
-  return launch<false>(x, batch, w, classes, dim, params, io, stream);
+                              float* target_logit, float* target_cos, void* kept,
+                              cudaStream_t stream) {
+  const Io io{row_scale,
+              target_col,
+              begin,
+              group_max,
+              group_sum,
+              target_logit,
+              target_cos,
+              nullptr,
+              nullptr,
+              nullptr,
+              static_cast<__nv_bfloat16*>(kept)};
+  if (kept == nullptr)
+    return launch<Pass::kStatistics>(x, batch, w, classes, dim, params, io, stream);
+  if (!params.normalized || target_cos == nullptr) return cudaErrorInvalidValue;
+  return launch<Pass::kKeep>(x, batch, w, classes, dim, params, io, stream);
 }
 
 cudaError_t fused_logit_grad(const void* x, int64_t batch, const void* w, const float* row_scale,
                              int64_t classes, int dim, const int64_t* target_col, int64_t begin,
                              const float* row_max, const float* row_inv_sum, const float* coef,
                              MarginParams params, void* logit_grad, cudaStream_t stream) {
-  const Io io{row_scale, target_col, begin,       nullptr, nullptr,
-              nullptr,   row_max,    row_inv_sum, coef,    static_cast<__nv_bfloat16*>(logit_grad)};
-  return launch<true>(x, batch, w, classes, dim, params, io, stream);
+  const Io io{row_scale,
+              target_col,
+              begin,
+              nullptr,
+              nullptr,
+              nullptr,
+              nullptr,
+              row_max,
+              row_inv_sum,
+              coef,
+              static_cast<__nv_bfloat16*>(logit_grad)};
+  return launch<Pass::kGradient>(x, batch, w, classes, dim, params, io, stream);
+}
+
+namespace {
+
+// One thread per sample: its factor, and its target's element replaced by the gradient over the
+// factor, so that the products read the gradient there too.
+__global__ void kept_finish_kernel(__nv_bfloat16* kept, int64_t batch, int64_t classes,
+                                   const float* row_scale, const int64_t* target_col, int64_t begin,
+                                   const float* target_cos, const float* row_max,
+                                   const float* row_inv_sum, const float* coef, MarginParams params,
+                                   float* factor) {
+  const int64_t b = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (b >= batch) return;
+  const float s = params.scale;
+  // coef softmax dz/dcos = coef exp(z - max) / sum s = exp(z - s) (coef s exp(s - max) / sum).
+  const float f = *coef * s * expf(s - row_max[b]) * row_inv_sum[b];
+  factor[b] = f;
+  const int64_t col = target_col[b] - begin;
+  if (col < 0 || col >= classes) return;
+  float z, dz_dcos;
+  margin_target(target_cos[b], params, &z, &dz_dcos);
+  const float p = expf(z - row_max[b]) * row_inv_sum[b];
+  float g = *coef * (p - 1.0f) * dz_dcos;
+  if (row_scale != nullptr) g *= row_scale[col];
+  kept[col * batch + b] = __float2bfloat16(g / f);
+}
+
+}  // namespace
+
+cudaError_t kept_finish(void* kept, int64_t batch, int64_t classes, const float* row_scale,
+                        const int64_t* target_col, int64_t begin, const float* target_cos,
+                        const float* row_max, const float* row_inv_sum, const float* coef,
+                        MarginParams params, float* factor, cudaStream_t stream) {
+  if (batch == 0) return cudaSuccess;
+  if (!params.normalized) return cudaErrorInvalidValue;
+  constexpr int kBlock = 256;
+  kept_finish_kernel<<<static_cast<unsigned>((batch + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
+      static_cast<__nv_bfloat16*>(kept), batch, classes, row_scale, target_col, begin, target_cos,
+      row_max, row_inv_sum, coef, params, factor);
+  return cudaGetLastError();
 }
 
 }  // namespace myriad::cuda

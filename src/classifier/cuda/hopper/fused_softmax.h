@@ -3,7 +3,8 @@
 // The fused kernels of the sharded margin softmax for Hopper GPUs (sm_90a): the logits x̂·Ŵᵀ are
 // computed tile by tile on the tensor cores and used in registers, never written. Forward: per
 // part of the classes and per sample, the max of the logits and the sum of their exponentials.
-// Backward: the logits' gradient, recomputed from the global statistics.
+// Backward: the logits' gradient, recomputed from the global statistics, or formed from the
+// exponentials that forward kept.
 
 #include <cuda_runtime_api.h>
 
@@ -27,11 +28,14 @@ int fused_logit_parts(int device, int64_t batch, int64_t classes);
 // group_max[p, b] and group_sum[p, b], the max of z over the part's classes and the sum of
 // exp(z - max); target_logit[b] = z at b's target when target_col[b] - begin lies in
 // [0, classes). Runs on the current device, with fused_logit_parts(that device, batch, classes)
-// parts.
+// parts. With `kept` (a normalising margin only), also kept[j, b] = exp(z - s) row_scale[j] in
+// bf16, class-major [classes, batch], and target_cos[b] = the target's cosine where target_logit
+// is written.
 cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const float* row_scale,
                               int64_t classes, int dim, const int64_t* target_col, int64_t begin,
                               MarginParams params, float* group_max, float* group_sum,
-                              float* target_logit, cudaStream_t stream);
+                              float* target_logit, float* target_cos, void* kept,
+                              cudaStream_t stream);
 
 // The logits' gradient as chunk_grad computes it from stored logits: logit_grad[j, b] (bf16,
 // class-major [classes, batch]) = coef (softmax - one-hot) dz/dcos row_scale[j], with the
@@ -40,5 +44,15 @@ cudaError_t fused_logit_grad(const void* x, int64_t batch, const void* w, const 
                              int64_t classes, int dim, const int64_t* target_col, int64_t begin,
                              const float* row_max, const float* row_inv_sum, const float* coef,
                              MarginParams params, void* logit_grad, cudaStream_t stream);
+
+// Backward from the kept exponentials (a normalising margin only). For every sample b:
+// factor[b] = coef s exp(s - row_max[b]) row_inv_sum[b], so that the logits' gradient off the
+// target is kept[j, b] factor[b]; and where b's target lies in the chunk, kept[target, b] becomes
+// its gradient (margin included) over factor[b]. Every row's max must lie within
+// kKeptMaxDepth of s (checked by the caller), or kept elements that matter may have underflowed.
+cudaError_t kept_finish(void* kept, int64_t batch, int64_t classes, const float* row_scale,
+                        const int64_t* target_col, int64_t begin, const float* target_cos,
+                        const float* row_max, const float* row_inv_sum, const float* coef,
+                        MarginParams params, float* factor, cudaStream_t stream);
 
 }  // namespace myriad::cuda
