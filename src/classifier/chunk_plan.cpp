@@ -44,20 +44,4 @@ ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_byt
   return plan;
 }
 
-std::optional<ChunkPlan> plan_kept_exponentials(int64_t rows, int64_t batch, int64_t dim,
-                                                int64_t gemm_bytes, RowSource source,
-                                                int64_t budget_bytes) {
-  if (rows <= 0) return std::nullopt;
-  const int64_t per_row =
-      2 * batch + chunk_cached_bytes_per_row(batch, dim, gemm_bytes, source, Logits::kInRegisters) +
-      4 * dim;
-  if (rows > budget_bytes / per_row) return std::nullopt;
-  ChunkPlan plan;
-  plan.chunk_rows = rows;
-  plan.chunks = 1;
-  plan.cache = true;
-  plan.kept_exponentials = true;
-  return plan;
-}
-
 }  // namespace myriad

@@ -325,14 +325,11 @@ void ShardedMarginSoftmax::choose_rows(Step& step, const torch::Tensor& y) {
   // The fused kernels recompute the logits in backward: a cached plan keeps only the rows.
   step.plan = plan_chunks(step.active_rows, step.batch, options_.embedding_size, gemm_bytes, source,
                           options_.workspace_bytes, logits());
-  // Or they keep every logit's exponential where that fits, and backward needs no products of its
-  // own (a normalising margin bounds the logits by s; the parts of a step recompute them).
-  if (fused_ && !parts_ && options_.margin.params().normalized) {
-    if (const std::optional<ChunkPlan> kept =
-            plan_kept_exponentials(step.active_rows, step.batch, options_.embedding_size,
-                                   gemm_bytes, source, options_.workspace_bytes))
-      step.plan = *kept;
-  }
+  // Where every class fits at once, the fused kernels keep each logit's exponential in the bytes
+  // of its gradient, and backward needs no products of its own (a normalising margin bounds the
+  // logits by s; the parts of a step recompute them).
+  step.plan.kept_exponentials =
+      fused_ && step.plan.cache && !parts_ && options_.margin.params().normalized;
   last_plan_ = step.plan;
 }
 

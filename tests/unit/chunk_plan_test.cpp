@@ -34,29 +34,6 @@ TEST(ChunkPlan, StoredRowsLeaveTheBudgetToLogits) {
             plan_chunks(1000, 256, 512, 2, RowSource::kCopy, 300 * per_row).chunk_rows);
 }
 
-TEST(ChunkPlan, KeptExponentialsNeedEveryRowAtTwoBytesPerLogit) {
-  // Stored rows at batch 1024, D = 512: 2 * 1024 kept, 4 for 1/|w|, 4 * 512 of weight gradient.
-  const int64_t per_row = 2 * 1024 + 4 + 4 * 512;
-  const std::optional<ChunkPlan> kept =
-      plan_kept_exponentials(1000, 1024, 512, 2, RowSource::kStored, 1000 * per_row);
-  ASSERT_TRUE(kept.has_value());
-  EXPECT_TRUE(kept->kept_exponentials);
-  EXPECT_TRUE(kept->cache);
-  EXPECT_EQ(kept->chunks, 1);
-  EXPECT_EQ(kept->chunk_rows, 1000);
-  // One byte short, or a copied GEMM row (2 * 512 more per row), and they are not kept.
-  EXPECT_FALSE(plan_kept_exponentials(1000, 1024, 512, 2, RowSource::kStored, 1000 * per_row - 1));
-  EXPECT_FALSE(plan_kept_exponentials(1000, 1024, 512, 2, RowSource::kCopy, 1000 * per_row));
-  EXPECT_TRUE(
-      plan_kept_exponentials(1000, 1024, 512, 2, RowSource::kCopy, 1000 * (per_row - 4 + 2 * 512)));
-  // No rows, no plan.
-  EXPECT_FALSE(plan_kept_exponentials(0, 1024, 512, 2, RowSource::kStored, int64_t{1} << 40));
-  // The plans without them are unchanged.
-  EXPECT_FALSE(
-      plan_chunks(1000, 1024, 512, 2, RowSource::kStored, 1000 * per_row, Logits::kInRegisters)
-          .kept_exponentials);
-}
-
 TEST(ChunkPlan, LogitsInRegistersLeaveTheirBytesToRowsInWholeTiles) {
   // The fused kernels keep no logits: a row costs its GEMM row (kept when cached), its logit
   // gradients and its weight gradient, 2 * 512 + 2 * 1024 + 4 * 512 bytes at batch 1024.

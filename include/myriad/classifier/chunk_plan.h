@@ -3,7 +3,6 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
-#include <optional>
 
 #include "myriad/classifier/fused_shapes.h"
 
@@ -12,8 +11,9 @@ namespace myriad {
 // How the class rows are processed within a memory budget (design §1). With `cache`, forward
 // keeps every chunk's logits and GEMM rows for backward; without it, backward recomputes them
 // (one more GEMM) and only one chunk's buffers exist at a time. With `kept_exponentials` (the
-// fused kernels, one chunk, also cached) forward keeps each logit's exp(z - s) / |w_j| in bf16
-// and backward forms the logits' gradient from them with no products of its own.
+// fused kernels' cached plan, for a normalising margin) forward also keeps each logit's
+// exp(z - s) / |w_j| in bf16, in the bytes that the logits' gradient takes otherwise, and backward
+// forms the gradient from them with no products of its own.
 struct ChunkPlan {
   int64_t chunk_rows = 0;
   int64_t chunks = 0;
@@ -48,14 +48,6 @@ int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes)
 // last chunk's last tile is partial.
 ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,
                       RowSource source, int64_t budget_bytes, Logits logits = Logits::kInMemory);
-
-// The plan that keeps the exponentials of the fused kernels, where every class row fits the
-// budget with them: 2 bytes per logit and the row's GEMM operand (or 1/|w|) kept, and its weight
-// gradient in flight (the kept exponentials serve as the logits' gradient). The caller takes it
-// only for a normalising margin, whose logits lie below s.
-std::optional<ChunkPlan> plan_kept_exponentials(int64_t rows, int64_t batch, int64_t dim,
-                                                int64_t gemm_bytes, RowSource source,
-                                                int64_t budget_bytes);
 
 // Whether the fused kernels take this shape on an H100 or H200: bfloat16 GEMMs and D a multiple of
 // 8 up to kFusedMaxDim. Whether a device runs them is fused_chunks_apply's question.
