@@ -118,17 +118,24 @@ TEST(StepModel, FusedKernelsKeepNoLogits) {
   s.classifier_logits = Logits::kInRegisters;
   const StepCost c = predict_step(s, small_rates());
   EXPECT_TRUE(c.plan.cache);
-  // The logits computed in forward and again in backward: four products of 240 FLOPs.
-  EXPECT_DOUBLE_EQ(c.classifier_flops, 4 * 240);
-  // Per logit only the bf16 gradient, written once and read by both GEMMs (3 * 2); per weight as
-  // in the cached step.
+  // Cached, forward keeps the exponentials: three products of 240 FLOPs. A plain softmax computes
+  // the logits in forward and again in backward: four.
+  EXPECT_DOUBLE_EQ(c.classifier_flops, 3 * 240);
+  StepShape plain = s;
+  plain.classifier_normalized = false;
+  EXPECT_DOUBLE_EQ(predict_step(plain, small_rates()).classifier_flops, 4 * 240);
+  // Per logit only the bf16 gradient (or kept exponentials), written once and read by both GEMMs
+  // (3 * 2); per weight as in the cached step.
   EXPECT_DOUBLE_EQ(c.classifier_traffic, 5 * 8 * 6 + 450);
   // A cached row keeps its GEMM row (2 * 3), then its bf16 logit gradient (2 * 8).
   EXPECT_DOUBLE_EQ(c.workspace_memory, 5 * (6 + 16) + 240 + 64);
   // In a chunked plan the logits' room goes to more rows: whole tiles of kFusedTileRows.
   s.num_classes = 2 * 1000;
-  s.classifier_workspace = 300 * 66;                               // 300 rows with logits in memory
-  EXPECT_EQ(predict_step(s, small_rates()).plan.chunk_rows, 512);  // 300 * 66 / 34 = 582
+  s.classifier_workspace = 300 * 66;  // 300 rows with logits in memory
+  const StepCost chunked = predict_step(s, small_rates());
+  EXPECT_EQ(chunked.plan.chunk_rows, 512);  // 300 * 66 / 34 = 582
+  // Chunked, backward computes the logits again.
+  EXPECT_DOUBLE_EQ(chunked.classifier_flops, 4 * 240 * static_cast<double>(chunked.class_rows) / 5);
   s.classifier_logits = Logits::kInMemory;
   EXPECT_EQ(predict_step(s, small_rates()).plan.chunk_rows, 300);
 }
