@@ -23,15 +23,17 @@ int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_byte
          (source == RowSource::kCopy ? gemm_bytes * dim : 4);
 }
 
-int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes) {
-  return gemm_bytes * batch + 4 * dim;
+int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes,
+                                 RowGradientStore row_gradient) {
+  return gemm_bytes * batch + (row_gradient == RowGradientStore::kChunk ? 4 * dim : 0);
 }
 
 ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,
-                      RowSource source, int64_t budget_bytes, Logits logits) {
+                      RowSource source, int64_t budget_bytes, Logits logits,
+                      RowGradientStore row_gradient) {
   ChunkPlan plan;
   const int64_t per_row = chunk_cached_bytes_per_row(batch, dim, gemm_bytes, source, logits) +
-                          chunk_work_bytes_per_row(batch, dim, gemm_bytes);
+                          chunk_work_bytes_per_row(batch, dim, gemm_bytes, row_gradient);
   if (rows * per_row <= budget_bytes) {
     plan.cache = true;
     plan.chunk_rows = std::max<int64_t>(rows, 1);

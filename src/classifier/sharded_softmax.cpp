@@ -324,7 +324,9 @@ void ShardedMarginSoftmax::choose_rows(Step& step, const torch::Tensor& y) {
   const int64_t gemm_bytes = static_cast<int64_t>(torch::elementSize(options_.gemm_dtype));
   // The fused kernels recompute the logits in backward: a cached plan keeps only the rows.
   step.plan = plan_chunks(step.active_rows, step.batch, options_.embedding_size, gemm_bytes, source,
-                          options_.workspace_bytes, logits());
+                          options_.workspace_bytes, logits(),
+                          parts_ || takes_fused_update(step.batch) ? RowGradientStore::kNone
+                                                                   : RowGradientStore::kChunk);
   // Where every class fits at once, the fused kernels keep each logit's exponential in the bytes
   // of its gradient, and backward needs no products of its own (a normalising margin bounds the
   // logits by s; the parts of a step recompute them).
@@ -453,6 +455,12 @@ torch::Tensor ShardedMarginSoftmax::chunk_logits(Step& step, int64_t c, int64_t 
   return rows;
 }
 
+bool ShardedMarginSoftmax::takes_fused_update(int64_t batch) const {
+  return fused_update_ && fused_update_chosen(options_.fused_update, batch) &&
+         ShardOptimizer::updates_from_logit_grad(options_.optimizer.kind, batch,
+                                                 options_.embedding_size, options_.weight_dtype);
+}
+
 torch::Tensor ShardedMarginSoftmax::kept_factor(Step& step, const GradientScale& g) {
   if (!step.plan.kept_exponentials) return {};
   const MarginParams params = options_.margin.params();
@@ -471,10 +479,7 @@ torch::Tensor ShardedMarginSoftmax::kept_factor(Step& step, const GradientScale&
 void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn,
                                            bool update) {
   const MarginParams params = options_.margin.params();
-  const bool fused_update =
-      fused_update_ && update && fused_update_chosen(options_.fused_update, step.batch) &&
-      ShardOptimizer::updates_from_logit_grad(options_.optimizer.kind, step.batch,
-                                              options_.embedding_size, options_.weight_dtype);
+  const bool fused_update = update && takes_fused_update(step.batch);
   // From kept exponentials the logits' gradient is kept[j, b] factor[b]: the rows' gradient takes
   // the features times the factor (rounded to the GEMM dtype once, from float32), and dX̂ takes
   // it after its product (one chunk: dX̂ is that product alone).
@@ -687,9 +692,11 @@ void ShardedMarginSoftmax::finish_parts() {
   const RowSource source =
       row_source(weight_.scalar_type(), options_.gemm_dtype, whole.active.defined());
   whole.stored_rows = source == RowSource::kStored;
-  whole.plan = plan_chunks(whole.active_rows, whole.batch, dim,
-                           static_cast<int64_t>(torch::elementSize(options_.gemm_dtype)), source,
-                           options_.workspace_bytes, logits());
+  whole.plan = plan_chunks(
+      whole.active_rows, whole.batch, dim,
+      static_cast<int64_t>(torch::elementSize(options_.gemm_dtype)), source,
+      options_.workspace_bytes, logits(),
+      takes_fused_update(whole.batch) ? RowGradientStore::kNone : RowGradientStore::kChunk);
   whole.plan.cache = false;  // the logits are recomputed chunk by chunk: nothing was kept
   // GEMMs on the stored rows take each chunk's 1/|w|, as in forward.
   if (whole.stored_rows && options_.margin.params().normalized) {

@@ -73,8 +73,10 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
       shard, static_cast<int64_t>(std::ceil(static_cast<double>(shard) * s.sample_rate)));
   const double rows = static_cast<double>(c.class_rows);
   const bool fused = s.classifier_logits == Logits::kInRegisters;
-  c.plan = plan_chunks(c.class_rows, batch, s.embedding_size, s.gemm_bytes, s.classifier_rows,
-                       s.classifier_workspace, s.classifier_logits);
+  c.plan =
+      plan_chunks(c.class_rows, batch, s.embedding_size, s.gemm_bytes, s.classifier_rows,
+                  s.classifier_workspace, s.classifier_logits,
+                  s.classifier_update_fused ? RowGradientStore::kNone : RowGradientStore::kChunk);
   const double passes = c.plan.cache ? 1.0 : 2.0;  // over the rows, and over the logits
 
   // The fused kernels compute the logits in forward and again in backward, unless their cached
@@ -133,8 +135,8 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   c.classifier_state_memory = static_cast<double>(shard) * d *
                               static_cast<double>(s.classifier_states * s.classifier_state_bytes);
   // What a chunk's rows hold at the peak, as measured (docs/benchmarks.md: 24.9 and 42.0 GiB on
-  // 2 H200s at C = 8M): logits and GEMM rows, and the logits' gradient; plan_chunks budgets the
-  // rows' float32 gradient too, which the fused update never holds for a whole chunk. Then the
+  // 2 H200s at C = 8M): logits and GEMM rows, and the logits' gradient;
+  // plan_chunks budgets the rows' float32 gradient too where the update is not fused. Then the
   // gathered features (float32 and GEMM copies), their gradient and the labels.
   const double per_row =
       static_cast<double>(chunk_cached_bytes_per_row(batch, s.embedding_size, s.gemm_bytes,

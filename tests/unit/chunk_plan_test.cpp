@@ -34,6 +34,22 @@ TEST(ChunkPlan, StoredRowsLeaveTheBudgetToLogits) {
             plan_chunks(1000, 256, 512, 2, RowSource::kCopy, 300 * per_row).chunk_rows);
 }
 
+TEST(ChunkPlan, RowsWithoutAStoredGradientTakeOnlyTheirLogitsBytes) {
+  // The fused update forms the rows' gradient on chip: at batch 256 on stored bf16 rows a row
+  // costs 1/|w| and its logits' gradient, 4 + 2 * 256 bytes, not 4 * 512 more.
+  EXPECT_EQ(chunk_work_bytes_per_row(256, 512, 2, RowGradientStore::kNone), 2 * 256);
+  EXPECT_EQ(chunk_work_bytes_per_row(256, 512, 2), 2 * 256 + 4 * 512);
+  const int64_t budget = 1000 * (4 + 2 * 256);
+  const ChunkPlan whole = plan_chunks(1000, 256, 512, 2, RowSource::kStored, budget,
+                                      Logits::kInRegisters, RowGradientStore::kNone);
+  EXPECT_TRUE(whole.cache);
+  EXPECT_EQ(whole.chunks, 1);
+  const ChunkPlan stored =
+      plan_chunks(1000, 256, 512, 2, RowSource::kStored, budget, Logits::kInRegisters);
+  EXPECT_FALSE(stored.cache);
+  EXPECT_EQ(stored.chunk_rows, 128);  // 516000 / 2564 = 201, in whole tiles
+}
+
 TEST(ChunkPlan, LogitsInRegistersLeaveTheirBytesToRowsInWholeTiles) {
   // The fused kernels keep no logits: a row costs its GEMM row (kept when cached), its logit
   // gradients and its weight gradient, 2 * 512 + 2 * 1024 + 4 * 512 bytes at batch 1024.

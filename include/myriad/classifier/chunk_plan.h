@@ -34,12 +34,17 @@ RowSource row_source(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype, b
 // in registers, for the fused kernels, which recompute them in backward and never store them.
 enum class Logits { kInMemory, kInRegisters };
 
+// Where the rows' float32 gradient lives: in a chunk's buffer between the weight-gradient GEMM and
+// the update, or nowhere (the fused update forms it on chip; a part of a step updates no rows).
+enum class RowGradientStore { kChunk, kNone };
+
 // Bytes one class row costs: kept from forward to backward when cached (its logits if in memory,
 // its GEMM row or 1/|w|), and in flight during backward (its logit gradients, its weight
-// gradient).
+// gradient where it is stored).
 int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes, RowSource source,
                                    Logits logits = Logits::kInMemory);
-int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes);
+int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes,
+                                 RowGradientStore row_gradient = RowGradientStore::kChunk);
 
 // The plan for `rows` active class rows, a global batch `batch`, embedding `dim`, GEMM operands
 // of `gemm_bytes` per element read from `source`, within `budget_bytes`. Caches when everything
@@ -47,7 +52,8 @@ int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes)
 // registers a chunk spans whole tiles of kFusedTileRows classes where it can, so that only the
 // last chunk's last tile is partial.
 ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,
-                      RowSource source, int64_t budget_bytes, Logits logits = Logits::kInMemory);
+                      RowSource source, int64_t budget_bytes, Logits logits = Logits::kInMemory,
+                      RowGradientStore row_gradient = RowGradientStore::kChunk);
 
 // Whether the fused kernels take this shape on an H100 or H200: bfloat16 GEMMs and D a multiple of
 // 8 up to kFusedMaxDim. Whether a device runs them is fused_chunks_apply's question.

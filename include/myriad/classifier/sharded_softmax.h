@@ -181,6 +181,8 @@ class ShardedMarginSoftmax {
   // asked the features' gradient (added into `dxn`, when given) and the rows' update (or, with
   // kAccumulateGrad, their gradient).
   void backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn, bool update);
+  // Whether a step of global batch `batch` that updates the rows takes the fused update.
+  bool takes_fused_update(int64_t batch) const;
   // Where forward kept the exponentials: each sample's factor [B] that makes them the logits'
   // gradient (after their targets are replaced), or undefined where the logits are recomputed.
   torch::Tensor kept_factor(Step& step, const GradientScale& g);
