@@ -322,7 +322,7 @@ void ShardedMarginSoftmax::choose_rows(Step& step, const torch::Tensor& y) {
       row_source(weight_.scalar_type(), options_.gemm_dtype, step.active.defined());
   step.stored_rows = source == RowSource::kStored;
   const int64_t gemm_bytes = static_cast<int64_t>(torch::elementSize(options_.gemm_dtype));
-  // The fused kernels recompute the logits in backward: a cached plan keeps only the rows.
+  // The fused kernels keep no logits: their cached plan keeps the rows.
   step.plan = plan_chunks(step.active_rows, step.batch, options_.embedding_size, gemm_bytes, source,
                           options_.workspace_bytes, logits(),
                           parts_ || takes_fused_update(step.batch) ? RowGradientStore::kNone
@@ -330,8 +330,8 @@ void ShardedMarginSoftmax::choose_rows(Step& step, const torch::Tensor& y) {
   // Where every class fits at once, the fused kernels keep each logit's exponential in the bytes
   // of its gradient, and backward needs no products of its own (a normalising margin bounds the
   // logits by s; the parts of a step recompute them).
-  step.plan.kept_exponentials =
-      fused_ && step.plan.cache && !parts_ && options_.margin.params().normalized;
+  step.plan.kept_exponentials = fused_ && step.plan.cache && step.plan.chunks > 0 && !parts_ &&
+                                options_.margin.params().normalized;
   last_plan_ = step.plan;
 }
 

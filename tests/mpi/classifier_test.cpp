@@ -86,11 +86,14 @@ Problem make_problem(const std::vector<int64_t>& counts, int64_t classes, int64_
 class ClassifierTest : public BackendTest {
  protected:
   // Per-class budget that makes chunks of `rows` classes for this problem when the GEMMs read
-  // copies of the rows, and of a few more when they read the stored rows.
+  // copies of the rows, and of a few more when they read the stored rows (or keep fewer bytes
+  // than `logits` and `row_gradient` say).
   static int64_t budget_for_chunk(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes = 4,
-                                  RowSource source = RowSource::kCopy) {
-    return rows * (chunk_cached_bytes_per_row(batch, dim, gemm_bytes, source) +
-                   chunk_work_bytes_per_row(batch, dim, gemm_bytes));
+                                  RowSource source = RowSource::kCopy,
+                                  Logits logits = Logits::kInMemory,
+                                  RowGradientStore row_gradient = RowGradientStore::kChunk) {
+    return rows * (chunk_cached_bytes_per_row(batch, dim, gemm_bytes, source, logits) +
+                   chunk_work_bytes_per_row(batch, dim, gemm_bytes, row_gradient));
   }
 
   ShardedSoftmaxOptions options_for(const Problem& p, const MarginConfig& margin) {
@@ -433,7 +436,12 @@ TEST_P(ClassifierTest, FusedWeightUpdateMatchesReferenceUnfusedUpdateAndRerun) {
     o.optimizer.weight_decay = 0.01;
     o.optimizer.nesterov = c.nesterov;
     o.optimizer.state_dtype = c.state;
-    if (c.chunked) o.workspace_bytes = budget_for_chunk(40, p.features.size(0), 24, 2);
+    // Chunks of 40 classes where the fused update runs (no row gradient, no logits), fewer
+    // elsewhere.
+    if (c.chunked) {
+      o.workspace_bytes = budget_for_chunk(40, p.features.size(0), 24, 2, RowSource::kCopy,
+                                           Logits::kInRegisters, RowGradientStore::kNone);
+    }
     const std::string label =
         str_format("{}, weights {}, momentum {}, rate {}{}{}", c.margin.describe(),
                    c10::toString(c.weight_dtype), c10::toString(c.state), c.rate,
@@ -801,7 +809,8 @@ TEST_P(ClassifierTest, PartsOfAStepGiveTheWholeStep) {
   add("ArcFace, fused SGD, bf16 rows read by the GEMMs, chunks",
       margin_of(MarginType::kArcFace, 1, 0.5, 0), 1e-3, [&](ShardedSoftmaxOptions& o) {
         bf16_rows(o);
-        o.workspace_bytes = budget_for_chunk(8, batch, 16, 2, RowSource::kStored);
+        o.workspace_bytes = budget_for_chunk(8, batch, 16, 2, RowSource::kStored,
+                                             Logits::kInRegisters, RowGradientStore::kNone);
       });
   // Whole, the fused kernels keep the exponentials: the logits' gradient rounded to bf16 from
   // another product, so within bf16's tolerance of the parts' recomputation.
