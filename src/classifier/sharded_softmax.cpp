@@ -463,17 +463,14 @@ bool ShardedMarginSoftmax::takes_fused_update(int64_t batch) const {
 
 torch::Tensor ShardedMarginSoftmax::kept_factor(Step& step, const GradientScale& g) {
   if (!step.plan.kept_exponentials) return {};
-  const MarginParams params = options_.margin.params();
-  // One host synchronisation: a row whose max lies deeper below s may have lost elements that
-  // matter to underflow, and the step recomputes its logits from the rows forward kept.
-  if ((step.row_max < params.scale - kKeptMaxDepth).any().item<bool>()) {
-    step.kept = {};
-    return {};
-  }
+  // dX̂ is scaled by the factor after its product, which is the product of one chunk alone.
+  MYRIAD_CHECK(step.plan.chunks == 1, "the kept exponentials take one chunk, not {}",
+               step.plan.chunks);
   phase("kept_logit_grad");
   const torch::Tensor scale = step.row_scales.empty() ? torch::Tensor() : step.row_scales[0];
-  return finish_kept_exponentials(step.kept, scale, step.target_col, 0, step.row_max,
-                                  step.row_inv_sum, g.coef, params);
+  return finish_kept_exponentials(step.kept, step.xg, step.cached_rows[0], scale, step.target_col,
+                                  0, step.row_max, step.row_inv_sum, g.coef,
+                                  options_.margin.params());
 }
 
 void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn,

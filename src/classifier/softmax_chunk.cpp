@@ -240,24 +240,51 @@ void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& r
 #endif
 }
 
-torch::Tensor finish_kept_exponentials(KeptExponentials& kept, const torch::Tensor& row_scale,
+#ifdef MYRIAD_WITH_HOPPER_KERNELS
+namespace {
+
+// The fused gradient kernel into `out` [rows, B] bfloat16, gated on `gate` where defined.
+void launch_logit_grad(const torch::Tensor& x, const torch::Tensor& rows,
+                       const torch::Tensor& row_scale, const torch::Tensor& target_col,
+                       int64_t begin, const torch::Tensor& row_max,
+                       const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
+                       const MarginParams& params, torch::Tensor& out, const torch::Tensor& gate) {
+  MYRIAD_CHECK_CUDA(cuda::fused_logit_grad(
+      x.data_ptr(), x.size(0), rows.data_ptr(), scale_pointer(row_scale), rows.size(0),
+      static_cast<int>(x.size(1)), target_col.data_ptr<int64_t>(), begin, row_max.data_ptr<float>(),
+      row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params, out.data_ptr(),
+      gate.defined() ? gate.data_ptr<int>() : nullptr, stream_of(x)));
+}
+
+}  // namespace
+#endif
+
+torch::Tensor finish_kept_exponentials(KeptExponentials& kept, const torch::Tensor& x,
+                                       const torch::Tensor& rows, const torch::Tensor& row_scale,
                                        const torch::Tensor& target_col, int64_t begin,
                                        const torch::Tensor& row_max,
                                        const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
                                        const MarginParams& params) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
-  const c10::cuda::CUDAGuard on_device(kept.matrix.device());
-  const int64_t batch = kept.matrix.size(1);
+  const auto on_device = prepare_fused_launch(x, rows);
+  MYRIAD_CHECK(kept.matrix.sizes() == torch::IntArrayRef({rows.size(0), x.size(0)}),
+               "the kept exponentials are [{}, {}], not the chunk's [{}, {}]", kept.matrix.size(0),
+               kept.matrix.size(1), rows.size(0), x.size(0));
+  const int64_t batch = x.size(0);
   torch::Tensor factor = torch::empty({batch}, row_max.options());
+  const torch::Tensor deep = torch::empty({1}, row_max.options().dtype(torch::kInt32));
   MYRIAD_CHECK_CUDA(cuda::kept_finish(
-      kept.matrix.data_ptr(), batch, kept.matrix.size(0), scale_pointer(row_scale),
+      kept.matrix.data_ptr(), batch, rows.size(0), scale_pointer(row_scale),
       target_col.data_ptr<int64_t>(), begin, kept.target_cos.data_ptr<float>(),
       row_max.data_ptr<float>(), row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params,
-      factor.data_ptr<float>(), stream_of(kept.matrix)));
+      factor.data_ptr<float>(), deep.data_ptr<int>(), stream_of(x)));
+  // Deep rows (decided on the device): the logits' gradient recomputed over the kept matrix.
+  launch_logit_grad(x, rows, row_scale, target_col, begin, row_max, row_inv_sum, coef, params,
+                    kept.matrix, deep);
   return factor;
 #else
-  (void)kept, (void)row_scale, (void)target_col, (void)begin, (void)row_max, (void)row_inv_sum,
-      (void)coef, (void)params;
+  (void)kept, (void)x, (void)rows, (void)row_scale, (void)target_col, (void)begin, (void)row_max,
+      (void)row_inv_sum, (void)coef, (void)params;
   MYRIAD_THROW("this build has no fused classifier kernels");
 #endif
 }
@@ -270,10 +297,8 @@ torch::Tensor fused_chunk_logit_grad(const torch::Tensor& x, const torch::Tensor
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
   const auto on_device = prepare_fused_launch(x, rows);
   torch::Tensor out = torch::empty({rows.size(0), x.size(0)}, x.options());
-  MYRIAD_CHECK_CUDA(cuda::fused_logit_grad(
-      x.data_ptr(), x.size(0), rows.data_ptr(), scale_pointer(row_scale), rows.size(0),
-      static_cast<int>(x.size(1)), target_col.data_ptr<int64_t>(), begin, row_max.data_ptr<float>(),
-      row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params, out.data_ptr(), stream_of(x)));
+  launch_logit_grad(x, rows, row_scale, target_col, begin, row_max, row_inv_sum, coef, params, out,
+                    torch::Tensor());
   return out;
 #else
   (void)x, (void)rows, (void)row_scale, (void)target_col, (void)begin, (void)row_max,

@@ -65,11 +65,14 @@ void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& r
                                   torch::Tensor& row_sum, torch::Tensor& target_logit,
                                   KeptExponentials* kept = nullptr);
 
-// Backward from the kept exponentials, given the global statistics: replaces each target's
-// element by its gradient (margin included) over the sample's factor, and returns the factors
-// [B] float32, so that the logits' gradient is kept.matrix[j, b] * factor[b] everywhere. The
-// caller checks that every row's max lies within kKeptMaxDepth of s.
-torch::Tensor finish_kept_exponentials(KeptExponentials& kept, const torch::Tensor& row_scale,
+// Backward from the kept exponentials of the chunk of `rows` against `x`, given the global
+// statistics: replaces each target's element by its gradient (margin included) over the sample's
+// factor, and returns the factors [B] float32, so that the logits' gradient is
+// kept.matrix[j, b] * factor[b] everywhere. Where a row's max lies deeper than kKeptMaxDepth below
+// s, elements that matter may have underflowed: then, decided on the device with no host
+// synchronisation, the recomputed gradient overwrites kept.matrix and every factor is 1.
+torch::Tensor finish_kept_exponentials(KeptExponentials& kept, const torch::Tensor& x,
+                                       const torch::Tensor& rows, const torch::Tensor& row_scale,
                                        const torch::Tensor& target_col, int64_t begin,
                                        const torch::Tensor& row_max,
                                        const torch::Tensor& row_inv_sum, const torch::Tensor& coef,

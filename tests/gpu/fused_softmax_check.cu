@@ -101,6 +101,141 @@ std::vector<double> reference_dots(const Problem& p) {
   return dots;
 }
 
+template <class T>
+std::vector<T> to_host(const T* d, size_t n) {
+  std::vector<T> v(n);
+  CHECK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+template <class T>
+T* device_nan(size_t n) {  // NaN (all bits set) wherever nothing is written
+  T* d = nullptr;
+  CHECK(cudaMalloc(&d, n * sizeof(T)));
+  CHECK(cudaMemset(d, 0xff, n * sizeof(T)));
+  return d;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The inputs of one problem on the device.
+struct Operands {
+  const __nv_bfloat16 *x, *w;
+  const float* scale;
+  const int64_t* target;
+  int64_t begin, batch, classes;
+  int dim;
+  MarginParams params;
+};
+
+// Backward from the kept exponentials as the classifier runs it: kept_finish, then the gradient
+// kernel gated on its depth flag. Returns the factors; `deep` and the matrix are left on the
+// device.
+std::vector<float> finish_backward(const Operands& o, __nv_bfloat16* kept, const float* tcos,
+                                   const float* row_max, const float* row_inv_sum,
+                                   const float* coef, int* deep) {
+  float* factor = device_nan<float>(o.batch);
+  CHECK(myriad::cuda::kept_finish(kept, o.batch, o.classes, o.scale, o.target, o.begin, tcos,
+                                  row_max, row_inv_sum, coef, o.params, factor, deep, nullptr));
+  CHECK(myriad::cuda::fused_logit_grad(o.x, o.batch, o.w, o.scale, o.classes, o.dim, o.target,
+                                       o.begin, row_max, row_inv_sum, coef, o.params, kept, deep,
+                                       nullptr));
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> f = to_host(factor, o.batch);
+  cudaFree(factor);
+  return f;
+}
+
+struct KeptOutcome {
+  double worst = 0;      // the gradient from the kept exponentials against float64
+  std::string problems;  // what else failed, for the report
+};
+
+// A row deeper than kKeptMaxDepth below s (the first sample's max made so) raises the flag: every
+// factor is 1 and the gated kernel writes, bit for bit, what the ungated one does.
+std::string deep_fallback(const Operands& o, __nv_bfloat16* kept, const float* tcos,
+                          const float* row_max, const float* row_inv_sum, const float* coef) {
+  std::vector<float> deeper = to_host(row_max, o.batch);
+  deeper[0] = o.params.scale - myriad::kKeptMaxDepth - 1.0f;
+  float* d_deeper = to_device(deeper);
+  int* deep = device_nan<int>(1);
+  const std::vector<float> factor =
+      finish_backward(o, kept, tcos, d_deeper, row_inv_sum, coef, deep);
+  __nv_bfloat16* grad = device_nan<__nv_bfloat16>(o.classes * o.batch);
+  CHECK(myriad::cuda::fused_logit_grad(o.x, o.batch, o.w, o.scale, o.classes, o.dim, o.target,
+                                       o.begin, d_deeper, row_inv_sum, coef, o.params, grad,
+                                       nullptr, nullptr));
+  CHECK(cudaDeviceSynchronize());
+  std::string problems;
+  if (to_host(deep, 1)[0] != 1) problems += " (a deep row raised no flag)";
+  if (std::any_of(factor.begin(), factor.end(), [](float f) { return f != 1.0f; }))
+    problems += " (a deep row left factors other than 1)";
+  if (!same_bits(to_host(kept, o.classes * o.batch), to_host(grad, o.classes * o.batch)))
+    problems += " (the deep-row fallback differs from the gradient kernel)";
+  cudaFree(d_deeper), cudaFree(deep), cudaFree(grad);
+  return problems;
+}
+
+// A zero upstream gradient: every factor 0 and every target's element 0, not 0/0.
+std::string zero_gradient(const Operands& o, __nv_bfloat16* kept, const float* tcos,
+                          const float* row_max, const float* row_inv_sum) {
+  float* zero = to_device(std::vector<float>{0.0f});
+  int* deep = device_nan<int>(1);
+  const std::vector<float> factor =
+      finish_backward(o, kept, tcos, row_max, row_inv_sum, zero, deep);
+  const std::vector<__nv_bfloat16> matrix = to_host(kept, o.classes * o.batch);
+  cudaFree(zero), cudaFree(deep);
+  // The logits' gradient is each element times its sample's factor: 0 everywhere, where 0/0 at
+  // a target would give NaN.
+  for (size_t e = 0; e < matrix.size(); ++e)
+    if (double(__bfloat162float(matrix[e])) * factor[e % o.batch] != 0.0)
+      return " (a zero upstream gradient gave a gradient other than 0)";
+  return "";
+}
+
+// Forward keeping the exponentials gives the same statistics bit for bit; backward from them, the
+// reference's gradient; then the deep-row fallback and a zero upstream gradient.
+KeptOutcome check_kept(const Operands& o, int parts, const std::vector<float>& got_max,
+                       const std::vector<float>& got_sum, const std::vector<float>& got_t,
+                       const float* row_max, const float* row_inv_sum, const float* coef,
+                       const std::vector<double>& ref_grad, double largest) {
+  const size_t part_rows = size_t(parts) * o.batch;
+  __nv_bfloat16* kept = device_nan<__nv_bfloat16>(o.classes * o.batch);
+  float *kmax = device_nan<float>(part_rows), *ksum = device_nan<float>(part_rows);
+  float *kt = device_nan<float>(o.batch), *tcos = device_nan<float>(o.batch);
+  CHECK(myriad::cuda::fused_logit_stats(o.x, o.batch, o.w, o.scale, o.classes, o.dim, o.target,
+                                        o.begin, o.params, kmax, ksum, kt, tcos, kept, nullptr));
+  KeptOutcome out;
+  CHECK(cudaDeviceSynchronize());
+  if (!same_bits(to_host(kmax, part_rows), got_max) ||
+      !same_bits(to_host(ksum, part_rows), got_sum) || !same_bits(to_host(kt, o.batch), got_t))
+    out.problems += " (statistics differ when keeping them)";
+  const std::vector<__nv_bfloat16> forward = to_host(kept, o.classes * o.batch);
+  int* deep = device_nan<int>(1);
+  const std::vector<float> factor =
+      finish_backward(o, kept, tcos, row_max, row_inv_sum, coef, deep);
+  if (to_host(deep, 1)[0] != 0) out.problems += " (rows within reach of s raised the flag)";
+  const std::vector<__nv_bfloat16> got = to_host(kept, o.classes * o.batch);
+  for (size_t e = 0; e < ref_grad.size(); ++e) {
+    const double g = double(__bfloat162float(got[e])) * factor[e % o.batch];
+    const double err = std::fabs(g - ref_grad[e]) / (std::fabs(ref_grad[e]) + 1e-3 * largest);
+    out.worst = std::isnan(g) ? INFINITY : std::max(out.worst, err);
+  }
+  // Each later case starts from forward's matrix again.
+  const auto restore = [&] {
+    CHECK(cudaMemcpy(kept, forward.data(), forward.size() * 2, cudaMemcpyHostToDevice));
+  };
+  restore();
+  out.problems += deep_fallback(o, kept, tcos, row_max, row_inv_sum, coef);
+  restore();
+  out.problems += zero_gradient(o, kept, tcos, row_max, row_inv_sum);
+  cudaFree(kept), cudaFree(kmax), cudaFree(ksum), cudaFree(kt), cudaFree(tcos), cudaFree(deep);
+  return out;
+}
+
 int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool scaled) {
   const Problem p = make_problem(batch, classes, dim, 17 + batch + classes);
   const int parts = myriad::cuda::fused_logit_parts(0, batch, classes);
@@ -173,7 +308,7 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
   CHECK(cudaMalloc(&grad, classes * batch * 2));
   CHECK(cudaMemset(grad, 0xff, classes * batch * 2));  // NaN wherever nothing is written
   CHECK(myriad::cuda::fused_logit_grad(x, batch, w, scale, classes, dim, target, p.begin, d_max,
-                                       d_inv, d_coef, params, grad, nullptr));
+                                       d_inv, d_coef, params, grad, nullptr, nullptr));
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
   std::vector<__nv_bfloat16> got_grad(classes * batch);
@@ -200,63 +335,25 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
     const double err = std::fabs(g - ref_grad[e]) / (std::fabs(ref_grad[e]) + 1e-3 * largest);
     worst_grad = std::isnan(g) ? INFINITY : std::max(worst_grad, err);
   }
-  // Forward again, keeping the exponentials (normalising margins): the same statistics bit for
-  // bit, and from the kept matrix times each sample's factor the same gradient.
-  double worst_kept = 0;
-  bool same_stats = true;
+  // Forward again, keeping the exponentials (normalising margins), and backward as the classifier
+  // runs it.
+  KeptOutcome kept;
   if (params.normalized) {
-    __nv_bfloat16* kept;
-    float *kmax, *ksum, *kt, *tcos, *factor;
-    CHECK(cudaMalloc(&kept, classes * batch * 2));
-    CHECK(cudaMemset(kept, 0xff, classes * batch * 2));
-    CHECK(cudaMalloc(&kmax, int64_t{parts} * batch * 4));
-    CHECK(cudaMalloc(&ksum, int64_t{parts} * batch * 4));
-    CHECK(cudaMalloc(&kt, batch * 4));
-    CHECK(cudaMalloc(&tcos, batch * 4));
-    CHECK(cudaMalloc(&factor, batch * 4));
-    CHECK(cudaMemset(kmax, 0xff, int64_t{parts} * batch * 4));
-    CHECK(cudaMemset(ksum, 0xff, int64_t{parts} * batch * 4));
-    CHECK(cudaMemset(kt, 0xff, batch * 4));
-    CHECK(cudaMemset(factor, 0xff, batch * 4));
-    CHECK(myriad::cuda::fused_logit_stats(x, batch, w, scale, classes, dim, target, p.begin, params,
-                                          kmax, ksum, kt, tcos, kept, nullptr));
-    CHECK(myriad::cuda::kept_finish(kept, batch, classes, scale, target, p.begin, tcos, d_max,
-                                    d_inv, d_coef, params, factor, nullptr));
-    CHECK(cudaGetLastError());
-    CHECK(cudaDeviceSynchronize());
-    std::vector<float> k_max(got_max.size()), k_sum(got_sum.size()), k_t(batch), k_factor(batch);
-    std::vector<__nv_bfloat16> got_kept(classes * batch);
-    CHECK(cudaMemcpy(k_max.data(), kmax, k_max.size() * 4, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(k_sum.data(), ksum, k_sum.size() * 4, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(k_t.data(), kt, batch * 4, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(k_factor.data(), factor, batch * 4, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemcpy(got_kept.data(), kept, got_kept.size() * 2, cudaMemcpyDeviceToHost));
-    same_stats = std::equal(k_max.begin(), k_max.end(), got_max.begin(),
-                            [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; }) &&
-                 std::equal(k_sum.begin(), k_sum.end(), got_sum.begin(),
-                            [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; }) &&
-                 std::equal(k_t.begin(), k_t.end(), got_t.begin(),
-                            [](float a, float b) { return std::memcmp(&a, &b, 4) == 0; });
-    for (size_t e = 0; e < ref_grad.size(); ++e) {
-      const double g = double(__bfloat162float(got_kept[e])) * k_factor[e % batch];
-      const double err = std::fabs(g - ref_grad[e]) / (std::fabs(ref_grad[e]) + 1e-3 * largest);
-      worst_kept = std::isnan(g) ? INFINITY : std::max(worst_kept, err);
-    }
-    cudaFree(kept), cudaFree(kmax), cudaFree(ksum), cudaFree(kt), cudaFree(tcos), cudaFree(factor);
+    const Operands ops{x, w, scale, target, p.begin, batch, classes, dim, params};
+    kept = check_kept(ops, parts, got_max, got_sum, got_t, d_max, d_inv, d_coef, ref_grad, largest);
   }
   cudaFree(d_max), cudaFree(d_inv), cudaFree(d_coef), cudaFree(grad);
   // bf16 products summed in float32 against float64: cosines within about 1e-6, so z = 64 cos
   // within 1e-4 (measured: 1.5e-5); the gradient within bf16's rounding, 2^-8 relative.
   const bool ok = worst_max < 2e-4 && worst_sum < 2e-4 && worst_t < 2e-4 && bad_t == 0 &&
-                  worst_grad < 6e-3 && worst_kept < 6e-3 && same_stats;
+                  worst_grad < 6e-3 && kept.worst < 6e-3 && kept.problems.empty();
   std::printf(
       "check batch %lld classes %lld dim %d parts %d (m2 %.2f m3 %.2f%s%s): worst |max| "
       "%.2e, sum rel %.2e, target %.2e, stray targets %d, gradient %.2e, from kept "
       "exponentials %.2e%s: %s\n",
       (long long)batch, (long long)classes, dim, parts, params.m2, params.m3,
       params.normalized ? "" : ", plain", scaled ? ", row scales" : "", worst_max, worst_sum,
-      worst_t, bad_t, worst_grad, worst_kept,
-      same_stats ? "" : " (statistics differ when keeping them)", ok ? "ok" : "FAILED");
+      worst_t, bad_t, worst_grad, kept.worst, kept.problems.c_str(), ok ? "ok" : "FAILED");
   cudaFree(x), cudaFree(w), cudaFree(scale), cudaFree(target), cudaFree(gmax), cudaFree(gsum),
       cudaFree(tlogit);
   return ok ? 0 : 1;
@@ -306,12 +403,16 @@ void time_case(int64_t batch, int64_t classes, int dim) {
   const float fused_grad = time_ms(
       [&] {
         CHECK(myriad::cuda::fused_logit_grad(x, batch, w, nullptr, classes, dim, t, p.begin,
-                                             row_max, inv_sum, coef, params, grad, nullptr));
+                                             row_max, inv_sum, coef, params, grad, nullptr,
+                                             nullptr));
       },
       10);
-  // Forward keeping the exponentials (into the gradient's buffer), and backward's finish.
+  // Forward keeping the exponentials (into the gradient's buffer), and backward's finish with its
+  // gated gradient kernel, as the classifier runs them.
   float* tcos;
+  int* deep;
   CHECK(cudaMalloc(&tcos, batch * 4));
+  CHECK(cudaMalloc(&deep, 4));
   const float keep = time_ms(
       [&] {
         CHECK(myriad::cuda::fused_logit_stats(x, batch, w, nullptr, classes, dim, t, p.begin,
@@ -321,10 +422,13 @@ void time_case(int64_t batch, int64_t classes, int dim) {
   const float finish = time_ms(
       [&] {
         CHECK(myriad::cuda::kept_finish(grad, batch, classes, nullptr, t, p.begin, tcos, row_max,
-                                        inv_sum, coef, params, tl, nullptr));
+                                        inv_sum, coef, params, tl, deep, nullptr));
+        CHECK(myriad::cuda::fused_logit_grad(x, batch, w, nullptr, classes, dim, t, p.begin,
+                                             row_max, inv_sum, coef, params, grad, deep, nullptr));
       },
       10);
-  cudaFree(row_max), cudaFree(inv_sum), cudaFree(coef), cudaFree(grad), cudaFree(tcos);
+  cudaFree(row_max), cudaFree(inv_sum), cudaFree(coef), cudaFree(grad), cudaFree(tcos),
+      cudaFree(deep);
   // cuBLAS: the logits of a chunk of 1M classes as today's path computes them (bf16 in, float32
   // out, class-major), scaled to all classes.
   const int64_t chunk = std::min<int64_t>(classes, 1 << 20);

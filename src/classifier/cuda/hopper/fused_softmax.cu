@@ -138,7 +138,7 @@ __device__ void produce(S& s, const CUtensorMap* x_map, const CUtensorMap* w_map
 
 // What a kernel reads and writes besides the operands. Statistics: group_max, group_sum,
 // target_logit; keeping the exponentials also target_cos and `matrix`. Gradient: row_max,
-// row_inv_sum, coef in, `matrix` (the logits' gradient) out.
+// row_inv_sum, coef in, `matrix` (the logits' gradient) out, where `gate` is null or non-zero.
 struct Io {
   const float* row_scale;
   const int64_t* target_col;
@@ -151,6 +151,7 @@ struct Io {
   const float* row_inv_sum;
   const float* coef;
   __nv_bfloat16* matrix;
+  const int* gate;
 };
 
 // A consumer warpgroup takes every other tile of the range for all 128 rows of the CTA, as two
@@ -506,6 +507,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap w_map,
                          const __grid_constant__ CUtensorMap out_map, bool staged, int64_t classes,
                          int64_t batch, MarginParams params, int lanes, Io io) {
+  // A gate decided on the device (backward from kept exponentials falls back to this kernel for
+  // deep rows) spares the host a synchronisation; every thread of the grid leaves alike.
+  if (io.gate != nullptr && *io.gate == 0) return;
   using S = Shared<kKBlocks, kPass>;
   S& s = shared_storage<S>();
   const int row_blocks = static_cast<int>(gridDim.x) / lanes;
@@ -647,7 +651,8 @@ cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const
               nullptr,
               nullptr,
               nullptr,
-              static_cast<__nv_bfloat16*>(kept)};
+              static_cast<__nv_bfloat16*>(kept),
+              nullptr};
   if (kept == nullptr)
     return launch<Pass::kStatistics>(x, batch, w, classes, dim, params, io, stream);
   if (!params.normalized || target_cos == nullptr) return cudaErrorInvalidValue;
@@ -657,7 +662,8 @@ cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const
 cudaError_t fused_logit_grad(const void* x, int64_t batch, const void* w, const float* row_scale,
                              int64_t classes, int dim, const int64_t* target_col, int64_t begin,
                              const float* row_max, const float* row_inv_sum, const float* coef,
-                             MarginParams params, void* logit_grad, cudaStream_t stream) {
+                             MarginParams params, void* logit_grad, const int* gate,
+                             cudaStream_t stream) {
   const Io io{row_scale,
               target_col,
               begin,
@@ -668,21 +674,33 @@ cudaError_t fused_logit_grad(const void* x, int64_t batch, const void* w, const 
               row_max,
               row_inv_sum,
               coef,
-              static_cast<__nv_bfloat16*>(logit_grad)};
+              static_cast<__nv_bfloat16*>(logit_grad),
+              gate};
   return launch<Pass::kGradient>(x, batch, w, classes, dim, params, io, stream);
 }
 
 namespace {
 
+// One thread per sample: a row whose max lies deeper than kKeptMaxDepth below s raises *deep.
+__global__ void kept_depth_kernel(int64_t batch, const float* row_max, float floor, int* deep) {
+  const int64_t b = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (b < batch && row_max[b] < floor) *deep = 1;
+}
+
 // One thread per sample: its factor, and its target's element replaced by the gradient over the
-// factor, so that the products read the gradient there too.
+// factor, so that the products read the gradient there too. Where a row is deep, every factor is
+// 1: the gated gradient kernel then writes the whole gradient over the kept matrix.
 __global__ void kept_finish_kernel(__nv_bfloat16* kept, int64_t batch, int64_t classes,
                                    const float* row_scale, const int64_t* target_col, int64_t begin,
                                    const float* target_cos, const float* row_max,
                                    const float* row_inv_sum, const float* coef, MarginParams params,
-                                   float* factor) {
+                                   float* factor, const int* deep) {
   const int64_t b = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (b >= batch) return;
+  if (*deep != 0) {
+    factor[b] = 1.0f;
+    return;
+  }
   const float s = params.scale;
   // coef softmax dz/dcos = coef exp(z - max) / sum s = exp(z - s) (coef s exp(s - max) / sum).
   const float f = *coef * s * expf(s - row_max[b]) * row_inv_sum[b];
@@ -694,7 +712,8 @@ __global__ void kept_finish_kernel(__nv_bfloat16* kept, int64_t batch, int64_t c
   const float p = expf(z - row_max[b]) * row_inv_sum[b];
   float g = *coef * (p - 1.0f) * dz_dcos;
   if (row_scale != nullptr) g *= row_scale[col];
-  kept[col * batch + b] = __float2bfloat16(g / f);
+  // A zero upstream gradient makes the whole row's gradient zero, the target's included (not 0/0).
+  kept[col * batch + b] = __float2bfloat16(f == 0.0f ? 0.0f : g / f);
 }
 
 }  // namespace
@@ -702,13 +721,19 @@ __global__ void kept_finish_kernel(__nv_bfloat16* kept, int64_t batch, int64_t c
 cudaError_t kept_finish(void* kept, int64_t batch, int64_t classes, const float* row_scale,
                         const int64_t* target_col, int64_t begin, const float* target_cos,
                         const float* row_max, const float* row_inv_sum, const float* coef,
-                        MarginParams params, float* factor, cudaStream_t stream) {
-  if (batch == 0) return cudaSuccess;
+                        MarginParams params, float* factor, int* deep, cudaStream_t stream) {
   if (!params.normalized) return cudaErrorInvalidValue;
+  cudaError_t rc = cudaMemsetAsync(deep, 0, sizeof(int), stream);
+  if (rc != cudaSuccess || batch == 0) return rc;
   constexpr int kBlock = 256;
-  kept_finish_kernel<<<static_cast<unsigned>((batch + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
+  const auto blocks = static_cast<unsigned>((batch + kBlock - 1) / kBlock);
+  kept_depth_kernel<<<blocks, kBlock, 0, stream>>>(batch, row_max, params.scale - kKeptMaxDepth,
+                                                   deep);
+  rc = cudaGetLastError();
+  if (rc != cudaSuccess) return rc;
+  kept_finish_kernel<<<blocks, kBlock, 0, stream>>>(
       static_cast<__nv_bfloat16*>(kept), batch, classes, row_scale, target_col, begin, target_cos,
-      row_max, row_inv_sum, coef, params, factor);
+      row_max, row_inv_sum, coef, params, factor, deep);
   return cudaGetLastError();
 }
 

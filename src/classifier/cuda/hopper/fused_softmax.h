@@ -39,20 +39,24 @@ cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const
 
 // The logits' gradient as chunk_grad computes it from stored logits: logit_grad[j, b] (bf16,
 // class-major [classes, batch]) = coef (softmax - one-hot) dz/dcos row_scale[j], with the
-// softmax from the global row_max and row_inv_sum [batch]; coef is one float on the device.
+// softmax from the global row_max and row_inv_sum [batch]; coef is one float on the device. With
+// `gate` (one int on the device), the kernel writes nothing where *gate is 0.
 cudaError_t fused_logit_grad(const void* x, int64_t batch, const void* w, const float* row_scale,
                              int64_t classes, int dim, const int64_t* target_col, int64_t begin,
                              const float* row_max, const float* row_inv_sum, const float* coef,
-                             MarginParams params, void* logit_grad, cudaStream_t stream);
+                             MarginParams params, void* logit_grad, const int* gate,
+                             cudaStream_t stream);
 
 // Backward from the kept exponentials (a normalising margin only). For every sample b:
 // factor[b] = coef s exp(s - row_max[b]) row_inv_sum[b], so that the logits' gradient off the
 // target is kept[j, b] factor[b]; and where b's target lies in the chunk, kept[target, b] becomes
-// its gradient (margin included) over factor[b]. Every row's max must lie within
-// kKeptMaxDepth of s (checked by the caller), or kept elements that matter may have underflowed.
+// its gradient (margin included) over factor[b]. Kept elements that matter may have underflowed
+// where a row's max lies deeper than kKeptMaxDepth below s: then *deep (one int on the device)
+// becomes 1 and every factor 1, and the caller runs fused_logit_grad gated on *deep into `kept`.
+// Otherwise *deep becomes 0. No host synchronisation either way.
 cudaError_t kept_finish(void* kept, int64_t batch, int64_t classes, const float* row_scale,
                         const int64_t* target_col, int64_t begin, const float* target_cos,
                         const float* row_max, const float* row_inv_sum, const float* coef,
-                        MarginParams params, float* factor, cudaStream_t stream);
+                        MarginParams params, float* factor, int* deep, cudaStream_t stream);
 
 }  // namespace myriad::cuda
