@@ -64,6 +64,7 @@ struct ShardedMarginSoftmax::Step {
   int64_t divisor = 0;  // the loss is the mean over this many samples: the whole step's
   int64_t local_begin = 0;
   torch::ScalarType feature_dtype = torch::kFloat32;
+  bool backward = true;  // false: no backward follows, so the plan caches nothing for one
   bool skip = false;
   torch::Tensor xn;          // [B, D] float32: normalised features (raw for softmax)
   torch::Tensor inv_xnorm;   // [B, 1] when normalised
@@ -205,7 +206,7 @@ torch::Tensor ShardedMarginSoftmax::forward(const torch::Tensor& features,
   // Nothing will call backward: keep no state for it.
   torch::NoGradGuard no_grad;
   int64_t step = 0;
-  torch::Tensor loss = run_forward(features, labels, &step);
+  torch::Tensor loss = run_forward(features, labels, &step, /*backward=*/false);
   pending_.reset();
   return loss;
 }
@@ -237,11 +238,13 @@ void ShardedMarginSoftmax::check_labels(const torch::Tensor& y, const torch::Ten
 }
 
 torch::Tensor ShardedMarginSoftmax::run_forward(const torch::Tensor& features,
-                                                const torch::Tensor& labels, int64_t* step_id) {
+                                                const torch::Tensor& labels, int64_t* step_id,
+                                                bool backward) {
   NoAutocast no_autocast;
   const AgreedBeforehand agreed(comm_, parts_ != nullptr);
   auto step = std::make_unique<Step>();
   step->id = ++forwards_;
+  step->backward = backward;
   *step_id = step->id;
   step->feature_dtype = features.scalar_type();
   phase("gather");
@@ -327,6 +330,9 @@ void ShardedMarginSoftmax::choose_rows(Step& step, const torch::Tensor& y) {
                           options_.workspace_bytes, logits(),
                           parts_ || takes_fused_update(step.batch) ? RowGradientStore::kNone
                                                                    : RowGradientStore::kChunk);
+  // A forward that no backward follows (a loss under no_grad) keeps neither logits, rows nor
+  // exponentials: at 4M classes and 2048 samples per step the exponentials alone take 16 GiB.
+  step.plan.cache = step.plan.cache && step.backward;
   // Where every class fits at once, the fused kernels keep each logit's exponential in the bytes
   // of its gradient, and backward needs no products of its own (a normalising margin bounds the
   // logits by s; the parts of a step recompute them).

@@ -330,6 +330,46 @@ TEST_P(ClassifierTest, KeptExponentialsGiveWayToRecomputationWhereRowsLieDeep) {
   EXPECT_EQ(module->last_plan().kept_exponentials, module->fused());
 }
 
+// A loss under no_grad (no backward follows) caches nothing for backward, the fused kernels'
+// exponentials included, and is the loss of a forward that does, bit for bit; the training step
+// after it is a fresh classifier's.
+TEST_P(ClassifierTest, AForwardWithoutGradientKeepsNothingForBackward) {
+  const Problem p = make_problem(uneven_batches(world()), 120, 24, 31);
+  const auto bf16 = [](ShardedSoftmaxOptions o) {
+    o.gemm_dtype = torch::kBFloat16;
+    o.weight_dtype = torch::kBFloat16;
+    return o;
+  };
+  const ShardedSoftmaxOptions arcface = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+  const ShardedSoftmaxOptions softmax = options_for(p, margin_of(MarginType::kSoftmax, 1, 0, 0));
+  for (const ShardedSoftmaxOptions& o : {arcface, softmax, bf16(arcface), bf16(softmax)}) {
+    const std::string label =
+        str_format("{}, {} GEMMs", o.margin.describe(), c10::toString(o.gemm_dtype));
+    auto module = make_module(p, o);
+    const torch::Tensor x = local_rows(p, p.features).to(device());
+    const torch::Tensor y = local_rows(p, p.labels).to(device());
+    const torch::Tensor with_grad = module->forward(x.clone().requires_grad_(true), y).detach();
+    EXPECT_TRUE(module->last_plan().cache) << label;
+    EXPECT_EQ(module->last_plan().kept_exponentials,
+              module->fused() && o.margin.params().normalized)
+        << label;
+    torch::Tensor without;
+    {
+      torch::NoGradGuard no_grad;
+      without = module->forward(x, y);
+    }
+    EXPECT_FALSE(module->last_plan().cache) << label;
+    EXPECT_FALSE(module->last_plan().kept_exponentials) << label;
+    EXPECT_TRUE(torch::equal(with_grad, without)) << label << ": " << with_grad << " " << without;
+    // Training goes on as if that forward had not been.
+    const Outcome after = run_step(*module, p);
+    const Outcome fresh = run_step(*make_module(p, o), p);
+    EXPECT_TRUE(torch::equal(after.loss, fresh.loss) &&
+                torch::equal(after.grad_features, fresh.grad_features))
+        << label;
+  }
+}
+
 TEST_P(ClassifierTest, PartialFcUsesTheSameClassesAtEveryWorldSize) {
   const Problem p = make_problem(uneven_batches(world()), 97, 16, 15);
   ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));

@@ -146,9 +146,10 @@ class ShardedMarginSoftmax {
 
   struct Step;
   struct Parts;
-  // Autograd entry points (ShardedSoftmaxFunction); not for direct use.
+  // Autograd entry points (ShardedSoftmaxFunction); not for direct use. Without `backward` (no
+  // gradient will be asked), forward caches nothing for it.
   torch::Tensor run_forward(const torch::Tensor& features, const torch::Tensor& labels,
-                            int64_t* step_id);
+                            int64_t* step_id, bool backward = true);
   torch::Tensor run_backward(int64_t step_id, const torch::Tensor& grad);
 
  private:
