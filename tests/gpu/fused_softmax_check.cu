@@ -131,6 +131,120 @@ struct Operands {
   MarginParams params;
 };
 
+// Forward's statistics by part, read back: NaN wherever nothing was written.
+struct PartStats {
+  std::vector<float> max, sum, target;
+};
+
+PartStats forward_stats(const Operands& o, int parts) {
+  const size_t part_rows = size_t(parts) * o.batch;
+  float *max = device_nan<float>(part_rows), *sum = device_nan<float>(part_rows);
+  float* target = device_nan<float>(o.batch);
+  CHECK(myriad::cuda::fused_logit_stats(o.x, o.batch, o.w, o.scale, o.classes, o.dim, o.target,
+                                        o.begin, o.params, max, sum, target, nullptr, nullptr,
+                                        nullptr));
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  PartStats out{to_host(max, part_rows), to_host(sum, part_rows), to_host(target, o.batch)};
+  cudaFree(max), cudaFree(sum), cudaFree(target);
+  return out;
+}
+
+// The reference: the logits z [batch, classes] from float64 dot products of the same bf16 values
+// with the margin in float32, as the kernels compute it; each sample's max and sum of exp(z - max).
+struct Reference {
+  std::vector<double> z, max, sum;
+};
+
+Reference reference_stats(const Problem& p, const std::vector<double>& dots, MarginParams params,
+                          bool scaled) {
+  Reference r{std::vector<double>(p.batch * p.classes), std::vector<double>(p.batch),
+              std::vector<double>(p.batch)};
+  for (int64_t b = 0; b < p.batch; ++b) {
+    double m = -INFINITY;
+    double* z = &r.z[b * p.classes];
+    for (int64_t j = 0; j < p.classes; ++j) {
+      const float cosine = float(dots[b * p.classes + j]) * (scaled ? p.scale[j] : 1.0f);
+      float zf, unused;
+      if (j == p.target[b] - p.begin)
+        myriad::margin_target(cosine, params, &zf, &unused);
+      else
+        zf = myriad::margin_other(cosine, params);
+      z[j] = zf;
+      m = std::max(m, z[j]);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < p.classes; ++j) sum += std::exp(z[j] - m);
+    r.max[b] = m;
+    r.sum[b] = sum;
+  }
+  return r;
+}
+
+// The worst errors of forward's statistics, its parts combined as the classifier combines them,
+// in float64; targets written for samples whose class lies outside the chunk.
+struct StatsErrors {
+  double max = 0, sum = 0, target = 0;
+  int stray_targets = 0;
+};
+
+StatsErrors stats_errors(const Problem& p, int parts, const PartStats& got, const Reference& ref) {
+  StatsErrors e;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t tj = p.target[b] - p.begin;
+    if (tj >= 0 && tj < p.classes)
+      e.target = std::max(e.target, double(std::fabs(got.target[b] - ref.z[b * p.classes + tj])));
+    else if (!std::isnan(got.target[b]))
+      ++e.stray_targets;
+    double gm = -INFINITY, gs = 0;
+    for (int q = 0; q < parts; ++q) gm = std::max(gm, double(got.max[q * p.batch + b]));
+    for (int q = 0; q < parts; ++q)
+      gs += got.sum[q * p.batch + b] * std::exp(double(got.max[q * p.batch + b]) - gm);
+    // NaN (an unwritten part) fails both comparisons.
+    e.max = std::isnan(gm) ? INFINITY : std::max(e.max, std::fabs(gm - ref.max[b]));
+    e.sum = std::isnan(gs) ? INFINITY : std::max(e.sum, std::fabs(gs - ref.sum[b]) / ref.sum[b]);
+  }
+  return e;
+}
+
+// The logits' gradient, class-major [classes, batch], from the given statistics:
+// coef (softmax - one-hot) dz/dcos / |w_j|; `largest` receives its largest magnitude.
+std::vector<double> reference_grad(const Problem& p, const std::vector<double>& dots,
+                                   const std::vector<double>& z, const std::vector<float>& row_max,
+                                   const std::vector<float>& row_inv_sum, float coef,
+                                   MarginParams params, bool scaled, double* largest) {
+  std::vector<double> grad(p.classes * p.batch);
+  *largest = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t j = 0; j < p.classes; ++j) {
+      const double dot_scale = scaled ? p.scale[j] : 1.0;
+      const bool target = j == p.target[b] - p.begin;
+      float zf, dz = params.normalized ? params.scale : 1.0f;
+      if (target)
+        myriad::margin_target(float(dots[b * p.classes + j] * dot_scale), params, &zf, &dz);
+      const double softmax = std::exp(z[b * p.classes + j] - row_max[b]) * row_inv_sum[b];
+      const double g = coef * (softmax - (target ? 1.0 : 0.0)) * dz * dot_scale;
+      grad[j * p.batch + b] = g;
+      *largest = std::max(*largest, std::fabs(g));
+    }
+  return grad;
+}
+
+// The worst error of a bf16 gradient (times each sample's factor, where given) against the
+// reference: 2^-9 relative, and exp's error on z's; elements far below the largest count against
+// a floor of 1e-3 of it. NaN anywhere is infinitely wrong.
+double gradient_error(const std::vector<__nv_bfloat16>& got, const std::vector<float>& factor,
+                      int64_t batch, const std::vector<double>& ref, double largest) {
+  double worst = 0;
+  for (size_t e = 0; e < ref.size(); ++e) {
+    const double g =
+        double(__bfloat162float(got[e])) * (factor.empty() ? 1.0 : double(factor[e % batch]));
+    const double err = std::fabs(g - ref[e]) / (std::fabs(ref[e]) + 1e-3 * largest);
+    worst = std::isnan(g) ? INFINITY : std::max(worst, err);
+  }
+  return worst;
+}
+
 // Backward from the kept exponentials as the classifier runs it: kept_finish, then the gradient
 // kernel gated on its depth flag. Returns the factors; `deep` and the matrix are left on the
 // device.
@@ -198,9 +312,8 @@ std::string zero_gradient(const Operands& o, __nv_bfloat16* kept, const float* t
 
 // Forward keeping the exponentials gives the same statistics bit for bit; backward from them, the
 // reference's gradient; then the deep-row fallback and a zero upstream gradient.
-KeptOutcome check_kept(const Operands& o, int parts, const std::vector<float>& got_max,
-                       const std::vector<float>& got_sum, const std::vector<float>& got_t,
-                       const float* row_max, const float* row_inv_sum, const float* coef,
+KeptOutcome check_kept(const Operands& o, int parts, const PartStats& got, const float* row_max,
+                       const float* row_inv_sum, const float* coef,
                        const std::vector<double>& ref_grad, double largest) {
   const size_t part_rows = size_t(parts) * o.batch;
   __nv_bfloat16* kept = device_nan<__nv_bfloat16>(o.classes * o.batch);
@@ -210,20 +323,16 @@ KeptOutcome check_kept(const Operands& o, int parts, const std::vector<float>& g
                                         o.begin, o.params, kmax, ksum, kt, tcos, kept, nullptr));
   KeptOutcome out;
   CHECK(cudaDeviceSynchronize());
-  if (!same_bits(to_host(kmax, part_rows), got_max) ||
-      !same_bits(to_host(ksum, part_rows), got_sum) || !same_bits(to_host(kt, o.batch), got_t))
+  if (!same_bits(to_host(kmax, part_rows), got.max) ||
+      !same_bits(to_host(ksum, part_rows), got.sum) || !same_bits(to_host(kt, o.batch), got.target))
     out.problems += " (statistics differ when keeping them)";
   const std::vector<__nv_bfloat16> forward = to_host(kept, o.classes * o.batch);
   int* deep = device_nan<int>(1);
   const std::vector<float> factor =
       finish_backward(o, kept, tcos, row_max, row_inv_sum, coef, deep);
   if (to_host(deep, 1)[0] != 0) out.problems += " (rows within reach of s raised the flag)";
-  const std::vector<__nv_bfloat16> got = to_host(kept, o.classes * o.batch);
-  for (size_t e = 0; e < ref_grad.size(); ++e) {
-    const double g = double(__bfloat162float(got[e])) * factor[e % o.batch];
-    const double err = std::fabs(g - ref_grad[e]) / (std::fabs(ref_grad[e]) + 1e-3 * largest);
-    out.worst = std::isnan(g) ? INFINITY : std::max(out.worst, err);
-  }
+  out.worst =
+      gradient_error(to_host(kept, o.classes * o.batch), factor, o.batch, ref_grad, largest);
   // Each later case starts from forward's matrix again.
   const auto restore = [&] {
     CHECK(cudaMemcpy(kept, forward.data(), forward.size() * 2, cudaMemcpyHostToDevice));
@@ -243,119 +352,49 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
   auto* w = to_device(p.w);
   float* scale = scaled ? to_device(p.scale) : nullptr;
   int64_t* target = to_device(p.target);
-  float *gmax, *gsum, *tlogit;
-  CHECK(cudaMalloc(&gmax, int64_t{parts} * batch * 4));
-  CHECK(cudaMalloc(&gsum, int64_t{parts} * batch * 4));
-  CHECK(cudaMalloc(&tlogit, batch * 4));
-  // NaN wherever nothing is written.
-  CHECK(cudaMemset(gmax, 0xff, int64_t{parts} * batch * 4));
-  CHECK(cudaMemset(gsum, 0xff, int64_t{parts} * batch * 4));
-  CHECK(cudaMemset(tlogit, 0xff, batch * 4));
-  CHECK(myriad::cuda::fused_logit_stats(x, batch, w, scale, classes, dim, target, p.begin, params,
-                                        gmax, gsum, tlogit, nullptr, nullptr, nullptr));
-  CHECK(cudaGetLastError());
-  CHECK(cudaDeviceSynchronize());
-  std::vector<float> got_max(int64_t{parts} * batch), got_sum(got_max.size()), got_t(batch);
-  CHECK(cudaMemcpy(got_max.data(), gmax, got_max.size() * 4, cudaMemcpyDeviceToHost));
-  CHECK(cudaMemcpy(got_sum.data(), gsum, got_sum.size() * 4, cudaMemcpyDeviceToHost));
-  CHECK(cudaMemcpy(got_t.data(), tlogit, batch * 4, cudaMemcpyDeviceToHost));
-  // The reference: float64 dot products of the same bf16 values; the margin in float32 as the
-  // kernels compute it. The parts are combined as the classifier combines them, in float64.
+  const Operands ops{x, w, scale, target, p.begin, batch, classes, dim, params};
+  const PartStats got = forward_stats(ops, parts);
   const std::vector<double> dots = reference_dots(p);
-  double worst_max = 0, worst_sum = 0, worst_t = 0;
-  int bad_t = 0;
-  std::vector<double> all_z(batch * classes), ref_max(batch), ref_sum(batch);
-  for (int64_t b = 0; b < batch; ++b) {
-    double m = -INFINITY;
-    double* z = &all_z[b * classes];
-    for (int64_t j = 0; j < classes; ++j) {
-      const float cosine = float(dots[b * classes + j]) * (scaled ? p.scale[j] : 1.0f);
-      float zf, unused;
-      if (j == p.target[b] - p.begin)
-        myriad::margin_target(cosine, params, &zf, &unused);
-      else
-        zf = myriad::margin_other(cosine, params);
-      z[j] = zf;
-      m = std::max(m, z[j]);
-    }
-    double s = 0;
-    for (int64_t j = 0; j < classes; ++j) s += std::exp(z[j] - m);
-    ref_max[b] = m;
-    ref_sum[b] = s;
-    const int64_t tj = p.target[b] - p.begin;
-    if (tj >= 0 && tj < classes)
-      worst_t = std::max(worst_t, double(std::fabs(got_t[b] - z[tj])));
-    else if (!std::isnan(got_t[b]))
-      ++bad_t;
-    double gm = -INFINITY, gs = 0;
-    for (int q = 0; q < parts; ++q) gm = std::max(gm, double(got_max[q * batch + b]));
-    for (int q = 0; q < parts; ++q)
-      gs += got_sum[q * batch + b] * std::exp(double(got_max[q * batch + b]) - gm);
-    // NaN (an unwritten part) fails both comparisons.
-    worst_max = std::isnan(gm) ? INFINITY : std::max(worst_max, std::fabs(gm - m));
-    worst_sum = std::isnan(gs) ? INFINITY : std::max(worst_sum, std::fabs(gs - s) / s);
-  }
-  // The gradient from the reference's statistics (as float32, what the all-reduce delivers):
-  // coef (softmax - one-hot) dz/dcos / |w_j|.
+  const Reference ref = reference_stats(p, dots, params, scaled);
+  const StatsErrors errors = stats_errors(p, parts, got, ref);
+  // The gradient from the reference's statistics as float32, what the all-reduce delivers.
   std::vector<float> row_max(batch), row_inv_sum(batch);
   for (int64_t b = 0; b < batch; ++b)
-    row_max[b] = float(ref_max[b]), row_inv_sum[b] = float(1 / ref_sum[b]);
-  const std::vector<float> coef{3.7f / float(batch)};
+    row_max[b] = float(ref.max[b]), row_inv_sum[b] = float(1 / ref.sum[b]);
+  const float coef = 3.7f / float(batch);
+  double largest = 0;
+  const std::vector<double> ref_grad =
+      reference_grad(p, dots, ref.z, row_max, row_inv_sum, coef, params, scaled, &largest);
   float* d_max = to_device(row_max);
   float* d_inv = to_device(row_inv_sum);
-  float* d_coef = to_device(coef);
-  __nv_bfloat16* grad;
-  CHECK(cudaMalloc(&grad, classes * batch * 2));
-  CHECK(cudaMemset(grad, 0xff, classes * batch * 2));  // NaN wherever nothing is written
+  float* d_coef = to_device(std::vector<float>{coef});
+  __nv_bfloat16* grad = device_nan<__nv_bfloat16>(classes * batch);
   CHECK(myriad::cuda::fused_logit_grad(x, batch, w, scale, classes, dim, target, p.begin, d_max,
                                        d_inv, d_coef, params, grad, nullptr, nullptr));
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
-  std::vector<__nv_bfloat16> got_grad(classes * batch);
-  CHECK(cudaMemcpy(got_grad.data(), grad, got_grad.size() * 2, cudaMemcpyDeviceToHost));
-  std::vector<double> ref_grad(classes * batch);
-  double largest = 0;
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t j = 0; j < classes; ++j) {
-      const double dot_scale = scaled ? p.scale[j] : 1.0;
-      float zf, dz = params.normalized ? params.scale : 1.0f;
-      if (j == p.target[b] - p.begin)
-        myriad::margin_target(float(dots[b * classes + j] * dot_scale), params, &zf, &dz);
-      const double softmax = std::exp(all_z[b * classes + j] - row_max[b]) * row_inv_sum[b];
-      const double g =
-          coef[0] * (softmax - (j == p.target[b] - p.begin ? 1.0 : 0.0)) * dz * dot_scale;
-      ref_grad[j * batch + b] = g;
-      largest = std::max(largest, std::fabs(g));
-    }
-  // bf16 output: 2^-9 relative, and exp's error on z's; elements far below the largest count
-  // against a floor of 1e-3 of it.
-  double worst_grad = 0;
-  for (size_t e = 0; e < ref_grad.size(); ++e) {
-    const double g = __bfloat162float(got_grad[e]);
-    const double err = std::fabs(g - ref_grad[e]) / (std::fabs(ref_grad[e]) + 1e-3 * largest);
-    worst_grad = std::isnan(g) ? INFINITY : std::max(worst_grad, err);
-  }
+  const double worst_grad =
+      gradient_error(to_host(grad, classes * batch), {}, batch, ref_grad, largest);
   // Forward again, keeping the exponentials (normalising margins), and backward as the classifier
   // runs it.
   KeptOutcome kept;
-  if (params.normalized) {
-    const Operands ops{x, w, scale, target, p.begin, batch, classes, dim, params};
-    kept = check_kept(ops, parts, got_max, got_sum, got_t, d_max, d_inv, d_coef, ref_grad, largest);
-  }
+  if (params.normalized)
+    kept = check_kept(ops, parts, got, d_max, d_inv, d_coef, ref_grad, largest);
   cudaFree(d_max), cudaFree(d_inv), cudaFree(d_coef), cudaFree(grad);
   // bf16 products summed in float32 against float64: cosines within about 1e-6, so z = 64 cos
   // within 1e-4 (measured: 1.5e-5); the gradient within bf16's rounding, 2^-8 relative.
-  const bool ok = worst_max < 2e-4 && worst_sum < 2e-4 && worst_t < 2e-4 && bad_t == 0 &&
-                  worst_grad < 6e-3 && kept.worst < 6e-3 && kept.problems.empty();
+  const bool ok = errors.max < 2e-4 && errors.sum < 2e-4 && errors.target < 2e-4 &&
+                  errors.stray_targets == 0 && worst_grad < 6e-3 && kept.worst < 6e-3 &&
+                  kept.problems.empty();
   std::printf(
       "check batch %lld classes %lld dim %d parts %d (m2 %.2f m3 %.2f%s%s): worst |max| "
       "%.2e, sum rel %.2e, target %.2e, stray targets %d, gradient %.2e, from kept "
       "exponentials %.2e%s: %s\n",
       (long long)batch, (long long)classes, dim, parts, params.m2, params.m3,
-      params.normalized ? "" : ", plain", scaled ? ", row scales" : "", worst_max, worst_sum,
-      worst_t, bad_t, worst_grad, kept.worst, kept.problems.c_str(), ok ? "ok" : "FAILED");
-  cudaFree(x), cudaFree(w), cudaFree(scale), cudaFree(target), cudaFree(gmax), cudaFree(gsum),
-      cudaFree(tlogit);
+      params.normalized ? "" : ", plain", scaled ? ", row scales" : "", errors.max, errors.sum,
+      errors.target, errors.stray_targets, worst_grad, kept.worst, kept.problems.c_str(),
+      ok ? "ok" : "FAILED");
+  cudaFree(x), cudaFree(w), cudaFree(scale), cudaFree(target);
   return ok ? 0 : 1;
 }
 
