@@ -310,9 +310,15 @@ void ShardedMarginSoftmax::normalize_features(Step& step, const torch::Tensor& x
 
 void ShardedMarginSoftmax::choose_rows(Step& step, const torch::Tensor& y) {
   const int rank = comm_.rank();
-  // Every part of a step takes the rows Partial FC sampled for the whole step.
+  // Every part of a step takes the rows Partial FC sampled for the whole step. A forward that no
+  // backward follows (an evaluation) takes the rows that the next step would, and leaves the
+  // count of steps, and so training's sampling, as it was.
   const torch::Tensor local_target = local_targets(y);
-  step.active = parts_ ? parts_->active : sampled_rows(local_target, ++steps_);
+  if (parts_) {
+    step.active = parts_->active;
+  } else {
+    step.active = sampled_rows(local_target, step.backward ? ++steps_ : steps_ + 1);
+  }
   if (step.active.defined()) {
     step.active_rows = step.active.size(0);
     const torch::Tensor position = torch::searchsorted(step.active, local_target.clamp_min(0));

@@ -333,6 +333,9 @@ TEST_P(ClassifierTest, KeptExponentialsGiveWayToRecomputationWhereRowsLieDeep) {
 // A loss under no_grad (no backward follows) caches nothing for backward, the fused kernels'
 // exponentials included, and is the loss of a forward that does, bit for bit; the training step
 // after it is a fresh classifier's.
+// A forward under no_grad (an evaluation) keeps nothing for a backward, gives the loss of a
+// training forward at the same step, and leaves training as if it had not been: with Partial FC,
+// the next step samples the classes it would have.
 TEST_P(ClassifierTest, AForwardWithoutGradientKeepsNothingForBackward) {
   const Problem p = make_problem(uneven_batches(world()), 120, 24, 31);
   const auto bf16 = [](ShardedSoftmaxOptions o) {
@@ -340,19 +343,26 @@ TEST_P(ClassifierTest, AForwardWithoutGradientKeepsNothingForBackward) {
     o.weight_dtype = torch::kBFloat16;
     return o;
   };
+  const auto partial = [](ShardedSoftmaxOptions o) {
+    o.sample_rate = 0.3;
+    o.seed = 5;
+    return o;
+  };
   const ShardedSoftmaxOptions arcface = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
   const ShardedSoftmaxOptions softmax = options_for(p, margin_of(MarginType::kSoftmax, 1, 0, 0));
-  for (const ShardedSoftmaxOptions& o : {arcface, softmax, bf16(arcface), bf16(softmax)}) {
-    const std::string label =
-        str_format("{}, {} GEMMs", o.margin.describe(), c10::toString(o.gemm_dtype));
-    auto module = make_module(p, o);
+  for (const ShardedSoftmaxOptions& o :
+       {arcface, softmax, bf16(arcface), bf16(softmax), partial(arcface), partial(bf16(arcface))}) {
+    const std::string label = str_format("{}, {} GEMMs, sample rate {}", o.margin.describe(),
+                                         c10::toString(o.gemm_dtype), o.sample_rate);
     const torch::Tensor x = local_rows(p, p.features).to(device());
     const torch::Tensor y = local_rows(p, p.labels).to(device());
-    const torch::Tensor with_grad = module->forward(x.clone().requires_grad_(true), y).detach();
-    EXPECT_TRUE(module->last_plan().cache) << label;
-    EXPECT_EQ(module->last_plan().kept_exponentials,
-              module->fused() && o.margin.params().normalized)
+    auto trained = make_module(p, o);
+    const torch::Tensor with_grad = trained->forward(x.clone().requires_grad_(true), y).detach();
+    EXPECT_TRUE(trained->last_plan().cache) << label;
+    EXPECT_EQ(trained->last_plan().kept_exponentials,
+              trained->fused() && o.margin.params().normalized)
         << label;
+    auto module = make_module(p, o);
     torch::Tensor without;
     {
       torch::NoGradGuard no_grad;
@@ -360,6 +370,7 @@ TEST_P(ClassifierTest, AForwardWithoutGradientKeepsNothingForBackward) {
     }
     EXPECT_FALSE(module->last_plan().cache) << label;
     EXPECT_FALSE(module->last_plan().kept_exponentials) << label;
+    EXPECT_EQ(module->steps(), 0) << label;
     EXPECT_TRUE(torch::equal(with_grad, without)) << label << ": " << with_grad << " " << without;
     // Training goes on as if that forward had not been.
     const Outcome after = run_step(*module, p);
