@@ -91,7 +91,7 @@ class ClassifierTest : public BackendTest {
   static int64_t budget_for_chunk(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes = 4,
                                   RowSource source = RowSource::kCopy,
                                   Logits logits = Logits::kInMemory,
-                                  RowGradientStore row_gradient = RowGradientStore::kChunk) {
+                                  RowGradientStore row_gradient = RowGradientStore::kFloat32) {
     return rows * (chunk_cached_bytes_per_row(batch, dim, gemm_bytes, source, logits) +
                    chunk_work_bytes_per_row(batch, dim, gemm_bytes, row_gradient));
   }
