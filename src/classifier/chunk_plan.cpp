@@ -33,9 +33,12 @@ int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes,
               : static_cast<int64_t>(c10::elementSize(row_gradient_dtype(row_gradient))) * dim);
 }
 
-RowGradientStore row_gradient_store(c10::ScalarType weight_dtype, bool update_kernels) {
-  return update_kernels && weight_dtype == c10::ScalarType::BFloat16 ? RowGradientStore::kBFloat16
-                                                                     : RowGradientStore::kFloat32;
+RowGradientStore row_gradient_store(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype,
+                                    bool update_kernels) {
+  return update_kernels && weight_dtype == c10::ScalarType::BFloat16 &&
+                 gemm_dtype == c10::ScalarType::BFloat16
+             ? RowGradientStore::kBFloat16
+             : RowGradientStore::kFloat32;
 }
 
 c10::ScalarType row_gradient_dtype(RowGradientStore store) {

@@ -55,6 +55,8 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
       s.classifier_logits == Logits::kInRegisters && config.optimizer == OptimizerKind::kSgd &&
       config.classifier_weight_dtype == torch::kBFloat16 && fused_update_batch_fits(batch) &&
       fused_update_chosen(fused_update_choice(config.fused_update), batch);
+  s.classifier_row_gradient =
+      row_gradient_store(config.classifier_weight_dtype, compute_dtype(precision), true);
   s.backbone_params = backbone_params;
   s.backbone_states = states;
   s.grad_comm_bytes = config.grad_comm_dtype == torch::kFloat32 ? 4 : 2;
@@ -74,10 +76,7 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   const double rows = static_cast<double>(c.class_rows);
   const bool fused = s.classifier_logits == Logits::kInRegisters;
   const RowGradientStore row_gradient =
-      s.classifier_update_fused
-          ? RowGradientStore::kNone
-          : row_gradient_store(s.classifier_weight_bytes == 2 ? torch::kBFloat16 : torch::kFloat32,
-                               true);
+      s.classifier_update_fused ? RowGradientStore::kNone : s.classifier_row_gradient;
   c.plan = plan_chunks(c.class_rows, batch, s.embedding_size, s.gemm_bytes, s.classifier_rows,
                        s.classifier_workspace, s.classifier_logits, row_gradient);
   const double passes = c.plan.cache ? 1.0 : 2.0;  // over the rows, and over the logits

@@ -55,10 +55,13 @@ TEST(ChunkPlan, RowsWithoutAStoredGradientTakeOnlyTheirLogitsBytes) {
 }
 
 TEST(ChunkPlan, BFloat16RowsTakeTheirGradientInBFloat16WhereTheUpdateKernelsRun) {
-  EXPECT_EQ(row_gradient_store(torch::kBFloat16, true), RowGradientStore::kBFloat16);
-  EXPECT_EQ(row_gradient_store(torch::kFloat32, true), RowGradientStore::kFloat32);
-  // A gradient accumulated across steps (kAccumulateGrad) stays float32.
-  EXPECT_EQ(row_gradient_store(torch::kBFloat16, false), RowGradientStore::kFloat32);
+  const auto bf16 = torch::kBFloat16, f32 = torch::kFloat32;
+  EXPECT_EQ(row_gradient_store(bf16, bf16, true), RowGradientStore::kBFloat16);
+  EXPECT_EQ(row_gradient_store(f32, bf16, true), RowGradientStore::kFloat32);
+  // Float32 products, and a gradient accumulated across steps (kAccumulateGrad), stay float32.
+  EXPECT_EQ(row_gradient_store(bf16, f32, true), RowGradientStore::kFloat32);
+  EXPECT_EQ(row_gradient_store(bf16, torch::kFloat16, true), RowGradientStore::kFloat32);
+  EXPECT_EQ(row_gradient_store(bf16, bf16, false), RowGradientStore::kFloat32);
   EXPECT_EQ(row_gradient_dtype(RowGradientStore::kBFloat16), torch::kBFloat16);
   EXPECT_EQ(row_gradient_dtype(RowGradientStore::kFloat32), torch::kFloat32);
   EXPECT_THROW(row_gradient_dtype(RowGradientStore::kNone), Error);

@@ -105,6 +105,7 @@ TEST(StepModel, StoredRowsAreReadNotCopied) {
   StepShape s = small_step();
   s.classifier_weight_bytes = 2;
   s.classifier_rows = RowSource::kStored;
+  s.classifier_row_gradient = RowGradientStore::kBFloat16;
   const StepCost c = predict_step(s, small_rates());
   EXPECT_TRUE(c.plan.cache);
   // Per weight 2 (the GEMMs' read) + 2 (1/|w|) + 4 (row) + 8 (momentum) + 4 (the gradient in
@@ -215,6 +216,8 @@ TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   config.optimizer = OptimizerKind::kSgd;
   const StepShape fused_update = step_shape(config, 4, 1000000, 42);
   EXPECT_TRUE(fused_update.classifier_update_fused);
+  EXPECT_EQ(fused_update.classifier_row_gradient, RowGradientStore::kBFloat16);
+  EXPECT_EQ(half.classifier_row_gradient, RowGradientStore::kFloat32);       // float32 GEMMs
   EXPECT_TRUE(step_shape(config, 8, 1000000, 42).classifier_update_fused);   // 512
   EXPECT_FALSE(step_shape(config, 9, 1000000, 42).classifier_update_fused);  // 576
   StepShape unfused_update = fused_update;
