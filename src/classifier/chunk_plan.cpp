@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "myriad/util/error.h"
+
 namespace myriad {
 
 RowSource row_source(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype, bool sampled) {
@@ -25,7 +27,23 @@ int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_byte
 
 int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes,
                                  RowGradientStore row_gradient) {
-  return gemm_bytes * batch + (row_gradient == RowGradientStore::kChunk ? 4 * dim : 0);
+  return gemm_bytes * batch +
+         (row_gradient == RowGradientStore::kNone
+              ? 0
+              : static_cast<int64_t>(c10::elementSize(row_gradient_dtype(row_gradient))) * dim);
+}
+
+RowGradientStore row_gradient_store(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype,
+                                    bool update_kernels) {
+  return update_kernels && weight_dtype == c10::ScalarType::BFloat16 &&
+                 gemm_dtype == c10::ScalarType::BFloat16
+             ? RowGradientStore::kBFloat16
+             : RowGradientStore::kFloat32;
+}
+
+c10::ScalarType row_gradient_dtype(RowGradientStore store) {
+  MYRIAD_CHECK(store != RowGradientStore::kNone, "no rows' gradient is stored");
+  return store == RowGradientStore::kBFloat16 ? c10::ScalarType::BFloat16 : c10::ScalarType::Float;
 }
 
 ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,

@@ -13,11 +13,14 @@ namespace myriad {
 
 namespace {
 
-void check_operands(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b) {
+void check_operands(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
+                    bool bf16_out = false) {
   MYRIAD_CHECK(a.scalar_type() == b.scalar_type(), "GEMM operands differ in dtype: {} and {}",
                c10::toString(a.scalar_type()), c10::toString(b.scalar_type()));
-  MYRIAD_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous(),
-               "GEMM output must be contiguous float32");
+  MYRIAD_CHECK((out.scalar_type() == torch::kFloat32 ||
+                (bf16_out && out.scalar_type() == torch::kBFloat16)) &&
+                   out.is_contiguous(),
+               "GEMM output must be contiguous float32{}", bf16_out ? " or bfloat16" : "");
   MYRIAD_CHECK(a.is_contiguous() && b.is_contiguous(), "GEMM operands must be contiguous");
   MYRIAD_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2, "GEMM operands must be matrices");
 }
@@ -28,7 +31,10 @@ void gemm_cpu(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const to
   torch::Tensor right = b.to(torch::kFloat32);
   if (trans_a) left = left.t();
   if (trans_b) right = right.t();
-  if (accumulate) {
+  if (out.scalar_type() != torch::kFloat32) {
+    out.copy_(accumulate ? torch::addmm(out.to(torch::kFloat32), left, right)
+                         : torch::mm(left, right));
+  } else if (accumulate) {
     out.addmm_(left, right);
   } else {
     torch::mm_out(out, left, right);
@@ -63,14 +69,15 @@ struct Operand {
 
 // Row-major C[M,N] = op(A)[M,K] op(B)[K,N] is column-major C^T = op(B)^T op(A)^T, so B goes first.
 void gemm_cuda(void* c, int64_t m, int64_t n, int64_t k, Operand a, Operand b, cudaDataType_t type,
-               float beta, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c) {
+               float beta, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
+               cudaDataType_t c_type = CUDA_R_32F) {
   cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
   const float alpha = 1.0f;
   MYRIAD_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX, "GEMM dimensions exceed cuBLAS");
   if (batch == 1) {
     check_cublas(cublasGemmEx(handle, b.op, a.op, static_cast<int>(n), static_cast<int>(m),
                               static_cast<int>(k), &alpha, b.data, type, static_cast<int>(b.ld),
-                              a.data, type, static_cast<int>(a.ld), &beta, c, CUDA_R_32F,
+                              a.data, type, static_cast<int>(a.ld), &beta, c, c_type,
                               static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   } else {
@@ -78,7 +85,7 @@ void gemm_cuda(void* c, int64_t m, int64_t n, int64_t k, Operand a, Operand b, c
         cublasGemmStridedBatchedEx(
             handle, b.op, a.op, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
             &alpha, b.data, type, static_cast<int>(b.ld), stride_b, a.data, type,
-            static_cast<int>(a.ld), stride_a, &beta, c, CUDA_R_32F, static_cast<int>(n), stride_c,
+            static_cast<int>(a.ld), stride_a, &beta, c, c_type, static_cast<int>(n), stride_c,
             static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmStridedBatchedEx");
   }
@@ -94,7 +101,7 @@ Operand operand(const torch::Tensor& x, bool trans) {
 
 void gemm_f32(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const torch::Tensor& b,
               bool trans_b, bool accumulate) {
-  check_operands(out, a, b);
+  check_operands(out, a, b, true);
   const int64_t m = trans_a ? a.size(1) : a.size(0);
   const int64_t k = trans_a ? a.size(0) : a.size(1);
   const int64_t n = trans_b ? b.size(0) : b.size(1);
@@ -109,7 +116,8 @@ void gemm_f32(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const to
   if (!out.is_cuda()) return gemm_cpu(out, a, trans_a, b, trans_b, accumulate);
 #ifdef MYRIAD_WITH_CUDA
   gemm_cuda(out.data_ptr(), m, n, k, operand(a, trans_a), operand(b, trans_b),
-            cuda_type(a.scalar_type()), accumulate ? 1.0f : 0.0f, 1, 0, 0, 0);
+            cuda_type(a.scalar_type()), accumulate ? 1.0f : 0.0f, 1, 0, 0, 0,
+            cuda_type(out.scalar_type()));
 #endif
 }
 

@@ -191,6 +191,13 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
   check_grad_multiplier(grad_multiplier, weight);
   MYRIAD_CHECK(weight.scalar_type() == torch::kFloat32 || weight.scalar_type() == torch::kBFloat16,
                "classifier weights must be float32 or bfloat16");
+  MYRIAD_CHECK(
+      (grad.scalar_type() == torch::kFloat32 || grad.scalar_type() == torch::kBFloat16) &&
+          grad.is_contiguous() && grad.dim() == 2 && grad.size(0) == count &&
+          grad.size(1) == weight.size(1),
+      "the rows' gradient must be a contiguous float32 or bfloat16 [{}, {}] matrix, not {} "
+      "{}",
+      count, weight.size(1), c10::toString(grad.scalar_type()), grad.sizes());
   const OptimizerOptions& o = options_;
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(std::max<int64_t>(step_, 1)));
   const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(std::max<int64_t>(step_, 1)));
@@ -206,8 +213,9 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
       const cuda::SgdArgs args{static_cast<float>(o.lr), static_cast<float>(o.momentum),
                                static_cast<float>(o.weight_decay), o.nesterov, multiplier};
       MYRIAD_CHECK_CUDA(cuda::sgd_rows(shard, momentum_.defined() ? momentum_.data_ptr() : nullptr,
-                                       element_type(o.state_dtype), grad.data_ptr<float>(),
-                                       weight.size(1), rows, begin, count, grad_of, args, stream));
+                                       element_type(o.state_dtype), grad.data_ptr(),
+                                       element_type(grad.scalar_type()), weight.size(1), rows,
+                                       begin, count, grad_of, args, stream));
     } else {
       const cuda::AdamWArgs args{static_cast<float>(o.lr),
                                  static_cast<float>(o.beta1),
@@ -217,17 +225,19 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
                                  static_cast<float>(bc1),
                                  static_cast<float>(bc2),
                                  multiplier};
-      MYRIAD_CHECK_CUDA(cuda::adamw_rows(
-          shard, exp_avg_.data_ptr(), exp_avg_sq_.data_ptr(), element_type(o.state_dtype),
-          grad.data_ptr<float>(), weight.size(1), rows, begin, count, grad_of, args, stream));
+      MYRIAD_CHECK_CUDA(cuda::adamw_rows(shard, exp_avg_.data_ptr(), exp_avg_sq_.data_ptr(),
+                                         element_type(o.state_dtype), grad.data_ptr(),
+                                         element_type(grad.scalar_type()), weight.size(1), rows,
+                                         begin, count, grad_of, args, stream));
     }
     return;
   }
 #endif
   const bool bf16 = weight.scalar_type() == torch::kBFloat16;
   torch::Tensor w = rows_of(weight, index, begin, end).to(torch::kFloat32);
+  const torch::Tensor grad32 = grad.to(torch::kFloat32);
   torch::Tensor g = row_grad_of_rows(
-      w, grad_multiplier.defined() ? grad * grad_multiplier : grad.clone(), grad_of);
+      w, grad_multiplier.defined() ? grad32 * grad_multiplier : grad32.clone(), grad_of);
   if (o.kind == OptimizerKind::kSgd) {
     torch::Tensor d = g.add_(w, o.weight_decay);
     if (momentum_.defined()) {

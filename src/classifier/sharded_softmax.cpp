@@ -334,8 +334,7 @@ void ShardedMarginSoftmax::choose_rows(Step& step, const torch::Tensor& y) {
   // The fused kernels keep no logits: their cached plan keeps the rows.
   step.plan = plan_chunks(step.active_rows, step.batch, options_.embedding_size, gemm_bytes, source,
                           options_.workspace_bytes, logits(),
-                          parts_ || takes_fused_update(step.batch) ? RowGradientStore::kNone
-                                                                   : RowGradientStore::kChunk);
+                          parts_ ? RowGradientStore::kNone : row_gradient_store(step.batch));
   // A forward that no backward follows (a loss under no_grad) keeps neither logits, rows nor
   // exponentials: at 4M classes and 2048 samples per step the exponentials alone take 16 GiB.
   step.plan.cache = step.plan.cache && step.backward;
@@ -473,6 +472,12 @@ bool ShardedMarginSoftmax::takes_fused_update(int64_t batch) const {
                                                  options_.embedding_size, options_.weight_dtype);
 }
 
+RowGradientStore ShardedMarginSoftmax::row_gradient_store(int64_t batch) const {
+  if (takes_fused_update(batch)) return RowGradientStore::kNone;
+  return myriad::row_gradient_store(weight_.scalar_type(), options_.gemm_dtype,
+                                    options_.update == WeightUpdate::kFused);
+}
+
 torch::Tensor ShardedMarginSoftmax::kept_factor(Step& step, const GradientScale& g) {
   if (!step.plan.kept_exponentials) return {};
   // dX̂ is scaled by the factor after its product, which is the product of one chunk alone.
@@ -534,8 +539,9 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
       continue;
     }
     phase("gemm_weight_grad");
-    torch::Tensor row_grad = torch::empty({end - begin, options_.embedding_size},
-                                          step.xg.options().dtype(torch::kFloat32));
+    torch::Tensor row_grad =
+        torch::empty({end - begin, options_.embedding_size},
+                     step.xg.options().dtype(row_gradient_dtype(row_gradient_store(step.batch))));
     gemm_f32(row_grad, logit_grad, false, row_features, false, false);
     phase("update");
     if (options_.update == WeightUpdate::kFused) {
@@ -701,11 +707,9 @@ void ShardedMarginSoftmax::finish_parts() {
   const RowSource source =
       row_source(weight_.scalar_type(), options_.gemm_dtype, whole.active.defined());
   whole.stored_rows = source == RowSource::kStored;
-  whole.plan = plan_chunks(
-      whole.active_rows, whole.batch, dim,
-      static_cast<int64_t>(torch::elementSize(options_.gemm_dtype)), source,
-      options_.workspace_bytes, logits(),
-      takes_fused_update(whole.batch) ? RowGradientStore::kNone : RowGradientStore::kChunk);
+  whole.plan = plan_chunks(whole.active_rows, whole.batch, dim,
+                           static_cast<int64_t>(torch::elementSize(options_.gemm_dtype)), source,
+                           options_.workspace_bytes, logits(), row_gradient_store(whole.batch));
   whole.plan.cache = false;  // the logits are recomputed chunk by chunk: nothing was kept
   // GEMMs on the stored rows take each chunk's 1/|w|, as in forward.
   if (whole.stored_rows && options_.margin.params().normalized) {

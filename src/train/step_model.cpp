@@ -55,6 +55,8 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
       s.classifier_logits == Logits::kInRegisters && config.optimizer == OptimizerKind::kSgd &&
       config.classifier_weight_dtype == torch::kBFloat16 && fused_update_batch_fits(batch) &&
       fused_update_chosen(fused_update_choice(config.fused_update), batch);
+  s.classifier_row_gradient =
+      row_gradient_store(config.classifier_weight_dtype, compute_dtype(precision), true);
   s.backbone_params = backbone_params;
   s.backbone_states = states;
   s.grad_comm_bytes = config.grad_comm_dtype == torch::kFloat32 ? 4 : 2;
@@ -73,10 +75,10 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
       shard, static_cast<int64_t>(std::ceil(static_cast<double>(shard) * s.sample_rate)));
   const double rows = static_cast<double>(c.class_rows);
   const bool fused = s.classifier_logits == Logits::kInRegisters;
-  c.plan =
-      plan_chunks(c.class_rows, batch, s.embedding_size, s.gemm_bytes, s.classifier_rows,
-                  s.classifier_workspace, s.classifier_logits,
-                  s.classifier_update_fused ? RowGradientStore::kNone : RowGradientStore::kChunk);
+  const RowGradientStore row_gradient =
+      s.classifier_update_fused ? RowGradientStore::kNone : s.classifier_row_gradient;
+  c.plan = plan_chunks(c.class_rows, batch, s.embedding_size, s.gemm_bytes, s.classifier_rows,
+                       s.classifier_workspace, s.classifier_logits, row_gradient);
   const double passes = c.plan.cache ? 1.0 : 2.0;  // over the rows, and over the logits
 
   // The fused kernels compute the logits in forward and again in backward, unless their cached
@@ -88,14 +90,17 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   // exponentials), which both GEMMs read.
   const double per_logit = fused ? 3.0 * g : 4.0 * (passes + 2.0) + g;
   // Per weight element: read and GEMM copy per pass (or, reading the stored rows, one more read
-  // for 1/|w|), the float32 gradient written and read unless the update is fused, the weight and
+  // for 1/|w|), the rows' gradient written and read unless the update is fused, the weight and
   // its state read and written by the update.
   const double w = static_cast<double>(s.classifier_weight_bytes);
   const double rows_read =
       s.classifier_rows == RowSource::kStored ? w * (passes + 1.0) : (w + g) * passes;
   const double per_weight =
-      rows_read + (s.classifier_update_fused ? 0.0 : 8.0) + 2.0 * w +
-      2.0 * static_cast<double>(s.classifier_states * s.classifier_state_bytes);
+      rows_read +
+      (row_gradient == RowGradientStore::kNone
+           ? 0.0
+           : 2.0 * static_cast<double>(c10::elementSize(row_gradient_dtype(row_gradient)))) +
+      2.0 * w + 2.0 * static_cast<double>(s.classifier_states * s.classifier_state_bytes);
   c.classifier_traffic = rows * b * per_logit + rows * d * per_weight;
   c.classifier_gemm = c.classifier_flops / rates.gemm_flops;
   c.classifier_memory = c.classifier_traffic / rates.memory_bandwidth;
@@ -136,7 +141,7 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
                               static_cast<double>(s.classifier_states * s.classifier_state_bytes);
   // What a chunk's rows hold at the peak, as measured (docs/benchmarks.md: 24.9 and 42.0 GiB on
   // 2 H200s at C = 8M): logits and GEMM rows, and the logits' gradient;
-  // plan_chunks budgets the rows' float32 gradient too where the update is not fused. Then the
+  // plan_chunks budgets the rows' gradient too where the update is not fused. Then the
   // gathered features (float32 and GEMM copies), their gradient and the labels.
   const double per_row =
       static_cast<double>(chunk_cached_bytes_per_row(batch, s.embedding_size, s.gemm_bytes,

@@ -327,17 +327,32 @@ int check_case(int number, const Case& c) {
   int64_t* index = upload(p.index);  // null without one
   float* mult = c.multiplier ? upload(std::vector<float>{kMultiplier}) : nullptr;
   float* grad32 = upload(ref.grad);
+  // The rows' gradient as a bf16 GEMM output stores it, and those values widened to float32.
+  std::vector<__nv_bfloat16> narrow(ref.grad.size());
+  std::vector<float> widened(ref.grad.size());
+  for (size_t i = 0; i < ref.grad.size(); ++i) {
+    narrow[i] = __float2bfloat16(ref.grad[i]);
+    widened[i] = __bfloat162float(narrow[i]);
+  }
+  __nv_bfloat16* grad16 = upload(narrow);
+  float* grad16_as32 = upload(widened);
   const SgdArgs args{kLr, c.momentum ? kMomentum : 0.0f, kDecay, c.nesterov != 0, mult};
   const auto fused = [&](WeightShard w, void* m) {
     return myriad::cuda::fused_sgd_rows(w, m, p.m.type(), grad, xt, c.batch, dim, index, p.begin,
                                         c.count, c.grad_of, args, nullptr);
   };
-  const auto plain = [&](WeightShard w, void* m) {
-    return myriad::cuda::sgd_rows(w, m, p.m.type(), grad32, dim, index, p.begin, c.count, c.grad_of,
-                                  args, nullptr);
+  const auto plain_of = [&](const void* g, ElementType type) {
+    return [&, g, type](WeightShard w, void* m) {
+      return myriad::cuda::sgd_rows(w, m, p.m.type(), g, type, dim, index, p.begin, c.count,
+                                    c.grad_of, args, nullptr);
+    };
   };
-  const State got = run(p, fused), again = run(p, fused), other = run(p, plain);
+  const State got = run(p, fused), again = run(p, fused);
+  const State other = run(p, plain_of(grad32, ElementType::kFloat32));
+  const State from16 = run(p, plain_of(grad16, ElementType::kBFloat16));
+  const State from16_as32 = run(p, plain_of(grad16_as32, ElementType::kFloat32));
   cudaFree(grad), cudaFree(xt), cudaFree(index), cudaFree(mult), cudaFree(grad32);
+  cudaFree(grad16), cudaFree(grad16_as32);
 
   Verdict v;
   int64_t differ = 0;
@@ -361,6 +376,9 @@ int check_case(int number, const Case& c) {
       v.fail("shard row %lld, not in the chunk, changed", (long long)s);
   if (!got.w.same(again.w, 0, p.w.size()) || !got.m.same(again.m, 0, p.m.size()))
     v.fail("a rerun on the same state differs");
+  // sgd_rows reads a bf16 gradient as its values: the same bits as from their float32 copies.
+  if (!from16.w.same(from16_as32.w, 0, p.w.size()) || !from16.m.same(from16_as32.m, 0, p.m.size()))
+    v.fail("sgd_rows on a bf16 gradient differs from sgd_rows on its values in float32");
   // One spare, so that a lone crossing in a case of a few hundred elements passes.
   const int64_t bf16_elements = c.count * dim * (1 + int(c.momentum == 2));
   if (differ > bf16_elements / 1000 + 1)
@@ -445,6 +463,7 @@ void time_case(int64_t rows, int64_t batch, int dim) {
   auto* g = static_cast<__nv_bfloat16*>(allocate(rows * batch * 2));
   auto* xt = static_cast<__nv_bfloat16*>(allocate(dim * batch * 2));
   auto* grad = static_cast<float*>(allocate(rows * dim * 4));
+  auto* grad16 = static_cast<__nv_bfloat16*>(allocate(rows * dim * 2));
   fill_random<<<2048, 256>>>(w, rows * dim, 0.08f, 1);
   fill_random<<<2048, 256>>>(m, rows * dim, 0.02f, 2);
   fill_random<<<2048, 256>>>(g, rows * batch, 0.02f, 3);
@@ -460,33 +479,41 @@ void time_case(int64_t rows, int64_t batch, int dim) {
   cublasHandle_t handle;
   if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) std::exit(1);
   const float one = 1, zero = 0;
-  // Column-major: grad^T [dim, rows] = xt (as [batch, dim])^T logit_grad^T ([batch, rows]).
-  const auto gemm = [&] {
+  // Column-major: grad^T [dim, rows] = xt (as [batch, dim])^T logit_grad^T ([batch, rows]), in
+  // float32 or (row_gradient_store, bf16 rows) bf16.
+  const auto gemm_to = [&](void* out, cudaDataType_t type) {
     if (cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, dim, int(rows), int(batch), &one, xt,
-                     CUDA_R_16BF, int(batch), g, CUDA_R_16BF, int(batch), &zero, grad, CUDA_R_32F,
-                     dim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+                     CUDA_R_16BF, int(batch), g, CUDA_R_16BF, int(batch), &zero, out, type, dim,
+                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
       std::fprintf(stderr, "cublasGemmEx failed\n");
       std::exit(1);
     }
   };
-  const auto update = [&] {
-    CHECK(myriad::cuda::sgd_rows(shard, m, ElementType::kBFloat16, grad, dim, nullptr, 0, rows,
-                                 grad_of, args, nullptr));
+  const auto update_from = [&](const void* from, ElementType type) {
+    CHECK(myriad::cuda::sgd_rows(shard, m, ElementType::kBFloat16, from, type, dim, nullptr, 0,
+                                 rows, grad_of, args, nullptr));
   };
+  const auto gemm = [&] { gemm_to(grad, CUDA_R_32F); };
+  const auto update = [&] { update_from(grad, ElementType::kFloat32); };
   const float fused_ms = time_ms(fused, 10), gemm_ms = time_ms(gemm, 10),
               update_ms = time_ms(update, 10);
   const float unfused = time_ms([&] { gemm(), update(); }, 10);
+  const float gemm16_ms = time_ms([&] { gemm_to(grad16, CUDA_R_16BF); }, 10),
+              update16_ms = time_ms([&] { update_from(grad16, ElementType::kBFloat16); }, 10);
+  const float unfused16 = time_ms(
+      [&] { gemm_to(grad16, CUDA_R_16BF), update_from(grad16, ElementType::kBFloat16); }, 10);
   // Effective: the bytes the update can't avoid (logit_grad read; weights and momentum read and
   // written) over each path's time.
   const double bytes = double(rows) * (2.0 * batch + 8.0 * dim), flop = 2.0 * rows * batch * dim;
   std::printf(
       "time rows %lld dim %d batch %lld: fused %.3f ms (%.0f GB/s, %.0f TFLOP/s); cuBLAS GEMM + "
-      "sgd_rows %.3f ms (%.3f + %.3f; %.0f GB/s, %.0f TFLOP/s): %.2fx\n",
+      "sgd_rows %.3f ms (%.3f + %.3f; %.0f GB/s, %.0f TFLOP/s): %.2fx; with a bf16 rows' "
+      "gradient %.3f ms (%.3f + %.3f)\n",
       (long long)rows, dim, (long long)batch, fused_ms, bytes / fused_ms / 1e6,
       flop / fused_ms / 1e9, unfused, gemm_ms, update_ms, bytes / unfused / 1e6,
-      flop / unfused / 1e9, unfused / fused_ms);
+      flop / unfused / 1e9, unfused / fused_ms, unfused16, gemm16_ms, update16_ms);
   cublasDestroy(handle);
-  cudaFree(w), cudaFree(m), cudaFree(g), cudaFree(xt), cudaFree(grad);
+  cudaFree(w), cudaFree(m), cudaFree(g), cudaFree(xt), cudaFree(grad), cudaFree(grad16);
 }
 
 }  // namespace

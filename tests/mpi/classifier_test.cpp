@@ -91,7 +91,7 @@ class ClassifierTest : public BackendTest {
   static int64_t budget_for_chunk(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes = 4,
                                   RowSource source = RowSource::kCopy,
                                   Logits logits = Logits::kInMemory,
-                                  RowGradientStore row_gradient = RowGradientStore::kChunk) {
+                                  RowGradientStore row_gradient = RowGradientStore::kFloat32) {
     return rows * (chunk_cached_bytes_per_row(batch, dim, gemm_bytes, source, logits) +
                    chunk_work_bytes_per_row(batch, dim, gemm_bytes, row_gradient));
   }
@@ -330,12 +330,10 @@ TEST_P(ClassifierTest, KeptExponentialsGiveWayToRecomputationWhereRowsLieDeep) {
   EXPECT_EQ(module->last_plan().kept_exponentials, module->fused());
 }
 
-// A loss under no_grad (no backward follows) caches nothing for backward, the fused kernels'
-// exponentials included, and is the loss of a forward that does, bit for bit; the training step
-// after it is a fresh classifier's.
-// A forward under no_grad (an evaluation) keeps nothing for a backward, gives the loss of a
-// training forward at the same step, and leaves training as if it had not been: with Partial FC,
-// the next step samples the classes it would have.
+// A forward under no_grad (an evaluation) keeps nothing for a backward, the fused kernels'
+// exponentials included; its loss is a training forward's at the same step, bit for bit; and the
+// training step after it is a fresh classifier's: with Partial FC, it samples the classes it would
+// have.
 TEST_P(ClassifierTest, AForwardWithoutGradientKeepsNothingForBackward) {
   const Problem p = make_problem(uneven_batches(world()), 120, 24, 31);
   const auto bf16 = [](ShardedSoftmaxOptions o) {

@@ -2,6 +2,10 @@
 
 #include "myriad/classifier/chunk_plan.h"
 
+#include <torch/types.h>
+
+#include "myriad/util/error.h"
+
 namespace myriad {
 namespace {
 
@@ -48,6 +52,30 @@ TEST(ChunkPlan, RowsWithoutAStoredGradientTakeOnlyTheirLogitsBytes) {
       plan_chunks(1000, 256, 512, 2, RowSource::kStored, budget, Logits::kInRegisters);
   EXPECT_FALSE(stored.cache);
   EXPECT_EQ(stored.chunk_rows, 128);  // 516000 / 2564 = 201, in whole tiles
+}
+
+TEST(ChunkPlan, BFloat16RowsTakeTheirGradientInBFloat16WhereTheUpdateKernelsRun) {
+  const auto bf16 = torch::kBFloat16, f32 = torch::kFloat32;
+  EXPECT_EQ(row_gradient_store(bf16, bf16, true), RowGradientStore::kBFloat16);
+  EXPECT_EQ(row_gradient_store(f32, bf16, true), RowGradientStore::kFloat32);
+  // Float32 products, and a gradient accumulated across steps (kAccumulateGrad), stay float32.
+  EXPECT_EQ(row_gradient_store(bf16, f32, true), RowGradientStore::kFloat32);
+  EXPECT_EQ(row_gradient_store(bf16, torch::kFloat16, true), RowGradientStore::kFloat32);
+  EXPECT_EQ(row_gradient_store(bf16, bf16, false), RowGradientStore::kFloat32);
+  EXPECT_EQ(row_gradient_dtype(RowGradientStore::kBFloat16), torch::kBFloat16);
+  EXPECT_EQ(row_gradient_dtype(RowGradientStore::kFloat32), torch::kFloat32);
+  EXPECT_THROW(row_gradient_dtype(RowGradientStore::kNone), Error);
+  // At batch 1024 and D = 512 on stored bf16 rows: 4 + 2 * 1024 + 2 * 512 bytes a row, not
+  // 4 * 512 for the gradient; the same budget holds more rows per chunk.
+  EXPECT_EQ(chunk_work_bytes_per_row(1024, 512, 2, RowGradientStore::kBFloat16),
+            2 * 1024 + 2 * 512);
+  const int64_t budget = 1000 * (4 + 2 * 1024 + 2 * 512);
+  const ChunkPlan whole = plan_chunks(1000, 1024, 512, 2, RowSource::kStored, budget,
+                                      Logits::kInRegisters, RowGradientStore::kBFloat16);
+  EXPECT_TRUE(whole.cache);
+  EXPECT_FALSE(plan_chunks(1000, 1024, 512, 2, RowSource::kStored, budget, Logits::kInRegisters,
+                           RowGradientStore::kFloat32)
+                   .cache);
 }
 
 TEST(ChunkPlan, LogitsInRegistersLeaveTheirBytesToRowsInWholeTiles) {

@@ -105,10 +105,12 @@ TEST(StepModel, StoredRowsAreReadNotCopied) {
   StepShape s = small_step();
   s.classifier_weight_bytes = 2;
   s.classifier_rows = RowSource::kStored;
+  s.classifier_row_gradient = RowGradientStore::kBFloat16;
   const StepCost c = predict_step(s, small_rates());
   EXPECT_TRUE(c.plan.cache);
-  // Per weight 2 (the GEMMs' read) + 2 (1/|w|) + 4 (row) + 8 (momentum) + 8 (gradient).
-  EXPECT_DOUBLE_EQ(c.classifier_traffic, 560 + 5 * 3 * 24);
+  // Per weight 2 (the GEMMs' read) + 2 (1/|w|) + 4 (row) + 8 (momentum) + 4 (the gradient in
+  // bf16, as the rows: written and read).
+  EXPECT_DOUBLE_EQ(c.classifier_traffic, 560 + 5 * 3 * 20);
   // A cached row keeps its logits and 1/|w| (4 * 8 + 4), no copy; then its bf16 logit gradient.
   EXPECT_DOUBLE_EQ(c.workspace_memory, 5 * (36 + 16) + 240 + 64);
 }
@@ -209,18 +211,20 @@ TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   config.precision = Precision::kBf16;
   EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_rows, RowSource::kStored);
   // SGD on bf16 rows fuses the update at global batches up to 512 (64 per rank here), and its
-  // float32 gradient (8 bytes per weight element, written and read) leaves the traffic.
+  // bf16 gradient (4 bytes per weight element, written and read) leaves the traffic.
   EXPECT_FALSE(step_shape(config, 4, 1000000, 42).classifier_update_fused);  // AdamW
   config.optimizer = OptimizerKind::kSgd;
   const StepShape fused_update = step_shape(config, 4, 1000000, 42);
   EXPECT_TRUE(fused_update.classifier_update_fused);
+  EXPECT_EQ(fused_update.classifier_row_gradient, RowGradientStore::kBFloat16);
+  EXPECT_EQ(half.classifier_row_gradient, RowGradientStore::kFloat32);       // float32 GEMMs
   EXPECT_TRUE(step_shape(config, 8, 1000000, 42).classifier_update_fused);   // 512
   EXPECT_FALSE(step_shape(config, 9, 1000000, 42).classifier_update_fused);  // 576
   StepShape unfused_update = fused_update;
   unfused_update.classifier_update_fused = false;
   EXPECT_DOUBLE_EQ(predict_step(unfused_update, small_rates()).classifier_traffic -
                        predict_step(fused_update, small_rates()).classifier_traffic,
-                   8.0 * 250000 * 512);
+                   4.0 * 250000 * 512);
   config.fused_update = Toggle::kOn;
   EXPECT_TRUE(step_shape(config, 16, 1000000, 42).classifier_update_fused);
   config.batch_size = 63;  // 252, a global batch the kernel does not take

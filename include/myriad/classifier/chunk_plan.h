@@ -34,9 +34,20 @@ RowSource row_source(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype, b
 // in registers, for the fused kernels, which recompute them in backward and never store them.
 enum class Logits { kInMemory, kInRegisters };
 
-// Where the rows' float32 gradient lives: in a chunk's buffer between the weight-gradient GEMM and
-// the update, or nowhere (the fused update forms it on chip; a part of a step updates no rows).
-enum class RowGradientStore { kChunk, kNone };
+// Where the rows' gradient lives: in a chunk's buffer between the weight-gradient GEMM and the
+// update, in float32 or bfloat16 (row_gradient_store), or nowhere (the fused update forms it on
+// chip; a part of a step updates no rows).
+enum class RowGradientStore { kFloat32, kBFloat16, kNone };
+
+// The one rule for the chunk's buffer: where the update kernels take it (rather than a float32
+// gradient that accumulates across steps) and the GEMMs multiply bfloat16, the rows' gradient takes
+// the dtype of the rows it updates. For bfloat16 rows that halves the bytes that the GEMM writes
+// and the update reads back; its rounding (2^-9 of each element) lies far below that of the rows
+// themselves, which round the update stochastically to 2^-8 of each weight. Float32 products stay
+// float32 (cuBLAS writes bfloat16 only from bfloat16 operands).
+RowGradientStore row_gradient_store(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype,
+                                    bool update_kernels);
+c10::ScalarType row_gradient_dtype(RowGradientStore store);
 
 // Bytes one class row costs: kept from forward to backward when cached (its logits if in memory,
 // its GEMM row or 1/|w|), and in flight during backward (its logit gradients, its weight
@@ -44,7 +55,7 @@ enum class RowGradientStore { kChunk, kNone };
 int64_t chunk_cached_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes, RowSource source,
                                    Logits logits = Logits::kInMemory);
 int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes,
-                                 RowGradientStore row_gradient = RowGradientStore::kChunk);
+                                 RowGradientStore row_gradient = RowGradientStore::kFloat32);
 
 // The plan for `rows` active class rows, a global batch `batch`, embedding `dim`, GEMM operands
 // of `gemm_bytes` per element read from `source`, within `budget_bytes`. Caches when everything
@@ -53,7 +64,7 @@ int64_t chunk_work_bytes_per_row(int64_t batch, int64_t dim, int64_t gemm_bytes,
 // last chunk's last tile is partial.
 ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,
                       RowSource source, int64_t budget_bytes, Logits logits = Logits::kInMemory,
-                      RowGradientStore row_gradient = RowGradientStore::kChunk);
+                      RowGradientStore row_gradient = RowGradientStore::kFloat32);
 
 // Whether the fused kernels take this shape on an H100 or H200: bfloat16 GEMMs and D a multiple of
 // 8 up to kFusedMaxDim. Whether a device runs them is fused_chunks_apply's question.

@@ -42,9 +42,10 @@ class ShardOptimizer {
   // Starts an optimisation step (AdamW's bias correction counts these).
   void begin_step();
   // Updates rows [begin, end) of the active rows (`index` lists shard rows; undefined means the
-  // shard's own rows) of `weight` (float32 or bfloat16), given `grad` [end-begin, D] float32, the
-  // gradient with respect to what `grad_of` says. `grad_multiplier`, a float32 [1] on the
-  // weight's device read there (undefined: 1), undoes loss scaling.
+  // shard's own rows) of `weight` (float32 or bfloat16), given `grad` [end-begin, D] float32 (or
+  // bfloat16, row_gradient_store), the gradient with respect to what `grad_of` says.
+  // `grad_multiplier`, a float32 [1] on the weight's device read there (undefined: 1), undoes loss
+  // scaling.
   void update_rows(torch::Tensor& weight, const torch::Tensor& index, int64_t begin, int64_t end,
                    const torch::Tensor& grad, RowGradient grad_of,
                    const torch::Tensor& grad_multiplier);

@@ -184,6 +184,8 @@ class ShardedMarginSoftmax {
   void backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn, bool update);
   // Whether a step of global batch `batch` that updates the rows takes the fused update.
   bool takes_fused_update(int64_t batch) const;
+  // Where a step of global batch `batch` that updates the rows keeps their gradient.
+  RowGradientStore row_gradient_store(int64_t batch) const;
   // Where forward kept the exponentials: each sample's factor [B] that makes them the logits'
   // gradient (after their targets are replaced), or undefined where the logits are recomputed.
   torch::Tensor kept_factor(Step& step, const GradientScale& g);

@@ -39,6 +39,8 @@ struct StepShape {
   bool classifier_normalized = true;
   // Whether SGD forms the rows' gradient in the update kernel (FusedUpdate), never in memory.
   bool classifier_update_fused = false;
+  // Where the rows' gradient lives otherwise (row_gradient_store()).
+  RowGradientStore classifier_row_gradient = RowGradientStore::kFloat32;
   int64_t classifier_workspace = int64_t{2} << 30;
   int64_t backbone_params = 0;
   int64_t backbone_states = 1;  // SGD 1, AdamW 2

@@ -71,10 +71,11 @@ struct SgdArgs {
 
 // For each of `count` rows: dw from grad (taken with respect to what grad_of says), then SGD with
 // momentum and weight decay on the row and its momentum buffer (momentum_type; null when momentum
-// is 0). One pass over each row.
+// is 0). One pass over each row. `grad` is float32 or bfloat16 (grad_type).
 cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_type,
-                     const float* grad, int64_t dim, const int64_t* index, int64_t begin,
-                     int64_t count, RowGradient grad_of, SgdArgs args, cudaStream_t stream);
+                     const void* grad, ElementType grad_type, int64_t dim, const int64_t* index,
+                     int64_t begin, int64_t count, RowGradient grad_of, SgdArgs args,
+                     cudaStream_t stream);
 
 struct AdamWArgs {
   float lr;
@@ -89,7 +90,8 @@ struct AdamWArgs {
 
 // AdamW on each of `count` rows, with first and second moments in state_type.
 cudaError_t adamw_rows(WeightShard weight, void* exp_avg, void* exp_avg_sq, ElementType state_type,
-                       const float* grad, int64_t dim, const int64_t* index, int64_t begin,
-                       int64_t count, RowGradient grad_of, AdamWArgs args, cudaStream_t stream);
+                       const void* grad, ElementType grad_type, int64_t dim, const int64_t* index,
+                       int64_t begin, int64_t count, RowGradient grad_of, AdamWArgs args,
+                       cudaStream_t stream);
 
 }  // namespace myriad::cuda

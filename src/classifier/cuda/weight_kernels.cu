@@ -82,8 +82,8 @@ __global__ void prepare_rows_kernel(const In* __restrict__ weight, int64_t dim,
   });
 }
 
-template <int kWidth, typename W>
-__device__ inline RowGradientOf row_gradient(const W* w, const float* g, int64_t dim, int lane,
+template <int kWidth, typename W, typename G>
+__device__ inline RowGradientOf row_gradient(const W* w, const G* g, int64_t dim, int lane,
                                              RowGradient grad_of, const float* multiplier) {
   float squares = 0.0f, dot = 0.0f;
   if (grad_of == RowGradient::kRow) return row_gradient_of(dot, squares, grad_of, multiplier);
@@ -100,15 +100,15 @@ __device__ inline RowGradientOf row_gradient(const W* w, const float* g, int64_t
   return row_gradient_of(warp_sum(dot), warp_sum(squares), grad_of, multiplier);
 }
 
-template <int kWidth, typename W, typename State>
+template <int kWidth, typename W, typename State, typename G>
 __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight,
-                                State* __restrict__ momentum, const float* __restrict__ grad,
+                                State* __restrict__ momentum, const G* __restrict__ grad,
                                 int64_t dim, const int64_t* __restrict__ index, int64_t begin,
                                 int64_t count, RowGradient grad_of, SgdArgs args) {
   const RowSlot slot = row_slot(index, begin, count);
   if (slot.row < 0) return;
   W* w = weight + slot.src * dim;
-  const float* g = grad + slot.row * dim;
+  const G* g = grad + slot.row * dim;
   const int64_t first_element = (store_weight.first_row + slot.src) * dim;
   const RowGradientOf dw =
       row_gradient<kWidth>(w, g, dim, slot.lane, grad_of, args.grad_multiplier);
@@ -126,16 +126,16 @@ __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight
   });
 }
 
-template <int kWidth, typename W, typename State>
+template <int kWidth, typename W, typename State, typename G>
 __global__ void adamw_rows_kernel(W* __restrict__ weight, WeightStore store_weight,
                                   State* __restrict__ exp_avg, State* __restrict__ exp_avg_sq,
-                                  const float* __restrict__ grad, int64_t dim,
+                                  const G* __restrict__ grad, int64_t dim,
                                   const int64_t* __restrict__ index, int64_t begin, int64_t count,
                                   RowGradient grad_of, AdamWArgs args) {
   const RowSlot slot = row_slot(index, begin, count);
   if (slot.row < 0) return;
   W* w = weight + slot.src * dim;
-  const float* g = grad + slot.row * dim;
+  const G* g = grad + slot.row * dim;
   const int64_t first_element = (store_weight.first_row + slot.src) * dim;
   const RowGradientOf dw =
       row_gradient<kWidth>(w, g, dim, slot.lane, grad_of, args.grad_multiplier);
@@ -167,8 +167,8 @@ unsigned blocks_for(int64_t count) {
   return static_cast<unsigned>((count + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
-// with_element_type for the types that weights and optimizer state are stored in (callers reject
-// float16).
+// with_element_type for the types that weights, optimizer state and rows' gradients are stored in
+// (callers reject float16).
 template <typename F>
 void with_storage_type(ElementType type, F&& f) {
   if (type == ElementType::kBFloat16) {
@@ -215,10 +215,12 @@ cudaError_t prepare_rows(const void* weight, ElementType weight_type, int64_t di
 }
 
 cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_type,
-                     const float* grad, int64_t dim, const int64_t* index, int64_t begin,
-                     int64_t count, RowGradient grad_of, SgdArgs args, cudaStream_t stream) {
+                     const void* grad, ElementType grad_type, int64_t dim, const int64_t* index,
+                     int64_t begin, int64_t count, RowGradient grad_of, SgdArgs args,
+                     cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  if (weight.type == ElementType::kFloat16 || momentum_type == ElementType::kFloat16) {
+  if (weight.type == ElementType::kFloat16 || momentum_type == ElementType::kFloat16 ||
+      grad_type == ElementType::kFloat16) {
     return cudaErrorInvalidValue;
   }
   const WeightStore store{weight.first_row, weight.rounding_seed};
@@ -226,24 +228,31 @@ cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_ty
     using W = std::remove_pointer_t<decltype(w_tag)>;
     with_storage_type(momentum_type, [&](auto* s_tag) {
       using State = std::remove_pointer_t<decltype(s_tag)>;
-      with_width(
-          dim,
-          {{weight.data, bytes_of(weight.type)}, {momentum, bytes_of(momentum_type)}, {grad, 4}},
-          [&](auto width) {
-            sgd_rows_kernel<decltype(width)::value><<<blocks_for(count), kThreads, 0, stream>>>(
-                static_cast<W*>(weight.data), store, static_cast<State*>(momentum), grad, dim,
-                index, begin, count, grad_of, args);
-          });
+      with_storage_type(grad_type, [&](auto* g_tag) {
+        using G = std::remove_pointer_t<decltype(g_tag)>;
+        with_width(dim,
+                   {{weight.data, bytes_of(weight.type)},
+                    {momentum, bytes_of(momentum_type)},
+                    {grad, bytes_of(grad_type)}},
+                   [&](auto width) {
+                     sgd_rows_kernel<decltype(width)::value>
+                         <<<blocks_for(count), kThreads, 0, stream>>>(
+                             static_cast<W*>(weight.data), store, static_cast<State*>(momentum),
+                             static_cast<const G*>(grad), dim, index, begin, count, grad_of, args);
+                   });
+      });
     });
   });
   return cudaGetLastError();
 }
 
 cudaError_t adamw_rows(WeightShard weight, void* exp_avg, void* exp_avg_sq, ElementType state_type,
-                       const float* grad, int64_t dim, const int64_t* index, int64_t begin,
-                       int64_t count, RowGradient grad_of, AdamWArgs args, cudaStream_t stream) {
+                       const void* grad, ElementType grad_type, int64_t dim, const int64_t* index,
+                       int64_t begin, int64_t count, RowGradient grad_of, AdamWArgs args,
+                       cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  if (weight.type == ElementType::kFloat16 || state_type == ElementType::kFloat16) {
+  if (weight.type == ElementType::kFloat16 || state_type == ElementType::kFloat16 ||
+      grad_type == ElementType::kFloat16) {
     return cudaErrorInvalidValue;
   }
   const WeightStore store{weight.first_row, weight.rounding_seed};
@@ -251,17 +260,21 @@ cudaError_t adamw_rows(WeightShard weight, void* exp_avg, void* exp_avg_sq, Elem
     using W = std::remove_pointer_t<decltype(w_tag)>;
     with_storage_type(state_type, [&](auto* s_tag) {
       using State = std::remove_pointer_t<decltype(s_tag)>;
-      with_width(
-          dim,
-          {{weight.data, bytes_of(weight.type)},
-           {exp_avg, bytes_of(state_type)},
-           {exp_avg_sq, bytes_of(state_type)},
-           {grad, 4}},
-          [&](auto width) {
-            adamw_rows_kernel<decltype(width)::value><<<blocks_for(count), kThreads, 0, stream>>>(
-                static_cast<W*>(weight.data), store, static_cast<State*>(exp_avg),
-                static_cast<State*>(exp_avg_sq), grad, dim, index, begin, count, grad_of, args);
-          });
+      with_storage_type(grad_type, [&](auto* g_tag) {
+        using G = std::remove_pointer_t<decltype(g_tag)>;
+        with_width(dim,
+                   {{weight.data, bytes_of(weight.type)},
+                    {exp_avg, bytes_of(state_type)},
+                    {exp_avg_sq, bytes_of(state_type)},
+                    {grad, bytes_of(grad_type)}},
+                   [&](auto width) {
+                     adamw_rows_kernel<decltype(width)::value>
+                         <<<blocks_for(count), kThreads, 0, stream>>>(
+                             static_cast<W*>(weight.data), store, static_cast<State*>(exp_avg),
+                             static_cast<State*>(exp_avg_sq), static_cast<const G*>(grad), dim,
+                             index, begin, count, grad_of, args);
+                   });
+      });
     });
   });
   return cudaGetLastError();
