@@ -914,6 +914,13 @@ TEST_P(ClassifierTest, PartsOfAStepGiveTheWholeStep) {
       if (c.o.update == WeightUpdate::kFused) {
         EXPECT_LE(relative_error(parted->weight(), whole->weight()), c.tolerance)
             << "rows, step " << step;
+        // The next step starts both from the whole step's rows and state. Updates that differ at
+        // bf16's resolution round stochastically to rows a whole ulp apart here and there, and
+        // from such rows ArcFace's next loss may differ by more than any bound on the parts.
+        parted->weight().copy_(whole->weight());
+        const auto from = whole->optimizer().state();
+        const auto to = parted->optimizer().state();
+        for (size_t i = 0; i < from.size(); ++i) to[i].second->copy_(*from[i].second);
       } else {
         EXPECT_LE(relative_error(parted->weight_grad(), whole->weight_grad()), c.tolerance)
             << "rows' gradient";
