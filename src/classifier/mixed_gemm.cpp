@@ -13,14 +13,18 @@ namespace myriad {
 
 namespace {
 
+// `out` is float32, or bfloat16 where `narrow_out` allows it and the operands are bfloat16 (cuBLAS
+// writes bfloat16 only from bfloat16 operands; the CPU path, which would take any, keeps the rule).
 void check_operands(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
-                    bool bf16_out = false) {
+                    bool narrow_out) {
   MYRIAD_CHECK(a.scalar_type() == b.scalar_type(), "GEMM operands differ in dtype: {} and {}",
                c10::toString(a.scalar_type()), c10::toString(b.scalar_type()));
+  const bool bf16_out = narrow_out && a.scalar_type() == torch::kBFloat16;
   MYRIAD_CHECK((out.scalar_type() == torch::kFloat32 ||
                 (bf16_out && out.scalar_type() == torch::kBFloat16)) &&
                    out.is_contiguous(),
-               "GEMM output must be contiguous float32{}", bf16_out ? " or bfloat16" : "");
+               "GEMM output must be contiguous float32{}, not {}", bf16_out ? " or bfloat16" : "",
+               c10::toString(out.scalar_type()));
   MYRIAD_CHECK(a.is_contiguous() && b.is_contiguous(), "GEMM operands must be contiguous");
   MYRIAD_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2, "GEMM operands must be matrices");
 }
@@ -101,7 +105,7 @@ Operand operand(const torch::Tensor& x, bool trans) {
 
 void gemm_f32(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const torch::Tensor& b,
               bool trans_b, bool accumulate) {
-  check_operands(out, a, b, true);
+  check_operands(out, a, b, /*narrow_out=*/true);
   const int64_t m = trans_a ? a.size(1) : a.size(0);
   const int64_t k = trans_a ? a.size(0) : a.size(1);
   const int64_t n = trans_b ? b.size(0) : b.size(1);
@@ -123,7 +127,7 @@ void gemm_f32(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const to
 
 void gemm_f32_long_k(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
                      bool accumulate) {
-  check_operands(out, a, b);
+  check_operands(out, a, b, /*narrow_out=*/false);
   const int64_t k = a.size(0), m = a.size(1), n = b.size(1);
   MYRIAD_CHECK(b.size(0) == k && out.size(0) == m && out.size(1) == n, "GEMM shapes do not match");
   // Slices of at least 2048 along K, at most 64 of them: enough output tiles to fill the GPU,

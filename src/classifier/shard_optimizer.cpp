@@ -235,9 +235,10 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
 #endif
   const bool bf16 = weight.scalar_type() == torch::kBFloat16;
   torch::Tensor w = rows_of(weight, index, begin, end).to(torch::kFloat32);
-  const torch::Tensor grad32 = grad.to(torch::kFloat32);
+  // A copy in float32 (the caller's gradient stays as it is), scaled in place.
+  torch::Tensor grad32 = grad.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
   torch::Tensor g = row_grad_of_rows(
-      w, grad_multiplier.defined() ? grad32 * grad_multiplier : grad32.clone(), grad_of);
+      w, grad_multiplier.defined() ? grad32.mul_(grad_multiplier) : grad32, grad_of);
   if (o.kind == OptimizerKind::kSgd) {
     torch::Tensor d = g.add_(w, o.weight_decay);
     if (momentum_.defined()) {

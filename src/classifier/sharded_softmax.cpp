@@ -474,7 +474,7 @@ bool ShardedMarginSoftmax::takes_fused_update(int64_t batch) const {
 
 RowGradientStore ShardedMarginSoftmax::row_gradient_store(int64_t batch) const {
   if (takes_fused_update(batch)) return RowGradientStore::kNone;
-  return myriad::row_gradient_store(weight_.scalar_type(), options_.gemm_dtype,
+  return myriad::row_gradient_store(options_.weight_dtype, options_.gemm_dtype,
                                     options_.update == WeightUpdate::kFused);
 }
 

@@ -55,8 +55,9 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
       s.classifier_logits == Logits::kInRegisters && config.optimizer == OptimizerKind::kSgd &&
       config.classifier_weight_dtype == torch::kBFloat16 && fused_update_batch_fits(batch) &&
       fused_update_chosen(fused_update_choice(config.fused_update), batch);
-  s.classifier_row_gradient =
-      row_gradient_store(config.classifier_weight_dtype, compute_dtype(precision), true);
+  // myriad-train updates the rows with the update kernels (WeightUpdate::kFused).
+  s.classifier_row_gradient = row_gradient_store(config.classifier_weight_dtype,
+                                                 compute_dtype(precision), /*update_kernels=*/true);
   s.backbone_params = backbone_params;
   s.backbone_states = states;
   s.grad_comm_bytes = config.grad_comm_dtype == torch::kFloat32 ? 4 : 2;

@@ -64,6 +64,28 @@ TEST(StochasticRound, IsUnbiased) {
   }
 }
 
+// One hash serves two neighbouring elements (its halves): each still rounds up with the fraction
+// of the gap it covers, and the two independently of each other.
+TEST(StochasticRound, TheElementsOfAPairRoundIndependently) {
+  constexpr int64_t kPairs = 200000;
+  const float value = 1.0f + 0.3f / 128;
+  const auto [low, high] = neighbours(value);
+  const double p = (static_cast<double>(value) - low) / (static_cast<double>(high) - low);
+  int64_t first = 0, second = 0, both = 0;
+  for (int64_t i = 0; i < kPairs; ++i) {
+    const bool a = from_bits(bf16_bits_stochastic(value, rounding_bits(11, 2 * i))) == high;
+    const bool b = from_bits(bf16_bits_stochastic(value, rounding_bits(11, 2 * i + 1))) == high;
+    first += a;
+    second += b;
+    both += a && b;
+  }
+  // Five standard deviations of a Bernoulli mean over kPairs draws.
+  const auto bound = [](double q) { return 5.0 * std::sqrt(q * (1.0 - q) / kPairs); };
+  EXPECT_NEAR(static_cast<double>(first) / kPairs, p, bound(p));
+  EXPECT_NEAR(static_cast<double>(second) / kPairs, p, bound(p));
+  EXPECT_NEAR(static_cast<double>(both) / kPairs, p * p, bound(p * p));
+}
+
 TEST(StochasticRound, TensorRoundingKeysOnTheGlobalRow) {
   const torch::Tensor values = torch::randn({6, 40});
   const torch::Tensor rows = torch::arange(100, 106, torch::kInt64);

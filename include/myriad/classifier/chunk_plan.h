@@ -42,9 +42,10 @@ enum class RowGradientStore { kFloat32, kBFloat16, kNone };
 // The one rule for the chunk's buffer: where the update kernels take it (rather than a float32
 // gradient that accumulates across steps) and the GEMMs multiply bfloat16, the rows' gradient takes
 // the dtype of the rows it updates. For bfloat16 rows that halves the bytes that the GEMM writes
-// and the update reads back; its rounding (2^-9 of each element) lies far below that of the rows
-// themselves, which round the update stochastically to 2^-8 of each weight. Float32 products stay
-// float32 (cuBLAS writes bfloat16 only from bfloat16 operands).
+// and the update reads back; its rounding (to nearest: at most 2^-8 of each element) is smaller
+// than that of the rows themselves, which round each update stochastically, by up to a bf16 step
+// (2^-7 of each weight), wherever the update is smaller than twice its weight. Float32 products
+// stay float32 (cuBLAS writes bfloat16 only from bfloat16 operands).
 RowGradientStore row_gradient_store(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype,
                                     bool update_kernels);
 c10::ScalarType row_gradient_dtype(RowGradientStore store);

@@ -9,7 +9,8 @@ namespace myriad {
 // inputs' dtype). Row-major, contiguous operands of one dtype; `out` is contiguous float32.
 
 // out = op(a) @ op(b), or out += op(a) @ op(b) when `accumulate`; here `out` may also be
-// bfloat16 (the rows' gradient of bfloat16 rows), rounded to nearest once from the float32 sums.
+// bfloat16 where the operands are (the rows' gradient of bfloat16 rows, row_gradient_store),
+// rounded to nearest once from the float32 sums.
 void gemm_f32(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const torch::Tensor& b,
               bool trans_b, bool accumulate);
 

@@ -48,11 +48,20 @@ MYRIAD_HD inline uint32_t mix32(uint32_t x) {
   return x;
 }
 
+// One hash for the pair of elements 2 pair and 2 pair + 1 of a tensor rounded under `seed`.
+MYRIAD_HD inline uint32_t pair_rounding_bits(uint64_t seed, int64_t pair) {
+  const uint64_t key = seed + static_cast<uint64_t>(pair);
+  return mix32(static_cast<uint32_t>(key) ^ mix32(static_cast<uint32_t>(key >> 32)));
+}
+
 // The random bits for element `element` of a tensor rounded under `seed` (derive one seed per
 // update, so that every step draws afresh while any rank count or chunking draws the same bits).
+// bfloat16 rounding takes 16 bits, so one hash serves two neighbouring elements: its upper half
+// the even one, its lower half the odd one. A kernel rounding whole rows pays a hash per pair,
+// which the fused weight update, bound by its arithmetic, feels.
 MYRIAD_HD inline uint32_t rounding_bits(uint64_t seed, int64_t element) {
-  const uint64_t key = seed + static_cast<uint64_t>(element);
-  return mix32(static_cast<uint32_t>(key) ^ mix32(static_cast<uint32_t>(key >> 32)));
+  const uint32_t bits = pair_rounding_bits(seed, element >> 1);
+  return (element & 1) != 0 ? bits : bits >> 16;
 }
 
 }  // namespace myriad

@@ -24,22 +24,38 @@ struct WeightStore {
   __device__ void operator()(float* p, const float (&v)[N], int64_t) const {
     store_floats(p, v);
   }
-  // rounding_bits of elements element + j, with the hash of the key's upper half taken once per
-  // pack (twice where the lower half wraps within it), and the rounding of bf16_bits_stochastic
-  // without its case for NaN unless the pack holds one: the same bits at less than half the
-  // arithmetic, which sets the pace of the fused weight update.
+  // rounding_bits of elements element + j: one hash per pair where the pack starts a pair.
   template <int N>
   __device__ void operator()(__nv_bfloat16* p, const float (&v)[N], int64_t element) const {
-    const uint64_t key = rounding_seed + static_cast<uint64_t>(element);
+    if constexpr (N % 2 == 0) {
+      if (element % 2 == 0) {
+        even_pack(p, v, element);
+        return;
+      }
+    }
+    store(p, v, [&](int j) { return rounding_bits(rounding_seed, element + j); });
+  }
+  // operator()'s bits for a pack that starts on an even element, which the caller guarantees
+  // (the fused update's packs of 8 columns, in rows of a multiple of 8): one hash per pair, with
+  // the hash of the key's upper half taken once per pack (twice where the lower half wraps within
+  // it). The fused update is bound by this arithmetic, and leaving out operator()'s parity test
+  // made it 30% faster (docs/measurements/2026-11-29-h200-pair-rounding-bits/).
+  template <int N>
+  __device__ void even_pack(__nv_bfloat16* p, const float (&v)[N], int64_t element) const {
+    static_assert(N % 2 == 0, "a pack of pairs");
+    const uint64_t key = rounding_seed + static_cast<uint64_t>(element / 2);
     const uint32_t low = static_cast<uint32_t>(key), high = static_cast<uint32_t>(key >> 32);
     const uint32_t upper = mix32(high);
-    if (low <= ~uint32_t{0} - (N - 1)) {
-      store(p, v, [&](int j) { return mix32((low + static_cast<uint32_t>(j)) ^ upper); });
+    // Element j's half of its pair's hash.
+    const auto half = [](uint32_t hash, int j) { return j % 2 != 0 ? hash : hash >> 16; };
+    if (low <= ~uint32_t{0} - (N / 2 - 1)) {
+      store(p, v,
+            [&](int j) { return half(mix32((low + static_cast<uint32_t>(j / 2)) ^ upper), j); });
     } else {
       const uint32_t next = mix32(high + 1);
       store(p, v, [&](int j) {
-        const uint32_t lower = low + static_cast<uint32_t>(j);
-        return mix32(lower ^ (lower < low ? next : upper));
+        const uint32_t lower = low + static_cast<uint32_t>(j / 2);
+        return half(mix32(lower ^ (lower < low ? next : upper)), j);
       });
     }
   }

@@ -333,7 +333,7 @@ struct Epilogue {
         w[e] = sgd_element<kNesterov>(w[e], g[e], dw, p.args, with_momentum ? &state[e] : nullptr);
       const int64_t at_pack = at[j] + col(m);
       if (with_momentum) store_floats(momentum + at_pack, state);
-      p.store(weight + at_pack, w, first_element + at_pack);
+      p.store.even_pack(weight + at_pack, w, first_element + at_pack);
     }
   }
 
