@@ -170,6 +170,11 @@ class ShardedMarginSoftmax {
   torch::Tensor inv_loss_scale_;  // undefined: 1
   ChunkPlan last_plan_;
   PhaseTimer* timer_ = nullptr;
+  // The stored rows' 1/|w| as the last update left them, where sgd_rows wrote them for every row,
+  // and weight_'s version then (-1: none). Any other write of weight_ in place moves its version,
+  // so the next forward measures the rows again.
+  torch::Tensor update_inv_norms_;
+  int64_t update_norms_version_ = -1;
 
   // How backward scales the logits' gradient: `coef` (the incoming gradient over the batch, capped
   // for float16 GEMMs), `rescale` (what the cap took off; undefined: 1) and the update's factor
@@ -214,6 +219,12 @@ class ShardedMarginSoftmax {
     torch::Tensor max, sum, target_logit;
   };
   RowStatistics forward_chunks(Step& step);
+  // 1/|w| of stored rows [begin, end): as the last update wrote them where they are current,
+  // else measured (chunk_inv_norms).
+  torch::Tensor stored_row_scales(int64_t begin, int64_t end) const;
+  // Where the update may write the rows' 1/|w| for the next forward: every stored row of a
+  // normalising margin, on the GPU; null elsewhere.
+  float* update_norms_target(const Step& step);
   // The statistics over all shards (consuming `local`), kept in the step; returns the loss.
   torch::Tensor reduce_statistics(Step& step, RowStatistics& local);
   // The step's (min label, max label, all features finite), queued at once after the gather and
