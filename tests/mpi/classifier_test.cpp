@@ -597,6 +597,28 @@ TEST_P(ClassifierTest, LossScaleOnTheDeviceIsUndoneByTheUpdate) {
   }
 }
 
+// The rows' 1/|w| that sgd_rows writes as it stores bf16 rows are what the next forward would
+// measure, bit for bit: a module made to measure them afresh each step (an in-place write of the
+// same values moves the weight's version) steps as one that takes them from the update. On the
+// CPU both measure.
+TEST_P(ClassifierTest, NormsFromTheUpdateAreTheMeasuredNorms) {
+  const Problem p = make_problem(uneven_batches(world()), 301, 64, 37);
+  ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+  o.update = WeightUpdate::kFused;
+  o.fused_update = FusedUpdate::kOff;
+  o.weight_dtype = o.gemm_dtype = torch::kBFloat16;
+  o.optimizer.lr = 0.1;
+  o.optimizer.momentum = 0.9;
+  auto taken = make_module(p, o), measured = make_module(p, o);
+  for (int step = 0; step < 3; ++step) {
+    measured->weight().mul_(1);
+    const Outcome a = run_step(*taken, p), b = run_step(*measured, p);
+    EXPECT_TRUE(torch::equal(a.loss, b.loss)) << "step " << step;
+    EXPECT_TRUE(torch::equal(a.grad_features, b.grad_features)) << "step " << step;
+    EXPECT_TRUE(torch::equal(taken->weight().cpu(), measured->weight().cpu())) << "step " << step;
+  }
+}
+
 // Float32 rows, and bf16 rows under bf16 GEMMs, whose gradient reaches adamw_rows in bf16: at
 // D = 8 the row kernels read packs of 4, at D = 6 single elements (rows of 12 bytes). The bf16
 // bound holds the rows' rounding, 2^-8 of a weight each step (3-6e-3 of the shard), and the odd
