@@ -213,11 +213,10 @@ bool ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
       const cuda::SgdArgs args{static_cast<float>(o.lr), static_cast<float>(o.momentum),
                                static_cast<float>(o.weight_decay), o.nesterov, multiplier};
       bool norms_written = false;
-      MYRIAD_CHECK_CUDA(cuda::sgd_rows(shard, momentum_.defined() ? momentum_.data_ptr() : nullptr,
-                                       element_type(o.state_dtype), grad.data_ptr(),
-                                       element_type(grad.scalar_type()), weight.size(1), rows,
-                                       begin, count, grad_of, args, stream, inv_norms,
-                                       &norms_written));
+      MYRIAD_CHECK_CUDA(cuda::sgd_rows(
+          shard, momentum_.defined() ? momentum_.data_ptr() : nullptr, element_type(o.state_dtype),
+          grad.data_ptr(), element_type(grad.scalar_type()), weight.size(1), rows, begin, count,
+          grad_of, args, stream, inv_norms, &norms_written));
       return norms_written;
     } else {
       const cuda::AdamWArgs args{static_cast<float>(o.lr),

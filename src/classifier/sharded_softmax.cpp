@@ -490,22 +490,27 @@ torch::Tensor ShardedMarginSoftmax::kept_factor(Step& step, const GradientScale&
                                   options_.margin.params());
 }
 
+bool ShardedMarginSoftmax::norms_from_update() const {
+  const UpdatedNorms& u = updated_norms_;
+  return u.version >= 0 && u.version == weight_._version() && u.storage == weight_.data_ptr() &&
+         u.inv_norms.size(0) == weight_.size(0);
+}
+
 torch::Tensor ShardedMarginSoftmax::stored_row_scales(int64_t begin, int64_t end) const {
-  if (update_norms_version_ >= 0 && update_norms_version_ == weight_._version()) {
-    return update_inv_norms_.slice(0, begin, end);
-  }
+  if (norms_from_update()) return updated_norms_.inv_norms.slice(0, begin, end);
   return chunk_inv_norms(weight_, begin, end);
 }
 
 float* ShardedMarginSoftmax::update_norms_target(const Step& step) {
   if (!step.stored_rows || !options_.margin.params().normalized || !weight_.is_cuda() ||
-      step.active.defined()) {
+      step.active.defined() || options_.optimizer.kind != OptimizerKind::kSgd) {
     return nullptr;
   }
-  if (!update_inv_norms_.defined()) {
-    update_inv_norms_ = torch::empty({weight_.size(0)}, weight_.options().dtype(torch::kFloat32));
+  torch::Tensor& norms = updated_norms_.inv_norms;
+  if (!norms.defined() || norms.size(0) != weight_.size(0) || norms.device() != weight_.device()) {
+    norms = torch::empty({weight_.size(0)}, weight_.options().dtype(torch::kFloat32));
   }
-  return update_inv_norms_.data_ptr<float>();
+  return norms.data_ptr<float>();
 }
 
 void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn,
@@ -526,7 +531,7 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
                      ? update_norms_target(step)
                      : nullptr;
   bool norms_written = norms != nullptr;
-  if (update) update_norms_version_ = -1;
+  if (update) updated_norms_.version = -1;
   for (int64_t c = 0; c < step.plan.chunks; ++c) {
     const int64_t begin = c * step.plan.chunk_rows;
     const int64_t end = std::min(begin + step.plan.chunk_rows, step.active_rows);
@@ -582,7 +587,10 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
           row_grad_of_rows(w, g.rescale.defined() ? row_grad.mul_(g.rescale) : row_grad, grad_of));
     }
   }
-  if (norms_written && step.plan.chunks > 0) update_norms_version_ = weight_._version();
+  if (norms_written && step.plan.chunks > 0) {
+    updated_norms_.storage = weight_.data_ptr();
+    updated_norms_.version = weight_._version();
+  }
 }
 
 torch::Tensor ShardedMarginSoftmax::run_backward(int64_t step_id, const torch::Tensor& grad) {
@@ -741,8 +749,8 @@ void ShardedMarginSoftmax::finish_parts() {
   // GEMMs on the stored rows take each chunk's 1/|w|, as in forward.
   if (whole.stored_rows && options_.margin.params().normalized) {
     for (int64_t begin = 0; begin < whole.active_rows; begin += whole.plan.chunk_rows) {
-      whole.row_scales.push_back(chunk_inv_norms(
-          weight_, begin, std::min(begin + whole.plan.chunk_rows, whole.active_rows)));
+      whole.row_scales.push_back(
+          stored_row_scales(begin, std::min(begin + whole.plan.chunk_rows, whole.active_rows)));
     }
   }
   if (options_.update == WeightUpdate::kFused) optimizer_->begin_step();

@@ -78,8 +78,7 @@ struct SgdArgs {
 cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_type,
                      const void* grad, ElementType grad_type, int64_t dim, const int64_t* index,
                      int64_t begin, int64_t count, RowGradient grad_of, SgdArgs args,
-                     cudaStream_t stream, float* inv_norms = nullptr,
-                     bool* norms_written = nullptr);
+                     cudaStream_t stream, float* inv_norms, bool* norms_written);
 
 struct AdamWArgs {
   float lr;

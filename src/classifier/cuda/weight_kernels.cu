@@ -245,22 +245,21 @@ cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_ty
       using State = std::remove_pointer_t<decltype(s_tag)>;
       with_storage_type(grad_type, [&](auto* g_tag) {
         using G = std::remove_pointer_t<decltype(g_tag)>;
-        with_width(dim,
-                   {{weight.data, bytes_of(weight.type)},
-                    {momentum, bytes_of(momentum_type)},
-                    {grad, bytes_of(grad_type)}},
-                   [&](auto width) {
-                     // prepare_rows sums in packs of 4 wherever the weights allow them.
-                     const bool same_order = (decltype(width)::value == 4) ==
-                                             packs_fit(dim, 4, weight.data, bytes_of(weight.type));
-                     float* norms = same_order ? inv_norms : nullptr;
-                     if (norms_written != nullptr) *norms_written = norms != nullptr;
-                     sgd_rows_kernel<decltype(width)::value>
-                         <<<blocks_for(count), kThreads, 0, stream>>>(
-                             static_cast<W*>(weight.data), store, static_cast<State*>(momentum),
-                             static_cast<const G*>(grad), dim, index, begin, count, grad_of, args,
-                             norms);
-                   });
+        with_width(
+            dim,
+            {{weight.data, bytes_of(weight.type)},
+             {momentum, bytes_of(momentum_type)},
+             {grad, bytes_of(grad_type)}},
+            [&](auto width) {
+              // prepare_rows sums in packs of 4 wherever the weights allow them.
+              const bool same_order = (decltype(width)::value == 4) ==
+                                      packs_fit(dim, 4, weight.data, bytes_of(weight.type));
+              float* norms = same_order ? inv_norms : nullptr;
+              if (norms_written != nullptr) *norms_written = norms != nullptr;
+              sgd_rows_kernel<decltype(width)::value><<<blocks_for(count), kThreads, 0, stream>>>(
+                  static_cast<W*>(weight.data), store, static_cast<State*>(momentum),
+                  static_cast<const G*>(grad), dim, index, begin, count, grad_of, args, norms);
+            });
       });
     });
   });
