@@ -183,11 +183,11 @@ void ShardOptimizer::update_rows_from_logit_grad(torch::Tensor& weight, const to
 #endif
 }
 
-void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& index, int64_t begin,
+bool ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& index, int64_t begin,
                                  int64_t end, const torch::Tensor& grad, RowGradient grad_of,
-                                 const torch::Tensor& grad_multiplier) {
+                                 const torch::Tensor& grad_multiplier, float* inv_norms) {
   const int64_t count = end - begin;
-  if (count == 0) return;
+  if (count == 0) return false;
   check_grad_multiplier(grad_multiplier, weight);
   MYRIAD_CHECK(weight.scalar_type() == torch::kFloat32 || weight.scalar_type() == torch::kBFloat16,
                "classifier weights must be float32 or bfloat16");
@@ -212,10 +212,12 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
     if (o.kind == OptimizerKind::kSgd) {
       const cuda::SgdArgs args{static_cast<float>(o.lr), static_cast<float>(o.momentum),
                                static_cast<float>(o.weight_decay), o.nesterov, multiplier};
-      MYRIAD_CHECK_CUDA(cuda::sgd_rows(shard, momentum_.defined() ? momentum_.data_ptr() : nullptr,
-                                       element_type(o.state_dtype), grad.data_ptr(),
-                                       element_type(grad.scalar_type()), weight.size(1), rows,
-                                       begin, count, grad_of, args, stream));
+      bool norms_written = false;
+      MYRIAD_CHECK_CUDA(cuda::sgd_rows(
+          shard, momentum_.defined() ? momentum_.data_ptr() : nullptr, element_type(o.state_dtype),
+          grad.data_ptr(), element_type(grad.scalar_type()), weight.size(1), rows, begin, count,
+          grad_of, args, stream, inv_norms, &norms_written));
+      return norms_written;
     } else {
       const cuda::AdamWArgs args{static_cast<float>(o.lr),
                                  static_cast<float>(o.beta1),
@@ -230,7 +232,7 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
                                          element_type(grad.scalar_type()), weight.size(1), rows,
                                          begin, count, grad_of, args, stream));
     }
-    return;
+    return false;
   }
 #endif
   const bool bf16 = weight.scalar_type() == torch::kBFloat16;
@@ -268,6 +270,7 @@ void ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
     w = round_bf16_stochastic(w, shard_rows + first_row_, rounding_seed());
   }
   write_rows(weight, index, begin, end, w);
+  return false;
 }
 
 }  // namespace myriad

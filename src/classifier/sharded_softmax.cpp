@@ -356,7 +356,7 @@ ShardedMarginSoftmax::RowStatistics ShardedMarginSoftmax::forward_chunks(Step& s
     phase("prepare_rows");
     torch::Tensor rows = chunk_rows(step, begin, end);
     if (step.stored_rows && params.normalized) {
-      step.row_scales.push_back(chunk_inv_norms(weight_, begin, end));
+      step.row_scales.push_back(stored_row_scales(begin, end));
     }
     const torch::Tensor scale = step.row_scales.empty() ? torch::Tensor() : step.row_scales.back();
     if (fused_) {
@@ -490,6 +490,29 @@ torch::Tensor ShardedMarginSoftmax::kept_factor(Step& step, const GradientScale&
                                   options_.margin.params());
 }
 
+bool ShardedMarginSoftmax::norms_from_update() const {
+  const UpdatedNorms& u = updated_norms_;
+  return u.version >= 0 && u.version == weight_._version() && u.storage == weight_.data_ptr() &&
+         u.inv_norms.size(0) == weight_.size(0);
+}
+
+torch::Tensor ShardedMarginSoftmax::stored_row_scales(int64_t begin, int64_t end) const {
+  if (norms_from_update()) return updated_norms_.inv_norms.slice(0, begin, end);
+  return chunk_inv_norms(weight_, begin, end);
+}
+
+float* ShardedMarginSoftmax::update_norms_target(const Step& step) {
+  if (!step.stored_rows || !options_.margin.params().normalized || !weight_.is_cuda() ||
+      step.active.defined() || options_.optimizer.kind != OptimizerKind::kSgd) {
+    return nullptr;
+  }
+  torch::Tensor& norms = updated_norms_.inv_norms;
+  if (!norms.defined() || norms.size(0) != weight_.size(0) || norms.device() != weight_.device()) {
+    norms = torch::empty({weight_.size(0)}, weight_.options().dtype(torch::kFloat32));
+  }
+  return norms.data_ptr<float>();
+}
+
 void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn,
                                            bool update) {
   const MarginParams params = options_.margin.params();
@@ -503,6 +526,12 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
   // The fused update reads the features transposed, [D, B]; one copy serves every chunk.
   const torch::Tensor xt =
       fused_update ? optimizer_->logit_grad_update_features(row_features) : torch::Tensor();
+  // The rows change below: their norms stay current only where the update writes them all.
+  float* norms = update && !fused_update && options_.update == WeightUpdate::kFused
+                     ? update_norms_target(step)
+                     : nullptr;
+  bool norms_written = norms != nullptr;
+  if (update) updated_norms_.version = -1;
   for (int64_t c = 0; c < step.plan.chunks; ++c) {
     const int64_t begin = c * step.plan.chunk_rows;
     const int64_t end = std::min(begin + step.plan.chunk_rows, step.active_rows);
@@ -545,7 +574,9 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
     gemm_f32(row_grad, logit_grad, false, row_features, false, false);
     phase("update");
     if (options_.update == WeightUpdate::kFused) {
-      optimizer_->update_rows(weight_, step.active, begin, end, row_grad, grad_of, g.multiplier);
+      norms_written = optimizer_->update_rows(weight_, step.active, begin, end, row_grad, grad_of,
+                                              g.multiplier, norms) &&
+                      norms_written;
     } else {
       const torch::Tensor index =
           step.active.defined() ? step.active.slice(0, begin, end)
@@ -555,6 +586,10 @@ void ShardedMarginSoftmax::backward_chunks(Step& step, const GradientScale& g, t
           0, index,
           row_grad_of_rows(w, g.rescale.defined() ? row_grad.mul_(g.rescale) : row_grad, grad_of));
     }
+  }
+  if (norms_written && step.plan.chunks > 0) {
+    updated_norms_.storage = weight_.data_ptr();
+    updated_norms_.version = weight_._version();
   }
 }
 
@@ -714,8 +749,8 @@ void ShardedMarginSoftmax::finish_parts() {
   // GEMMs on the stored rows take each chunk's 1/|w|, as in forward.
   if (whole.stored_rows && options_.margin.params().normalized) {
     for (int64_t begin = 0; begin < whole.active_rows; begin += whole.plan.chunk_rows) {
-      whole.row_scales.push_back(chunk_inv_norms(
-          weight_, begin, std::min(begin + whole.plan.chunk_rows, whole.active_rows)));
+      whole.row_scales.push_back(
+          stored_row_scales(begin, std::min(begin + whole.plan.chunk_rows, whole.active_rows)));
     }
   }
   if (options_.update == WeightUpdate::kFused) optimizer_->begin_step();

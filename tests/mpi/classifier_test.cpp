@@ -597,6 +597,46 @@ TEST_P(ClassifierTest, LossScaleOnTheDeviceIsUndoneByTheUpdate) {
   }
 }
 
+// The rows' 1/|w| that sgd_rows writes as it stores bf16 rows are what the next forward would
+// measure, bit for bit: a module made to measure them afresh each step (an in-place write of the
+// same values moves the weight's version) steps as one that takes them from the update. At D = 64
+// the row kernels read packs of 4, at D = 6 single elements; in chunks, each chunk's update
+// writes its own rows. On the CPU both measure.
+TEST_P(ClassifierTest, NormsFromTheUpdateAreTheMeasuredNorms) {
+  struct Case {
+    int64_t dim;
+    bool chunked;
+  };
+  for (const Case c : {Case{64, false}, Case{6, false}, Case{64, true}}) {
+    const std::string what = str_format("D = {}{}", c.dim, c.chunked ? ", in chunks" : "");
+    const Problem p = make_problem(uneven_batches(world()), 301, c.dim, 37);
+    ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+    o.update = WeightUpdate::kFused;
+    o.fused_update = FusedUpdate::kOff;
+    o.weight_dtype = o.gemm_dtype = torch::kBFloat16;
+    o.optimizer.lr = 0.1;
+    o.optimizer.momentum = 0.9;
+    if (c.chunked) {
+      o.workspace_bytes = budget_for_chunk(16, p.features.size(0), c.dim, 2, RowSource::kStored,
+                                           Logits::kInMemory, RowGradientStore::kBFloat16);
+    }
+    auto taken = make_module(p, o), measured = make_module(p, o);
+    for (int step = 0; step < 3; ++step) {
+      measured->weight().mul_(1);
+      EXPECT_FALSE(measured->norms_from_update()) << what;
+      const Outcome a = run_step(*taken, p), b = run_step(*measured, p);
+      EXPECT_TRUE(torch::equal(a.loss, b.loss)) << what << ", step " << step;
+      EXPECT_TRUE(torch::equal(a.grad_features, b.grad_features)) << what << ", step " << step;
+      EXPECT_TRUE(torch::equal(taken->weight().cpu(), measured->weight().cpu()))
+          << what << ", step " << step;
+      EXPECT_EQ(taken->norms_from_update(), device().is_cuda()) << what << ", step " << step;
+      if (c.chunked) {
+        EXPECT_GT(taken->last_plan().chunks, 1) << what;
+      }
+    }
+  }
+}
+
 // Float32 rows, and bf16 rows under bf16 GEMMs, whose gradient reaches adamw_rows in bf16: at
 // D = 8 the row kernels read packs of 4, at D = 6 single elements (rows of 12 bytes). The bf16
 // bound holds the rows' rounding, 2^-8 of a weight each step (3-6e-3 of the shard), and the odd

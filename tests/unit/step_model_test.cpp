@@ -210,7 +210,7 @@ TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   EXPECT_EQ(half.classifier_rows, RowSource::kCopy);  // bf16 rows, float32 GEMMs
   config.precision = Precision::kBf16;
   EXPECT_EQ(step_shape(config, 1, 10, 1).classifier_rows, RowSource::kStored);
-  // SGD on bf16 rows fuses the update at global batches up to 512 (64 per rank here), and its
+  // SGD on bf16 rows fuses the update at global batches up to 384 (64 per rank here), and its
   // bf16 gradient (4 bytes per weight element, written and read) leaves the traffic.
   EXPECT_FALSE(step_shape(config, 4, 1000000, 42).classifier_update_fused);  // AdamW
   config.optimizer = OptimizerKind::kSgd;
@@ -218,8 +218,8 @@ TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   EXPECT_TRUE(fused_update.classifier_update_fused);
   EXPECT_EQ(fused_update.classifier_row_gradient, RowGradientStore::kBFloat16);
   EXPECT_EQ(half.classifier_row_gradient, RowGradientStore::kFloat32);       // float32 GEMMs
-  EXPECT_TRUE(step_shape(config, 8, 1000000, 42).classifier_update_fused);   // 512
-  EXPECT_FALSE(step_shape(config, 9, 1000000, 42).classifier_update_fused);  // 576
+  EXPECT_TRUE(step_shape(config, 6, 1000000, 42).classifier_update_fused);   // 384
+  EXPECT_FALSE(step_shape(config, 7, 1000000, 42).classifier_update_fused);  // 448
   StepShape unfused_update = fused_update;
   unfused_update.classifier_update_fused = false;
   EXPECT_DOUBLE_EQ(predict_step(unfused_update, small_rates()).classifier_traffic -

@@ -75,11 +75,13 @@ bool fused_kernels_take(c10::ScalarType gemm_dtype, int64_t dim);
 // (fused_sgd_rows), where the fused kernels run SGD on bfloat16 rows: at global batches up to
 // kFusedUpdateAutoMaxBatch (kAuto), at every batch the kernel takes (kOn), or never (kOff).
 enum class FusedUpdate { kAuto, kOn, kOff };
-// Where the fused update stops being the faster path: at 4M rows of D = 512 on an H200 it takes
-// 10.33 against 10.64 ms for cuBLAS's GEMM and the row update at a batch of 512, 13.34 against
-// 11.76 ms at 768 (docs/classifier.md). It streams the rows once, but its products re-read the
-// features from L2 for every tile of rows and wait for them, which costs it at large batches.
-constexpr int64_t kFusedUpdateAutoMaxBatch = 512;
+// Where the fused update stops being the faster path. Against cuBLAS's GEMM writing the rows'
+// gradient in bf16 and sgd_rows reading it (row_gradient_store), at 4M rows of D = 512 on an H200
+// it takes 8.59 against 9.20 ms at a batch of 384 and 10.14 against 9.20 ms at 512; at 8M classes
+// on 2 H200s, 256 per GPU, the step took 18.66 ms with it and 18.28 without (docs/classifier.md).
+// It streams the rows once, but its products re-read the features from L2 for every tile of rows
+// and wait for them, which costs it at large batches.
+constexpr int64_t kFusedUpdateAutoMaxBatch = 384;
 // The choice's rule for a step of global batch `batch`.
 bool fused_update_chosen(FusedUpdate choice, int64_t batch);
 

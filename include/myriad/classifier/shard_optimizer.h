@@ -45,10 +45,12 @@ class ShardOptimizer {
   // shard's own rows) of `weight` (float32 or bfloat16), given `grad` [end-begin, D] float32 (or
   // bfloat16, row_gradient_store), the gradient with respect to what `grad_of` says.
   // `grad_multiplier`, a float32 [1] on the weight's device read there (undefined: 1), undoes loss
-  // scaling.
-  void update_rows(torch::Tensor& weight, const torch::Tensor& index, int64_t begin, int64_t end,
+  // scaling. Given `inv_norms` (a float32 buffer of the shard's rows, on the device), SGD on
+  // the GPU also writes the updated rows' 1/|w| there, as chunk_inv_norms measures it; returns
+  // whether it did.
+  bool update_rows(torch::Tensor& weight, const torch::Tensor& index, int64_t begin, int64_t end,
                    const torch::Tensor& grad, RowGradient grad_of,
-                   const torch::Tensor& grad_multiplier);
+                   const torch::Tensor& grad_multiplier, float* inv_norms = nullptr);
 
   // Whether update_rows_from_logit_grad takes a global batch of `batch` rows of width `dim`,
   // stored as `weight_dtype`, on the GPU for optimizer `kind`: SGD, in a build with the fused

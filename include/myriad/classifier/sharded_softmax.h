@@ -135,6 +135,9 @@ class ShardedMarginSoftmax {
   void set_inverse_loss_scale(const torch::Tensor& inverse) { inv_loss_scale_ = inverse; }
   // The plan of the latest forward.
   const ChunkPlan& last_plan() const { return last_plan_; }
+  // Whether the next forward takes the stored rows' 1/|w| from the last update, which wrote them
+  // as it stored the rows (SGD on the GPU), rather than reading every row to measure them.
+  bool norms_from_update() const;
   // Which path computes the logits, for the start-up line: the fused Hopper kernels (logits
   // never in memory; H100 and H200 with bfloat16 GEMMs and D a multiple of 8 up to 512), or
   // GEMMs with the softmax kernels (or LibTorch operations on the CPU).
@@ -170,6 +173,17 @@ class ShardedMarginSoftmax {
   torch::Tensor inv_loss_scale_;  // undefined: 1
   ChunkPlan last_plan_;
   PhaseTimer* timer_ = nullptr;
+  // The stored rows' 1/|w| as sgd_rows wrote them in the last update, with the weight_ they
+  // describe: its storage and version then (-1: none). A write of weight_ through torch (a
+  // checkpoint's load, copy_) moves the version, and a new tensor has other storage, so the next
+  // forward measures the rows again. Writes through raw pointers (the update kernels) do not move
+  // the version: every update voids the norms before it writes (backward_chunks).
+  struct UpdatedNorms {
+    torch::Tensor inv_norms;
+    const void* storage = nullptr;
+    int64_t version = -1;
+  };
+  UpdatedNorms updated_norms_;
 
   // How backward scales the logits' gradient: `coef` (the incoming gradient over the batch, capped
   // for float16 GEMMs), `rescale` (what the cap took off; undefined: 1) and the update's factor
@@ -214,6 +228,12 @@ class ShardedMarginSoftmax {
     torch::Tensor max, sum, target_logit;
   };
   RowStatistics forward_chunks(Step& step);
+  // 1/|w| of stored rows [begin, end): as the last update wrote them where they are current,
+  // else measured (chunk_inv_norms).
+  torch::Tensor stored_row_scales(int64_t begin, int64_t end) const;
+  // Where the update may write the rows' 1/|w| for the next forward: every stored row of a
+  // normalising margin, updated by SGD on the GPU; null elsewhere.
+  float* update_norms_target(const Step& step);
   // The statistics over all shards (consuming `local`), kept in the step; returns the loss.
   torch::Tensor reduce_statistics(Step& step, RowStatistics& local);
   // The step's (min label, max label, all features finite), queued at once after the gather and

@@ -54,14 +54,18 @@ MYRIAD_HD inline uint32_t pair_rounding_bits(uint64_t seed, int64_t pair) {
   return mix32(static_cast<uint32_t>(key) ^ mix32(static_cast<uint32_t>(key >> 32)));
 }
 
+// bfloat16 rounding takes 16 bits, so one hash serves two neighbouring elements: its upper half
+// the even one, its lower half the odd one (bf16_bits_stochastic reads the low 16 bits).
+MYRIAD_HD inline uint32_t pair_half(uint32_t hash, int64_t element) {
+  return (element & 1) != 0 ? hash : hash >> 16;
+}
+
 // The random bits for element `element` of a tensor rounded under `seed` (derive one seed per
 // update, so that every step draws afresh while any rank count or chunking draws the same bits).
-// bfloat16 rounding takes 16 bits, so one hash serves two neighbouring elements: its upper half
-// the even one, its lower half the odd one. A kernel rounding whole rows pays a hash per pair,
-// which the fused weight update, bound by its arithmetic, feels.
+// A kernel rounding whole rows pays a hash per pair (pair_half), which the fused weight update,
+// bound by its arithmetic, feels.
 MYRIAD_HD inline uint32_t rounding_bits(uint64_t seed, int64_t element) {
-  const uint32_t bits = pair_rounding_bits(seed, element >> 1);
-  return (element & 1) != 0 ? bits : bits >> 16;
+  return pair_half(pair_rounding_bits(seed, element >> 1), element);
 }
 
 }  // namespace myriad

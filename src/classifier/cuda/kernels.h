@@ -71,11 +71,14 @@ struct SgdArgs {
 
 // For each of `count` rows: dw from grad (taken with respect to what grad_of says), then SGD with
 // momentum and weight decay on the row and its momentum buffer (momentum_type; null when momentum
-// is 0). One pass over each row. `grad` is float32 or bfloat16 (grad_type).
+// is 0). One pass over each row. `grad` is float32 or bfloat16 (grad_type). Where inv_norms is
+// given, it also writes each stored row's 1/|w| at its shard row, as prepare_rows would measure
+// it, and sets *norms_written; where its order of sums would differ from prepare_rows', it
+// writes none.
 cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_type,
                      const void* grad, ElementType grad_type, int64_t dim, const int64_t* index,
                      int64_t begin, int64_t count, RowGradient grad_of, SgdArgs args,
-                     cudaStream_t stream);
+                     cudaStream_t stream, float* inv_norms, bool* norms_written);
 
 struct AdamWArgs {
   float lr;

@@ -46,16 +46,16 @@ struct WeightStore {
     const uint64_t key = rounding_seed + static_cast<uint64_t>(element / 2);
     const uint32_t low = static_cast<uint32_t>(key), high = static_cast<uint32_t>(key >> 32);
     const uint32_t upper = mix32(high);
-    // Element j's half of its pair's hash.
-    const auto half = [](uint32_t hash, int j) { return j % 2 != 0 ? hash : hash >> 16; };
+    // The pack starts on an even element, so element j's half of its pair's hash is j's.
     if (low <= ~uint32_t{0} - (N / 2 - 1)) {
-      store(p, v,
-            [&](int j) { return half(mix32((low + static_cast<uint32_t>(j / 2)) ^ upper), j); });
+      store(p, v, [&](int j) {
+        return pair_half(mix32((low + static_cast<uint32_t>(j / 2)) ^ upper), j);
+      });
     } else {
       const uint32_t next = mix32(high + 1);
       store(p, v, [&](int j) {
         const uint32_t lower = low + static_cast<uint32_t>(j / 2);
-        return half(mix32(lower ^ (lower < low ? next : upper)), j);
+        return pair_half(mix32(lower ^ (lower < low ? next : upper)), j);
       });
     }
   }

@@ -104,7 +104,8 @@ template <int kWidth, typename W, typename State, typename G>
 __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight,
                                 State* __restrict__ momentum, const G* __restrict__ grad,
                                 int64_t dim, const int64_t* __restrict__ index, int64_t begin,
-                                int64_t count, RowGradient grad_of, SgdArgs args) {
+                                int64_t count, RowGradient grad_of, SgdArgs args,
+                                float* __restrict__ inv_norms) {
   const RowSlot slot = row_slot(index, begin, count);
   if (slot.row < 0) return;
   W* w = weight + slot.src * dim;
@@ -113,6 +114,7 @@ __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight
   const RowGradientOf dw =
       row_gradient<kWidth>(w, g, dim, slot.lane, grad_of, args.grad_multiplier);
   State* buf = momentum != nullptr ? momentum + slot.src * dim : nullptr;
+  float squares = 0.0f;
   for_each_group<kWidth>(dim, slot.lane, [&](int64_t k) {
     float wv[kWidth], gv[kWidth], bv[kWidth];
     load_floats(w + k, wv);
@@ -123,7 +125,19 @@ __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight
       wv[j] = sgd_element(wv[j], gv[j], dw, args, buf != nullptr ? &bv[j] : nullptr);
     if (buf != nullptr) store_floats(buf + k, bv);
     store_weight(w + k, wv, first_element + k);
+    if (inv_norms != nullptr) {
+      // The values as stored, read back by the thread that stored them, summed as
+      // prepare_rows_kernel sums them: the next forward's 1/|w| bit for bit.
+      float sv[kWidth];
+      load_floats(w + k, sv);
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) squares += sv[j] * sv[j];
+    }
   });
+  if (inv_norms != nullptr) {
+    const float inv_norm = rsqrtf(fmaxf(warp_sum(squares), kMinSquaredNorm));
+    if (slot.lane == 0) inv_norms[slot.src] = inv_norm;
+  }
 }
 
 template <int kWidth, typename W, typename State, typename G>
@@ -217,7 +231,8 @@ cudaError_t prepare_rows(const void* weight, ElementType weight_type, int64_t di
 cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_type,
                      const void* grad, ElementType grad_type, int64_t dim, const int64_t* index,
                      int64_t begin, int64_t count, RowGradient grad_of, SgdArgs args,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, float* inv_norms, bool* norms_written) {
+  if (norms_written != nullptr) *norms_written = false;
   if (count == 0) return cudaSuccess;
   if (weight.type == ElementType::kFloat16 || momentum_type == ElementType::kFloat16 ||
       grad_type == ElementType::kFloat16) {
@@ -230,16 +245,21 @@ cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_ty
       using State = std::remove_pointer_t<decltype(s_tag)>;
       with_storage_type(grad_type, [&](auto* g_tag) {
         using G = std::remove_pointer_t<decltype(g_tag)>;
-        with_width(dim,
-                   {{weight.data, bytes_of(weight.type)},
-                    {momentum, bytes_of(momentum_type)},
-                    {grad, bytes_of(grad_type)}},
-                   [&](auto width) {
-                     sgd_rows_kernel<decltype(width)::value>
-                         <<<blocks_for(count), kThreads, 0, stream>>>(
-                             static_cast<W*>(weight.data), store, static_cast<State*>(momentum),
-                             static_cast<const G*>(grad), dim, index, begin, count, grad_of, args);
-                   });
+        with_width(
+            dim,
+            {{weight.data, bytes_of(weight.type)},
+             {momentum, bytes_of(momentum_type)},
+             {grad, bytes_of(grad_type)}},
+            [&](auto width) {
+              // prepare_rows sums in packs of 4 wherever the weights allow them.
+              const bool same_order = (decltype(width)::value == 4) ==
+                                      packs_fit(dim, 4, weight.data, bytes_of(weight.type));
+              float* norms = same_order ? inv_norms : nullptr;
+              if (norms_written != nullptr) *norms_written = norms != nullptr;
+              sgd_rows_kernel<decltype(width)::value><<<blocks_for(count), kThreads, 0, stream>>>(
+                  static_cast<W*>(weight.data), store, static_cast<State*>(momentum),
+                  static_cast<const G*>(grad), dim, index, begin, count, grad_of, args, norms);
+            });
       });
     });
   });
