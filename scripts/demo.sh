@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The README's main command: installs what is missing and builds (scripts/setup.sh), converts
 # Fashion-MNIST (Debian's dataset-fashion-mnist package) to HDF5, trains a small CNN with the
-# sharded ArcFace classifier on 2 ranks (mpirun -np 2) into runs/demo/, and prints the test top-1.
-# On a node with GPUs the ranks use them. Without the dataset package it trains on synthetic data
-# and says so.
+# sharded ArcFace classifier into runs/demo/, says where it ran and prints the test top-1. On a
+# node with no GPU it runs 2 ranks on the CPU; with one GPU 1 rank on it (NCCL refuses two ranks
+# on one GPU); with two or more, 2 ranks on 2 GPUs. Without the dataset package it trains on
+# synthetic data and says so.
 #
 # Environment: MYRIAD_DEMO_QUICK=1 trains 60 steps only (the CI smoke test);
 # MYRIAD_SKIP_SETUP=1 uses the existing build in MYRIAD_BUILD_DIR (default build/);
@@ -20,8 +21,19 @@ mkdir -p "$data_dir"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
-mpirun=(mpirun -np 2 --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE)
+# The GPUs this node gives us: nvidia-smi's, or as many as CUDA_VISIBLE_DEVICES names where set.
+gpus=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU' || true)
+if [ -n "${CUDA_VISIBLE_DEVICES+set}" ] && [ "$gpus" -gt 0 ]; then
+  gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c . || true)
+fi
+case "$gpus" in
+  0) ranks=2; why="this node has no GPU" ;;
+  1) ranks=1; why="this node has 1 GPU, and two ranks cannot share it" ;;
+  *) ranks=2; why="this node has $gpus GPUs" ;;
+esac
+mpirun=(mpirun -np "$ranks" --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE)
 [ -n "${LD_LIBRARY_PATH:-}" ] && mpirun+=(-x LD_LIBRARY_PATH)
+[ -n "${CUDA_VISIBLE_DEVICES+set}" ] && mpirun+=(-x CUDA_VISIBLE_DEVICES)
 
 fashion=/usr/share/datasets/fashion-mnist
 if [ ! -f "$fashion/train-images-idx3-ubyte.gz" ] && command -v apt-get >/dev/null 2>&1; then
@@ -56,8 +68,13 @@ else
 fi
 
 rm -f "$run_dir/metrics.jsonl" "$run_dir/config.ini"
-echo "== training on 2 ranks into $run_dir"
-"${mpirun[@]}" "$bin/myriad-train" "${train_args[@]}" --run-dir "$run_dir" --workers 2
+echo "== training on $ranks rank$([ "$ranks" -eq 1 ] || echo s) ($why) into $run_dir"
+"${mpirun[@]}" "$bin/myriad-train" "${train_args[@]}" --run-dir "$run_dir" --workers 2 \
+  2>&1 | tee "$run_dir/train.log"
+# myriad-train's start-up line says where every rank ran: "2 ranks on 1 host: node rank 0-1 on cpu".
+placement=$(grep -m1 -oE 'myriad-train: [0-9]+ ranks? on [0-9]+ hosts?:[^;]*' "$run_dir/train.log" \
+  | sed 's/^myriad-train: //' || true)
+echo "ran on: ${placement:-see $run_dir/train.log} ($why)"
 
 top1=$(grep '"kind":"eval"' "$run_dir/metrics.jsonl" | tail -n 1 | sed -E 's/.*"top1":([-0-9.eE+]+).*/\1/' || true)
 if [ -n "$top1" ]; then

@@ -20,7 +20,7 @@
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX, and to the GPU
 # checks that it matches (gpu.async_checkpoint.bf16, gpu.async_checkpoint.fp16, gpu.cuda_graphs,
-# gpu.onnx), so that the
+# gpu.demo, gpu.shared_gpu, gpu.onnx), so that the
 # section can be split over calls shorter than a device's limit.
 # --deps-dir is passed to scripts/setup.sh for nodes without package access. NVLink multicast
 # stays off (NCCL_NVLS_ENABLE=0 and friends) unless the caller set those variables.
@@ -118,6 +118,24 @@ if wants tests; then
       note "CUDA graphs on GPUs: $(grep -E '^(graphs|a stopped|a rank stopped|the watchdog)' "$out/cuda-graphs-gpu.txt" | tr '\n' ' ')"
     else
       status=1; note "CUDA GRAPHS ON GPUS FAILED: $(tail -n 5 "$out/cuda-graphs-gpu.txt")"
+    fi
+  fi
+  # The README's main command as a new user runs it on this node (1 rank on a node of one GPU), and
+  # two ranks on one GPU refused in one line by every app, the doctor's failed row among them.
+  if [ -z "$tests_regex" ] || [[ gpu.demo =~ $tests_regex ]]; then
+    if MYRIAD_SKIP_SETUP=1 MYRIAD_RUN_DIR="$out/demo" bash "$repo/scripts/demo.sh" >"$out/demo.txt" 2>&1 \
+        && grep -qE '^test top-1: [0-9.]+%' "$out/demo.txt"; then
+      note "demo: $(grep -E '^(ran on|test top-1):' "$out/demo.txt" | tr '\n' ' ')"
+    else
+      status=1; note "DEMO FAILED: $(tail -n 5 "$out/demo.txt")"
+    fi
+    rm -rf "$out/demo"
+  fi
+  if [ -z "$tests_regex" ] || [[ gpu.shared_gpu =~ $tests_regex ]]; then
+    if bash "$repo/tests/e2e/shared_gpu.sh" "$bin" >"$out/shared-gpu.txt" 2>&1; then
+      note "two ranks on one GPU: $(grep -cE ': refused:' "$out/shared-gpu.txt") apps refused in one line; $(grep -E '^doctor:' "$out/shared-gpu.txt")"
+    else
+      status=1; note "SHARED GPU CHECK FAILED: $(tail -n 5 "$out/shared-gpu.txt")"
     fi
   fi
   # The ONNX export run by onnxruntime, CPU and CUDA providers, against myriad-embed on the GPU.

@@ -4,31 +4,24 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <utility>
 
 #include "myriad/comm/hang_watchdog.h"
 #include "myriad/util/check_cuda.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/error.h"
+#include "myriad/util/fault_point.h"
+#include "myriad/util/format.h"
+#include "myriad/util/strings.h"
 #include "myriad/util/log.h"
 
 namespace myriad {
 
 namespace {
-
-// "0-2,5" for {0, 1, 2, 5}, with `prefix` before each number.
-std::string ranges_text(const std::vector<int>& sorted, const std::string& prefix) {
-  std::string text;
-  for (size_t i = 0; i < sorted.size();) {
-    size_t j = i;
-    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
-    text += (text.empty() ? "" : ",") + prefix + std::to_string(sorted[i]);
-    if (j > i) text += "-" + std::to_string(sorted[j]);
-    i = j + 1;
-  }
-  return text;
-}
 
 // "cpu", "cuda:0-3" or, for devices of several kinds, each one.
 std::string devices_text(const std::vector<std::string>& devices) {
@@ -157,17 +150,45 @@ bool ProcessContext::all_ranks_have_gpu() const {
   return all_true(torch::cuda::is_available() && torch::cuda::device_count() > 0);
 }
 
+GpuPlan ProcessContext::plan_gpus() const {
+  std::vector<std::string> gpus = visible_gpu_uuids();
+  if (const std::optional<int> fault = fault_host_gpus()) {
+    gpus.clear();
+    for (int i = 0; i < *fault; ++i) gpus.push_back(str_format("fault-gpu-{}-{}", hostname_, i));
+  }
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::vector<std::string> hosts = all_gather_strings(hostname_);
+  const std::vector<std::string> locals = all_gather_strings(std::to_string(local_rank_));
+  const std::vector<std::string> visibles = all_gather_strings(visible == nullptr ? "" : visible);
+  const std::vector<std::string> lists = all_gather_strings(join(gpus, ","));
+  std::vector<RankGpus> ranks(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    ranks[r] = {hosts[r], std::stoi(locals[r]), {}, visibles[r]};
+    std::stringstream list(lists[r]);
+    for (std::string gpu; std::getline(list, gpu, ',');) ranks[r].gpus.push_back(gpu);
+  }
+  return myriad::plan_gpus(ranks);
+}
+
 torch::Device ProcessContext::select_device(DevicePreference preference) {
   if (preference == DevicePreference::kCpu) return torch::kCPU;
-  const bool gpus = all_ranks_have_gpu();
-  if (!gpus) {
+  const GpuPlan plan = plan_gpus();
+  if (!plan.conflicts.empty()) throw UsageError(join(plan.conflicts, "; "));
+  return use_device(preference, plan);
+}
+
+torch::Device ProcessContext::use_device(DevicePreference preference, const GpuPlan& plan) {
+  if (preference == DevicePreference::kCpu) return torch::kCPU;
+  if (!all_ranks_have_gpu()) {
     MYRIAD_CHECK_COLLECTIVE(preference != DevicePreference::kCuda,
                             "--device cuda was asked for, but not every rank sees a CUDA device");
     return torch::kCPU;
   }
 #ifdef MYRIAD_WITH_CUDA
-  const int index =
-      choose_local_gpu(local_rank_, local_size_, static_cast<int>(torch::cuda::device_count()));
+  const int index = plan.index.at(rank_);
+  MYRIAD_CHECK(index >= 0 && index < static_cast<int>(torch::cuda::device_count()),
+               "the plan gives this rank GPU {} of the {} it sees", index,
+               torch::cuda::device_count());
   MYRIAD_CHECK_CUDA(cudaSetDevice(index));
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 #else

@@ -15,8 +15,12 @@ namespace myriad {
 namespace {
 
 constexpr int64_t kFormatVersion = 1;
-// Rows per HDF5 chunk: small enough that reading one image reads little else.
+// Rows per HDF5 chunk of encoded images, and at most of raw ones: small enough that reading one
+// image reads little else.
 constexpr int64_t kChunkRows = 64;
+// Raw chunks stay within HDF5's default chunk cache (1 MiB), so that readers through HDF5 (h5py)
+// that take one image at a time do not read its whole chunk each time.
+constexpr int64_t kRawChunkBytes = int64_t{1} << 20;
 
 int64_t required_attribute(const Hdf5File& file, const std::string& key) {
   const std::optional<int64_t> value = file.int_attribute("/", key);
@@ -60,6 +64,9 @@ Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled, int64
   info_.channels = static_cast<int>(channels);
   if (!info_.encoded && info_.size <= resident_bytes / (height * width * channels)) {
     resident_ = file_.read("images");
+  } else if (!info_.encoded) {
+    layout_ = file_.row_layout("images");
+    if (layout_) direct_ = std::make_unique<ReadOnlyFile>(path);
   }
   if (!labelled) return;
   const std::vector<int64_t> label_shape = file_.shape("labels");
@@ -118,8 +125,7 @@ void Hdf5ImageDataset::read(const std::vector<int64_t>& indices, uint8_t* out) c
     }
     return;
   }
-  const torch::Tensor pixels =
-      resident_.defined() ? resident_ : file_.read_row_list("images", rows);
+  const torch::Tensor pixels = resident_.defined() ? resident_ : read_raw_rows(rows);
   const uint8_t* source = pixels.data_ptr<uint8_t>();
   for (size_t r = 0; r < rows.size(); ++r) {
     const int64_t row = resident_.defined() ? rows[r] : static_cast<int64_t>(r);
@@ -128,6 +134,38 @@ void Hdf5ImageDataset::read(const std::vector<int64_t>& indices, uint8_t* out) c
                   image_bytes);
     }
   }
+}
+
+const char* Hdf5ImageDataset::read_path() const {
+  if (info_.encoded) return "encoded";
+  if (resident_.defined()) return "raw, held in memory";
+  return layout_ ? "raw, read directly" : "raw, read through HDF5";
+}
+
+torch::Tensor Hdf5ImageDataset::read_raw_rows(const std::vector<int64_t>& rows) const {
+  if (!layout_) return file_.read_row_list("images", rows);
+  const int64_t n = static_cast<int64_t>(rows.size());
+  torch::Tensor out = torch::empty({n, info_.height, info_.width, info_.channels}, torch::kUInt8);
+  uint8_t* into = out.data_ptr<uint8_t>();
+  const RowLayout& layout = *layout_;
+  const auto offset = [&](int64_t row) {
+    const int64_t chunk = layout.chunk_offsets[row / layout.rows_per_chunk];
+    return chunk < 0 ? -1 : chunk + row % layout.rows_per_chunk * layout.row_bytes;
+  };
+  // Each run of images that lie back to back in the file is one read.
+  for (int64_t i = 0; i < n;) {
+    const int64_t first = offset(rows[i]);
+    int64_t j = i + 1;
+    while (first >= 0 && j < n && offset(rows[j]) == first + (j - i) * layout.row_bytes) ++j;
+    if (first < 0) {
+      std::memset(into + i * layout.row_bytes, 0, layout.row_bytes);  // as HDF5's fill value
+    } else {
+      read_at(direct_->fd(), into + i * layout.row_bytes, (j - i) * layout.row_bytes, first,
+              info_.name);
+    }
+    i = j;
+  }
+  return out;
 }
 
 Hdf5ImageWriter::Hdf5ImageWriter(const std::string& path, int64_t size, int height, int width,
@@ -142,7 +180,9 @@ Hdf5ImageWriter::Hdf5ImageWriter(const std::string& path, int64_t size, int heig
   if (encoded) {
     file_->create_bytes("images", size, kChunkRows);
   } else {
-    file_->create("images", torch::kUInt8, {size, height, width, channels}, kChunkRows);
+    const int64_t image_bytes = static_cast<int64_t>(height) * width * channels;
+    file_->create("images", torch::kUInt8, {size, height, width, channels},
+                  std::clamp<int64_t>(kRawChunkBytes / image_bytes, 1, kChunkRows));
   }
   if (labelled_) {
     file_->create("labels", torch::kInt64, {size}, 4096);

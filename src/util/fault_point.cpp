@@ -36,6 +36,16 @@ std::optional<double> fault_graph_memory_fraction() {
   return fraction;
 }
 
+std::optional<int> fault_host_gpus() {
+  const char* text = std::getenv("MYRIAD_FAULT_HOST_GPUS");
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long gpus = std::strtol(text, &end, 10);
+  MYRIAD_CHECK(*end == '\0' && gpus >= 0 && gpus <= 1024,
+               "MYRIAD_FAULT_HOST_GPUS must be a GPU count, not '{}'", text);
+  return static_cast<int>(gpus);
+}
+
 void fault_slow_step(int rank) {
   // Read once: the step loop calls this every step.
   static const std::pair<int, double> slow = [] {

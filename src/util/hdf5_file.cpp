@@ -245,6 +245,56 @@ std::vector<int64_t> Hdf5File::shape(const std::string& name) const {
   return {dims.begin(), dims.end()};
 }
 
+std::optional<RowLayout> Hdf5File::row_layout(const std::string& name) const {
+  const std::vector<int64_t> dims = shape(name);
+  if (dims.empty() || dtype(name) != torch::kUInt8) return std::nullopt;
+  auto lock = hdf5_lock();
+  Handle dataset(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose);
+  MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
+  Handle properties(H5Dget_create_plist(dataset.get()), H5Pclose);
+  MYRIAD_CHECK_HDF5(properties.get(), "reading the layout of " + where(name));
+  // HDF5's addresses count from the end of a user block, where the file has one.
+  Handle file_properties(H5Fget_create_plist(file_), H5Pclose);
+  hsize_t user_block = 0;
+  MYRIAD_CHECK_HDF5(H5Pget_userblock(file_properties.get(), &user_block),
+                    "reading the user block of " + path_);
+  RowLayout layout;
+  layout.row_bytes = 1;
+  for (size_t d = 1; d < dims.size(); ++d) layout.row_bytes *= dims[d];
+  const H5D_layout_t kind = H5Pget_layout(properties.get());
+  if (kind == H5D_CONTIGUOUS) {
+    const haddr_t offset = H5Dget_offset(dataset.get());
+    layout.rows_per_chunk = std::max<int64_t>(dims[0], 1);
+    layout.chunk_offsets = {offset == HADDR_UNDEF ? -1 : static_cast<int64_t>(offset + user_block)};
+    return layout;
+  }
+  if (kind != H5D_CHUNKED || H5Pget_nfilters(properties.get()) != 0) return std::nullopt;
+  std::vector<hsize_t> chunk(dims.size());
+  MYRIAD_CHECK_HDF5(H5Pget_chunk(properties.get(), static_cast<int>(chunk.size()), chunk.data()),
+                    "reading the chunks of " + where(name));
+  for (size_t d = 1; d < dims.size(); ++d) {
+    if (chunk[d] != static_cast<hsize_t>(dims[d])) return std::nullopt;
+  }
+  layout.rows_per_chunk = static_cast<int64_t>(chunk[0]);
+  std::vector<hsize_t> at(dims.size(), 0);
+  for (int64_t first = 0; first < dims[0]; first += layout.rows_per_chunk) {
+    at[0] = static_cast<hsize_t>(first);
+    unsigned filters = 0;
+    haddr_t address = HADDR_UNDEF;
+    hsize_t size = 0;
+    MYRIAD_CHECK_HDF5(
+        H5Dget_chunk_info_by_coord(dataset.get(), at.data(), &filters, &address, &size),
+        "locating the chunk of row " + std::to_string(first) + " of " + where(name));
+    // A chunk stored at another size than its rows' is not what it claims to be: HDF5 reads it.
+    if (address != HADDR_UNDEF &&
+        static_cast<int64_t>(size) != layout.rows_per_chunk * layout.row_bytes)
+      return std::nullopt;
+    layout.chunk_offsets.push_back(
+        address == HADDR_UNDEF ? -1 : static_cast<int64_t>(address + user_block));
+  }
+  return layout;
+}
+
 void Hdf5File::shrink_rows(const std::string& name, int64_t rows) {
   std::vector<int64_t> shape_now = shape(name);
   MYRIAD_CHECK(!shape_now.empty() && rows >= 0 && rows <= shape_now[0],

@@ -321,6 +321,9 @@ expect R12 2 "the fused classifier kernels need an H100 or H200 GPU, bf16 GEMMs 
   env CUDA_VISIBLE_DEVICES= $(train --fused-classifier on)
 expect R16 2 "the fused weight update needs the fused classifier kernels, SGD and bfloat16 weights that the classifier updates \(this run: LibTorch on the CPU, SGD, BFloat16 weights\)" \
   env CUDA_VISIBLE_DEVICES= $(train --fused-update on --classifier-weight-dtype bf16)
+# Two ranks on a host of one GPU (the test's override stands in for the GPU): refused before NCCL.
+expect R17 2 "$(hostname) runs 2 ranks \(0-1\) but they see 1 GPU .*ranks 0-1 on fault-gpu-.* would share one GPU, which NCCL refuses; start at most 1 rank on this host" \
+  env MYRIAD_FAULT_HOST_GPUS=1 $(train --device auto)
 # Run directories held by another job: one on another host, alive (a heartbeat just now), and a
 # lock file that names no holder, as fresh.
 mkdir -p "$fix/held" "$fix/garbled"

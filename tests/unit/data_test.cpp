@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <hdf5.h>
+
 #include <cstdio>
+#include <functional>
 
 #include "myriad/data/data_loader.h"
 #include "myriad/data/hdf5_image_dataset.h"
@@ -122,6 +125,92 @@ TEST(Hdf5ImageDataset, RawAndEncodedRoundTrip) {
   EXPECT_EQ(enc.label(6), 3);
   std::remove(raw_path.c_str());
   std::remove(encoded_path.c_str());
+}
+
+// A raw /images dataset [n, h, w, 3] laid out by `configure` (the creation property list), filled
+// with distinct pixels except the rows from `unwritten` on, and labels.
+void write_raw_layout(const std::string& path, int n, int h, int w, int unwritten,
+                      const std::function<void(hid_t)>& configure) {
+  const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const hsize_t dims[4] = {hsize_t(n), hsize_t(h), hsize_t(w), 3};
+  const hid_t space = H5Screate_simple(4, dims, nullptr);
+  const hid_t properties = H5Pcreate(H5P_DATASET_CREATE);
+  configure(properties);
+  const hid_t images =
+      H5Dcreate2(file, "images", H5T_NATIVE_UINT8, space, H5P_DEFAULT, properties, H5P_DEFAULT);
+  ASSERT_GE(images, 0);
+  std::vector<uint8_t> pixels;
+  for (int i = 0; i < unwritten; ++i) {
+    const std::vector<uint8_t> image = gradient_image(h, w, 3, i * 37);
+    pixels.insert(pixels.end(), image.begin(), image.end());
+  }
+  if (unwritten > 0) {
+    const hsize_t start[4] = {0, 0, 0, 0},
+                  count[4] = {hsize_t(unwritten), hsize_t(h), hsize_t(w), 3};
+    const hid_t file_space = H5Dget_space(images);
+    H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, nullptr, count, nullptr);
+    const hid_t memory = H5Screate_simple(4, count, nullptr);
+    ASSERT_GE(H5Dwrite(images, H5T_NATIVE_UINT8, memory, file_space, H5P_DEFAULT, pixels.data()),
+              0);
+    H5Sclose(memory);
+    H5Sclose(file_space);
+  }
+  std::vector<int64_t> labels(static_cast<size_t>(n), 0);
+  const hsize_t label_dims[1] = {hsize_t(n)};
+  const hid_t label_space = H5Screate_simple(1, label_dims, nullptr);
+  const hid_t label_set = H5Dcreate2(file, "labels", H5T_NATIVE_INT64, label_space, H5P_DEFAULT,
+                                     H5P_DEFAULT, H5P_DEFAULT);
+  H5Dwrite(label_set, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, labels.data());
+  for (const hid_t id : {label_set, images}) H5Dclose(id);
+  for (const hid_t id : {label_space, space}) H5Sclose(id);
+  H5Pclose(properties);
+  H5Fclose(file);
+}
+
+TEST(Hdf5ImageDataset, RawImagesReadWithoutHdf5AreHdf5sImages) {
+  const int n = 50, h = 12, w = 10, bytes = h * w * 3;
+  const auto chunks = [&](hsize_t rows, hsize_t height) {
+    return [=](hid_t p) {
+      const hsize_t chunk[4] = {rows, height, hsize_t(w), 3};
+      H5Pset_chunk(p, 4, chunk);
+    };
+  };
+  struct Layout {
+    const char* name;
+    std::function<void(hid_t)> configure;
+    int unwritten;  // rows from here on were never written
+    const char* path;
+  };
+  const std::vector<Layout> layouts = {
+      {"contiguous", [](hid_t) {}, n, "raw, read directly"},
+      {"chunks of 7 rows", chunks(7, h), n, "raw, read directly"},
+      {"chunks of 7 rows, the last ones never written", chunks(7, h), 15, "raw, read directly"},
+      {"chunks across rows", chunks(4, h / 2), n, "raw, read through HDF5"},
+      {"compressed chunks",
+       [&](hid_t p) {
+         chunks(8, h)(p);
+         H5Pset_deflate(p, 4);
+       },
+       n, "raw, read through HDF5"}};
+  const std::vector<int64_t> indices = {49, 3, 4, 5, 20, 21, 13, 14, 0, 3, 48, 6, 7, 8};
+  for (const Layout& layout : layouts) {
+    SCOPED_TRACE(layout.name);
+    const std::string path = temp_file("layout.h5");
+    write_raw_layout(path, n, h, w, layout.unwritten, layout.configure);
+    const Hdf5ImageDataset data(path, true, /*resident_bytes=*/0);
+    EXPECT_STREQ(data.read_path(), layout.path);
+    std::vector<uint8_t> out(indices.size() * bytes);
+    data.read(indices, out.data());
+    // HDF5's own reading of each image, one at a time, is the reference.
+    for (size_t k = 0; k < indices.size(); ++k) {
+      const torch::Tensor expected = data.file().read_row_list("images", {indices[k]});
+      EXPECT_TRUE(std::equal(out.begin() + k * bytes, out.begin() + (k + 1) * bytes,
+                             expected.data_ptr<uint8_t>()))
+          << "image " << indices[k];
+    }
+    std::remove(path.c_str());
+  }
 }
 
 TEST(Hdf5ImageDataset, LabelsOutsideTheClassesAreRejected) {

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <string>
+#include <vector>
 
 namespace myriad {
 
@@ -15,10 +16,34 @@ DevicePreference parse_device_preference(const std::string& name);
 // "auto", "cpu" or "cuda".
 const char* to_string(DevicePreference preference);
 
-// Index, among the GPUs this process can see, that the rank with `local_rank` of `local_size`
-// ranks on its node drives. One visible GPU means the launcher already gave each task its own
-// (CUDA_VISIBLE_DEVICES per task, srun --gpus-per-task=1); otherwise ranks map to GPUs by local
-// rank, and more ranks than GPUs is an error because NCCL refuses two ranks on one GPU.
-int choose_local_gpu(int local_rank, int local_size, int visible_gpus);
+// What one rank sees: its host, its local rank there, the UUIDs of the GPUs visible to it in
+// CUDA's order, and CUDA_VISIBLE_DEVICES as it has it ("" where unset).
+struct RankGpus {
+  std::string host;
+  int local_rank = 0;
+  std::vector<std::string> gpus;
+  std::string visible_devices;
+};
+
+// Which GPU each rank drives, as the ranks of every host agree on it.
+struct GpuPlan {
+  // Per rank, the index among its visible GPUs (-1: it sees none). One visible GPU means the
+  // launcher gave the rank its own (srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES per task);
+  // otherwise local rank i takes GPU i (modulo the count, where a conflict names the excess).
+  std::vector<int> index;
+  // One line per host where two ranks would take one GPU (which NCCL refuses): the host, its
+  // ranks, its GPUs and the ways out.
+  std::vector<std::string> conflicts;
+
+  bool every_rank_has_gpu() const;
+};
+GpuPlan plan_gpus(const std::vector<RankGpus>& ranks);
+
+// The UUIDs ("GPU-8c3d...") of the CUDA devices this process sees, in CUDA's order; none on a
+// build without CUDA or a host without GPUs.
+std::vector<std::string> visible_gpu_uuids();
+
+// "0-2,5" for {0, 1, 2, 5} (sorted), with `prefix` before each number.
+std::string ranges_text(const std::vector<int>& sorted, const std::string& prefix);
 
 }  // namespace myriad

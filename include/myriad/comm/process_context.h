@@ -30,8 +30,17 @@ class ProcessContext {
   // MPI_COMM_WORLD with errors returned instead of aborting, so MYRIAD_CHECK_MPI sees them.
   MPI_Comm world() const { return MPI_COMM_WORLD; }
 
-  // Picks and activates this rank's device. kAuto takes a GPU when every rank has one.
+  // The ranks of every host agree which GPU each drives, from what each sees (a collective call).
+  GpuPlan plan_gpus() const;
+  // Picks and activates this rank's device: kCpu the CPU; kAuto a GPU where every rank has one,
+  // else the CPU; kCuda a GPU, or a UsageError. Before anything touches a GPU, ranks that would
+  // share one (more ranks on a host than GPUs) are a UsageError whose one line names each such
+  // host, its ranks and GPUs, and the ways out: for kAuto too, since quietly training on the CPU
+  // would be a hundred times slower (a collective call).
   torch::Device select_device(DevicePreference preference);
+  // The device `plan` gives this rank under `preference`, activated, without refusing ranks that
+  // share a GPU (myriad-doctor reports them as a failed check and goes on).
+  torch::Device use_device(DevicePreference preference, const GpuPlan& plan);
   // Whether CUDA devices are visible on every rank (a collective call).
   bool all_ranks_have_gpu() const;
 

@@ -1,10 +1,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "myriad/data/image_source.h"
 #include "myriad/util/atomic_output.h"
+#include "myriad/util/file_io.h"
 #include "myriad/util/hdf5_file.h"
 
 namespace myriad {
@@ -14,8 +16,10 @@ namespace myriad {
 // Opening validates the layout and every label; a bad file is an Error naming it. Files of
 // verification pairs have no /labels (`labelled` false); their images all read as label 0.
 // Raw images of at most `resident_bytes` in all (Fashion-MNIST, CIFAR-sized sets) are read into
-// memory once at opening: a batch is then a few copies instead of an HDF5 read that pulls a whole
-// chunk for every image, which made small images slower to load than a GPU trains on them.
+// memory once at opening: a batch is then a few copies. Larger raw sets stored without filters
+// are read with pread at the offsets HDF5 gives for their chunks, each image's bytes alone and
+// back-to-back images in one read, from every loader worker at once: through HDF5, each image
+// pulled its whole chunk and the workers queued for HDF5's lock (docs/data-format.md).
 class Hdf5ImageDataset final : public ImageSource {
  public:
   static constexpr int64_t kResidentBytes = int64_t{1} << 30;
@@ -24,16 +28,25 @@ class Hdf5ImageDataset final : public ImageSource {
                             int64_t resident_bytes = kResidentBytes);
 
   const Hdf5File& file() const { return file_; }
+  // How images are read: "encoded", "raw, held in memory", "raw, read directly" (pread) or
+  // "raw, read through HDF5".
+  const char* read_path() const;
 
   const DatasetInfo& info() const override { return info_; }
   int64_t label(int64_t index) const override { return labels_.empty() ? 0 : labels_.at(index); }
   void read(const std::vector<int64_t>& indices, uint8_t* out) const override;
 
  private:
+  // Images `rows` (ascending, distinct) of a raw file, uint8 [n, H, W, C].
+  torch::Tensor read_raw_rows(const std::vector<int64_t>& rows) const;
+
   Hdf5File file_;
   DatasetInfo info_;
   std::vector<int64_t> labels_;
   torch::Tensor resident_;  // uint8 [N, H, W, C] when the raw images are held in memory
+  // Where the raw images lie in the file, and the file, when they are read without HDF5.
+  std::optional<RowLayout> layout_;
+  std::unique_ptr<ReadOnlyFile> direct_;
 };
 
 // Writes a dataset in that format, image by image or in blocks, under a temporary name that

@@ -28,4 +28,10 @@ void fault_slow_step(int rank);
 // (tests/e2e/cuda_graphs_gpu.sh). Malformed values are an Error. Every other rank returns at once.
 void fault_stall(const char* phase, int rank);
 
+// Device testing: $MYRIAD_FAULT_HOST_GPUS=N makes this rank report N GPUs of its host (named
+// "fault-gpu-HOST-i") when the ranks agree which GPU each drives, so that a test without GPUs can
+// start more ranks than a host has GPUs (tests/mpi, tests/e2e/doctor.sh). Malformed values are an
+// Error; unset, nullopt.
+std::optional<int> fault_host_gpus();
+
 }  // namespace myriad

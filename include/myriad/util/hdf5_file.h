@@ -16,6 +16,15 @@ namespace myriad {
 // that fill allocate()d datasets themselves must too.
 torch::ScalarType hdf5_stored_dtype(torch::ScalarType dtype);
 
+// Where the rows (along dim 0) of a dataset stored as it is in memory lie in the file, so that
+// they can be read with pread from any number of threads, without HDF5 and its lock: row r is
+// row_bytes bytes at chunk_offsets[r / rows_per_chunk] + (r % rows_per_chunk) * row_bytes.
+struct RowLayout {
+  int64_t row_bytes = 0;
+  int64_t rows_per_chunk = 0;          // every row, for a contiguous dataset
+  std::vector<int64_t> chunk_offsets;  // -1: never written (reads as zeros)
+};
+
 // A thin RAII layer over the HDF5 C API for the tensors myriad stores: numeric datasets read and
 // written whole or by ranges of rows (dim 0), variable-length byte strings (encoded images), and
 // scalar attributes. Every failure throws an Error naming the file and the object.
@@ -60,6 +69,9 @@ class Hdf5File {
   // Where a contiguous dataset's bytes start in the file (C order, native layout); -1 for a
   // chunked or compact one, or one with no space yet.
   int64_t contiguous_offset(const std::string& name) const;
+  // The RowLayout of a uint8 dataset stored contiguously or in chunks of whole rows, with no
+  // filter; nullopt for any other (compressed, chunked across a row, compact), which HDF5 reads.
+  std::optional<RowLayout> row_layout(const std::string& name) const;
   // Drops rows beyond `rows` from a chunked dataset (a conversion that skipped bad records).
   void shrink_rows(const std::string& name, int64_t rows);
 

@@ -22,7 +22,7 @@ namespace myriad {
 
 int run_loader_bench(ProcessContext& context, int argc, char** argv) {
   po::options_description options("loader options");
-  std::string data, shape_text;
+  std::string data, shape_text, resident_limit = "1G";
   int64_t batch = 256, steps = 50;
   int workers = LoaderOptions().workers;  // myriad-train's default too
   // clang-format off
@@ -31,6 +31,7 @@ int run_loader_bench(ProcessContext& context, int argc, char** argv) {
       ("input-shape", po::value(&shape_text)->default_value("3x112x112"), "CxHxW of synthetic images")
       ("batch-size", po::value(&batch)->default_value(batch), "images per batch and rank")
       ("workers", po::value(&workers)->default_value(workers), "loader threads per rank")
+      ("resident-limit", po::value(&resident_limit)->default_value(resident_limit), "raw images of at most this size in all are held in memory (myriad-train's limit; 0: always read from the file)")
       ("steps", po::value(&steps)->default_value(steps), "batches to time (after 2 untimed)");
   // clang-format on
   po::variables_map values;
@@ -47,7 +48,7 @@ int run_loader_bench(ProcessContext& context, int argc, char** argv) {
         (steps + 2) * batch * context.size(), 1000, static_cast<int>(s.channels),
         static_cast<int>(s.height), static_cast<int>(s.width), 0);
   } else {
-    source = std::make_shared<Hdf5ImageDataset>(data);
+    source = std::make_shared<Hdf5ImageDataset>(data, true, parse_byte_size(resident_limit));
   }
   const DatasetInfo& info = source->info();
   auto sampler =
@@ -65,10 +66,11 @@ int run_loader_bench(ProcessContext& context, int argc, char** argv) {
   double total = rate;
   MYRIAD_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, context.world()));
   if (context.rank() == 0) {
+    const auto* file = dynamic_cast<const Hdf5ImageDataset*>(source.get());
     std::printf("loader: %s (%lld images %dx%dx%d, %s), batch %lld, %d workers per rank\n",
                 info.name.c_str(), static_cast<long long>(info.size), info.channels, info.height,
-                info.width, info.encoded ? "encoded" : "raw", static_cast<long long>(batch),
-                workers);
+                info.width, file != nullptr ? file->read_path() : "generated",
+                static_cast<long long>(batch), workers);
     std::printf("images/s per rank (rank 0): %.0f; all %d ranks: %.0f\n", rate, context.size(),
                 total);
   }

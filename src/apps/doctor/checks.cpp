@@ -100,6 +100,12 @@ Findings check_on_every_rank(const Survey& s, const std::string& what, Work&& wo
                                         hosts_of(failed, s.host_of_rank), errors[failed.front()])}};
 }
 
+// Why a check that needs NCCL cannot run: ranks share a GPU (check_devices failed).
+Findings skipped_without_nccl(const Survey& s) {
+  if (s.shared_gpus.empty()) return {};
+  return {{Severity::kSkipped, "it needs NCCL, which refuses ranks that share a GPU"}};
+}
+
 struct Profile {
   int64_t params = 0;
   double activation_bytes = 0.0;  // at --batch-size
@@ -261,20 +267,7 @@ Findings check_devices(Survey& s) {
   s.uuids = s.context.all_gather_strings(id.uuid);
   s.versions = s.context.all_gather_strings(id.driver + " / " + id.cuda + " / " + id.nccl);
   Findings findings;
-  std::map<std::string, std::vector<int>> ranks_of_gpu;
-  for (int r = 0; r < s.context.size(); ++r) {
-    if (!s.uuids[r].empty()) ranks_of_gpu[s.uuids[r]].push_back(r);
-  }
-  for (const auto& [uuid, ranks] : ranks_of_gpu) {
-    if (ranks.size() < 2) continue;
-    std::vector<std::string> names;
-    for (const int r : ranks) names.push_back(std::to_string(r));
-    findings.push_back(
-        {Severity::kError,
-         str_format("ranks {} on {} share GPU {}: give each rank its own GPU (one rank per GPU: "
-                    "launch/mpirun.sh --gpus-per-node, srun --gpus-per-task=1)",
-                    join(names, ", "), s.host_of_rank[ranks.front()], uuid)});
-  }
+  for (const std::string& line : s.shared_gpus) findings.push_back({Severity::kError, line});
   std::map<std::string, std::vector<int>> ranks_of_version;
   for (int r = 0; r < s.context.size(); ++r) ranks_of_version[s.versions[r]].push_back(r);
   if (ranks_of_version.size() > 1) {
@@ -414,6 +407,7 @@ Findings check_compute(Survey& s) {
 }
 
 Findings check_network(Survey& s) {
+  if (!s.shared_gpus.empty()) return skipped_without_nccl(s);
   // Within each host (all hosts at once), among all ranks, and each host's links.
   s.comms = std::make_unique<CommFactory>(s.context);
   Communicator& world = s.comms->for_device(s.device);
@@ -442,10 +436,10 @@ Findings check_network(Survey& s) {
 }
 
 Findings check_step(Survey& s) {
-  if (lowest(s.gemm_rate) <= 0.0) {
+  if (lowest(s.gemm_rate) <= 0.0 || !s.shared_gpus.empty()) {
     // The profile failed (check_compute said where): the step would fail the same way.
     s.backbone_seconds.assign(static_cast<size_t>(s.context.size()), 0.0);
-    return {};
+    return skipped_without_nccl(s);
   }
   // The all-reduces inside make this collective: a rank's failure ends the run as a failed
   // collective does, rather than being gathered rank by rank.
@@ -499,6 +493,7 @@ Findings check_memory(Survey& s) {
 }
 
 Findings check_links(Survey& s) {
+  if (!s.shared_gpus.empty()) return skipped_without_nccl(s);
   if (s.links.empty()) return {};
   // Each host's better link to its neighbours: a host is slow when both of its links are, as a
   // slow neighbour slows only one.

@@ -18,7 +18,8 @@ class ProcessContext;
 
 // A problem a check found, in one line that names the hosts and the fix. A check that finds none
 // passed. Errors fail the preflight; warnings are printed above the verdict.
-enum class Severity { kWarning, kError };
+// A check that could not run says why with kSkipped.
+enum class Severity { kWarning, kError, kSkipped };
 struct Finding {
   Severity severity = Severity::kError;
   std::string line;
@@ -48,6 +49,9 @@ struct Survey {
   const torch::Device device;
   const int64_t message;  // bytes of each bandwidth measurement
   std::string placement;
+  // Where ranks would share a GPU, the plan's line for each such host (GpuPlan::conflicts): NCCL
+  // refuses them, so the checks that need it are skipped.
+  std::vector<std::string> shared_gpus;
   std::vector<std::string> host_of_rank;
   std::vector<std::string> hosts;  // each once, in rank order
   std::vector<int> host_index;     // of each rank's host in `hosts`
@@ -96,7 +100,7 @@ struct Survey {
 };
 
 // The checks; each is a collective call that every rank makes.
-Findings check_devices(Survey& s);        // a GPU shared by ranks, versions that differ
+Findings check_devices(Survey& s);        // ranks that share a GPU, versions that differ
 Findings check_interfaces(Survey& s);     // the interfaces NCCL and Open MPI take
 Findings check_run_directory(Survey& s);  // --run-dir and --checkpoint-dir shared by all hosts
 Findings check_data(Survey& s);           // the classes; the data file opens on every host
@@ -106,10 +110,25 @@ Findings check_step(Survey& s);           // the backbone's training step, eager
 Findings check_memory(Survey& s);         // the configuration fits every rank's memory
 Findings check_links(Survey& s);          // no host's link is much slower than the others'
 
-// The preflight, in the order the checks run.
-using Check = Findings (*)(Survey&);
-inline constexpr Check kChecks[] = {check_devices, check_interfaces, check_run_directory,
-                                    check_data,    check_compute,    check_network,
-                                    check_step,    check_memory,     check_links};
+// The preflight, in the order the checks run, each under the name its row of the report takes.
+struct Check {
+  const char* name;
+  Findings (*run)(Survey&);
+};
+inline constexpr Check kChecks[] = {{"devices", check_devices},
+                                    {"interfaces", check_interfaces},
+                                    {"run directory", check_run_directory},
+                                    {"data", check_data},
+                                    {"compute", check_compute},
+                                    {"network", check_network},
+                                    {"training step", check_step},
+                                    {"memory", check_memory},
+                                    {"links between hosts", check_links}};
+
+// What each check found, in kChecks' order.
+struct CheckOutcome {
+  const char* name;
+  Findings findings;
+};
 
 }  // namespace myriad

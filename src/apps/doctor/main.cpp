@@ -73,22 +73,24 @@ int run(ProcessContext& context, int argc, char** argv) {
   // A host or link that dies during the checks ends the job as it would end training.
   const WatchdogSession watchdog(config.hang_timeout);
   set_torch_threads(config.threads, context.local_size());
-  const torch::Device device = context.select_device(config.device);
+  // Ranks that would share a GPU are a failed check here, not the end of the preflight.
+  const GpuPlan plan = config.device == DevicePreference::kCpu ? GpuPlan{} : context.plan_gpus();
+  const torch::Device device = context.use_device(config.device, plan);
   config.precision = resolve_precision(config.precision, device);
   const int64_t message = o.message_size == "auto"
                               ? (device.is_cuda() ? int64_t{64} << 20 : int64_t{4} << 20)
                               : parse_byte_size(o.message_size);
   MYRIAD_CHECK_COLLECTIVE(message >= 1024, "--message-size must be at least 1K");
   Survey survey(context, config, o, device, message);
-  Findings findings;
-  for (const Check check : kChecks) {
-    const Findings found = check(survey);
-    findings.insert(findings.end(), found.begin(), found.end());
-  }
-  if (context.rank() == 0) print_report(survey, findings);
+  survey.shared_gpus = plan.conflicts;
+  std::vector<CheckOutcome> outcomes;
+  for (const Check& check : kChecks) outcomes.push_back({check.name, check.run(survey)});
+  if (context.rank() == 0) print_report(survey, outcomes);
   std::vector<std::string> errors;
-  for (const Finding& f : findings) {
-    if (f.severity == Severity::kError) errors.push_back(f.line);
+  for (const CheckOutcome& outcome : outcomes) {
+    for (const Finding& f : outcome.findings) {
+      if (f.severity == Severity::kError) errors.push_back(f.line);
+    }
   }
   if (!errors.empty())
     MYRIAD_THROW_COLLECTIVE("{} check(s) failed: {}", errors.size(), join(errors, "; "));

@@ -17,6 +17,7 @@
 #include "driver_version.h"
 #include "myriad/classifier/mixed_gemm.h"
 #include "myriad/comm/communicator.h"
+#include "myriad/comm/device_selection.h"
 #include "myriad/comm/hang_watchdog.h"
 #include "myriad/comm/process_context.h"
 #include "myriad/train/step_model.h"
@@ -64,15 +65,6 @@ std::string kernel_driver_version() {
   text << in.rdbuf();
   return driver_version_from_proc(text.str());
 }
-
-std::string uuid_text(const cudaUUID_t& uuid) {
-  std::string text = "GPU-";
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) text += '-';
-    text += str_format("{:02x}", static_cast<unsigned>(static_cast<unsigned char>(uuid.bytes[i])));
-  }
-  return text;
-}
 #endif
 
 #ifdef MYRIAD_WITH_NCCL
@@ -93,7 +85,7 @@ DeviceIdentity identify_device(const torch::Device& device) {
     cudaDeviceProp properties{};
     MYRIAD_CHECK_CUDA(cudaGetDeviceProperties(&properties, device.index()));
     id.device = str_format("{} {}", device.str(), properties.name);
-    id.uuid = uuid_text(properties.uuid);
+    id.uuid = visible_gpu_uuids().at(device.index());
     int version = 0;
     MYRIAD_CHECK_CUDA(cudaDriverGetVersion(&version));
     const std::string kernel = kernel_driver_version();

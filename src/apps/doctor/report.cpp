@@ -132,20 +132,53 @@ void print_verdict(const Survey& s, const Prediction& p) {
   }
 }
 
+// A row per check: passed, FAILED with its lines, skipped with the reason.
+void print_checks(const std::vector<CheckOutcome>& outcomes) {
+  std::printf("# checks\n");
+  std::vector<std::vector<std::string>> rows = {{"check", "result"}};
+  for (const CheckOutcome& outcome : outcomes) {
+    std::vector<std::string> lines[3];  // by Severity: warnings, errors, skipped
+    for (const Finding& f : outcome.findings) lines[static_cast<int>(f.severity)].push_back(f.line);
+    std::string result = "passed";
+    if (!lines[static_cast<int>(Severity::kError)].empty()) {
+      result = "FAILED: " + join(lines[static_cast<int>(Severity::kError)], "; ");
+    } else if (!lines[static_cast<int>(Severity::kSkipped)].empty()) {
+      result = "skipped: " + join(lines[static_cast<int>(Severity::kSkipped)], "; ");
+    } else if (!lines[static_cast<int>(Severity::kWarning)].empty()) {
+      result = "passed, with a warning (below)";
+    }
+    rows.push_back({outcome.name, result});
+  }
+  print_table(rows);
+}
+
 }  // namespace
 
-void print_report(const Survey& s, const Findings& findings) {
-  const Prediction prediction = predict(s);
+void print_report(const Survey& s, const std::vector<CheckOutcome>& outcomes) {
   print_ranks(s);
-  print_bandwidth(s);
+  // Without NCCL nothing was measured between the ranks, and nothing can be predicted.
+  const bool measured = s.shared_gpus.empty();
+  if (measured) {
+    print_bandwidth(s);
+  } else {
+    std::printf("# bandwidth: not measured (ranks share a GPU, which NCCL refuses)\n");
+  }
   std::printf("# run directory: %s\n", join(s.directories, "; ").c_str());
-  print_prediction(s, prediction.cost);
-  for (const Finding& f : findings) {
-    if (f.severity == Severity::kWarning) std::printf("warning: %s\n", f.line.c_str());
+  const Prediction prediction = predict(s);
+  if (measured) print_prediction(s, prediction.cost);
+  print_checks(outcomes);
+  for (const CheckOutcome& outcome : outcomes) {
+    for (const Finding& f : outcome.findings) {
+      if (f.severity == Severity::kWarning) std::printf("warning: %s\n", f.line.c_str());
+    }
   }
   if (s.config.pipeline_stages > 1)
     std::printf("warning: the prediction assumes one pipeline stage\n");
-  print_verdict(s, prediction);
+  if (measured) {
+    print_verdict(s, prediction);
+  } else {
+    std::printf("verdict: none (ranks share a GPU: see the failed check)\n");
+  }
   std::fflush(stdout);
 }
 

@@ -34,12 +34,6 @@ std::string classes_text(int64_t classes) {
   return std::to_string(classes);
 }
 
-std::string join(const std::vector<std::string>& items, const std::string& separator) {
-  std::string text;
-  for (const std::string& item : items) text += (text.empty() ? "" : separator) + item;
-  return text;
-}
-
 void print_table(const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> widths;
   for (const auto& row : rows) {

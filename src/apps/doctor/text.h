@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "myriad/util/strings.h"
+
 namespace myriad {
 
 // How myriad-doctor writes its figures and tables.
@@ -19,8 +21,6 @@ std::string link_class(double bytes_per_second);
 
 // A class count as the options write it: "1B", "30M", "100K", "37".
 std::string classes_text(int64_t classes);
-
-std::string join(const std::vector<std::string>& items, const std::string& separator);
 
 // Prints `rows` to stdout, columns padded to their widest cell.
 void print_table(const std::vector<std::vector<std::string>>& rows);
