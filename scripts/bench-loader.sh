@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     --images) images=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "bench-loader.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
