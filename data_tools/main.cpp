@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
           "images, shape, encoding, classes and their histogram; validates labels and images",
           myriad::run_inspect},
          {"synthetic", "a file of generated images, raw or JPEG, for pipeline tests and benchmarks",
-          myriad::run_synthetic}});
+          myriad::run_synthetic},
+         {"pairs",
+          "a verification pairs file drawn from a labelled dataset (half of one identity, half of "
+          "two)",
+          myriad::run_pairs}});
   });
 }
