@@ -11,5 +11,6 @@ int run_from_rec(ProcessContext& context, int argc, char** argv);
 int run_from_bin(ProcessContext& context, int argc, char** argv);
 int run_inspect(ProcessContext& context, int argc, char** argv);
 int run_synthetic(ProcessContext& context, int argc, char** argv);
+int run_pairs(ProcessContext& context, int argc, char** argv);
 
 }  // namespace myriad

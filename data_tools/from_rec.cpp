@@ -1,5 +1,6 @@
 // myriad-data from-rec: an insightface MXNet RecordIO dataset (train.rec + train.idx of MS1MV2,
-// MS1MV3, Glint360K, WebFace...) into an HDF5 dataset of the unchanged JPEG bytes and labels.
+// MS1MV3, Glint360K, WebFace...) into an HDF5 dataset of the unchanged JPEG bytes and labels, or
+// with --resize of the images resized and stored again.
 //
 // insightface layout: record 0 is a header whose labels are (first identity record, end of the
 // identity records); records 1 .. first-1 are the images, each with its class as label; the
@@ -19,6 +20,7 @@
 #include "myriad/comm/process_context.h"
 #include "myriad/data/hdf5_image_dataset.h"
 #include "myriad/data/image_codec.h"
+#include "myriad/data/image_recoder.h"
 #include "myriad/data/recordio.h"
 #include "myriad/util/cli.h"
 #include "myriad/util/clock.h"
@@ -27,6 +29,7 @@
 #include "myriad/util/log.h"
 #include "myriad/util/parallel_for.h"
 #include "myriad/util/progress.h"
+#include "recode_options.h"
 
 namespace myriad {
 
@@ -80,7 +83,8 @@ struct Converted {
   std::string error;
 };
 
-Converted convert(const RecordIoReader& reader, int64_t key, int64_t num_classes) {
+Converted convert(const RecordIoReader& reader, int64_t key, int64_t num_classes,
+                  const ImageRecoder& recoder) {
   Converted c;
   c.what = str_format("record {} of '{}'", key, reader.path());
   const std::string& what = c.what;
@@ -93,7 +97,7 @@ Converted convert(const RecordIoReader& reader, int64_t key, int64_t num_classes
         num_classes > 0 ? str_format("{}", num_classes) : std::string("inf"));
     c.shape = decode_image_header(record.image, what);
     c.label = static_cast<int64_t>(label);
-    c.image = std::move(record.image);
+    c.image = recoder.recode(std::move(record.image), c.shape, nullptr, what);
   } catch (const Error& e) {
     c.error = e.message();
   }
@@ -105,6 +109,7 @@ struct FromRecOptions {
   std::string rec, idx, output;
   int workers = 0, channels = 3;
   bool skip_bad = false;
+  RecodeOptions recode;
 };
 
 // `argv` into `o`, checked, with the defaults that depend on others filled in; false where it
@@ -112,6 +117,7 @@ struct FromRecOptions {
 bool parse_from_rec_options(const ProcessContext& context, int argc, char** argv,
                             FromRecOptions& o) {
   po::options_description options("from-rec options");
+  RecodeText recode;
   // clang-format off
   options.add_options()
       ("rec", po::value(&o.rec)->required(), "MXNet RecordIO file (train.rec)")
@@ -119,8 +125,9 @@ bool parse_from_rec_options(const ProcessContext& context, int argc, char** argv
       ("output", po::value(&o.output)->required(), "HDF5 file to write")
       ("channels", po::value(&o.channels)->default_value(o.channels), "channels the images decode to: 3 (RGB) or 1")
       ("skip-bad", po::bool_switch(&o.skip_bad), "skip (and count) corrupt or truncated records instead of stopping")
-      ("workers", po::value(&o.workers)->default_value(0), "threads reading and checking records (0: all cores)");
+      ("workers", po::value(&o.workers)->default_value(0), "threads reading, checking and converting records (0: all cores)");
   // clang-format on
+  add_recode_options(options, recode);
   po::variables_map values;
   if (!parse_command_line(
           argc, argv, options, values,
@@ -129,6 +136,7 @@ bool parse_from_rec_options(const ProcessContext& context, int argc, char** argv
     return false;
   }
   if (o.channels != 1 && o.channels != 3) throw UsageError("--channels must be 1 or 3");
+  o.recode = parse_recode_options(values, recode, /*align=*/false, o.channels);
   if (o.workers <= 0)
     o.workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (o.idx.empty()) o.idx = std::filesystem::path(o.rec).replace_extension(".idx").string();
@@ -136,7 +144,7 @@ bool parse_from_rec_options(const ProcessContext& context, int argc, char** argv
 }
 
 // The output as the records stream in: created at the first good record, whose image size every
-// other must have.
+// other must have where the bytes are kept.
 struct Conversion {
   std::unique_ptr<Hdf5ImageWriter> writer;
   ImageShape first;
@@ -146,11 +154,11 @@ struct Conversion {
 
 // Writes the good records of `block` (skipping and counting the bad ones with --skip-bad).
 void write_block(std::vector<Converted>& block, const FromRecOptions& o, const Layout& layout,
-                 Conversion& out) {
+                 const ImageRecoder& recoder, Conversion& out) {
   std::vector<std::string> images;
   std::vector<int64_t> labels;
   for (Converted& c : block) {
-    if (c.error.empty() && out.writer != nullptr &&
+    if (c.error.empty() && out.writer != nullptr && !recoder.decodes() &&
         (c.shape.height != out.first.height || c.shape.width != out.first.width)) {
       c.error = str_format("{} holds a {}x{} image; the dataset's are {}x{}", c.what,
                            c.shape.height, c.shape.width, out.first.height, out.first.width);
@@ -161,18 +169,19 @@ void write_block(std::vector<Converted>& block, const FromRecOptions& o, const L
       continue;
     }
     if (out.writer == nullptr) {
-      out.first = c.shape;
+      out.first = recoder.stored_shape(c.shape);
       // Sized for every record; finish() drops the rows of skipped ones.
       out.writer = std::make_unique<Hdf5ImageWriter>(
           o.output, static_cast<int64_t>(layout.images.size()), out.first.height, out.first.width,
-          o.channels, /*encoded=*/true, layout.num_classes > 0 ? layout.num_classes : 1);
+          out.first.channels, /*encoded=*/!recoder.raw(),
+          layout.num_classes > 0 ? layout.num_classes : 1);
     }
     out.max_label = std::max(out.max_label, c.label);
     images.push_back(std::move(c.image));
     labels.push_back(c.label);
   }
   if (!images.empty()) {
-    out.writer->write_encoded(out.written, images);
+    recoder.write(*out.writer, out.written, images);
     out.writer->write_labels(out.written, labels);
     out.written += static_cast<int64_t>(images.size());
   }
@@ -180,16 +189,17 @@ void write_block(std::vector<Converted>& block, const FromRecOptions& o, const L
 
 // Converts every image record of `layout` into `out`, a block at a time on `o.workers` threads.
 void convert_all(const RecordIoReader& reader, const Layout& layout, const FromRecOptions& o,
-                 Conversion& out) {
+                 const ImageRecoder& recoder, Conversion& out) {
   const int64_t n = static_cast<int64_t>(layout.images.size());
   ProgressBar progress("converting", n);
-  for (int64_t begin = 0; begin < n; begin += kBlockRecords) {
-    const int64_t count = std::min(kBlockRecords, n - begin);
+  const int64_t block_records = recoder.block_images(kBlockRecords);
+  for (int64_t begin = 0; begin < n; begin += block_records) {
+    const int64_t count = std::min(block_records, n - begin);
     std::vector<Converted> block(static_cast<size_t>(count));
     parallel_for(count, o.workers, [&](int64_t i) {
-      block[i] = convert(reader, layout.images[begin + i], layout.num_classes);
+      block[i] = convert(reader, layout.images[begin + i], layout.num_classes, recoder);
     });
-    write_block(block, o, layout, out);
+    write_block(block, o, layout, recoder, out);
     progress.advance(count);
   }
   progress.finish();
@@ -210,14 +220,17 @@ int run_from_rec(ProcessContext& context, int argc, char** argv) {
            layout.num_classes > 0
                ? str_format(", {} identities (insightface header)", layout.num_classes)
                : std::string(", no header: classes counted from the labels"));
-  convert_all(reader, layout, o, out);
+  const ImageRecoder recoder(o.recode);
+  convert_all(reader, layout, o, recoder, out);
   MYRIAD_CHECK(out.writer != nullptr, "every record of '{}' is bad", o.rec);
   const int64_t num_classes = layout.num_classes > 0 ? layout.num_classes : out.max_label + 1;
   out.writer->set_attribute("source", o.rec);
   out.writer->set_attribute("num_classes", num_classes);
+  if (recoder.decodes()) out.writer->set_attribute("preprocessing", recoder.describe());
   out.writer->finish(out.written);
-  log_info("wrote {}: {} images {}x{}x{} (JPEG bytes unchanged), {} classes{}; {:.0f} images/s",
-           o.output, out.written, out.first.height, out.first.width, o.channels, num_classes,
+  log_info("wrote {}: {} images {}x{}x{} ({}), {} classes{}; {:.0f} images/s", o.output,
+           out.written, out.first.height, out.first.width, out.first.channels, recoder.describe(),
+           num_classes,
            out.bad > 0 ? str_format(", {} bad records skipped", out.bad) : std::string(),
            out.written / seconds_since(start));
   return kExitOk;

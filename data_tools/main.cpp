@@ -12,11 +12,12 @@ int main(int argc, char** argv) {
         {{"from-idx", "MNIST / Fashion-MNIST IDX files (.gz or plain) to HDF5",
           myriad::run_from_idx},
          {"from-folder",
-          "a class-per-directory tree of JPEG/PNG files to HDF5 (bytes kept as they are)",
+          "a class-per-directory tree of JPEG/PNG files to HDF5 (bytes kept as they are, or "
+          "resized or aligned faces)",
           myriad::run_from_folder},
          {"from-rec",
           "an insightface MXNet RecordIO dataset (.rec + .idx) to HDF5 (JPEG bytes kept as they "
-          "are)",
+          "are, or resized)",
           myriad::run_from_rec},
          {"from-bin", "an insightface verification set (lfw.bin, ...) to an HDF5 pairs file",
           myriad::run_from_bin},
@@ -24,6 +25,10 @@ int main(int argc, char** argv) {
           "images, shape, encoding, classes and their histogram; validates labels and images",
           myriad::run_inspect},
          {"synthetic", "a file of generated images, raw or JPEG, for pipeline tests and benchmarks",
-          myriad::run_synthetic}});
+          myriad::run_synthetic},
+         {"pairs",
+          "a verification pairs file drawn from a labelled dataset (half of one identity, half of "
+          "two)",
+          myriad::run_pairs}});
   });
 }

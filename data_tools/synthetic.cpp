@@ -68,15 +68,10 @@ struct SyntheticOptions {
   double noise = PrototypeOptions().noise;
 };
 
-// Whether the command line set option `name` (rather than leaving its default).
-bool given(const po::variables_map& values, const char* name) {
-  return values.count(name) && !values[name].defaulted();
-}
-
 // What only --prototypes takes, checked.
 void check_prototype_options(const po::variables_map& values, SyntheticOptions& o) {
   if (o.images_per_class < 1) throw UsageError("--images-per-class must be positive");
-  if (given(values, "size")) {
+  if (option_given(values, "size")) {
     // --size is another way to say the images per class; both must agree.
     if (o.size % o.classes != 0) {
       throw UsageError(str_format(
@@ -84,7 +79,7 @@ void check_prototype_options(const po::variables_map& values, SyntheticOptions& 
           "classes",
           o.size, o.classes));
     }
-    if (given(values, "images-per-class") && o.size / o.classes != o.images_per_class) {
+    if (option_given(values, "images-per-class") && o.size / o.classes != o.images_per_class) {
       throw UsageError(str_format("--size {} is not {} classes x --images-per-class {}", o.size,
                                   o.classes, o.images_per_class));
     }
@@ -94,7 +89,7 @@ void check_prototype_options(const po::variables_map& values, SyntheticOptions& 
     throw UsageError(
         str_format("{} classes x {} images is too many", o.classes, o.images_per_class));
   if (!(o.noise >= 0 && o.noise < 1e6)) throw UsageError("--noise must be in [0, 1e6) grey levels");
-  if (given(values, "pairs") && o.pairs_output.empty())
+  if (option_given(values, "pairs") && o.pairs_output.empty())
     throw UsageError("--pairs needs --pairs-output");
   if (!o.pairs_output.empty() && o.pairs < 10)
     throw UsageError(
@@ -140,7 +135,7 @@ bool parse_synthetic_options(const ProcessContext& context, int argc, char** arg
   }
   if (!o.prototypes) {
     for (const char* name : {"images-per-class", "views-from", "noise", "pairs-output", "pairs"}) {
-      if (given(values, name)) throw UsageError(str_format("--{} needs --prototypes", name));
+      if (option_given(values, name)) throw UsageError(str_format("--{} needs --prototypes", name));
     }
     if (o.output.empty()) throw UsageError("the option '--output' is required but missing");
   }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "myriad/util/cli.h"
 #include "myriad/util/error.h"
 
 namespace myriad {
@@ -57,7 +58,7 @@ void add_margin_options(po::options_description& options) {
 MarginConfig margin_from_options(const po::variables_map& values) {
   const std::string name = values["margin"].as<std::string>();
   MarginConfig c;
-  auto given = [&](const char* key) { return values.count(key) > 0 && !values[key].defaulted(); };
+  auto given = [&](const char* key) { return option_given(values, key); };
   auto value_or = [&](const char* key, double fallback) {
     return given(key) ? values[key].as<double>() : fallback;
   };

@@ -1,6 +1,7 @@
 #include "myriad/data/image_geometry.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 
@@ -52,8 +53,10 @@ std::vector<Taps> resample_taps(int in, double start, double length, int out) {
   return taps;
 }
 
+// Halves round up, as the fixed-point sums of OpenCV's warpAffine and Pillow's resampling do:
+// (sum + 2^(bits - 1)) >> bits. Half to even would differ from them by one on exact ties.
 uint8_t to_grey_level(double v) {
-  return static_cast<uint8_t>(std::clamp(std::nearbyint(v), 0.0, 255.0));
+  return static_cast<uint8_t>(std::clamp(std::floor(v + 0.5), 0.0, 255.0));
 }
 
 }  // namespace
@@ -145,9 +148,12 @@ ResizeSpec parse_resize(const std::string& text, const std::string& option) {
   ResizeSpec spec;
   const size_t x = text.find('x');
   const auto side = [&](const std::string& part) {
-    char* end = nullptr;
-    const long v = part.empty() ? 0 : std::strtol(part.c_str(), &end, 10);
-    if (part.empty() || *end != '\0' || v < 1 || v > kMaxImageSide) {
+    // Digits only: strtol alone would take " 112" and "+112".
+    const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), [](unsigned char c) {
+      return std::isdigit(c);
+    });
+    const long v = digits ? std::strtol(part.c_str(), nullptr, 10) : 0;
+    if (v < 1 || v > kMaxImageSide) {
       throw UsageError(str_format(
           "{} '{}' is not a size: give HxW, each side 1 to {} pixels (for example 112x112)", option,
           text, kMaxImageSide));

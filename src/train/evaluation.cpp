@@ -205,9 +205,12 @@ VerificationEval evaluate_verification(Backbone& backbone, const ImageSource& im
   const torch::Tensor all =
       setup.comm->all_gather(mine, setup.comm->all_gather_counts(mine.size(0)));
   const torch::Tensor unit = all / all.norm(2, 1, true).clamp_min(1e-12);
-  const torch::Tensor pairs = unit.view({-1, 2, unit.size(1)});
-  const torch::Tensor similarity = (pairs.select(1, 0) * pairs.select(1, 1)).sum(1);
-  return ten_fold_accuracy(similarity, issame);
+  return ten_fold_accuracy(pair_similarity(unit), issame);
+}
+
+torch::Tensor pair_similarity(const torch::Tensor& embeddings) {
+  const torch::Tensor pairs = embeddings.reshape({-1, 2, embeddings.size(1)});
+  return (pairs.select(1, 0) * pairs.select(1, 1)).sum(1);
 }
 
 std::vector<bool> read_pair_labels(const std::string& path, int64_t images) {

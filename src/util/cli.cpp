@@ -102,6 +102,10 @@ bool parse_command_line_and_config(int argc, char** argv, const po::options_desc
   return true;
 }
 
+bool option_given(const po::variables_map& values, const std::string& name) {
+  return values.count(name) > 0 && !values[name].defaulted();
+}
+
 int64_t parse_byte_size(const std::string& text) {
   size_t pos = 0;
   while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;

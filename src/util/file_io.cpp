@@ -26,6 +26,13 @@ int64_t ReadOnlyFile::size() const {
   return info.st_size;
 }
 
+std::string read_whole_file(const std::string& path) {
+  const ReadOnlyFile file(path);
+  std::string bytes(static_cast<size_t>(file.size()), '\0');
+  read_at(file.fd(), bytes.data(), file.size(), 0, path);
+  return bytes;
+}
+
 void read_at(int fd, void* data, int64_t bytes, int64_t offset, const std::string& path) {
   auto* at = static_cast<char*>(data);
   while (bytes > 0) {

@@ -102,6 +102,12 @@ variant("label-7", label_out_of_range)
 variant("float-labels", float_labels)
 variant("two-channels", wrong_channels)
 variant("few-labels", few_labels)
+# Labelled sets no verification pairs can be drawn from: one class; no class with two images.
+def one_class(f): f["labels"][...] = 0
+def singletons(f):
+    f["labels"][...] = np.arange(len(f["labels"])); f.attrs["num_classes"] = len(f["labels"])
+variant("one-class", one_class)
+variant("singletons", singletons)
 data = open(f"{fix}/good.h5", "rb").read()
 open(f"{fix}/truncated.h5", "wb").write(data[: len(data) // 2])
 open(f"{fix}/text.h5", "w").write("not an HDF5 file\n")
@@ -128,6 +134,21 @@ open(f"{fix}/short.idx.gz", "wb").write(gzip.compress(b"\x00\x00\x08\x03" + stru
 EOF
 "$make_image_tree" "$fix/corrupt-tree" 2 3 corrupt >/dev/null
 rm -f "$fix/corrupt-tree.expected.h5"
+# Folders for --resize and --landmarks: one whose last JPEG has a good header but cut data (only
+# decoding finds it); a good one, and landmarks files for it with one thing wrong each.
+"$make_image_tree" "$fix/cut-data-tree" 2 3 truncated >/dev/null
+"$make_image_tree" "$fix/faces" 2 3 >/dev/null
+rm -f "$fix/faces.expected.h5"
+landmarks() {
+  for f in class_0/img_0.jpg class_0/img_1.png class_0/img_2.jpg class_1/img_0.jpg class_1/img_1.png class_1/img_2.jpg; do
+    echo "$f 38.3 51.7 73.5 51.5 56.0 71.7 41.5 92.4 70.7 92.2"
+  done
+}
+landmarks | sed '2s/ 92.2$//' >"$fix/short-line.txt"
+landmarks | sed '3s/ 51.7 / nan /' >"$fix/nan.txt"
+landmarks | sed '$d' >"$fix/missing-line.txt"
+{ landmarks; echo "class_1/img_9.jpg 38.3 51.7 73.5 51.5 56.0 71.7 41.5 92.4 70.7 92.2"; } >"$fix/no-such-image.txt"
+landmarks >"$fix/landmarks.txt"
 have_rec=yes
 "$make_recordio" "$fix/rec" 8 >/dev/null 2>&1 || have_rec=no
 if [ "$have_rec" = yes ]; then
@@ -235,6 +256,27 @@ else
   ids+=(D16 D17 D18)
   echo "D16-D18: skipped (no Fashion-MNIST package for make_recordio)"
 fi
+
+# --- image conversion and verification pairs ----------------------------------------------------
+folder=("$bin/myriad-data" from-folder --input "$fix/faces" --output "$run/x.h5")
+expect F1 0 "--resize '112' is not a size: give HxW, each side 1 to 16384 pixels" "${folder[@]}" --resize 112
+expect F2 0 "--resize '112x' is not a size" "${folder[@]}" --resize 112x
+expect F3 0 "--resize 'axb' is not a size" "${folder[@]}" --resize axb
+expect F4 0 "--resize '0x112' is not a size" "${folder[@]}" --resize 0x112
+expect F5 0 "cut-data-tree/class_1/img_2.jpg': corrupt or truncated JPEG" \
+  "$bin/myriad-data" from-folder --input "$fix/cut-data-tree" --output "$run/x.h5" --resize 8x8
+expect F6 0 "short-line.txt:2: 9 numbers after the image, 10 expected" "${folder[@]}" --landmarks "$fix/short-line.txt"
+expect F7 0 "nan.txt:3: 'nan' is not a finite coordinate" "${folder[@]}" --landmarks "$fix/nan.txt"
+expect F8 0 "faces/class_1/img_2.jpg' has no line in the landmarks file '.*missing-line.txt'" \
+  "${folder[@]}" --landmarks "$fix/missing-line.txt"
+expect F9 0 "no-such-image.txt:7: there is no image 'class_1/img_9.jpg' under '.*faces'" \
+  "${folder[@]}" --landmarks "$fix/no-such-image.txt"
+expect F10 0 "--landmarks and --resize exclude each other" "${folder[@]}" --landmarks "$fix/landmarks.txt" --resize 112x112
+pairs=("$bin/myriad-data" pairs --output "$run/pairs.h5")
+expect F11 0 "--pairs must be an even number of at least 10 .*got 9" "${pairs[@]}" --data "$fix/good.h5" --pairs 9
+expect F12 0 "one-class.h5' has images of 1 class: pairs of two identities need at least 2" \
+  "${pairs[@]}" --data "$fix/one-class.h5" --pairs 10
+expect F13 0 "no class of '.*singletons.h5' has two images" "${pairs[@]}" --data "$fix/singletons.h5" --pairs 10
 
 # --- pipeline stages and micro-batches ---------------------------------------------------------------
 expect P1 3 "--pipeline-stages 2 does not divide the 3 ranks" $(train --pipeline-stages 2)

@@ -2,7 +2,8 @@
 # myriad-data from-rec end to end on an insightface-style RecordIO dataset of real Fashion-MNIST
 # JPEGs: the HDF5 holds the unchanged bytes and labels and trains; inspect counts images and
 # classes; a corrupt or truncated record is an error naming it that leaves no output, unless
-# --skip-bad skips and counts it; a dataset without the insightface header works too.
+# --skip-bad skips and counts it; with --resize, images of two sizes make one dataset; a dataset
+# without the insightface header works too.
 #   tests/e2e/from_rec.sh BIN_DIR MAKE_RECORDIO
 source "$(dirname "$0")/common.sh"
 make_recordio=$2
@@ -56,6 +57,14 @@ expect_failure "cannot open the index '$work/none.idx'" --rec "$work/fm.rec" --i
 "$make_recordio" "$work/odd" 50 header odd-size >/dev/null
 expect_failure "record 6 of '$work/odd.rec' holds a 14x14 image; the dataset's are 28x28" --rec "$work/odd.rec"
 echo "corrupt, truncated, odd-sized, missing index: named, no output left"
+
+# With --resize, images of any size make one dataset: the odd-sized record is resized too.
+"$bin/myriad-data" from-rec --rec "$work/odd.rec" --output "$work/resized.h5" --resize 20x24 \
+  --resize-mode stretch --encoding raw 2>/dev/null
+report=$("$bin/myriad-data" inspect "$work/resized.h5" 2>/dev/null)
+grep -q "^images     50$" <<<"$report" && grep -q "^shape      20x24x3" <<<"$report" &&
+  grep -q "^encoding   raw" <<<"$report" || { echo "$report"; exit 1; }
+echo "--resize: records of two sizes resized into one raw dataset"
 
 output=$("$bin/myriad-data" from-rec --rec "$work/corrupt.rec" --idx "$work/fm.idx" --output "$work/skipped.h5" \
   --skip-bad 2>&1)

@@ -80,6 +80,10 @@ ClassificationEval evaluate_classification(Backbone& backbone, ShardedMarginSoft
 VerificationEval evaluate_verification(Backbone& backbone, const ImageSource& images,
                                        const std::vector<bool>& issame, const EvalSetup& setup);
 
+// The cosine similarity of each pair of rows 2i and 2i + 1 of L2-normalised `embeddings` [2P, D]:
+// [P].
+torch::Tensor pair_similarity(const torch::Tensor& embeddings);
+
 // The 10-fold protocol on given similarities.
 VerificationEval ten_fold_accuracy(const torch::Tensor& similarity,
                                    const std::vector<bool>& issame);

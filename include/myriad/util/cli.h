@@ -24,6 +24,9 @@ bool parse_command_line_and_config(int argc, char** argv, const po::options_desc
                                    po::variables_map& values, const std::string& usage, int rank,
                                    const std::string& config_option);
 
+// Whether the command line (or configuration file) set option `name`, rather than its default.
+bool option_given(const po::variables_map& values, const std::string& name);
+
 // "4096", "64K", "256M", "2G" (powers of 1024; a trailing B or iB is allowed). UsageError
 // otherwise.
 int64_t parse_byte_size(const std::string& text);

@@ -21,6 +21,9 @@ class ReadOnlyFile {
   int fd_;
 };
 
+// The whole file; an Error naming it when it cannot be opened or read.
+std::string read_whole_file(const std::string& path);
+
 // pread() and pwrite() of `bytes` bytes at `offset` of `fd`, resumed after short transfers and
 // EINTR; an Error naming `path`, the byte and the reason otherwise (an early end of file included).
 void read_at(int fd, void* data, int64_t bytes, int64_t offset, const std::string& path);

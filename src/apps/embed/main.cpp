@@ -32,6 +32,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Embeddings read back at a time for the verification accuracy (an even number: whole pairs).
+constexpr int64_t kVerificationRows = 65536;
+
 struct EmbedOptions {
   std::string checkpoint;
   std::string init_backbone;
@@ -191,6 +194,28 @@ void write_embeddings(const ProcessContext& context, Communicator& host, const E
            info.size, dim, seconds, info.size / std::max(seconds, 1e-9), context.size());
 }
 
+// Rank 0 logs the 10-fold verification accuracy of the embeddings of a pairs file, read back from
+// --output a block of rows at a time.
+void log_verification(const ProcessContext& context, const EmbedOptions& o, int64_t images) {
+  on_every_rank(context, "verification", [&] {
+    if (context.rank() != 0) return;
+    const std::vector<bool> issame = read_pair_labels(o.data, images);
+    if (issame.size() < 10) {
+      log_warn("verification: {} pairs, fewer than 10 folds need: no accuracy", issame.size());
+      return;
+    }
+    const Hdf5File file(o.output, Hdf5File::Mode::kRead);
+    std::vector<torch::Tensor> similarity;
+    for (int64_t begin = 0; begin < images; begin += kVerificationRows) {
+      const int64_t rows = std::min(kVerificationRows, images - begin);
+      similarity.push_back(pair_similarity(file.read_rows("embeddings", begin, rows)));
+    }
+    const VerificationEval v = ten_fold_accuracy(torch::cat(similarity), issame);
+    log_info("verification: {} pairs, accuracy {:.2f}% ± {:.2f} (10-fold, threshold {:.3f})",
+             v.pairs, 100.0 * v.accuracy, 100.0 * v.std, v.threshold);
+  });
+}
+
 int run(ProcessContext& context, int argc, char** argv) {
   EmbedOptions o;
   if (!parse_embed_options(context, argc, argv, o)) return kExitOk;
@@ -217,6 +242,7 @@ int run(ProcessContext& context, int argc, char** argv) {
            o.checkpoint.empty() ? o.init_backbone : o.checkpoint, to_string(precision),
            o.flip ? ", flip test" : "");
   write_embeddings(context, comms.mpi(), o, backbone_options, *backbone, *data, setup);
+  if (data->file().has("issame")) log_verification(context, o, data->info().size);
   return kExitOk;
 }
 
