@@ -20,6 +20,10 @@ int main(int argc, char** argv) {
           myriad::run_from_rec},
          {"from-bin", "an insightface verification set (lfw.bin, ...) to an HDF5 pairs file",
           myriad::run_from_bin},
+         {"from-ijb",
+          "insightface's IJB-B/IJB-C layout (loose crops, landmarks, templates, pairs) to an HDF5 "
+          "file of ArcFace-aligned faces",
+          myriad::run_from_ijb},
          {"inspect",
           "images, shape, encoding, classes and their histogram; validates labels and images",
           myriad::run_inspect},
