@@ -12,5 +12,6 @@ int run_from_bin(ProcessContext& context, int argc, char** argv);
 int run_from_ijb(ProcessContext& context, int argc, char** argv);
 int run_inspect(ProcessContext& context, int argc, char** argv);
 int run_synthetic(ProcessContext& context, int argc, char** argv);
+int run_synthetic_ijb(ProcessContext& context, int argc, char** argv);
 
 }  // namespace myriad

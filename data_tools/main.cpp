@@ -28,6 +28,10 @@ int main(int argc, char** argv) {
           "images, shape, encoding, classes and their histogram; validates labels and images",
           myriad::run_inspect},
          {"synthetic", "a file of generated images, raw or JPEG, for pipeline tests and benchmarks",
-          myriad::run_synthetic}});
+          myriad::run_synthetic},
+         {"synthetic-ijb",
+          "a synthetic set in insightface's IJB layout (prototype faces in loose crops), for "
+          "tests and benchmarks",
+          myriad::run_synthetic_ijb}});
   });
 }
