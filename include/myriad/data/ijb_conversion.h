@@ -22,7 +22,8 @@ struct IjbConversion {
 
 struct IjbConversionSummary {
   int64_t images = 0, templates = 0, pairs = 0, genuine = 0;
-  double seconds = 0.0;
+  double meta_seconds = 0.0;   // reading and checking the meta files
+  double align_seconds = 0.0;  // decoding, aligning and writing the images
 };
 
 // Reads and checks the meta files, then decodes every loose crop and aligns it to the ArcFace
