@@ -21,6 +21,10 @@ int main(int argc, char** argv) {
           myriad::run_from_rec},
          {"from-bin", "an insightface verification set (lfw.bin, ...) to an HDF5 pairs file",
           myriad::run_from_bin},
+         {"from-ijb",
+          "insightface's IJB-B/IJB-C layout (loose crops, landmarks, templates, pairs) to an HDF5 "
+          "file of ArcFace-aligned faces",
+          myriad::run_from_ijb},
          {"inspect",
           "images, shape, encoding, classes and their histogram; validates labels and images",
           myriad::run_inspect},
@@ -29,6 +33,10 @@ int main(int argc, char** argv) {
          {"pairs",
           "a verification pairs file drawn from a labelled dataset (half of one identity, half of "
           "two)",
-          myriad::run_pairs}});
+          myriad::run_pairs},
+         {"synthetic-ijb",
+          "a synthetic set in insightface's IJB layout (prototype faces in loose crops), for "
+          "tests and benchmarks",
+          myriad::run_synthetic_ijb}});
   });
 }

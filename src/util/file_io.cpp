@@ -59,4 +59,16 @@ void write_at(int fd, const void* data, int64_t bytes, int64_t offset, const std
   }
 }
 
+void write_whole_file(const std::string& path, const std::string& bytes) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MYRIAD_CHECK(fd >= 0, "cannot create '{}': {}", path, std::strerror(errno));
+  try {
+    write_at(fd, bytes.data(), static_cast<int64_t>(bytes.size()), 0, path);
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+  MYRIAD_CHECK(close(fd) == 0, "cannot write '{}': {}", path, std::strerror(errno));
+}
+
 }  // namespace myriad

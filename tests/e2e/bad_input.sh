@@ -278,6 +278,33 @@ expect F12 0 "one-class.h5' has images of 1 class: pairs of two identities need 
   "${pairs[@]}" --data "$fix/one-class.h5" --pairs 10
 expect F13 0 "no class of '.*singletons.h5' has two images" "${pairs[@]}" --data "$fix/singletons.h5" --pairs 10
 
+# --- IJB-B and IJB-C: from-ijb, synthetic-ijb -------------------------------------------------------
+# A small synthetic set in insightface's layout (8 images, 6 pairs), and copies with one thing
+# wrong each.
+"$bin/myriad-data" synthetic-ijb --output "$fix/ijb" --identities 2 --templates 4 --images 8 --pairs 6 \
+  --genuine-fraction 0.5 --seed 1 --workers 1 --log-level warn
+ijb_meta=meta/ijbc
+ijb_copy() { cp -r "$fix/ijb" "$fix/ijb-$1"; echo "$fix/ijb-$1"; }
+rm "$(ijb_copy no-pairs)/${ijb_meta}_template_pair_label.txt"
+sed -i '3s/ [^ ]*$//' "$(ijb_copy short-line)/${ijb_meta}_name_5pts_score.txt"
+rm "$(ijb_copy no-image)/loose_crop/5.jpg"
+cut_image=$(ijb_copy cut-image)/loose_crop/5.jpg
+head -c 300 "$cut_image" >"$cut_image.part" && mv "$cut_image.part" "$cut_image"
+# A pair of the first image's template and one that has none.
+lost=$(ijb_copy lost-template)
+echo "$(awk 'NR == 1 { print $2 }' "$lost/${ijb_meta}_face_tid_mid.txt") 999 0" >>"$lost/${ijb_meta}_template_pair_label.txt"
+sed -i '2s/[^ ]*$/nan/' "$(ijb_copy nan-score)/${ijb_meta}_name_5pts_score.txt"
+from_ijb() { echo "$bin/myriad-data" from-ijb "$fix/ijb-$1" --target IJBC --output "$run/ijb.h5" --workers 1; }
+expect I1 0 "'.*/ijb-no-pairs/meta/ijbc_template_pair_label.txt' does not exist: from-ijb reads insightface's IJB layout" $(from_ijb no-pairs)
+expect I2 0 "ijb-short-line/meta/ijbc_name_5pts_score.txt' line 3: expected 12 fields \(IMAGE x1 y1 .* SCORE\), found 11" $(from_ijb short-line)
+expect I3 0 "cannot open '.*/ijb-no-image/loose_crop/5.jpg': No such file or directory \(the image of '.*/ijbc_face_tid_mid.txt' line 5\)" $(from_ijb no-image)
+expect I4 0 "'.*/ijb-cut-image/loose_crop/5.jpg': corrupt or truncated JPEG.*\(the image of '.*/ijbc_face_tid_mid.txt' line 5\)" $(from_ijb cut-image)
+expect I5 0 "ijb-lost-template/meta/ijbc_template_pair_label.txt' line 7: template 999 has no image in the face/template file" $(from_ijb lost-template)
+expect I6 0 "ijb-nan-score/meta/ijbc_name_5pts_score.txt' line 2: the detector score 'nan' is not a finite number" $(from_ijb nan-score)
+expect I7 0 "--target must be IJBC or IJBB, got 'IJBA'" "$bin/myriad-data" from-ijb "$fix/ijb" --target IJBA --output "$run/ijb.h5"
+expect I8 0 "--templates 5 is fewer than two per identity \(3 identities\)" \
+  "$bin/myriad-data" synthetic-ijb --output "$run/set" --identities 3 --templates 5
+
 # --- pipeline stages and micro-batches ---------------------------------------------------------------
 expect P1 3 "--pipeline-stages 2 does not divide the 3 ranks" $(train --pipeline-stages 2)
 expect P2 2 "--pipeline-stages must be positive" $(train --pipeline-stages 0)

@@ -66,6 +66,8 @@ class Hdf5ImageWriter {
   void write_issame(const std::vector<uint8_t>& issame);
   void set_attribute(const std::string& key, const std::string& value);
   void set_attribute(const std::string& key, int64_t value);
+  // The file being written, for datasets beside the images (the IJB file's templates and pairs).
+  Hdf5File& file() { return *file_; }
   // Keeps only the first `size` images (and labels) of the `size` given at construction.
   void finish(int64_t size);
   void finish() { finish(size_); }

@@ -29,4 +29,7 @@ std::string read_whole_file(const std::string& path);
 void read_at(int fd, void* data, int64_t bytes, int64_t offset, const std::string& path);
 void write_at(int fd, const void* data, int64_t bytes, int64_t offset, const std::string& path);
 
+// Creates or truncates `path` and writes `bytes` into it; an Error naming the file otherwise.
+void write_whole_file(const std::string& path, const std::string& bytes);
+
 }  // namespace myriad
