@@ -42,15 +42,17 @@ void AtomicOutput::commit() {
   sync_path(parent.empty() ? "." : parent.string());
 }
 
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream stream(path, std::ios::binary | std::ios::trunc);
+  MYRIAD_CHECK(stream.is_open(), "cannot create '{}': {}", path, std::strerror(errno));
+  stream << bytes;
+  stream.flush();
+  MYRIAD_CHECK(stream.good(), "cannot write '{}' (disk full or no permission?)", path);
+}
+
 void write_file_atomically(const std::string& path, const std::string& bytes) {
   AtomicOutput out(path);
-  {
-    std::ofstream stream(out.temporary_path(), std::ios::binary | std::ios::trunc);
-    stream << bytes;
-    stream.flush();
-    MYRIAD_CHECK(stream.good(), "cannot write '{}' (disk full or no permission?)",
-                 out.temporary_path());
-  }
+  write_file(out.temporary_path(), bytes);
   out.commit();
 }
 

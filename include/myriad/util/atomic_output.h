@@ -27,6 +27,8 @@ class AtomicOutput {
   bool committed_ = false;
 };
 
+// Writes `bytes` to `path` (created or truncated): an Error naming it where it cannot.
+void write_file(const std::string& path, const std::string& bytes);
 // Writes `bytes` to `path` through an AtomicOutput.
 void write_file_atomically(const std::string& path, const std::string& bytes);
 
