@@ -51,10 +51,11 @@ debian_packages=(
 # What only the tests use: a private one-node Slurm (tests/e2e/slurm_requeue.sh), Python with
 # h5py and PyTorch for writing and reading reference files independently of myriad, and ONNX's
 # checker with OpenCV's DNN module as the independent readers of exported ONNX files
-# (tests/e2e/onnx_export.sh), and scikit-image with OpenCV as insightface's face alignment
-# (tests/e2e/ijb_data.sh).
+# (tests/e2e/onnx_export.sh), scikit-image with OpenCV as insightface's face alignment
+# (tests/e2e/ijb_data.sh, tests/e2e/image_reference.sh), and scikit-learn's roc_curve as a second
+# reference of IJB verification (tests/e2e/ijb_eval.sh).
 test_packages=(slurm-wlm munge python3 python3-h5py python3-torch python3-onnx python3-opencv
-               python3-skimage)
+               python3-skimage python3-sklearn)
 
 torch_prefix_from_python() {
   command -v python3 >/dev/null 2>&1 || return 1

@@ -26,9 +26,9 @@ double sum_over_ranks(double value, Communicator& comm) {
 
 }  // namespace
 
-torch::Tensor embed_images(Backbone& backbone, const ImageSource& source,
-                           const std::vector<int64_t>& indices, const EvalSetup& setup,
-                           bool add_mirrored) {
+torch::Tensor embed_views(Backbone& backbone, const ImageSource& source,
+                          const std::vector<int64_t>& indices, const EvalSetup& setup,
+                          bool mirrored) {
   const DatasetInfo& info = source.info();
   const int64_t n = static_cast<int64_t>(indices.size());
   torch::Tensor images;
@@ -36,12 +36,12 @@ torch::Tensor embed_images(Backbone& backbone, const ImageSource& source,
     const int64_t image_size = static_cast<int64_t>(info.height) * info.width * info.channels;
     std::vector<uint8_t> pixels(static_cast<size_t>(n * image_size));
     source.read(indices, pixels.data());
-    images = torch::empty({(add_mirrored ? 2 : 1) * n, info.channels, info.height, info.width});
+    images = torch::empty({(mirrored ? 2 : 1) * n, info.channels, info.height, info.width});
     float* out = images.data_ptr<float>();
     for (int64_t i = 0; i < n; ++i) {
       normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels, false,
                       out + i * image_size);
-      if (add_mirrored) {
+      if (mirrored) {
         normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels,
                         true, out + (n + i) * image_size);
       }
@@ -57,9 +57,16 @@ torch::Tensor embed_images(Backbone& backbone, const ImageSource& source,
     if (setup.autocast) autocast = std::make_unique<AutocastGuard>(setup.device, *setup.autocast);
     features = backbone.forward(backbone.in_layout(images));
   }
-  features = features.to(torch::kFloat32);
+  return features.to(torch::kFloat32);
+}
+
+torch::Tensor embed_images(Backbone& backbone, const ImageSource& source,
+                           const std::vector<int64_t>& indices, const EvalSetup& setup,
+                           bool add_mirrored) {
+  const torch::Tensor features = embed_views(backbone, source, indices, setup, add_mirrored);
+  const int64_t n = static_cast<int64_t>(indices.size());
   if (add_mirrored && features.size(0) == 2 * n)
-    features = features.narrow(0, 0, n) + features.narrow(0, n, n);
+    return features.narrow(0, 0, n) + features.narrow(0, n, n);
   return features;
 }
 

@@ -7,9 +7,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "myriad/util/error.h"
+#include "myriad/util/file_io.h"
 #include "myriad/util/log.h"
 #include "myriad/util/remove_tree.h"
 
@@ -44,13 +44,7 @@ void AtomicOutput::commit() {
 
 void write_file_atomically(const std::string& path, const std::string& bytes) {
   AtomicOutput out(path);
-  {
-    std::ofstream stream(out.temporary_path(), std::ios::binary | std::ios::trunc);
-    stream << bytes;
-    stream.flush();
-    MYRIAD_CHECK(stream.good(), "cannot write '{}' (disk full or no permission?)",
-                 out.temporary_path());
-  }
+  write_whole_file(out.temporary_path(), bytes);
   out.commit();
 }
 

@@ -752,6 +752,8 @@ std::optional<std::string> Hdf5File::string_attribute(const std::string& object,
     char* text = nullptr;
     Handle memory(H5Tcopy(H5T_C_S1), H5Tclose);
     H5Tset_size(memory.get(), H5T_VARIABLE);
+    // HDF5 converts no string between character sets: h5py writes UTF-8, H5T_C_S1 is ASCII.
+    H5Tset_cset(memory.get(), H5Tget_cset(type.get()));
     MYRIAD_CHECK_HDF5(H5Aread(attribute.get(), memory.get(), &text),
                       "reading attribute " + key + " of " + where(object));
     std::string value = text != nullptr ? text : "";

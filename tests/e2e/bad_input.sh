@@ -354,6 +354,45 @@ expect L13 0 "--max-restarts must be a number of restarts \(0 or more\), not 'tw
 expect L14 0 "--min-ranks 3 is more than the 2 slots of '.*/hosts': the job could never run" "$launch" --hostfile "$fix/hosts" --min-ranks 3 --exe "$bin/myriad-train"
 expect L15 0 "--max-restarts needs the executable's --run-dir" "$launch" --hostfile "$fix/hosts" --max-restarts 1 --exe "$bin/myriad-train"
 
+# --- evaluation (myriad-eval) -------------------------------------------------------------------
+# A small IJB evaluation file and copies with one thing wrong each; every fault is found before
+# the backbone is read.
+"$py" - "$fix" <<'EOF'
+import sys, h5py, numpy as np
+fix = sys.argv[1]
+def ijb(name, edit=lambda d: None):
+    d = {"images": np.zeros((6, 16, 16, 1), np.uint8),
+         "templates": np.array([5, 5, 9, 9, 9, 5], np.int64),
+         "medias": np.array([1, 1, 2, 3, 3, 4], np.int64),
+         "scores": np.array([0.9, 0.8, 0.99, 0.7, 0.6, 0.5], np.float32),
+         "pairs": np.array([[5, 9], [9, 9], [5, 5], [9, 5]], np.int64),
+         "pair_labels": np.array([0, 1, 1, 0], np.uint8)}
+    edit(d)
+    with h5py.File(f"{fix}/{name}.h5", "w") as f:
+        for key, value in d.items():
+            if value is not None:
+                f[key] = value
+        f.attrs["ijb_target"] = "IJBC"
+ijb("ijb-good")
+ijb("ijb-no-scores", lambda d: d.update(scores=None))
+ijb("ijb-short-medias", lambda d: d.update(medias=d["medias"][:5]))
+ijb("ijb-lost-template", lambda d: d["pairs"].__setitem__((3, 0), 999))
+ijb("ijb-nan-score", lambda d: d["scores"].__setitem__(2, np.nan))
+ijb("ijb-label-2", lambda d: d["pair_labels"].__setitem__(1, 2))
+EOF
+ijb() { echo "$bin/myriad-eval" ijb --checkpoint "$ckpt" --output "$run/report.json" --threads 1 --device cpu "$@"; }
+expect E1 2 "reading --data '.*/ijb-no-scores.h5' failed on rank 0: '.*/ijb-no-scores.h5' is not an IJB evaluation file: it has no /scores" \
+  $(ijb --data "$fix/ijb-no-scores.h5")
+expect E2 2 "ijb-short-medias.h5': /medias is shaped \[5\], where /images and /pairs need \[6\]" $(ijb --data "$fix/ijb-short-medias.h5")
+expect E3 2 "ijb-lost-template.h5': pair 3 names template 999, which has no image" $(ijb --data "$fix/ijb-lost-template.h5")
+expect E4 2 "ijb-nan-score.h5': /scores\[2\] is nan: detector scores must be finite" $(ijb --data "$fix/ijb-nan-score.h5")
+expect E5 2 "checking --far failed on rank 0: FAR 1e-06 cannot be measured on '.*/ijb-good.h5': it has 2 impostor pairs, and a false accept rate of 1e-06 needs at least 1000000 \(--far sets the rates\)" \
+  $(ijb --data "$fix/ijb-good.h5")
+expect E6 2 "give one of --checkpoint and --init-backbone" $(ijb --data "$fix/ijb-good.h5" --init-backbone "$fix/other-net.pth" --backbone smallcnn)
+expect E7 2 "give one of --checkpoint and --init-backbone" "$bin/myriad-eval" ijb --data "$fix/ijb-good.h5" --far 0.5
+expect E8 2 "--far must be a comma list of false accept rates in \(0, 1\], e.g. 1e-6,1e-4, got '1e-6,0'" $(ijb --data "$fix/ijb-good.h5" --far 1e-6,0)
+expect E9 2 "ijb-label-2.h5': /pair_labels\[1\] is 2: a pair's label is 1 \(one identity\) or 0 \(two\)" $(ijb --data "$fix/ijb-label-2.h5")
+
 # --- the run time -------------------------------------------------------------------------------
 expect R1 2 "cannot create the run directory '.*/file/run'" "$bin/myriad-train" --data "$fix/good.h5" "${train_args[@]}" --max-steps 2 --run-dir "$fix/file/run"
 expect R2 2 "checkpoint directory '.*/file/ckpt'" $(train --checkpoint-dir "$fix/file/ckpt")

@@ -51,9 +51,14 @@ struct EvalSetup {
 };
 
 // The raw (unnormalised) embeddings [n, D], float32 on setup.device, of images `indices` of
-// `source`, plus those of the mirror images when `add_mirrored` (insightface's flip test-time
-// augmentation). Images are read, decoded and normalised as training's (x / 127.5 - 1). With
-// pipeline stages, ranks before the last get [0, D].
+// `source`, and with `mirrored` those of their mirror images after them ([2n, D]). Images are
+// read, decoded and normalised as training's (x / 127.5 - 1). With pipeline stages, ranks before
+// the last get [0, D].
+torch::Tensor embed_views(Backbone& backbone, const ImageSource& source,
+                          const std::vector<int64_t>& indices, const EvalSetup& setup,
+                          bool mirrored);
+// embed_views' embeddings [n, D], those of the mirror images added when `add_mirrored`
+// (insightface's flip test-time augmentation).
 torch::Tensor embed_images(Backbone& backbone, const ImageSource& source,
                            const std::vector<int64_t>& indices, const EvalSetup& setup,
                            bool add_mirrored);
