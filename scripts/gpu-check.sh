@@ -5,7 +5,8 @@
 #   scripts/gpu-check.sh [--deps-dir DIR] [--out DIR] [--only LIST] [--tests REGEX]
 #
 # LIST is a comma list of: tests, collectives, classifier (the peer's shapes), momentum-bf16,
-# naive, max-classes, loader (JPEG bytes from HDF5), train (scripts/bench-train.sh), checkpoint
+# naive, max-classes, loader (JPEG bytes from HDF5; raw images over 1 GiB read directly,
+# scripts/bench-loader.sh), ijb (IJB-C's size: conversion and myriad-eval ijb, scripts/bench-ijb.sh), train (scripts/bench-train.sh), checkpoint
 # (save/load GB/s at C = 5M per GPU against the disk's raw rate, the cost of asynchronous and
 # synchronous checkpoints to training, resume across world sizes), deterministic (bit-for-bit resume with
 # --deterministic), launch (launch/mpirun.sh, one rank per GPU), preempt (SIGUSR1 to
@@ -31,7 +32,7 @@ deps_args=()
 tests=()
 tests_regex=""
 out=${OUT:-$repo/build/gpu-check}
-only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,train,checkpoint,deterministic,launch,preempt,backbones,pipeline,profile
+only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,ijb,train,checkpoint,deterministic,launch,preempt,backbones,pipeline,profile
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
@@ -227,6 +228,14 @@ if wants loader; then
   done
   note "loader (112x112 JPEG, batch 256):"
   grep -E "^loader:|images/s" "$out/loader.txt" | tee -a "$summary"
+  # Raw images in a file over the 1 GiB held in memory, read directly, against held and JPEG.
+  "$repo/scripts/bench-loader.sh" --bin "$bin" --dir "$data/bench-loader" --workers "1,4,$cores_per_rank" \
+    2>&1 | tee -a "$summary" || status=1
+fi
+if wants ijb; then
+  # IJB-C at its size: synthetic-ijb, from-ijb, myriad-eval ijb of iresnet100 (scripts/bench-ijb.sh).
+  "$repo/scripts/bench-ijb.sh" --bin "$bin" --dir "${TMPDIR:-/tmp}/bench-ijb" 2>&1 | tee -a "$summary" ||
+    status=1
 fi
 if wants train; then
   # The training benchmark (scripts/bench-train.sh): iresnet50 and iresnet100, bf16 and fp16, on 1

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <future>
 #include <memory>
 #include <vector>
 
@@ -116,15 +117,22 @@ double Embedder::run(const ImageSource& data, const EmbeddingPass& pass) {
   std::unique_ptr<ProgressBar> progress;
   if (context_.rank() == 0) progress = std::make_unique<ProgressBar>("embedding", size);
   const auto start = std::chrono::steady_clock::now();
+  // The host reads batch b + 1 while the device embeds batch b.
+  const auto read = [&](int64_t b) {
+    return std::async(std::launch::async, [this, &data, &slice, b] {
+      return read_pixels(data, eval_batch(slice, b, setup_.batch_size), setup_);
+    });
+  };
+  std::future<torch::Tensor> next = read(0);
   for (int64_t b = 0; b < slice.batches; ++b) {
-    const std::vector<int64_t> indices = eval_batch(slice, b, setup_.batch_size);
-    const int64_t n = static_cast<int64_t>(indices.size());
+    const int64_t n = static_cast<int64_t>(eval_batch(slice, b, setup_.batch_size).size());
     torch::Tensor rows;
     on_every_rank(context_, "embedding", [&] {
+      const torch::Tensor pixels = next.get();
+      if (b + 1 < slice.batches) next = read(b + 1);
       const auto f32 = torch::dtype(torch::kFloat32).device(setup_.device);
-      const torch::Tensor views =
-          n == 0 ? torch::empty({0, dim}, f32)
-                 : embed_views(*backbone_, data, indices, setup_, pass.mirrored);
+      const torch::Tensor views = n == 0 ? torch::empty({0, dim}, f32)
+                                         : embed_pixels(*backbone_, pixels, setup_, pass.mirrored);
       rows =
           pass.rows(views.narrow(0, 0, n), pass.mirrored ? views.narrow(0, n, n) : torch::Tensor())
               .cpu();

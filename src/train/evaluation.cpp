@@ -8,7 +8,6 @@
 #include "myriad/classifier/class_partition.h"
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/communicator.h"
-#include "myriad/data/data_loader.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/balanced_split.h"
 #include "myriad/util/error.h"
@@ -26,27 +25,29 @@ double sum_over_ranks(double value, Communicator& comm) {
 
 }  // namespace
 
-torch::Tensor embed_views(Backbone& backbone, const ImageSource& source,
-                          const std::vector<int64_t>& indices, const EvalSetup& setup,
-                          bool mirrored) {
+torch::Tensor read_pixels(const ImageSource& source, const std::vector<int64_t>& indices,
+                          const EvalSetup& setup) {
+  if (!setup.reads_images) return {};
   const DatasetInfo& info = source.info();
-  const int64_t n = static_cast<int64_t>(indices.size());
+  const auto options = torch::dtype(torch::kUInt8).pinned_memory(setup.device.is_cuda());
+  torch::Tensor pixels = torch::empty(
+      {static_cast<int64_t>(indices.size()), info.height, info.width, info.channels}, options);
+  source.read(indices, pixels.data_ptr<uint8_t>());
+  return pixels;
+}
+
+torch::Tensor embed_pixels(Backbone& backbone, const torch::Tensor& pixels, const EvalSetup& setup,
+                           bool mirrored) {
   torch::Tensor images;
-  if (setup.reads_images) {
-    const int64_t image_size = static_cast<int64_t>(info.height) * info.width * info.channels;
-    std::vector<uint8_t> pixels(static_cast<size_t>(n * image_size));
-    source.read(indices, pixels.data());
-    images = torch::empty({(mirrored ? 2 : 1) * n, info.channels, info.height, info.width});
-    float* out = images.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels, false,
-                      out + i * image_size);
-      if (mirrored) {
-        normalize_image(pixels.data() + i * image_size, info.height, info.width, info.channels,
-                        true, out + (n + i) * image_size);
-      }
-    }
-    images = images.to(setup.device);
+  if (pixels.defined()) {
+    // As normalize_image computes it (x * (1 / 127.5) - 1, in float), so that both agree exactly.
+    images = pixels.to(setup.device, /*non_blocking=*/true)
+                 .permute({0, 3, 1, 2})
+                 .to(torch::kFloat32)
+                 .mul_(1.0f / 127.5f)
+                 .sub_(1.0f)
+                 .contiguous();
+    if (mirrored) images = torch::cat({images, images.flip({3})});
   }
   torch::NoGradGuard no_grad;
   torch::Tensor features;
@@ -58,6 +59,12 @@ torch::Tensor embed_views(Backbone& backbone, const ImageSource& source,
     features = backbone.forward(backbone.in_layout(images));
   }
   return features.to(torch::kFloat32);
+}
+
+torch::Tensor embed_views(Backbone& backbone, const ImageSource& source,
+                          const std::vector<int64_t>& indices, const EvalSetup& setup,
+                          bool mirrored) {
+  return embed_pixels(backbone, read_pixels(source, indices, setup), setup, mirrored);
 }
 
 torch::Tensor embed_images(Backbone& backbone, const ImageSource& source,

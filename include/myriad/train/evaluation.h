@@ -57,6 +57,14 @@ struct EvalSetup {
 torch::Tensor embed_views(Backbone& backbone, const ImageSource& source,
                           const std::vector<int64_t>& indices, const EvalSetup& setup,
                           bool mirrored);
+// embed_views in two parts, so that a caller can read the next batch while this one runs: images
+// `indices` of `source` as uint8 [n, H, W, C] on the CPU (pinned where setup.device is a GPU, for
+// an asynchronous copy), undefined where this rank reads no images; and their embeddings, the
+// pixels normalised (and mirrored) on setup.device rather than by the host.
+torch::Tensor read_pixels(const ImageSource& source, const std::vector<int64_t>& indices,
+                          const EvalSetup& setup);
+torch::Tensor embed_pixels(Backbone& backbone, const torch::Tensor& pixels, const EvalSetup& setup,
+                           bool mirrored);
 // embed_views' embeddings [n, D], those of the mirror images added when `add_mirrored`
 // (insightface's flip test-time augmentation).
 torch::Tensor embed_images(Backbone& backbone, const ImageSource& source,
