@@ -276,6 +276,11 @@ std::optional<RowLayout> Hdf5File::row_layout(const std::string& name) const {
     if (chunk[d] != static_cast<hsize_t>(dims[d])) return std::nullopt;
   }
   layout.rows_per_chunk = static_cast<int64_t>(chunk[0]);
+  // Locating each chunk costs about a microsecond: a grid of more (rows declared far beyond those
+  // written, or a very large set of one row per chunk) is left to HDF5 rather than slow the open.
+  constexpr int64_t kMaxChunks = int64_t{1} << 20;
+  if ((dims[0] + layout.rows_per_chunk - 1) / layout.rows_per_chunk > kMaxChunks)
+    return std::nullopt;
   std::vector<hsize_t> at(dims.size(), 0);
   for (int64_t first = 0; first < dims[0]; first += layout.rows_per_chunk) {
     at[0] = static_cast<hsize_t>(first);

@@ -102,8 +102,8 @@ torch::Tensor pooled(const Images& images, const IjbFeatureOptions& o, torch::Te
   TemplatePool pool(template_ids.size(0), rows, media_weights(rows, torch::tensor(images.medias)),
                     images.raw.size(1), torch::kCPU);
   const int64_t n = images.raw.size(0);
-  for (const auto& [first, count] :
-       std::vector<std::pair<int64_t, int64_t>>{{0, 7}, {7, n / 2 - 7}, {n / 2, n - n / 2}}) {
+  for (const auto& [first, count] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, n / 3}, {n / 3, n / 2 - n / 3}, {n / 2, n - n / 2}}) {
     pool.add(first, ijb_image_features(images.raw.narrow(0, first, count),
                                        images.mirrored.narrow(0, first, count),
                                        images.scores.narrow(0, first, count), o));
@@ -287,22 +287,23 @@ TEST(IjbProtocol, RocMatchesTheDirectCountWithAndWithoutTies) {
 TEST(IjbProtocol, DropIntermediateKeepsTheCornersOnly) {
   // Counts (tp, fp) at the five thresholds: (1,0) (2,0) (3,0) (3,1) (3,2): (2,0) lies between
   // (1,0) and (3,0), and (3,1) between (3,0) and (3,2).
-  const Roc roc =
-      roc_curve(torch::tensor({1, 1, 1, 0, 0}), torch::tensor({0.9, 0.8, 0.7, 0.6, 0.5}));
+  const Roc roc = roc_curve(torch::tensor({1, 1, 1, 0, 0}),
+                            torch::tensor({0.9, 0.8, 0.7, 0.6, 0.5}, torch::kFloat64));
   EXPECT_EQ(as_vector(roc.fpr), (Vector{0.0, 0.0, 0.0, 1.0}));
   EXPECT_EQ(as_vector(roc.tpr), (Vector{0.0, 1.0 / 3, 1.0, 1.0}));
   EXPECT_EQ(as_vector(roc.thresholds),
             (Vector{std::numeric_limits<double>::infinity(), 0.9, 0.7, 0.5}));
   // Two points only are kept whole; a tie counts its pairs together.
-  const Roc two = roc_curve(torch::tensor({1, 0, 1}), torch::tensor({0.5, 0.5, 0.2}));
+  const Roc two =
+      roc_curve(torch::tensor({1, 0, 1}), torch::tensor({0.5, 0.5, 0.2}, torch::kFloat64));
   EXPECT_EQ(as_vector(two.fpr), (Vector{0.0, 1.0, 1.0}));
   EXPECT_EQ(as_vector(two.tpr), (Vector{0.0, 0.5, 1.0}));
 }
 
 TEST(IjbProtocol, TarAtFarTakesTheLastNearestPoint) {
   // Three points at fpr 0: insightface reads the one of the largest tpr.
-  const Roc vertical =
-      roc_curve(torch::tensor({1, 1, 1, 0, 0}), torch::tensor({0.9, 0.8, 0.7, 0.6, 0.5}));
+  const Roc vertical = roc_curve(torch::tensor({1, 1, 1, 0, 0}),
+                                 torch::tensor({0.9, 0.8, 0.7, 0.6, 0.5}, torch::kFloat64));
   const TarAtFar at = tar_at_far(vertical, {1e-6})[0];
   EXPECT_EQ(at.tar, 1.0);
   EXPECT_EQ(at.fpr, 0.0);

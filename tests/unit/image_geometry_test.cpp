@@ -182,7 +182,9 @@ TEST(WarpAffine, FollowsBilinearSamplingOnOpenCvsGrid) {
       for (int c = 0; c < 3; ++c) {
         const size_t i = (static_cast<size_t>(y) * out_w + x) * 3 + c;
         ASSERT_NEAR(out[i], want[i], interior ? 0.9 : 4.5) << x << "," << y << " channel " << c;
-        if (exterior) ASSERT_EQ(out[i], 0);
+        if (exterior) {
+          ASSERT_EQ(out[i], 0);
+        }
       }
     }
   }
@@ -206,7 +208,9 @@ TEST(AlignFace, RecoversTheSimilarityThatPlacedTheFace) {
   expect_same_map(alignment_transform(landmarks).m, placement.inverse().m, 1e-9);
   std::vector<uint8_t> aligned(face.size());
   align_face({crop.data(), crop_h, crop_w, 3}, landmarks, aligned.data());
-  // Two bilinear resamplings of a smooth image; the outermost pixels sample the face's edge.
+  // Two bilinear resamplings of a smooth image (each rounded to a grey level) and the pattern's
+  // noise: within 2 grey levels on average, as tests/unit/ijb_test.cpp holds synthetic-ijb's faces;
+  // the outermost pixels sample the face's edge.
   double total = 0.0;
   int64_t count = 0;
   for (int y = 2; y < kAlignedSide - 2; ++y) {
@@ -218,7 +222,7 @@ TEST(AlignFace, RecoversTheSimilarityThatPlacedTheFace) {
       }
     }
   }
-  EXPECT_LT(total / count, 1.0);
+  EXPECT_LT(total / count, 2.0);
   // The control: the crop itself, unaligned, is far from the face.
   double unaligned = 0.0;
   for (size_t i = 0; i < face.size(); ++i) {
