@@ -166,8 +166,8 @@ std::vector<std::array<Point, 5>> match_landmarks(const std::vector<Entry>& entr
   for (const FaceLandmarks& face : read_landmarks_file(file)) {
     const auto it = index.find(face.path);
     MYRIAD_CHECK(it != index.end(),
-                 "{}:{}: there is no image '{}' under '{}' (one directory per class of .jpg, "
-                 ".jpeg or .png files)",
+                 "'{}' line {}: there is no image '{}' under '{}' (one directory per class of "
+                 ".jpg, .jpeg or .png files)",
                  file, face.line, face.path, input);
     points[it->second] = face.points;
     found[it->second] = true;

@@ -1,5 +1,6 @@
 #include "myriad/train/embedder.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -87,7 +88,8 @@ Embedder::Embedder(ProcessContext& context, const EmbedderOptions& options)
   backbone_->to(device);
   // The layout that training takes by default (--channels-last auto).
   backbone_->set_channels_last(use_channels_last(Toggle::kAuto, device));
-  setup_.comm = &comms_.for_device(device);
+  // The embedder only splits the set by rank, over MPI: embedding opens no NCCL communicator.
+  setup_.comm = &comms_.mpi();
   setup_.device = device;
   setup_.batch_size = options.batch_size;
   setup_.autocast = autocast_dtype(precision_);
@@ -120,6 +122,9 @@ double Embedder::run(const ImageSource& data, const EmbeddingPass& pass) {
   // The host reads batch b + 1 while the device embeds batch b.
   const auto read = [&](int64_t b) {
     return std::async(std::launch::async, [this, &data, &slice, b] {
+      // A new thread starts on GPU 0: its pinned buffer must not open a context there.
+      c10::OptionalDeviceGuard guard;
+      if (setup_.device.is_cuda()) guard.reset_device(setup_.device);
       return read_pixels(data, eval_batch(slice, b, setup_.batch_size), setup_);
     });
   };

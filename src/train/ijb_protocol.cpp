@@ -120,6 +120,12 @@ Roc roc_curve(const torch::Tensor& labels, const torch::Tensor& scores) {
   const int64_t n = scores.numel();
   MYRIAD_CHECK(n > 0 && labels.numel() == n,
                "a ROC needs a label for each of its {} scores, got {}", n, labels.numel());
+  // scikit-learn refuses them too: a diverged backbone, or fp16 that overflowed, gives them.
+  const int64_t non_finite = torch::isfinite(scores).logical_not().sum().item<int64_t>();
+  MYRIAD_CHECK(non_finite == 0,
+               "{} of {} pair scores are not finite: the backbone's embeddings of some images are "
+               "not (a diverged model, or a precision that overflowed)",
+               non_finite, n);
   const auto sorted = scores.reshape({-1}).to(torch::kFloat64).sort(/*stable=*/true, 0, true);
   const torch::Tensor& descending = std::get<0>(sorted);
   const torch::Tensor genuine = labels.reshape({-1})

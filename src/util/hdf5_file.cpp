@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -13,6 +14,7 @@
 
 #include "myriad/util/check_hdf5.h"
 #include "myriad/util/error.h"
+#include "myriad/util/file_io.h"
 
 // H5Pset_file_locking came with HDF5 1.10.7 and 1.12.1 (not 1.12.0).
 #if H5_VERSION_GE(1, 12, 1) || (H5_VERS_MAJOR == 1 && H5_VERS_MINOR == 10 && H5_VERS_RELEASE >= 7)
@@ -245,6 +247,88 @@ std::vector<int64_t> Hdf5File::shape(const std::string& name) const {
   return {dims.begin(), dims.end()};
 }
 
+namespace {
+
+// Chunk addresses count from the end of a user block before HDF5 1.14.4 and from the file's start
+// after it (HDF5's issue 3003); H5Dget_offset has always counted from the file's start.
+bool chunk_addresses_skip_user_block() {
+  unsigned major = 0, minor = 0, release = 0;
+  H5get_libversion(&major, &minor, &release);
+  return std::make_tuple(major, minor, release) < std::make_tuple(1u, 14u, 4u);
+}
+
+// Whether the unwritten rows of a dataset read as zeros: h5py can give another fill value.
+bool fills_with_zeros(hid_t properties) {
+  H5D_fill_value_t status = H5D_FILL_VALUE_UNDEFINED;
+  if (H5Pfill_value_defined(properties, &status) < 0) return false;
+  if (status != H5D_FILL_VALUE_USER_DEFINED) return true;
+  uint8_t fill = 0;
+  return H5Pget_fill_value(properties, H5T_NATIVE_UINT8, &fill) >= 0 && fill == 0;
+}
+
+// The file offset of each chunk of whole rows of an unfiltered chunked dataset into `layout`, or
+// false where its chunks are not whole rows stored as they are.
+bool locate_chunks(hid_t file, hid_t dataset, hid_t properties, const std::vector<int64_t>& dims,
+                   const std::string& what, RowLayout& layout) {
+  if (H5Pget_nfilters(properties) != 0) return false;
+  std::vector<hsize_t> chunk(dims.size());
+  MYRIAD_CHECK_HDF5(H5Pget_chunk(properties, static_cast<int>(chunk.size()), chunk.data()),
+                    "reading the chunks of " + what);
+  for (size_t d = 1; d < dims.size(); ++d) {
+    if (chunk[d] != static_cast<hsize_t>(dims[d])) return false;
+  }
+  layout.rows_per_chunk = static_cast<int64_t>(chunk[0]);
+  // Locating each chunk costs about a microsecond: a grid of more (rows declared far beyond those
+  // written, or a very large set of one row per chunk) is left to HDF5 rather than slow the open.
+  constexpr int64_t kMaxChunks = int64_t{1} << 20;
+  if ((dims[0] + layout.rows_per_chunk - 1) / layout.rows_per_chunk > kMaxChunks) return false;
+  hsize_t user_block = 0;
+  Handle file_properties(H5Fget_create_plist(file), H5Pclose);
+  MYRIAD_CHECK_HDF5(H5Pget_userblock(file_properties.get(), &user_block),
+                    "reading the user block of " + what);
+  const int64_t shift = chunk_addresses_skip_user_block() ? static_cast<int64_t>(user_block) : 0;
+  std::vector<hsize_t> at(dims.size(), 0);
+  for (int64_t first = 0; first < dims[0]; first += layout.rows_per_chunk) {
+    at[0] = static_cast<hsize_t>(first);
+    unsigned filters = 0;
+    haddr_t address = HADDR_UNDEF;
+    hsize_t size = 0;
+    MYRIAD_CHECK_HDF5(H5Dget_chunk_info_by_coord(dataset, at.data(), &filters, &address, &size),
+                      "locating the chunk of row " + std::to_string(first) + " of " + what);
+    // A chunk stored at another size than its rows' is not what it claims to be: HDF5 reads it.
+    if (address != HADDR_UNDEF &&
+        static_cast<int64_t>(size) != layout.rows_per_chunk * layout.row_bytes)
+      return false;
+    layout.chunk_offsets.push_back(address == HADDR_UNDEF ? -1
+                                                          : static_cast<int64_t>(address) + shift);
+  }
+  return true;
+}
+
+// Whether the first stored chunk's first and last rows, read at `layout`'s offsets, are the rows
+// HDF5 reads: the offsets' meaning has moved between HDF5's versions, and a wrong one must not
+// feed the loader other bytes.
+bool agrees_with_hdf5(const Hdf5File& file, const std::string& name, int64_t rows,
+                      const RowLayout& layout) {
+  const auto stored = std::find_if(layout.chunk_offsets.begin(), layout.chunk_offsets.end(),
+                                   [](int64_t offset) { return offset >= 0; });
+  if (stored == layout.chunk_offsets.end()) return true;  // every row reads as zeros
+  const int64_t first = (stored - layout.chunk_offsets.begin()) * layout.rows_per_chunk;
+  const int64_t last = std::min(first + layout.rows_per_chunk, rows) - 1;
+  const ReadOnlyFile bytes(file.path());
+  std::vector<uint8_t> row(static_cast<size_t>(layout.row_bytes));
+  for (const int64_t r : {first, last}) {
+    const int64_t offset = *stored + (r - first) * layout.row_bytes;
+    if (offset + layout.row_bytes > bytes.size()) return false;
+    read_at(bytes.fd(), row.data(), layout.row_bytes, offset, file.path());
+    const torch::Tensor expected = file.read_rows(name, r, 1);
+    if (std::memcmp(row.data(), expected.data_ptr(), row.size()) != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 std::optional<RowLayout> Hdf5File::row_layout(const std::string& name) const {
   const std::vector<int64_t> dims = shape(name);
   if (dims.empty() || dtype(name) != torch::kUInt8) return std::nullopt;
@@ -253,50 +337,22 @@ std::optional<RowLayout> Hdf5File::row_layout(const std::string& name) const {
   MYRIAD_CHECK_HDF5(dataset.get(), "opening " + where(name));
   Handle properties(H5Dget_create_plist(dataset.get()), H5Pclose);
   MYRIAD_CHECK_HDF5(properties.get(), "reading the layout of " + where(name));
-  // HDF5's addresses count from the end of a user block, where the file has one.
-  Handle file_properties(H5Fget_create_plist(file_), H5Pclose);
-  hsize_t user_block = 0;
-  MYRIAD_CHECK_HDF5(H5Pget_userblock(file_properties.get(), &user_block),
-                    "reading the user block of " + path_);
+  // Bytes kept in another file, and unwritten rows that read as other than zeros, are HDF5's.
+  if (H5Pget_external_count(properties.get()) != 0 || !fills_with_zeros(properties.get()))
+    return std::nullopt;
   RowLayout layout;
   layout.row_bytes = 1;
   for (size_t d = 1; d < dims.size(); ++d) layout.row_bytes *= dims[d];
   const H5D_layout_t kind = H5Pget_layout(properties.get());
   if (kind == H5D_CONTIGUOUS) {
-    const haddr_t offset = H5Dget_offset(dataset.get());
     layout.rows_per_chunk = std::max<int64_t>(dims[0], 1);
-    layout.chunk_offsets = {offset == HADDR_UNDEF ? -1 : static_cast<int64_t>(offset + user_block)};
-    return layout;
-  }
-  if (kind != H5D_CHUNKED || H5Pget_nfilters(properties.get()) != 0) return std::nullopt;
-  std::vector<hsize_t> chunk(dims.size());
-  MYRIAD_CHECK_HDF5(H5Pget_chunk(properties.get(), static_cast<int>(chunk.size()), chunk.data()),
-                    "reading the chunks of " + where(name));
-  for (size_t d = 1; d < dims.size(); ++d) {
-    if (chunk[d] != static_cast<hsize_t>(dims[d])) return std::nullopt;
-  }
-  layout.rows_per_chunk = static_cast<int64_t>(chunk[0]);
-  // Locating each chunk costs about a microsecond: a grid of more (rows declared far beyond those
-  // written, or a very large set of one row per chunk) is left to HDF5 rather than slow the open.
-  constexpr int64_t kMaxChunks = int64_t{1} << 20;
-  if ((dims[0] + layout.rows_per_chunk - 1) / layout.rows_per_chunk > kMaxChunks)
+    layout.chunk_offsets = {contiguous_offset(name)};
+    if (layout.chunk_offsets[0] < 0) return std::nullopt;  // not stored yet
+  } else if (kind != H5D_CHUNKED ||
+             !locate_chunks(file_, dataset.get(), properties.get(), dims, where(name), layout)) {
     return std::nullopt;
-  std::vector<hsize_t> at(dims.size(), 0);
-  for (int64_t first = 0; first < dims[0]; first += layout.rows_per_chunk) {
-    at[0] = static_cast<hsize_t>(first);
-    unsigned filters = 0;
-    haddr_t address = HADDR_UNDEF;
-    hsize_t size = 0;
-    MYRIAD_CHECK_HDF5(
-        H5Dget_chunk_info_by_coord(dataset.get(), at.data(), &filters, &address, &size),
-        "locating the chunk of row " + std::to_string(first) + " of " + where(name));
-    // A chunk stored at another size than its rows' is not what it claims to be: HDF5 reads it.
-    if (address != HADDR_UNDEF &&
-        static_cast<int64_t>(size) != layout.rows_per_chunk * layout.row_bytes)
-      return std::nullopt;
-    layout.chunk_offsets.push_back(
-        address == HADDR_UNDEF ? -1 : static_cast<int64_t>(address + user_block));
   }
+  if (!agrees_with_hdf5(*this, name, dims[0], layout)) return std::nullopt;
   return layout;
 }
 

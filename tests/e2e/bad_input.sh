@@ -265,11 +265,11 @@ expect F3 0 "--resize 'axb' is not a size" "${folder[@]}" --resize axb
 expect F4 0 "--resize '0x112' is not a size" "${folder[@]}" --resize 0x112
 expect F5 0 "cut-data-tree/class_1/img_2.jpg': corrupt or truncated JPEG" \
   "$bin/myriad-data" from-folder --input "$fix/cut-data-tree" --output "$run/x.h5" --resize 8x8
-expect F6 0 "short-line.txt:2: 9 numbers after the image, 10 expected" "${folder[@]}" --landmarks "$fix/short-line.txt"
-expect F7 0 "nan.txt:3: 'nan' is not a finite coordinate" "${folder[@]}" --landmarks "$fix/nan.txt"
+expect F6 0 "short-line.txt' line 2: 9 numbers after the image, 10 expected" "${folder[@]}" --landmarks "$fix/short-line.txt"
+expect F7 0 "nan.txt' line 3: the coordinate 'nan' is not a finite number" "${folder[@]}" --landmarks "$fix/nan.txt"
 expect F8 0 "faces/class_1/img_2.jpg' has no line in the landmarks file '.*missing-line.txt'" \
   "${folder[@]}" --landmarks "$fix/missing-line.txt"
-expect F9 0 "no-such-image.txt:7: there is no image 'class_1/img_9.jpg' under '.*faces'" \
+expect F9 0 "no-such-image.txt' line 7: there is no image 'class_1/img_9.jpg' under '.*faces'" \
   "${folder[@]}" --landmarks "$fix/no-such-image.txt"
 expect F10 0 "--landmarks and --resize exclude each other" "${folder[@]}" --landmarks "$fix/landmarks.txt" --resize 112x112
 pairs=("$bin/myriad-data" pairs --output "$run/pairs.h5")

@@ -128,10 +128,14 @@ TEST(Hdf5ImageDataset, RawAndEncodedRoundTrip) {
 }
 
 // A raw /images dataset [n, h, w, 3] laid out by `configure` (the creation property list), filled
-// with distinct pixels except the rows from `unwritten` on, and labels.
+// with distinct pixels except the rows from `unwritten` on, and labels; after a user block of
+// `user_block` bytes, where it is not 0.
 void write_raw_layout(const std::string& path, int n, int h, int w, int unwritten,
-                      const std::function<void(hid_t)>& configure) {
-  const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+                      const std::function<void(hid_t)>& configure, hsize_t user_block) {
+  const hid_t creation = H5Pcreate(H5P_FILE_CREATE);
+  if (user_block > 0) H5Pset_userblock(creation, user_block);
+  const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, creation, H5P_DEFAULT);
+  H5Pclose(creation);
   ASSERT_GE(file, 0);
   const hsize_t dims[4] = {hsize_t(n), hsize_t(h), hsize_t(w), 3};
   const hid_t space = H5Screate_simple(4, dims, nullptr);
@@ -176,16 +180,30 @@ TEST(Hdf5ImageDataset, RawImagesReadWithoutHdf5AreHdf5sImages) {
       H5Pset_chunk(p, 4, chunk);
     };
   };
+  const std::string external = temp_file("layout-external.bin");
   struct Layout {
     const char* name;
     std::function<void(hid_t)> configure;
     int unwritten;  // rows from here on were never written
     const char* path;
+    hsize_t user_block = 0;
   };
   const std::vector<Layout> layouts = {
       {"contiguous", [](hid_t) {}, n, "raw, read directly"},
+      {"contiguous after a user block", [](hid_t) {}, n, "raw, read directly", 1024},
       {"chunks of 7 rows", chunks(7, h), n, "raw, read directly"},
+      {"chunks of 7 rows after a user block", chunks(7, h), n, "raw, read directly", 512},
       {"chunks of 7 rows, the last ones never written", chunks(7, h), 15, "raw, read directly"},
+      {"chunks of 7 rows, the last ones never written, filled with 9",
+       [&](hid_t p) {
+         chunks(7, h)(p);
+         const uint8_t fill = 9;
+         H5Pset_fill_value(p, H5T_NATIVE_UINT8, &fill);
+       },
+       15, "raw, read through HDF5"},
+      {"in an external file",
+       [&](hid_t p) { H5Pset_external(p, external.c_str(), 0, hsize_t(n) * bytes); }, n,
+       "raw, read through HDF5"},
       {"chunks across rows", chunks(4, h / 2), n, "raw, read through HDF5"},
       {"compressed chunks",
        [&](hid_t p) {
@@ -197,7 +215,7 @@ TEST(Hdf5ImageDataset, RawImagesReadWithoutHdf5AreHdf5sImages) {
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(layout.name);
     const std::string path = temp_file("layout.h5");
-    write_raw_layout(path, n, h, w, layout.unwritten, layout.configure);
+    write_raw_layout(path, n, h, w, layout.unwritten, layout.configure, layout.user_block);
     const Hdf5ImageDataset data(path, true, /*resident_bytes=*/0);
     EXPECT_STREQ(data.read_path(), layout.path);
     std::vector<uint8_t> out(indices.size() * bytes);
@@ -211,6 +229,7 @@ TEST(Hdf5ImageDataset, RawImagesReadWithoutHdf5AreHdf5sImages) {
     }
     std::remove(path.c_str());
   }
+  std::remove(external.c_str());
 }
 
 TEST(Hdf5ImageDataset, LabelsOutsideTheClassesAreRejected) {

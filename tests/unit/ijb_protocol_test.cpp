@@ -300,6 +300,15 @@ TEST(IjbProtocol, DropIntermediateKeepsTheCornersOnly) {
   EXPECT_EQ(as_vector(two.tpr), (Vector{0.0, 0.5, 1.0}));
 }
 
+TEST(IjbProtocol, NonFiniteScoresAreRefused) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(testing::error_of([&] {
+              roc_curve(torch::tensor({1, 0, 1}), torch::tensor({0.5, nan, 0.2}, torch::kFloat64));
+            }),
+            "1 of 3 pair scores are not finite: the backbone's embeddings of some images are not "
+            "(a diverged model, or a precision that overflowed)");
+}
+
 TEST(IjbProtocol, TarAtFarTakesTheLastNearestPoint) {
   // Three points at fpr 0: insightface reads the one of the largest tpr.
   const Roc vertical = roc_curve(torch::tensor({1, 1, 1, 0, 0}),

@@ -72,7 +72,6 @@ class Embedder {
   const BackboneOptions& backbone_options() const { return backbone_options_; }
   const torch::Device& device() const { return setup_.device; }
   Precision precision() const { return precision_; }
-  const EvalSetup& setup() const { return setup_; }
 
   // `path` opened on every rank, labelled when it has /labels; an error on every rank when its
   // images are not of the backbone's input shape.
