@@ -84,6 +84,8 @@ if wants tests; then
   # (which NCCL refuses), so there they see no GPU and run on the CPU, as in CI.
   # Half the cores: most tests run one thread per rank, two ranks.
   ctest_jobs=$(( $(nproc) / 2 > 4 ? $(nproc) / 2 : 4 ))
+  # e2e.onnx_export: every depth and width of each backbone, not only one per code path as in CI.
+  export MYRIAD_ONNX_EVERY=1
   gpu_tests() {
     if [ "$gpus" -ge 2 ]; then
       ctest --test-dir "$repo/build" -V -j "$ctest_jobs" --timeout 300 "${tests[@]}"
