@@ -3,7 +3,10 @@
 # build/bin/).
 #
 #   scripts/setup.sh [--deps-dir DIR] [--build-dir DIR] [--build-type TYPE] [--jobs N]
-#                    [--no-tests] [-- extra cmake arguments]
+#                    [--no-tests] [--configure-only] [-- extra cmake arguments]
+#
+# --configure-only stops after CMake: the build directory's compile_commands.json is all the caller
+# needs (scripts/test.sh's include check).
 #
 # On Debian and Ubuntu, missing packages are installed with apt-get --no-install-recommends
 # (as root, or through sudo). Elsewhere the script prints what to install and stops.
@@ -22,6 +25,7 @@ build_type=Release
 # All cores, whatever OMP_NUM_THREADS (which nproc honours) a cluster shell sets.
 jobs=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2)
 tests=ON
+configure_only=0
 extra_cmake=()
 
 while [ $# -gt 0 ]; do
@@ -31,8 +35,9 @@ while [ $# -gt 0 ]; do
     --build-type) build_type=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
     --no-tests) tests=OFF; shift ;;
+    --configure-only) configure_only=1; shift ;;
     --) shift; extra_cmake=("$@"); break ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -141,6 +146,7 @@ if [ -f "$build_dir/CMakeCache.txt" ]; then
 else
   cmake -S "$repo" -B "$build_dir" "${generator[@]}" "${cmake_args[@]}" "${extra_cmake[@]}"
 fi
+[ "$configure_only" = 0 ] || { log "configured (--configure-only): $build_dir"; exit 0; }
 log "building with $jobs jobs"
 cmake --build "$build_dir" -j "$jobs"
 log "done: executables in $build_dir/bin"
