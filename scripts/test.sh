@@ -18,7 +18,7 @@ done
 # that another LibTorch's headers do not pull in (the GPU image's build once failed on one). So each
 # translation unit of the library, the apps and the tools is compiled again without the
 # precompiled header and with warnings as errors, for syntax only: parsing is what the check needs,
-# and it costs CI's two cores 40% less than compiling unoptimised.
+# and code generation would only add to CI's time.
 "$repo/scripts/setup.sh" --build-dir "$build_dir-nopch" --no-tests --configure-only -- \
   -DMYRIAD_PCH=OFF -DMYRIAD_WERROR=ON
 python3 - "$build_dir-nopch/compile_commands.json" <<'PY'
