@@ -16,7 +16,8 @@
 # of micro-batches with and without CUDA graphs; and the largest batch per replica of each, with
 # and without activation checkpointing; PIPELINE_NETS, PIPELINE_RUNS, PIPELINE_LAYOUTS and
 # PIPELINE_FROM select parts, see the section),
-# profile (scripts/profile-step.sh: one step of iresnet50 and of iresnet100 by kind of kernel,
+# profile (scripts/profile-step.sh: one step of iresnet50 and of iresnet100 by kind of kernel
+# beside the backbone's roofline,
 # on two GPUs side by side where there are two) (default: all).
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX, and to the GPU
@@ -454,7 +455,8 @@ if wants pipeline; then
 fi
 if wants profile; then
   # Where a step's GPU time goes (docs/benchmarks.md): bf16, 256 images, C = 1M, every kernel of
-  # one step under Nsight Compute. With two GPUs the two networks are profiled at once.
+  # one step under Nsight Compute, beside the backbone's roofline. With two GPUs the two networks
+  # are profiled at once.
   profile() { # NET GPU
     CUDA_VISIBLE_DEVICES=$2 "$repo/scripts/profile-step.sh" --bin "$bin" --out "$out/profile-$1" \
       --backbone "$1" >"$out/profile-$1.txt" 2>&1
@@ -467,6 +469,7 @@ if wants profile; then
   for net in iresnet50 iresnet100; do
     note "one step of $net (scripts/profile-step.sh):"
     grep -A 11 "^one step:" "$out/profile-$net.txt" | tee -a "$summary"
+    [ ! -f "$out/profile-$net/roofline.txt" ] || tee -a "$summary" <"$out/profile-$net/roofline.txt"
   done
 fi
 note "gpu-check status: $status"

@@ -8,11 +8,15 @@
 # ncu serialises kernels, so the sum is GPU busy time: set it beside the step time that
 # scripts/bench-train.sh measures without a profiler; the difference is the time the GPU waits
 # (launch gaps, host synchronisation).
+# Then, for the default run, the roofline: `myriad-bench backbone` counts each layer's FLOPs and
+# least bytes and sets them against the GPU's measured ceilings; roofline.txt sets each kind's
+# measured kernels beside its floor.
 #
 #   scripts/profile-step.sh [--bin DIR] [--out DIR] [--steps N] [--backbone NET] [-- myriad-train options]
 #
 #   --bin       the executables (default build/bin)
-#   --out       the kernel table (kernels.csv) and the breakdown (breakdown.txt) (default build/profile)
+#   --out       the kernel table (kernels.csv), the breakdown (breakdown.txt, kinds.csv) and the
+#               roofline (roofline.csv, roofline.txt) (default build/profile)
 #   --steps     steps to run (default 3; the last is profiled)
 #   --backbone  the network of the default run (default iresnet50)
 # Options after -- replace the default run: the backbone in bf16, 256 images of 112x112 on the
@@ -38,7 +42,9 @@ done
 [[ "$steps" =~ ^[0-9]+$ ]] && [ "$steps" -ge 2 ] || { echo "profile-step.sh: --steps must be at least 2" >&2; exit 2; }
 command -v ncu >/dev/null || { echo "profile-step.sh: Nsight Compute (ncu) is not on the PATH" >&2; exit 1; }
 [ -x "$bin/myriad-train" ] || { echo "profile-step.sh: no $bin/myriad-train (build first: scripts/setup.sh)" >&2; exit 1; }
+default_run=0
 if [ ${#run[@]} -eq 0 ]; then
+  default_run=1
   run=(--data synthetic-resident --backbone "$backbone" --input-shape 3x112x112 --embedding-size 512
        --precision bf16 --num-classes 1M --batch-size 256 --margin arcface --scale 64 --m2 0.5
        --optimizer sgd --lr 0.1 --momentum 0.9 --weight-decay 5e-4 --classifier-workspace 16G)
@@ -52,7 +58,7 @@ ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.s
   --print-kernel-base demangled --csv --log-file "$out/kernels.csv" "$bin/myriad-train" "${run[@]}" \
   --max-steps "$steps" --profile-steps "$steps:$steps" --log-every 1 --device cuda --hang-timeout 0 \
   --run-dir "$out/run" --log-level warn
-python3 - "$out/kernels.csv" <<'PY' | tee "$out/breakdown.txt"
+python3 - "$out/kernels.csv" "$out/kinds.csv" <<'PY' | tee "$out/breakdown.txt"
 import csv, re, sys
 rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
         if r.get("Metric Name") == "gpu__time_duration.sum"]
@@ -90,4 +96,40 @@ for name, t in step:
 print("the ten largest kernels (summed by name):")
 for name in sorted(slowest, key=slowest.get, reverse=True)[:10]:
     print(f"  {slowest[name]:8.2f} ms  {name}")
+with open(sys.argv[2], "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["kind", "ms", "kernels"])
+    for kind in sums:
+        w.writerow([kind, sums[kind], counts[kind]])
+PY
+[ "$default_run" -eq 1 ] || exit 0
+"$bin/myriad-bench" backbone --backbone "$backbone" --input-shape 3x112x112 --embedding-size 512 \
+  --precision bf16 --batch-size 256 --device cuda --csv "$out/roofline.csv" --log-level warn
+python3 - "$out/kinds.csv" "$out/roofline.csv" <<'PY' | tee "$out/roofline.txt"
+import csv, sys
+measured = {r["kind"]: float(r["ms"]) for r in csv.DictReader(open(sys.argv[1]))}
+floors = {r["kind"]: r for r in csv.DictReader(open(sys.argv[2]))}
+# The profile's kinds of kernel that implement each kind of layer of the census.
+joins = [
+    ("convolution", "convolution", ["convolution"]),
+    ("batch norm + PReLU", "batch norm + PReLU",
+     ["batch norm (+ PReLU), myriad's kernels", "batch norm", "PReLU"]),
+    ("adds", "add", ["adds (residuals, gradient sums)"]),
+    ("GEMM (with the classifier's)", "GEMM", ["GEMM (backbone FC, classifier)"]),
+    ("casts + layout copies", "cast", ["layout copy"]),
+    ("other", "other", ["other elementwise and reductions"]),
+]
+print("the profiled step beside the backbone's roofline (ms; floors at the measured ceilings):")
+print(f"  {'kind':30s} {'measured':>9s} {'floor':>8s} {'ratio':>6s}")
+joined = set()
+for label, census, kernels in joins:
+    ms = sum(measured.get(k, 0.0) for k in kernels)
+    joined.update(kernels)
+    floor = float(floors[census]["floor_ms"])
+    ratio = f"{ms / floor:5.2f}x" if floor > 0 else "     -"
+    print(f"  {label:30s} {ms:9.2f} {floor:8.2f} {ratio}")
+for kind in sorted(set(measured) - joined):
+    print(f"  {kind:30s} {measured[kind]:9.2f} {'(not the backbone)':>15s}")
+step = floors["step"]
+print(f"the backbone alone: {float(step['measured_ms']):.2f} ms measured, floor {float(step['floor_ms']):.2f} ms")
 PY

@@ -9,6 +9,7 @@ int run_collectives_bench(ProcessContext& context, int argc, char** argv);
 int run_classifier_bench(ProcessContext& context, int argc, char** argv);
 int run_classifier_check(ProcessContext& context, int argc, char** argv);
 int run_classifier_case(ProcessContext& context, int argc, char** argv);
+int run_backbone_bench(ProcessContext& context, int argc, char** argv);
 int run_loader_bench(ProcessContext& context, int argc, char** argv);
 int run_checkpoint_bench(ProcessContext& context, int argc, char** argv);
 

@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "myriad/comm/process_context.h"
+#include "myriad/model/roofline.h"
 #include "myriad/util/check_mpi.h"
 #include "myriad/util/clock.h"
 #include "myriad/util/device.h"
@@ -21,6 +22,11 @@ struct RankSpread {
 
 // Collective: every rank must call it, in the same order as the others.
 RankSpread spread_over_ranks(double value, const ProcessContext& context);
+
+// What this device can do at best: the matrix-product rate in `gemm_dtype` and the bandwidth of
+// a large copy. Measured before the benchmarked work takes its memory; the cached memory is then
+// released and the peak reset.
+Ceilings measure_ceilings(const torch::Device& device, torch::ScalarType gemm_dtype);
 
 namespace bench_detail {
 

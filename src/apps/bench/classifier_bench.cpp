@@ -26,43 +26,6 @@ namespace myriad {
 
 namespace {
 
-// Dense matrix-product rate of this device in `dtype`, the ceiling the classifier is compared to.
-double measure_gemm_tflops(const torch::Device& device, torch::ScalarType dtype) {
-  const int64_t n = device.is_cuda() ? 8192 : 1024;
-  const auto options = torch::dtype(dtype).device(device);
-  const torch::Tensor a = torch::randn({n, n}, options), b = torch::randn({n, n}, options);
-  torch::Tensor c = torch::matmul(a, b);
-  const int reps = device.is_cuda() ? 20 : 3;
-  const double seconds = device_seconds(device, reps, [&] { c = torch::matmul(a, b); });
-  return 2.0 * n * n * n * reps / seconds / 1e12;
-}
-
-// Bytes per second that a large device-to-device copy reads plus writes: the memory-bound ceiling.
-double measure_memory_bandwidth(const torch::Device& device) {
-  const int64_t bytes = device.is_cuda() ? (int64_t{1} << 30) : (int64_t{64} << 20);
-  const auto options = torch::dtype(torch::kUInt8).device(device);
-  const torch::Tensor src = torch::ones({bytes}, options);
-  torch::Tensor dst = torch::empty({bytes}, options);
-  dst.copy_(src);
-  const int reps = device.is_cuda() ? 20 : 3;
-  const double seconds = device_seconds(device, reps, [&] { dst.copy_(src); });
-  return 2.0 * static_cast<double>(bytes) * reps / seconds;
-}
-
-// What this device can do at best, measured before the classifier takes its memory.
-struct Ceilings {
-  double gemm_tflops;
-  double memory_bandwidth;  // bytes per second
-};
-
-Ceilings measure_ceilings(const torch::Device& device, torch::ScalarType gemm_dtype) {
-  const Ceilings ceilings{measure_gemm_tflops(device, gemm_dtype),
-                          measure_memory_bandwidth(device)};
-  release_cached_memory(device);
-  reset_peak_device_memory(device);
-  return ceilings;
-}
-
 // The least time a step can take on this device: its GEMMs at the measured peak, or the weights
 // and optimizer state read and written once at the measured bandwidth (the forward's GEMM reads
 // the weights, the update reads and writes them with their state), whichever is longer.

@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
           myriad::run_classifier_check},
          {"classifier-case", "write a random HDF5 case for classifier-check",
           myriad::run_classifier_case},
+         {"backbone", "time of the backbone's forward and backward beside its roofline floor",
+          myriad::run_backbone_bench},
          {"loader", "images per second the data pipeline delivers", myriad::run_loader_bench},
          {"checkpoint", "save and load throughput of a sharded checkpoint",
           myriad::run_checkpoint_bench}});

@@ -1,0 +1,221 @@
+// myriad-bench backbone: the backbone's forward and backward as training runs them (its layout
+// and autocast precision, fresh gradients every step), timed, beside the floor that its layers'
+// FLOPs and bytes set at this device's measured ceilings (model/roofline.h). Each rank times its
+// own copy; gradients are not all-reduced.
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iomanip>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "bench_commands.h"
+#include "bench_common.h"
+#include "myriad/comm/device_selection.h"
+#include "myriad/model/backbone.h"
+#include "myriad/model/roofline.h"
+#include "myriad/train/train_config.h"
+#include "myriad/util/atomic_output.h"
+#include "myriad/util/autocast.h"
+#include "myriad/util/cli.h"
+#include "myriad/util/device.h"
+#include "myriad/util/error.h"
+#include "myriad/util/exit_codes.h"
+#include "myriad/util/format.h"
+
+namespace myriad {
+
+namespace {
+
+struct BackboneBenchOptions {
+  BackboneOptions net;
+  int64_t batch = 256;
+  Precision precision = Precision::kAuto;
+  Toggle channels_last = Toggle::kAuto;
+  std::string device = "auto";
+  std::string csv;
+  int steps = 20, warmup = 5;
+};
+
+Toggle parse_toggle(const std::string& option, const std::string& text) {
+  if (text == "auto") return Toggle::kAuto;
+  if (text == "on") return Toggle::kOn;
+  if (text == "off") return Toggle::kOff;
+  throw UsageError("--" + option + " must be auto, on or off, got '" + text + "'");
+}
+
+// `argv` into `b`, checked; false where it asked for help only.
+bool parse_backbone_options(const ProcessContext& context, int argc, char** argv,
+                            BackboneBenchOptions& b) {
+  po::options_description options("backbone options");
+  std::string shape_text, precision_text, layout_text;
+  // clang-format off
+  options.add_options()
+      ("backbone", po::value(&b.net.name)->default_value("iresnet50"), "the network (myriad-train's names)")
+      ("input-shape", po::value(&shape_text)->default_value("3x112x112"), "CxHxW of the images")
+      ("embedding-size", po::value(&b.net.embedding_size)->default_value(512), "embedding size D")
+      ("batch-size", count_option(&b.batch), "images per rank")
+      ("precision", po::value(&precision_text)->default_value("auto"), "auto (bf16 on GPUs that compute in it at full speed, else fp32), fp32, bf16 or fp16, as myriad-train")
+      ("channels-last", po::value(&layout_text)->default_value("auto"), "convolutions in channels-last (NHWC) layout: auto (on GPUs), on or off, as myriad-train")
+      ("steps", po::value(&b.steps)->default_value(b.steps), "timed steps")
+      ("warmup", po::value(&b.warmup)->default_value(b.warmup), "untimed steps first")
+      ("csv", po::value(&b.csv), "also write the roofline per layer kind to this CSV file (rank 0)")
+      ("device", po::value(&b.device)->default_value(b.device), "auto, cpu or cuda");
+  // clang-format on
+  po::variables_map values;
+  if (!parse_command_line(argc, argv, options, values,
+                          "usage: [mpirun -np W] myriad-bench backbone [options]",
+                          context.rank())) {
+    return false;
+  }
+  if (b.steps < 1 || b.warmup < 0 || b.batch < 1 || b.net.embedding_size < 1) {
+    throw UsageError(
+        "--steps, --batch-size and --embedding-size must be positive, --warmup non-negative");
+  }
+  b.net.input = parse_input_shape(shape_text);
+  b.precision = parse_precision(
+      precision_text, {Precision::kAuto, Precision::kFp32, Precision::kBf16, Precision::kFp16});
+  b.channels_last = parse_toggle("channels-last", layout_text);
+  return true;
+}
+
+// The backbone in training mode on a fixed batch of random images.
+class Subject {
+ public:
+  Subject(const BackboneBenchOptions& b, const torch::Device& device, Precision precision)
+      : device_(device), autocast_(autocast_dtype(precision)) {
+    backbone_ = make_backbone(b.net);
+    backbone_->to(device);
+    backbone_->set_channels_last(use_channels_last(b.channels_last, device));
+    backbone_->train();
+    const InputShape& s = b.net.input;
+    images_ = backbone_->in_layout(
+        torch::randn({b.batch, s.channels, s.height, s.width}, torch::device(device)));
+  }
+
+  // The embeddings, with the graph that backward runs.
+  torch::Tensor forward() {
+    std::unique_ptr<AutocastGuard> guard;
+    if (autocast_) guard = std::make_unique<AutocastGuard>(device_, *autocast_);
+    return backbone_->forward(images_);
+  }
+
+  void step() {
+    for (torch::Tensor& p : backbone_->parameters()) p.mutable_grad() = torch::Tensor();
+    forward().to(torch::kFloat32).square().mean().backward();
+  }
+
+  const Backbone& backbone() const { return *backbone_; }
+
+ private:
+  torch::Device device_;
+  std::optional<torch::ScalarType> autocast_;
+  std::shared_ptr<Backbone> backbone_;
+  torch::Tensor images_;
+};
+
+struct Timing {
+  RankSpread step_ms, forward_ms;
+  double peak_bytes = 0;
+};
+
+// Collective: whole steps, then forwards alone (their graphs dropped), per rank.
+Timing time_subject(const ProcessContext& context, Subject& subject, const BackboneBenchOptions& b,
+                    const torch::Device& device) {
+  for (int i = 0; i < b.warmup; ++i) subject.step();
+  Timing t;
+  t.step_ms = spread_over_ranks(
+      1e3 * seconds_per_call(context, device, b.steps, [&] { subject.step(); }), context);
+  t.forward_ms = spread_over_ranks(
+      1e3 * seconds_per_call(context, device, b.steps, [&] { subject.forward(); }), context);
+  t.peak_bytes = spread_over_ranks(static_cast<double>(peak_device_memory(device)), context).max;
+  return t;
+}
+
+void print_roofline(const std::vector<KindFloor>& kinds, double step_seconds) {
+  std::printf("roofline per layer kind (forward + backward, one rank's step):\n");
+  std::printf("  %-20s %6s %10s %9s %11s %10s %9s\n", "kind", "layers", "GFLOP", "GB", "compute ms",
+              "memory ms", "floor ms");
+  for (const KindFloor& k : kinds) {
+    std::printf("  %-20s %6lld %10.1f %9.2f %11.3f %10.3f %9.3f\n", to_string(k.kind),
+                static_cast<long long>(k.layers), k.flops / 1e9, k.bytes / 1e9,
+                k.compute_seconds * 1e3, k.memory_seconds * 1e3, k.floor_seconds * 1e3);
+  }
+  const double floor = floor_seconds(kinds);
+  std::printf("step floor: %.3f ms; the measured step is %.2fx its floor\n", floor * 1e3,
+              step_seconds / floor);
+}
+
+// Whether rank 0 can create `path` (its folder exists and is writable): checked before the
+// benchmark, so that a bad path fails at once rather than after it.
+bool can_create(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string folder = parent.empty() ? "." : parent.string();
+  return std::filesystem::is_directory(folder) && access(folder.c_str(), W_OK) == 0 &&
+         !std::filesystem::is_directory(path);
+}
+
+void write_csv(const std::string& path, const std::vector<KindFloor>& kinds, double step_ms) {
+  std::ostringstream out;
+  out << std::setprecision(9)
+      << "kind,layers,gflop,gbytes,compute_ms,memory_ms,floor_ms,measured_ms\n";
+  for (const KindFloor& k : kinds) {
+    out << to_string(k.kind) << ',' << k.layers << ',' << k.flops / 1e9 << ',' << k.bytes / 1e9
+        << ',' << k.compute_seconds * 1e3 << ',' << k.memory_seconds * 1e3 << ','
+        << k.floor_seconds * 1e3 << ",\n";
+  }
+  out << "step,,,,,," << floor_seconds(kinds) * 1e3 << ',' << step_ms << '\n';
+  write_file_atomically(path, out.str());
+}
+
+void report(const BackboneBenchOptions& b, Precision precision, const Subject& subject,
+            const Timing& t, const Ceilings& ceilings, const std::vector<KindFloor>& kinds,
+            int world, const torch::Device& device) {
+  const InputShape& s = b.net.input;
+  const Backbone& net = subject.backbone();
+  std::printf(
+      "# backbone %s: %lld images of %lldx%lldx%lld per rank, %s, %s, device %s, %d rank(s)\n",
+      b.net.name.c_str(), static_cast<long long>(b.batch), static_cast<long long>(s.channels),
+      static_cast<long long>(s.height), static_cast<long long>(s.width), to_string(precision),
+      net.channels_last() ? "channels-last" : "NCHW", device.str().c_str(), world);
+  std::printf("ceilings measured: %s GEMM %.4g TFLOP/s, memory %.4g GB/s\n",
+              c10::toString(compute_dtype(precision)), ceilings.gemm_tflops,
+              ceilings.memory_bandwidth / 1e9);
+  const double step_s = t.step_ms.avg / 1e3;
+  const double tflops = 6.0 * static_cast<double>(net.multiply_adds()) * b.batch / step_s / 1e12;
+  std::printf(
+      "step: %.3f ms per rank (max %.3f; forward %.3f, backward %.3f), %.0f samples/s per rank, "
+      "%.4g TFLOP/s counted as 3 x forward (%.1f%% of the GEMM ceiling)\n",
+      t.step_ms.avg, t.step_ms.max, t.forward_ms.avg, t.step_ms.avg - t.forward_ms.avg,
+      b.batch / step_s, tflops, 100.0 * tflops / ceilings.gemm_tflops);
+  if (device.is_cuda())
+    std::printf("peak memory per rank: %s\n", format_bytes(t.peak_bytes).c_str());
+  print_roofline(kinds, step_s);
+}
+
+}  // namespace
+
+int run_backbone_bench(ProcessContext& context, int argc, char** argv) {
+  BackboneBenchOptions b;
+  if (!parse_backbone_options(context, argc, argv, b)) return kExitOk;
+  if (!context.all_true(b.csv.empty() || context.rank() != 0 || can_create(b.csv)))
+    throw UsageError("--csv: cannot create '" + b.csv + "' (no such folder, or not writable)");
+  const torch::Device device = context.select_device(parse_device_preference(b.device));
+  const Precision precision = resolve_precision(b.precision, device);
+  const Ceilings ceilings = measure_ceilings(device, compute_dtype(precision));
+  Subject subject(b, device, precision);
+  // One forward's graph, as the timed steps build it.
+  const std::vector<KindFloor> kinds = roofline(layer_census(subject.forward()), ceilings);
+  const Timing t = time_subject(context, subject, b, device);
+  if (context.rank() == 0) {
+    report(b, precision, subject, t, ceilings, kinds, context.size(), device);
+    if (!b.csv.empty()) write_csv(b.csv, kinds, t.step_ms.avg);
+  }
+  return kExitOk;
+}
+
+}  // namespace myriad

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# myriad-bench backbone end to end, on the CPU at 2 ranks: the step is timed and set beside its
+# roofline; the CSV's kinds add up to the floor it prints, and FLOPs and bytes grow with the batch
+# as the census counts them. Bad options fail on every rank with one error line and no output.
+#   tests/e2e/backbone_bench.sh BIN_DIR
+source "$(dirname "$0")/common.sh"
+py=$(python_with csv)
+bench() {
+  mpirun --oversubscribe --bind-to none -np 2 "$bin/myriad-bench" backbone --device cpu \
+    --backbone smallcnn --input-shape 1x28x28 --embedding-size 32 --steps 2 --warmup 1 "$@"
+}
+
+for batch in 4 8; do
+  bench --batch-size "$batch" --csv "$work/kinds$batch.csv" >"$work/out$batch.txt"
+done
+cat "$work/out8.txt"
+grep -q "^# backbone smallcnn: 8 images of 1x28x28 per rank, fp32, NCHW, device cpu, 2 rank(s)" "$work/out8.txt"
+grep -Eq "^step: [0-9.]+ ms per rank .* samples/s per rank" "$work/out8.txt"
+"$py" - "$work" <<'PY'
+import csv, re, sys
+work = sys.argv[1]
+def table(batch):
+    rows = list(csv.DictReader(open(f"{work}/kinds{batch}.csv")))
+    assert rows[-1]["kind"] == "step", rows[-1]
+    return {r["kind"]: r for r in rows[:-1]}, rows[-1]
+small, small_step = table(4)
+kinds, step = table(8)
+assert set(kinds) == {"convolution", "batch norm + PReLU", "add", "GEMM", "cast", "other"}, kinds
+f = lambda r, k: float(r[k]) if r[k] else 0.0
+# Each kind's floor is a sum over its layers of the larger of two times: at least the larger of
+# the summed times, at most their sum.
+for name, r in kinds.items():
+    lo, hi = max(f(r, "compute_ms"), f(r, "memory_ms")), f(r, "compute_ms") + f(r, "memory_ms")
+    assert lo * (1 - 1e-6) <= f(r, "floor_ms") <= hi * (1 + 1e-6) + 1e-12, (name, r)
+total = sum(f(r, "floor_ms") for r in kinds.values())
+assert abs(total - f(step, "floor_ms")) <= 1e-6 * total, (total, step)
+assert int(kinds["convolution"]["layers"]) >= 2 and f(kinds["convolution"], "gflop") > 0, kinds
+assert f(step, "measured_ms") > 0, step
+# The matrix products' FLOPs scale with the batch exactly; bytes a little less (the weights).
+for name in ("convolution", "GEMM"):
+    assert abs(f(kinds[name], "gflop") - 2 * f(small[name], "gflop")) <= 1e-6 * f(kinds[name], "gflop"), name
+    assert f(small[name], "gbytes") < f(kinds[name], "gbytes") < 2 * f(small[name], "gbytes"), name
+# The printed ratio is the CSV's measured step over its floor.
+text = open(f"{work}/out8.txt").read()
+ratio = float(re.search(r"the measured step is ([0-9.]+)x its floor", text).group(1))
+assert abs(ratio - f(step, "measured_ms") / f(step, "floor_ms")) <= 0.01 * ratio + 0.005, (ratio, step)
+PY
+
+# bad_option EXPECTED-TEXT OPTIONS...: fails on both ranks, one error line naming the problem,
+# before any benchmark (the defaults, iresnet50 at 256 images, would take minutes).
+bad_option() {
+  local expected=$1 output code
+  shift
+  set +e
+  output=$(mpirun --oversubscribe --bind-to none -np 2 "$bin/myriad-bench" backbone --device cpu "$@" 2>&1)
+  code=$?
+  set -e
+  [ "$code" -ne 0 ] || { echo "exited 0 with $*"; exit 1; }
+  [ "$(grep -c "error:" <<<"$output")" -eq 1 ] || { echo "expected one error line for $*:"; echo "$output"; exit 1; }
+  grep -q -- "$expected" <<<"$output" || { echo "the error for $* does not say '$expected':"; echo "$output"; exit 1; }
+}
+bad_option "--precision" --precision fp8
+bad_option "fp16" --precision fp16
+bad_option "unknown backbone 'nosuchnet'" --backbone nosuchnet
+bad_option "--channels-last must be auto, on or off" --channels-last maybe
+bad_option "must be positive" --steps 0
+bad_option "cannot create '$work/missing/k.csv'" --csv "$work/missing/k.csv"
+[ ! -e "$work/missing" ] || { echo "a bad --csv left output behind"; exit 1; }
+echo "backbone bench e2e: OK"
