@@ -67,24 +67,28 @@ step = [(r["Kernel Name"], float(r["Metric Value"].replace(",", "")) * scale[r["
         for r in rows]
 if not step:
     sys.exit("profile-step.sh: Nsight Compute timed no kernel")
+# Each kind of kernel: its pattern, and the census's kind of layer (model/roofline.h) that it
+# implements, empty for what is not the backbone.
 kinds = [
-    ("batch norm (+ PReLU), myriad's kernels", r"myriad::.*batch_norm"),
-    ("classifier (myriad's kernels)", r"myriad::"),
-    ("batch norm", r"batch_norm|batchnorm|bn_fw|bn_bw|welford"),
-    ("PReLU", r"prelu"),
-    ("adds (residuals, gradient sums)", r"CUDAFunctor_add|AddFunctor|add_kernel"),
-    ("convolution", r"conv|fprop|dgrad|wgrad|implicit|winograd|cudnn"),
-    ("layout copy", r"nchwToNhwc|nhwcToNchw|transpose|permute|direct_copy|copy_kernel|contiguous"),
-    ("GEMM (backbone FC, classifier)", r"gemm|nvjet|cublas|cutlass|sm90_xmma"),
-    ("optimizer", r"FusedSgd|FusedAdam|multi_tensor|foreach|amp_"),
-    ("collectives", r"nccl"),
+    ("batch norm (+ PReLU), myriad's kernels", r"myriad::.*batch_norm", "batch norm + PReLU"),
+    ("classifier (myriad's kernels)", r"myriad::", ""),
+    ("batch norm", r"batch_norm|batchnorm|bn_fw|bn_bw|welford", "batch norm + PReLU"),
+    ("PReLU", r"prelu", "batch norm + PReLU"),
+    ("adds (residuals, gradient sums)", r"CUDAFunctor_add|AddFunctor|add_kernel", "add"),
+    ("convolution", r"conv|fprop|dgrad|wgrad|implicit|winograd|cudnn", "convolution"),
+    ("layout copy", r"nchwToNhwc|nhwcToNchw|transpose|permute|direct_copy|copy_kernel|contiguous",
+     "cast"),
+    ("GEMM (backbone FC, classifier)", r"gemm|nvjet|cublas|cutlass|sm90_xmma", "GEMM"),
+    ("optimizer", r"FusedSgd|FusedAdam|multi_tensor|foreach|amp_", ""),
+    ("collectives", r"nccl", ""),
 ]
+other = ("other elementwise and reductions", "", "other")
 # Names without their parameter lists, whose types would match the patterns too.
 step = [(re.sub(r"\((?:[^()]|\([^()]*\))*\)\s*$", "", name), t) for name, t in step]
 total = sum(t for _, t in step)
 sums, counts = {}, {}
 for name, t in step:
-    kind = next((k for k, p in kinds if re.search(p, name, re.I)), "other elementwise and reductions")
+    kind = next((k for k, p, _ in kinds if re.search(p, name, re.I)), other[0])
     sums[kind] = sums.get(kind, 0.0) + t
     counts[kind] = counts.get(kind, 0) + 1
 print(f"one step: {len(step)} kernels, {total:.2f} ms of GPU time")
@@ -98,38 +102,33 @@ for name in sorted(slowest, key=slowest.get, reverse=True)[:10]:
     print(f"  {slowest[name]:8.2f} ms  {name}")
 with open(sys.argv[2], "w", newline="") as f:
     w = csv.writer(f)
-    w.writerow(["kind", "ms", "kernels"])
+    w.writerow(["kind", "layer_kind", "ms", "kernels"])
+    layer_of = {k: layer for k, _, layer in kinds + [other]}
     for kind in sums:
-        w.writerow([kind, sums[kind], counts[kind]])
+        w.writerow([kind, layer_of[kind], sums[kind], counts[kind]])
 PY
 [ "$default_run" -eq 1 ] || exit 0
 "$bin/myriad-bench" backbone --backbone "$backbone" --input-shape 3x112x112 --embedding-size 512 \
   --precision bf16 --batch-size 256 --device cuda --csv "$out/roofline.csv" --log-level warn
 python3 - "$out/kinds.csv" "$out/roofline.csv" <<'PY' | tee "$out/roofline.txt"
 import csv, sys
-measured = {r["kind"]: float(r["ms"]) for r in csv.DictReader(open(sys.argv[1]))}
+kernels = list(csv.DictReader(open(sys.argv[1])))
 floors = {r["kind"]: r for r in csv.DictReader(open(sys.argv[2]))}
-# The profile's kinds of kernel that implement each kind of layer of the census.
-joins = [
-    ("convolution", "convolution", ["convolution"]),
-    ("batch norm + PReLU", "batch norm + PReLU",
-     ["batch norm (+ PReLU), myriad's kernels", "batch norm", "PReLU"]),
-    ("adds", "add", ["adds (residuals, gradient sums)"]),
-    ("GEMM (with the classifier's)", "GEMM", ["GEMM (backbone FC, classifier)"]),
-    ("casts + layout copies", "cast", ["layout copy"]),
-    ("other", "other", ["other elementwise and reductions"]),
-]
+# The census's kinds of layer, each beside the kernels of the profiled step that implement it
+# (kinds.csv's layer_kind).
+labels = {"add": "adds", "GEMM": "GEMM (with the classifier's)", "cast": "casts + layout copies"}
 print("the profiled step beside the backbone's roofline (ms; floors at the measured ceilings):")
 print(f"  {'kind':30s} {'measured':>9s} {'floor':>8s} {'ratio':>6s}")
-joined = set()
-for label, census, kernels in joins:
-    ms = sum(measured.get(k, 0.0) for k in kernels)
-    joined.update(kernels)
-    floor = float(floors[census]["floor_ms"])
+for census, row in floors.items():
+    if census == "step":
+        continue
+    ms = sum(float(k["ms"]) for k in kernels if k["layer_kind"] == census)
+    floor = float(row["floor_ms"])
     ratio = f"{ms / floor:5.2f}x" if floor > 0 else "     -"
-    print(f"  {label:30s} {ms:9.2f} {floor:8.2f} {ratio}")
-for kind in sorted(set(measured) - joined):
-    print(f"  {kind:30s} {measured[kind]:9.2f} {'(not the backbone)':>15s}")
+    print(f"  {labels.get(census, census):30s} {ms:9.2f} {floor:8.2f} {ratio}")
+for k in kernels:
+    if not k["layer_kind"]:
+        print(f"  {k['kind']:30s} {float(k['ms']):9.2f} {'(not the backbone)':>15s}")
 step = floors["step"]
 print(f"the backbone alone: {float(step['measured_ms']):.2f} ms measured, floor {float(step['floor_ms']):.2f} ms")
 PY

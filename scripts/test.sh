@@ -21,21 +21,7 @@ done
 # and code generation would only add to CI's time.
 "$repo/scripts/setup.sh" --build-dir "$build_dir-nopch" --no-tests --configure-only -- \
   -DMYRIAD_PCH=OFF -DMYRIAD_WERROR=ON
-python3 - "$build_dir-nopch/compile_commands.json" <<'PY'
-import concurrent.futures, json, os, re, subprocess, sys
-units = [u for u in json.load(open(sys.argv[1])) if u["file"].endswith(".cpp")]
-def check(unit):
-    command = re.sub(r" -o \S+", "", unit["command"]) + " -fsyntax-only"
-    done = subprocess.run(command, shell=True, cwd=unit["directory"], capture_output=True, text=True)
-    return done.returncode, done.stdout + done.stderr
-with concurrent.futures.ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
-    results = list(pool.map(check, units))
-failed = [out for code, out in results if code != 0]
-print("".join(failed), end="")
-print(f"[test] {len(units)} translation units without the precompiled header, warnings as errors: "
-      f"{len(failed)} failed")
-sys.exit(1 if failed else 0)
-PY
+"$repo/scripts/check-includes.py" "$build_dir-nopch/compile_commands.json"
 
 # Open MPI refuses to start as root without these; CI machines run as root.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
