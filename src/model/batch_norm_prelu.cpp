@@ -1,5 +1,6 @@
-// Batch norm, alone or followed by PReLU, in kernels of our own on GPUs (BatchNormImpl::forward
-// and forward_prelu): the statistics pass, then one pass that normalises and applies the slope;
+// Batch norm, alone or followed by PReLU or a residual's add, in kernels of our own on GPUs
+// (BatchNormImpl::forward, forward_prelu and forward_add): the statistics pass, then one pass that
+// normalises and applies the slope or adds the residual;
 // backward recomputes the normalised values from the input, so the batch norm's output is neither
 // written nor kept. With PReLU, two passes each way instead of five forward and eight backward,
 // and one activation less kept per pair. LibTorch's own channels-last statistics kernel (Welford,
@@ -47,12 +48,14 @@ cudaStream_t stream_of(const torch::Tensor& t) {
 
 class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFunction> {
  public:
-  // alpha empty: batch norm alone. running_mean and running_var are updated unless empty (a
-  // recomputation). Empty rather than undefined: autograd records every input's device.
+  // alpha empty: batch norm alone; residual empty: nothing added (else of the input's dtype and
+  // shape). running_mean and running_var are updated unless empty (a recomputation). Empty rather
+  // than undefined: autograd records every input's device.
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                const torch::Tensor& gamma, const torch::Tensor& beta,
-                               const torch::Tensor& alpha, torch::Tensor running_mean,
-                               torch::Tensor running_var, double momentum, double eps) {
+                               const torch::Tensor& alpha, const torch::Tensor& residual,
+                               torch::Tensor running_mean, torch::Tensor running_var,
+                               double momentum, double eps) {
     // The input's dtype throughout; the statistics and parameters in float32.
     const NoAutocast no_autocast;
     const torch::Tensor x = input.contiguous(channels_fastest(input));
@@ -73,10 +76,13 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     const torch::Tensor g = gamma.to(torch::kFloat32).contiguous();
     const torch::Tensor b = beta.to(torch::kFloat32).contiguous();
     const torch::Tensor a = alpha.to(torch::kFloat32).contiguous();
+    const torch::Tensor r =
+        residual.numel() > 0 ? residual.contiguous(channels_fastest(input)) : residual;
     torch::Tensor y = torch::empty_like(x);
-    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_forward(x.data_ptr(), y.data_ptr(), type, rows,
-                                                     channels, params_of(mean, invstd, g, b, a),
-                                                     stream_of(x)));
+    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_forward(
+        x.data_ptr(), r.numel() > 0 ? r.data_ptr() : nullptr, y.data_ptr(), type, rows, channels,
+        params_of(mean, invstd, g, b, a), stream_of(x)));
+    ctx->saved_data["residual"] = r.numel() > 0;
     ctx->save_for_backward({x, mean, invstd, g, b, a});
     return y;
   }
@@ -103,10 +109,13 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     const torch::Tensor dalpha = alpha.numel() == 0   ? torch::Tensor()
                                  : alpha.numel() == 1 ? sums[2].sum().reshape({1})
                                                       : sums[2];
+    // The residual's gradient is the output's.
+    const torch::Tensor dresidual = ctx->saved_data["residual"].toBool() ? dy : torch::Tensor();
     return {dx,
             sums[1],
             sums[0],
             dalpha,
+            dresidual,
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
@@ -117,23 +126,39 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
 }  // namespace
 #endif
 
-bool BatchNormImpl::runs_own_kernels(const torch::Tensor& x) const {
+bool batch_norm_runs_own_kernels(const torch::Device& device, bool synchronised,
+                                 bool channels_last) {
 #ifdef MYRIAD_WITH_CUDA
-  // Training on a GPU with per-rank statistics, the channel fastest in memory (or about to be),
-  // more than one value per channel. SyncBN, evaluation and the CPU take LibTorch's batch norm.
-  const torch::ScalarType dtype = x.scalar_type();
-  return is_training() && sync == nullptr && x.is_cuda() &&
-         (dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kFloat16) &&
-         (x.dim() == 2 || (x.dim() == 4 && x.is_contiguous(torch::MemoryFormat::ChannelsLast))) &&
-         x.size(1) == weight.size(0) && x.numel() > x.size(1);
+  return device.is_cuda() && !synchronised && channels_last;
 #else
-  (void)x;
+  (void)device;
+  (void)synchronised;
+  (void)channels_last;
   return false;
 #endif
 }
 
-torch::Tensor BatchNormImpl::own_kernels(const torch::Tensor& x,
-                                         const torch::Tensor& prelu_weight) {
+const char* batch_norm_kernels(const torch::Device& device, bool synchronised, bool channels_last) {
+  return batch_norm_runs_own_kernels(device, synchronised, channels_last)
+             ? "myriad's kernels (with PReLU and residual adds)"
+             : "LibTorch's";
+}
+
+bool BatchNormImpl::runs_own_kernels(const torch::Tensor& x) const {
+  // More than one value per channel, in a dtype the kernels take. SyncBN, evaluation and the CPU
+  // take LibTorch's batch norm.
+  const torch::ScalarType dtype = x.scalar_type();
+  return is_training() &&
+         batch_norm_runs_own_kernels(
+             x.device(), sync != nullptr,
+             x.dim() == 2 ||
+                 (x.dim() == 4 && x.is_contiguous(torch::MemoryFormat::ChannelsLast))) &&
+         (dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kFloat16) &&
+         x.size(1) == weight.size(0) && x.numel() > x.size(1);
+}
+
+torch::Tensor BatchNormImpl::own_kernels(const torch::Tensor& x, const torch::Tensor& prelu_weight,
+                                         const torch::Tensor& residual) {
 #ifdef MYRIAD_WITH_CUDA
   const bool recompute = recomputing_activations();
   if (!recompute) {
@@ -145,10 +170,12 @@ torch::Tensor BatchNormImpl::own_kernels(const torch::Tensor& x,
   const torch::Tensor none = torch::empty({0}, running_mean.options());
   return BatchNormPReLUFunction::apply(
       x, weight, bias, prelu_weight.defined() ? prelu_weight : none,
-      recompute ? none : running_mean, recompute ? none : running_var, momentum_, eps_);
+      residual.defined() ? residual : none, recompute ? none : running_mean,
+      recompute ? none : running_var, momentum_, eps_);
 #else
   (void)x;
   (void)prelu_weight;
+  (void)residual;
   MYRIAD_THROW("batch norm's own kernels need a CUDA build");
 #endif
 }
@@ -156,9 +183,17 @@ torch::Tensor BatchNormImpl::own_kernels(const torch::Tensor& x,
 torch::Tensor BatchNormImpl::forward_prelu(const torch::Tensor& x,
                                            const torch::Tensor& prelu_weight) {
   if (runs_own_kernels(x) && (prelu_weight.numel() == 1 || prelu_weight.numel() == x.size(1))) {
-    return own_kernels(x, prelu_weight);
+    return own_kernels(x, prelu_weight, torch::Tensor());
   }
   return torch::prelu(forward(x), prelu_weight);
+}
+
+torch::Tensor BatchNormImpl::forward_add(const torch::Tensor& x, const torch::Tensor& residual) {
+  if (runs_own_kernels(x) && residual.scalar_type() == x.scalar_type() &&
+      residual.sizes() == x.sizes() && residual.device() == x.device()) {
+    return own_kernels(x, torch::Tensor(), residual);
+  }
+  return forward(x) + residual;
 }
 
 }  // namespace myriad

@@ -46,8 +46,8 @@ class BasicBlockImpl : public torch::nn::Module, public OnnxModule {
   int64_t multiply_adds() const { return multiply_adds_; }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    torch::Tensor out = bn3_(conv2_(bn2_->forward_prelu(conv1_(bn1_(x)), prelu_->weight)));
-    return out + (downsample_ ? downsample_->forward(x) : x);
+    const torch::Tensor out = conv2_(bn2_->forward_prelu(conv1_(bn1_(x)), prelu_->weight));
+    return bn3_->forward_add(out, downsample_ ? downsample_->forward(x) : x);
   }
 
   std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const override {

@@ -4,7 +4,6 @@
 #include <torch/version.h>
 
 #include <algorithm>
-#include <array>
 #include <optional>
 #include <unordered_set>
 
@@ -152,6 +151,10 @@ LayerCost cost_of(const Node& node) {
       cost.bytes = 2.0 * sum_bytes(outputs, inputs);
       break;
     case LayerKind::kBatchNormPrelu:
+      cost.bytes = 2.0 * sum_bytes(outputs, {});
+      for (size_t i = 0; i < inputs.size(); ++i)
+        cost.bytes += (i == 0 ? 3.0 : 1.0) * (inputs[i] ? inputs[i]->bytes() : 0.0);
+      break;
     case LayerKind::kOther:
       cost.bytes = 2.0 * sum_bytes(outputs, {}) + 3.0 * sum_bytes({}, inputs);
       break;

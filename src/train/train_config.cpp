@@ -379,6 +379,16 @@ const char* to_string(Toggle toggle) {
   MYRIAD_THROW("no Toggle {}", static_cast<int>(toggle));
 }
 
+Toggle parse_toggle(const std::string& option, const std::string& text) {
+  return parse_choice(option, text, kToggles);
+}
+
+FusedKernels fused_kernels_choice(Toggle toggle) {
+  return toggle == Toggle::kOn    ? FusedKernels::kRequired
+         : toggle == Toggle::kOff ? FusedKernels::kOff
+                                  : FusedKernels::kAuto;
+}
+
 FusedUpdate fused_update_choice(Toggle toggle) {
   return toggle == Toggle::kOn    ? FusedUpdate::kOn
          : toggle == Toggle::kOff ? FusedUpdate::kOff

@@ -112,9 +112,7 @@ ShardedSoftmaxOptions classifier_options(const TrainConfig& c, int64_t classes) 
   o.optimizer.nesterov = c.nesterov;
   o.optimizer.state_dtype = c.classifier_state_dtype;
   o.weight_dtype = c.classifier_weight_dtype;
-  o.fused_kernels = c.fused_classifier == Toggle::kOn    ? FusedKernels::kRequired
-                    : c.fused_classifier == Toggle::kOff ? FusedKernels::kOff
-                                                         : FusedKernels::kAuto;
+  o.fused_kernels = fused_kernels_choice(c.fused_classifier);
   o.fused_update = fused_update_choice(c.fused_update);
   return o;
 }
@@ -351,10 +349,11 @@ void Run::log_start(int64_t global_batch) const {
   const std::string placement = context_.placement(device_);
   log_info(
       "myriad-train: {}; {}{} (backbone {}, {:.1f}M parameters, {:.2f}G multiply-adds per image, "
-      "{}{}, {} gradient buckets{}), {} classes ({} per rank, {}), {}",
+      "{}, batch norm in {}{}, {} gradient buckets{}), {} classes ({} per rank, {}), {}",
       placement, to_string(c_.precision), precision_was_auto_ ? " (--precision auto)" : "",
       c_.backbone, backbone_params / 1e6, backbone_->multiply_adds() / 1e9,
       backbone_->channels_last() ? "channels-last" : "NCHW",
+      batch_norm_kernels(device_, c_.sync_bn, backbone_->channels_last()),
       graphs_->describe().empty() ? "" : ", " + graphs_->describe(), sync_->bucket_count(),
       c_.grad_comm_dtype == torch::kFloat32
           ? ""

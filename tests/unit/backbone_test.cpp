@@ -1,7 +1,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <optional>
+
 #include "myriad/model/backbone.h"
+#include "myriad/model/batch_norm.h"
+#include "myriad/util/autocast.h"
 #include "myriad/util/error.h"
 #include "support/exact_float32.h"
 
@@ -95,6 +99,56 @@ TEST(Backbone, ChannelsLastComputesTheSameFunction) {
     for (size_t k = 0; k < pa.size(); ++k) {
       EXPECT_LE((pa[k].grad() - pb[k].grad()).norm().item<double>(), 1e-4 * scale)
           << name << " parameter " << k;
+    }
+  }
+}
+
+double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).norm().item<double>() / b.norm().item<double>();
+}
+
+// On a GPU, training with channels-last maps runs batch norm in myriad's kernels, with PReLU and
+// the residual adds in the same passes; with NCHW maps, LibTorch's batch norm, PReLU and adds run
+// on their own. Both compute the same function, forward and backward: every IResNet depth and mbf,
+// in float32 and under bfloat16 autocast (at bfloat16's rounding, compounded over the depth).
+TEST(Backbone, FusedBatchNormComputesTheUnfusedFunction) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const myriad::testing::ExactFloat32 exact;
+  const torch::Device gpu(torch::kCUDA);
+  const std::pair<const char*, InputShape> nets[] = {{"r18", {3, 64, 64}},  {"r34", {3, 64, 64}},
+                                                     {"r50", {3, 64, 64}},  {"r100", {3, 64, 64}},
+                                                     {"r200", {3, 64, 64}}, {"mbf", {3, 112, 112}}};
+  for (const auto& [name, shape] : nets) {
+    for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+      SCOPED_TRACE(std::string(name) + " " + c10::toString(dtype));
+      torch::manual_seed(5);
+      const torch::Tensor images =
+          torch::randn({8, shape.channels, shape.height, shape.width}).to(gpu);
+      const torch::Tensor projection = torch::randn({8, 32}).to(gpu);
+      std::vector<torch::Tensor> embeddings, gradients;
+      for (const bool fused : {true, false}) {
+        torch::manual_seed(6);
+        auto net = build(name, shape, 32);
+        net->to(gpu);
+        net->set_channels_last(fused);
+        ASSERT_EQ(batch_norm_runs_own_kernels(gpu, false, fused), fused);
+        torch::Tensor y;
+        {
+          std::optional<AutocastGuard> autocast;
+          if (dtype != torch::kFloat32) autocast.emplace(gpu, dtype);
+          y = net->forward(net->in_layout(images)).to(torch::kFloat32);
+        }
+        (y * projection).sum().backward();
+        embeddings.push_back(y.detach());
+        std::vector<torch::Tensor> flat;
+        for (const torch::Tensor& p : net->parameters()) {
+          if (p.grad().defined()) flat.push_back(p.grad().reshape(-1).to(torch::kFloat32));
+        }
+        gradients.push_back(torch::cat(flat));
+      }
+      const double tolerance = dtype == torch::kFloat32 ? 2e-3 : 5e-2;
+      EXPECT_LE(relative_difference(embeddings[0], embeddings[1]), tolerance) << "embedding";
+      EXPECT_LE(relative_difference(gradients[0], gradients[1]), tolerance) << "gradients";
     }
   }
 }

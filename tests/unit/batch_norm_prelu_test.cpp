@@ -1,8 +1,8 @@
-// BatchNormImpl::forward and forward_prelu against batch norm (and PReLU) composed by LibTorch in
-// float64 on the CPU: the output, the gradients of the input and of the parameters, and the
-// running statistics. On a GPU the channels-last maps and [N, C] matrices take myriad's kernels
-// (checked by the autograd node), in float32 and bfloat16; everything else, and the CPU, takes
-// LibTorch's batch norm.
+// BatchNormImpl::forward, forward_prelu and forward_add against batch norm (and PReLU, or a
+// residual's add) composed by LibTorch in float64 on the CPU: the output, the gradients of the
+// input, of the residual and of the parameters, and the running statistics. On a GPU the
+// channels-last maps and [N, C] matrices take myriad's kernels (checked by the autograd node), in
+// float32 and bfloat16; everything else, and the CPU, takes LibTorch's batch norm.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -21,8 +21,9 @@ namespace {
 struct Case {
   std::vector<int64_t> shape;
   bool channels_last;
-  bool shared_slope;  // one PReLU slope for every channel
-  bool prelu = true;  // false: batch norm alone (forward)
+  bool shared_slope;      // one PReLU slope for every channel
+  bool prelu = true;      // false: batch norm alone (forward)
+  bool residual = false;  // batch norm plus a residual (forward_add), without PReLU
 };
 
 void expect_matches_composition(const torch::Device& device, torch::ScalarType dtype, const Case& c,
@@ -37,6 +38,7 @@ void expect_matches_composition(const torch::Device& device, torch::ScalarType d
   const torch::Tensor alpha = torch::rand({c.shared_slope ? 1 : channels}, torch::kFloat64) - 0.5;
   const torch::Tensor running_mean = torch::randn({channels}, torch::kFloat64);
   const torch::Tensor running_var = torch::rand({channels}, torch::kFloat64) + 0.5;
+  const torch::Tensor r64 = torch::randn(c.shape, torch::kFloat64);
 
   BatchNorm bn(channels, 1e-5);
   bn->to(device);
@@ -50,18 +52,29 @@ void expect_matches_composition(const torch::Device& device, torch::ScalarType d
   const torch::Tensor slope = alpha.to(device, torch::kFloat32).requires_grad_(true);
   // What the kernels see: the input rounded to `dtype`; the reference starts from the same values.
   torch::Tensor x = x64.to(device, dtype);
-  if (c.channels_last) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+  torch::Tensor residual = r64.to(device, dtype);
+  if (c.channels_last) {
+    x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+    residual = residual.contiguous(torch::MemoryFormat::ChannelsLast);
+  }
   x.requires_grad_(true);
+  residual.requires_grad_(true);
   torch::Tensor y;
   {
     // Half precision as the trainer runs it: under autocast, where the composition's PReLU takes
     // float32.
     std::optional<AutocastGuard> autocast;
     if (dtype != torch::kFloat32) autocast.emplace(device, dtype);
-    y = c.prelu ? bn->forward_prelu(x, slope) : bn->forward(x);
+    y = c.residual ? bn->forward_add(x, residual)
+        : c.prelu  ? bn->forward_prelu(x, slope)
+                   : bn->forward(x);
   }
   const std::string node = y.grad_fn() ? y.grad_fn()->name() : "";
   EXPECT_EQ(node.find("BatchNormPReLU") != std::string::npos, fused) << node;
+  // What start-up lines report for a backbone's maps (NCHW maps never take the kernels).
+  if (c.shape.size() == 4) {
+    EXPECT_EQ(batch_norm_runs_own_kernels(device, false, c.channels_last), fused);
+  }
   y.backward(g64.to(device, y.scalar_type()));
 
   const torch::Tensor rx = x64.to(dtype).to(torch::kFloat64).requires_grad_(true);
@@ -71,14 +84,18 @@ void expect_matches_composition(const torch::Device& device, torch::ScalarType d
   const torch::Tensor rmean = running_mean.clone(), rvar = running_var.clone();
   const torch::Tensor rbn =
       torch::batch_norm(rx, rgamma, rbeta, rmean, rvar, true, 0.1, 1e-5, false);
-  const torch::Tensor ry = c.prelu ? torch::prelu(rbn, ralpha) : rbn;
+  const torch::Tensor rresidual = r64.to(dtype).to(torch::kFloat64).requires_grad_(true);
+  const torch::Tensor ry = c.residual ? rbn + rresidual : c.prelu ? torch::prelu(rbn, ralpha) : rbn;
   ry.backward(g64.to(dtype).to(torch::kFloat64));
 
   EXPECT_LE(relative_error(y, ry), tolerance) << "output";
   EXPECT_LE(relative_error(x.grad(), rx.grad()), tolerance) << "input's gradient";
   EXPECT_LE(relative_error(bn->weight.grad(), rgamma.grad()), tolerance) << "gamma's gradient";
   EXPECT_LE(relative_error(bn->bias.grad(), rbeta.grad()), tolerance) << "beta's gradient";
-  if (c.prelu) {
+  if (c.residual) {
+    EXPECT_LE(relative_error(residual.grad(), rresidual.grad()), tolerance)
+        << "residual's gradient";
+  } else if (c.prelu) {
     EXPECT_LE(relative_error(slope.grad(), ralpha.grad()), tolerance) << "slope's gradient";
   }
   EXPECT_LE(relative_error(bn->running_mean, rmean), 1e-5) << "running mean";
@@ -95,11 +112,16 @@ const Case kCases[] = {{{8, 64, 7, 5}, true, false},
                        {{6, 32}, false, false, false},
                        {{4, 24, 3, 3}, false, false, false},
                        // More rows than the statistics' blocks take in one sweep: several sweeps.
-                       {{64, 8, 40, 40}, true, false, false}};
+                       {{64, 8, 40, 40}, true, false, false},
+                       {{8, 64, 7, 5}, true, false, false, true},
+                       {{6, 32}, false, false, false, true},
+                       {{4, 24, 3, 3}, false, false, false, true},
+                       {{3, 12, 5, 5}, true, false, false, true}};
 
 std::string describe(const Case& c) {
-  return str_format("{}{}{}{}", c10::IntArrayRef(c.shape), c.channels_last ? " channels-last" : "",
-                    c.shared_slope ? ", one slope" : "", c.prelu ? "" : ", no PReLU");
+  return str_format("{}{}{}{}{}", c10::IntArrayRef(c.shape),
+                    c.channels_last ? " channels-last" : "", c.shared_slope ? ", one slope" : "",
+                    c.prelu ? "" : ", no PReLU", c.residual ? ", plus a residual" : "");
 }
 
 TEST(BatchNormPReLU, ComposesOnTheCpu) {

@@ -44,15 +44,16 @@ TEST(Roofline, CensusOfAGraphCountedByHand) {
   const LayerCost& conv = kinds.at(LayerKind::kConvolution)[0];
   EXPECT_DOUBLE_EQ(conv.flops, 6.0 * 768 * 36);
   EXPECT_DOUBLE_EQ(conv.bytes, 3.0 * 4 * (512 + 216 + 768));
-  // Batch norm: its output twice; x, gamma and beta three times. PReLU: the same with its slope.
+  // Batch norm: its output twice, x three times, gamma and beta once. PReLU: the same with its
+  // slope.
   std::vector<double> norm_bytes;
   for (const LayerCost& l : kinds.at(LayerKind::kBatchNormPrelu)) {
     EXPECT_EQ(l.flops, 0.0) << l.op;
     norm_bytes.push_back(l.bytes);
   }
   std::sort(norm_bytes.begin(), norm_bytes.end());
-  EXPECT_DOUBLE_EQ(norm_bytes[0], 4 * (2.0 * 768 + 3.0 * (768 + 1)));
-  EXPECT_DOUBLE_EQ(norm_bytes[1], 4 * (2.0 * 768 + 3.0 * (768 + 6 + 6)));
+  EXPECT_DOUBLE_EQ(norm_bytes[0], 4 * (2.0 * 768 + 3.0 * 768 + 1));
+  EXPECT_DOUBLE_EQ(norm_bytes[1], 4 * (2.0 * 768 + 3.0 * 768 + 6 + 6));
   // The add: two inputs and the output, twice.
   EXPECT_DOUBLE_EQ(kinds.at(LayerKind::kAdd)[0].bytes, 2.0 * 4 * 3 * 768);
   // [2, 384] x [384, 10].

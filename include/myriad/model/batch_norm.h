@@ -23,6 +23,9 @@ class BatchNormImpl : public torch::nn::Module {
   // own kernels, the slope is applied in the same two passes each way, and only x is kept for
   // backward.
   torch::Tensor forward_prelu(const torch::Tensor& x, const torch::Tensor& prelu_weight);
+  // forward(x) + residual, where forward runs its own kernels in the pass that writes the output
+  // (a residual block's last batch norm): the sum's pass over memory is saved.
+  torch::Tensor forward_add(const torch::Tensor& x, const torch::Tensor& residual);
 
   torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   Communicator* sync = nullptr;
@@ -31,13 +34,23 @@ class BatchNormImpl : public torch::nn::Module {
 
  private:
   bool runs_own_kernels(const torch::Tensor& x) const;
-  // Batch norm, followed by PReLU unless prelu_weight is undefined, in our kernels.
-  torch::Tensor own_kernels(const torch::Tensor& x, const torch::Tensor& prelu_weight);
+  // Batch norm, followed by PReLU unless prelu_weight is undefined, plus residual unless undefined,
+  // in our kernels.
+  torch::Tensor own_kernels(const torch::Tensor& x, const torch::Tensor& prelu_weight,
+                            const torch::Tensor& residual);
 
   double eps_;
   double momentum_;
 };
 TORCH_MODULE(BatchNorm);
+
+// Whether training on `device` runs batch norm in myriad's kernels, with PReLU and the residual
+// adds in the same passes: a CUDA build, a GPU, per-rank statistics and channels-last maps (or
+// [N, C] matrices). Otherwise LibTorch's batch norm runs, and PReLU and the adds on their own.
+bool batch_norm_runs_own_kernels(const torch::Device& device, bool synchronised,
+                                 bool channels_last);
+// Which kernels those are, for start-up lines.
+const char* batch_norm_kernels(const torch::Device& device, bool synchronised, bool channels_last);
 
 // Points every BatchNorm inside `module` at `comm` (null: per-rank statistics again).
 void set_batch_norm_sync(torch::nn::Module& module, Communicator* comm);

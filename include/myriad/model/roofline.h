@@ -38,9 +38,11 @@ struct LayerCost {
 //   - convolution and matrix product: 2 x multiply-adds forward, twice that backward (the input's
 //     and the weight's gradients); the input, weight and output each pass 3 times (read forward,
 //     then the backward's two products);
-//   - batch norm and PReLU (fused or not) and every other operation: no matrix FLOPs; the inputs
-//     are read forward and again backward, the output written forward, its gradient read and the
-//     inputs' gradients written backward;
+//   - batch norm and PReLU (fused or not): no matrix FLOPs; the first input is read forward and
+//     again backward, the output written forward, its gradient read and the first input's gradient
+//     written backward; the other inputs (parameters, a residual added in the same pass) are read
+//     once: their gradients are per-channel sums or the output's own;
+//   - every other operation: the same, with every input as the first;
 //   - additions and dtype casts: the inputs and the output pass twice (forward, and the gradient
 //     passed back, summed where branches meet).
 // Inputs that require no gradient (the images) are not visible in the graph and are not counted.

@@ -13,6 +13,7 @@
 #include "myriad/classifier/chunk_plan.h"
 #include "myriad/classifier/margin_config.h"
 #include "myriad/classifier/shard_optimizer.h"
+#include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/device_selection.h"
 #include "myriad/model/backbone.h"
 #include "myriad/optim/lr_schedule.h"
@@ -30,8 +31,12 @@ enum class ScheduleChoice { kAuto, kGPipe, k1F1B };
 // Each value as its option spells it (what config_as_ini writes and logs show).
 const char* to_string(Precision precision);
 const char* to_string(Toggle toggle);
-// --fused-update as the classifier's choice.
+// --`option`'s value `text` as a Toggle; anything but auto, on or off is a UsageError naming the
+// option (the benchmarks' switches parse as myriad-train's).
+Toggle parse_toggle(const std::string& option, const std::string& text);
+// --fused-update and --fused-classifier as the classifier's choices.
 FusedUpdate fused_update_choice(Toggle toggle);
+FusedKernels fused_kernels_choice(Toggle toggle);
 const char* to_string(ScheduleChoice schedule);
 const char* to_string(OptimizerKind optimizer);
 

@@ -17,6 +17,7 @@
 #include "bench_common.h"
 #include "myriad/comm/device_selection.h"
 #include "myriad/model/backbone.h"
+#include "myriad/model/batch_norm.h"
 #include "myriad/model/roofline.h"
 #include "myriad/train/train_config.h"
 #include "myriad/util/atomic_output.h"
@@ -40,13 +41,6 @@ struct BackboneBenchOptions {
   std::string csv;
   int steps = 20, warmup = 5;
 };
-
-Toggle parse_toggle(const std::string& option, const std::string& text) {
-  if (text == "auto") return Toggle::kAuto;
-  if (text == "on") return Toggle::kOn;
-  if (text == "off") return Toggle::kOff;
-  throw UsageError("--" + option + " must be auto, on or off, got '" + text + "'");
-}
 
 // `argv` into `b`, checked; false where it asked for help only.
 bool parse_backbone_options(const ProcessContext& context, int argc, char** argv,
@@ -178,13 +172,19 @@ void report(const BackboneBenchOptions& b, Precision precision, const Subject& s
   const InputShape& s = b.net.input;
   const Backbone& net = subject.backbone();
   std::printf(
-      "# backbone %s: %lld images of %lldx%lldx%lld per rank, %s, %s, device %s, %d rank(s)\n",
+      "# backbone %s: %lld images of %lldx%lldx%lld per rank, %s, %s, device %s, %d rank(s), "
+      "batch norm in %s\n",
       b.net.name.c_str(), static_cast<long long>(b.batch), static_cast<long long>(s.channels),
       static_cast<long long>(s.height), static_cast<long long>(s.width), to_string(precision),
-      net.channels_last() ? "channels-last" : "NCHW", device.str().c_str(), world);
+      net.channels_last() ? "channels-last" : "NCHW", device.str().c_str(), world,
+      batch_norm_kernels(device, false, net.channels_last()));
   std::printf("ceilings measured: %s GEMM %.4g TFLOP/s, memory %.4g GB/s\n",
               c10::toString(compute_dtype(precision)), ceilings.gemm_tflops,
               ceilings.memory_bandwidth / 1e9);
+  // On the CPU the ceilings are a 1024^3 product and a 64 MiB copy on this process's threads, which
+  // oneDNN's convolutions beat: there the floor checks the arithmetic, not the machine.
+  if (!device.is_cuda())
+    std::printf("on the CPU these ceilings are no bound (oneDNN's convolutions beat them)\n");
   const double step_s = t.step_ms.avg / 1e3;
   const double tflops = 6.0 * static_cast<double>(net.multiply_adds()) * b.batch / step_s / 1e12;
   std::printf(

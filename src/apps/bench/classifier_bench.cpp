@@ -15,6 +15,7 @@
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/comm/comm_factory.h"
 #include "myriad/comm/process_context.h"
+#include "myriad/train/train_config.h"
 #include "myriad/util/cli.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
@@ -197,16 +198,8 @@ bool parse_classifier_options(const ProcessContext& context, int argc, char** ar
     throw UsageError("--momentum-dtype must be fp32 or bf16");
   o.weight_dtype = parse_float_dtype(weight_name);
   if (o.weight_dtype == torch::kFloat16) throw UsageError("--weight-dtype must be fp32 or bf16");
-  if (fused_name != "auto" && fused_name != "on" && fused_name != "off")
-    throw UsageError("--fused must be auto, on or off, got '" + fused_name + "'");
-  o.fused_kernels = fused_name == "on"    ? FusedKernels::kRequired
-                    : fused_name == "off" ? FusedKernels::kOff
-                                          : FusedKernels::kAuto;
-  if (fused_update_name != "auto" && fused_update_name != "on" && fused_update_name != "off")
-    throw UsageError("--fused-update must be auto, on or off, got '" + fused_update_name + "'");
-  o.fused_update = fused_update_name == "on"    ? FusedUpdate::kOn
-                   : fused_update_name == "off" ? FusedUpdate::kOff
-                                                : FusedUpdate::kAuto;
+  o.fused_kernels = fused_kernels_choice(parse_toggle("fused", fused_name));
+  o.fused_update = fused_update_choice(parse_toggle("fused-update", fused_update_name));
   for (const auto& [name, value] :
        {std::pair{"--fused", &fused_name}, std::pair{"--fused-update", &fused_update_name}}) {
     if (*value == "on" && config.naive)

@@ -1,5 +1,5 @@
-// Batch norm (+ PReLU): the statistics pass, then one pass forward; two passes backward
-// (batch_norm_prelu_kernels.h).
+// Batch norm (+ PReLU, + a residual): the statistics pass, then one pass forward; two passes
+// backward (batch_norm_prelu_kernels.h).
 //
 // Every kernel runs on blocks of threads (tx, ty): tx packs of channels side by side, ty rows, so
 // that a warp reads consecutive bytes of whole rows. A thread keeps its channels' constants in
@@ -8,6 +8,9 @@
 // must keep more bytes in flight to reach the memory's rate). A pack is V elements of one row, 16
 // bytes, one load or store, which the memory system serves far better than narrower ones; that
 // needs channels % V == 0 and 16-byte aligned data (every IResNet width), otherwise V = 1.
+//
+// The reductions run one wave of the blocks that fit on the GPU at once, each writing one row of
+// partial sums; a second wave would start its loads only as the first one's blocks drain.
 
 #include <algorithm>
 #include <cstdint>
@@ -69,10 +72,10 @@ __device__ inline void for_each_lane_row(const Lane& l, int64_t rows, Read&& rea
       [&](int64_t r, const auto& data) { use(at(r), data); });
 }
 
-// x and dy at one pack.
+// Two tensors at one pack: x and dy, or x and the residual.
 template <typename T, int V>
-struct InputAndGradient {
-  Pack<T, V> x, dy;
+struct TwoPacks {
+  Pack<T, V> x, other;
 };
 
 // The block's sums over its rows: each thread's J x V sums go through shared memory (J V floats
@@ -176,8 +179,10 @@ __global__ void batch_norm_statistics_finish_kernel(
   }
 }
 
-template <typename T, int V>
-__global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x, T* __restrict__ y,
+// y = PReLU(batch norm(x)) (+ residual): the residual's add costs no pass of its own.
+template <typename T, int V, bool kResidual>
+__global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x,
+                                                const T* __restrict__ residual, T* __restrict__ y,
                                                 int64_t rows, int64_t channels,
                                                 BatchNormPReLUParams p) {
   const Lane l = lane<V>(channels);
@@ -186,13 +191,20 @@ __global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x, T* __re
 #pragma unroll
   for (int k = 0; k < V; ++k) ch[k] = channel(p, l.pack * V + k);
   for_each_lane_row(
-      l, rows, [&](int64_t i) { return load_pack<V>(x + i * V); },
-      [&](int64_t i, const Pack<T, V>& in) {
+      l, rows,
+      [&](int64_t i) {
+        TwoPacks<T, V> in{load_pack<V>(x + i * V), {}};
+        if constexpr (kResidual) in.other = load_pack<V>(residual + i * V);
+        return in;
+      },
+      [&](int64_t i, const TwoPacks<T, V>& in) {
         Pack<T, V> out;
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const float z = (to_float(in.e[k]) * ch[k].a + ch[k].b) * ch[k].gamma + ch[k].beta;
-          out.e[k] = from_float<T>(z > 0.0f ? z : ch[k].alpha * z);
+          const float z = (to_float(in.x.e[k]) * ch[k].a + ch[k].b) * ch[k].gamma + ch[k].beta;
+          float v = z > 0.0f ? z : ch[k].alpha * z;
+          if constexpr (kResidual) v += to_float(in.other.e[k]);
+          out.e[k] = from_float<T>(v);
         }
         store_pack<V>(y + i * V, out);
       });
@@ -212,12 +224,12 @@ __global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x,
     for_each_lane_row(
         l, rows,
         [&](int64_t i) {
-          return InputAndGradient<T, V>{load_pack<V>(x + i * V), load_pack<V>(dy + i * V)};
+          return TwoPacks<T, V>{load_pack<V>(x + i * V), load_pack<V>(dy + i * V)};
         },
-        [&](int64_t, const InputAndGradient<T, V>& in) {
+        [&](int64_t, const TwoPacks<T, V>& in) {
 #pragma unroll
           for (int k = 0; k < V; ++k) {
-            const float g = to_float(in.dy.e[k]);
+            const float g = to_float(in.other.e[k]);
             const Backward b = backward_of(ch[k], to_float(in.x.e[k]), g);
             s[0][k] += b.dz;
             s[1][k] += b.dz * b.xhat;
@@ -258,13 +270,13 @@ __global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x,
   for_each_lane_row(
       l, rows,
       [&](int64_t i) {
-        return InputAndGradient<T, V>{load_pack<V>(x + i * V), load_pack<V>(dy + i * V)};
+        return TwoPacks<T, V>{load_pack<V>(x + i * V), load_pack<V>(dy + i * V)};
       },
-      [&](int64_t i, const InputAndGradient<T, V>& in) {
+      [&](int64_t i, const TwoPacks<T, V>& in) {
         Pack<T, V> out;
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const Backward b = backward_of(ch[k], to_float(in.x.e[k]), to_float(in.dy.e[k]));
+          const Backward b = backward_of(ch[k], to_float(in.x.e[k]), to_float(in.other.e[k]));
           out.e[k] =
               from_float<T>(ch[k].gamma * ch[k].a * (b.dz - mean_dz[k] - b.xhat * mean_dz_xhat[k]));
         }
@@ -272,35 +284,55 @@ __global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x,
       });
 }
 
-// Row blocks of a reduction at most: partials hold this many rows of sums.
+// Row blocks of a reduction at most: partials hold this many rows of sums, as many blocks as can
+// be resident on a GPU of up to 2,048 threads per multiprocessor.
 int64_t max_reduce_blocks() {
-  return 4 * static_cast<int64_t>(multiprocessors()) + 1;
+  return (2048 / kThreads) * static_cast<int64_t>(multiprocessors());
 }
 
-// The launch of a kernel over rows x packs_per_row packs: tx packs side by side (a power of two
-// rows ty, for the reductions' tree), and at most `blocks` blocks in all.
-struct Shape {
+// A kernel's launch over rows x packs_per_row packs: tx packs side by side (a power of two rows ty,
+// for the reductions' tree), gridDim.y row blocks, and the shared memory of the reductions' tree.
+struct Launch {
   dim3 grid, block;
+  size_t shared = 0;
 };
 
-Shape shape_for(int64_t rows, int64_t packs_per_row, int64_t blocks) {
+dim3 block_for(int64_t packs_per_row) {
   const unsigned tx =
       static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(packs_per_row, 32)));
   unsigned ty = 1;
   while (ty * 2 * tx <= kThreads) ty *= 2;
-  const int64_t gx = (packs_per_row + tx - 1) / tx;
-  const int64_t row_blocks = std::max<int64_t>(1, (rows + ty - 1) / ty);
-  const int64_t gy = std::max<int64_t>(1, std::min<int64_t>(row_blocks, blocks / gx));
-  return {dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy)), dim3(tx, ty)};
+  return dim3(tx, ty);
 }
 
-// Reductions: few enough row blocks for the partials; elementwise passes: enough to fill the GPU
-// a few times over.
-Shape reduce_shape(int64_t rows, int64_t packs_per_row) {
-  return shape_for(rows, packs_per_row, max_reduce_blocks());
+// At most `blocks` blocks in all.
+dim3 grid_for(int64_t rows, int64_t packs_per_row, const dim3& block, int64_t blocks) {
+  const int64_t gx = (packs_per_row + block.x - 1) / block.x;
+  const int64_t row_blocks = std::max<int64_t>(1, (rows + block.y - 1) / block.y);
+  const int64_t gy = std::max<int64_t>(1, std::min<int64_t>(row_blocks, blocks / gx));
+  return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
 }
-Shape elementwise_shape(int64_t rows, int64_t packs_per_row) {
-  return shape_for(rows, packs_per_row, 8 * static_cast<int64_t>(multiprocessors()));
+
+// Element-wise passes: enough blocks to fill the GPU a few times over.
+Launch elementwise_launch(int64_t rows, int64_t packs_per_row) {
+  const dim3 block = block_for(packs_per_row);
+  return {grid_for(rows, packs_per_row, block, 8 * static_cast<int64_t>(multiprocessors())), block};
+}
+
+// A reduction of J sums per element over packs of V: the blocks that `kernel` fits on the GPU at
+// once, J V floats of shared memory per thread.
+template <int J, int V, class Kernel>
+cudaError_t reduce_launch(Kernel kernel, int64_t rows, int64_t packs_per_row, Launch* launch) {
+  const dim3 block = block_for(packs_per_row);
+  const size_t shared = static_cast<size_t>(block.x) * block.y * J * V * sizeof(float);
+  int per_multiprocessor = 0;
+  const cudaError_t status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_multiprocessor, kernel, static_cast<int>(block.x * block.y), shared);
+  const int64_t resident =
+      std::max(1, per_multiprocessor) * static_cast<int64_t>(multiprocessors());
+  *launch = {grid_for(rows, packs_per_row, block, std::min(resident, max_reduce_blocks())), block,
+             shared};
+  return status;
 }
 
 // Calls `launch` with the element type and the widest pack (16 bytes) that the data allow.
@@ -337,28 +369,34 @@ cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows,
     constexpr int V = decltype(v)::value;
     const int64_t packs_per_row = channels / V;
     if (packs_per_row == 0) return cudaSuccess;
-    const Shape s = reduce_shape(rows, packs_per_row);
-    const size_t shared = static_cast<size_t>(s.block.x) * s.block.y * 2 * V * sizeof(float);
-    batch_norm_statistics_kernel<T, V>
-        <<<s.grid, s.block, shared, stream>>>(static_cast<const T*>(x), rows, channels, partials);
+    const auto kernel = batch_norm_statistics_kernel<T, V>;
+    Launch l;
+    if (const cudaError_t e = reduce_launch<2, V>(kernel, rows, packs_per_row, &l);
+        e != cudaSuccess)
+      return e;
+    kernel<<<l.grid, l.block, l.shared, stream>>>(static_cast<const T*>(x), rows, channels,
+                                                  partials);
     batch_norm_statistics_finish_kernel<T><<<column_blocks(channels), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), partials, s.grid.y, rows, channels, eps, momentum, mean, invstd,
+        static_cast<const T*>(x), partials, l.grid.y, rows, channels, eps, momentum, mean, invstd,
         running_mean, running_var);
     return cudaGetLastError();
   });
 }
 
-cudaError_t batch_norm_prelu_forward(const void* x, void* y, ElementType type, int64_t rows,
-                                     int64_t channels, BatchNormPReLUParams p,
+cudaError_t batch_norm_prelu_forward(const void* x, const void* residual, void* y, ElementType type,
+                                     int64_t rows, int64_t channels, BatchNormPReLUParams p,
                                      cudaStream_t stream) {
-  return dispatch(type, channels, {x, y}, [&](auto t, auto v) {
+  return dispatch(type, channels, {x, residual, y}, [&](auto t, auto v) {
     using T = decltype(t);
     constexpr int V = decltype(v)::value;
     const int64_t packs_per_row = channels / V;
     if (packs_per_row == 0) return cudaSuccess;
-    const Shape s = elementwise_shape(rows, packs_per_row);
-    batch_norm_prelu_forward_kernel<T, V><<<s.grid, s.block, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), rows, channels, p);
+    const Launch l = elementwise_launch(rows, packs_per_row);
+    const auto kernel = residual != nullptr ? batch_norm_prelu_forward_kernel<T, V, true>
+                                            : batch_norm_prelu_forward_kernel<T, V, false>;
+    kernel<<<l.grid, l.block, 0, stream>>>(static_cast<const T*>(x),
+                                           static_cast<const T*>(residual), static_cast<T*>(y),
+                                           rows, channels, p);
     return cudaGetLastError();
   });
 }
@@ -371,13 +409,16 @@ cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, Elem
     constexpr int V = decltype(v)::value;
     const int64_t packs_per_row = channels / V;
     if (packs_per_row == 0) return cudaSuccess;
-    const Shape s = reduce_shape(rows, packs_per_row);
-    const size_t shared = static_cast<size_t>(s.block.x) * s.block.y * 3 * V * sizeof(float);
-    batch_norm_prelu_backward_reduce_kernel<T, V><<<s.grid, s.block, shared, stream>>>(
+    const auto kernel = batch_norm_prelu_backward_reduce_kernel<T, V>;
+    Launch l;
+    if (const cudaError_t e = reduce_launch<3, V>(kernel, rows, packs_per_row, &l);
+        e != cudaSuccess)
+      return e;
+    kernel<<<l.grid, l.block, l.shared, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(dy), rows, channels, p, partials);
     const int64_t width = 3 * channels;
     batch_norm_sum_partials_kernel<<<column_blocks(width), kThreads, 0, stream>>>(
-        partials, s.grid.y, width, sums);
+        partials, l.grid.y, width, sums);
     return cudaGetLastError();
   });
 }
@@ -391,9 +432,9 @@ cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, void*
     constexpr int V = decltype(v)::value;
     const int64_t packs_per_row = channels / V;
     if (packs_per_row == 0) return cudaSuccess;
-    const Shape s = elementwise_shape(rows, packs_per_row);
+    const Launch l = elementwise_launch(rows, packs_per_row);
     batch_norm_prelu_backward_input_kernel<T, V>
-        <<<s.grid, s.block, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
+        <<<l.grid, l.block, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
                                          static_cast<T*>(dx), rows, channels, p, sums);
     return cudaGetLastError();
   });

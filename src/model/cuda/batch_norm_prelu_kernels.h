@@ -1,7 +1,8 @@
 #pragma once
 
-// Launchers of the batch norm (+ PReLU) kernels (BatchNormImpl::forward and forward_prelu). Plain
-// pointers and streams only, so that this header and the .cu file compile without LibTorch. Each
+// Launchers of the batch norm (+ PReLU, + a residual) kernels (BatchNormImpl::forward,
+// forward_prelu and forward_add). Plain pointers and streams only, so that this header and the .cu
+// file compile without LibTorch. Each
 // returns cudaGetLastError() after its launches; callers check it.
 //
 // The data are `rows` x `channels` elements with the channel moving fastest: a channels-last
@@ -43,9 +44,10 @@ cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows,
                                   float* invstd, float* running_mean, float* running_var,
                                   cudaStream_t stream);
 
-// y from x.
-cudaError_t batch_norm_prelu_forward(const void* x, void* y, ElementType type, int64_t rows,
-                                     int64_t channels, BatchNormPReLUParams p, cudaStream_t stream);
+// y from x, plus `residual` (of x's type and layout) where it is not null.
+cudaError_t batch_norm_prelu_forward(const void* x, const void* residual, void* y, ElementType type,
+                                     int64_t rows, int64_t channels, BatchNormPReLUParams p,
+                                     cudaStream_t stream);
 
 // Per channel, over the rows, given dy (the gradient of y): sums[c] = Σ dz,
 // sums[channels + c] = Σ dz x̂ and sums[2 channels + c] = Σ dy z [z <= 0], where
