@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <optional>
 
 #include "myriad/model/backbone.h"
@@ -107,49 +108,76 @@ double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
   return (a - b).norm().item<double>() / b.norm().item<double>();
 }
 
-// On a GPU, training with channels-last maps runs batch norm in myriad's kernels, with PReLU and
-// the residual adds in the same passes; with NCHW maps, LibTorch's batch norm, PReLU and adds run
-// on their own. Both compute the same function, forward and backward: every IResNet depth and mbf,
-// in float32 and under bfloat16 autocast (at bfloat16's rounding, compounded over the depth).
+// One training pass of `name` on the GPU: the embedding, and every parameter's gradient as one
+// vector. Channels-last maps take myriad's batch norm kernels (with PReLU and the residual adds);
+// NCHW maps take LibTorch's batch norm, PReLU and adds.
+struct GpuPass {
+  torch::Tensor embedding, gradient;
+};
+
+GpuPass gpu_pass(const std::string& name, InputShape shape, const torch::Tensor& images,
+                 const torch::Tensor& projection, bool fused, torch::ScalarType dtype) {
+  const torch::Device gpu(torch::kCUDA);
+  torch::manual_seed(6);
+  auto net = build(name, shape, projection.size(1));
+  net->to(gpu);
+  net->set_channels_last(fused);
+  EXPECT_EQ(batch_norm_runs_own_kernels(gpu, false, fused), fused);
+  torch::Tensor y;
+  {
+    std::optional<AutocastGuard> autocast;
+    if (dtype != torch::kFloat32) autocast.emplace(gpu, dtype);
+    y = net->forward(net->in_layout(images)).to(torch::kFloat32);
+  }
+  (y * projection).sum().backward();
+  std::vector<torch::Tensor> flat;
+  for (const torch::Tensor& p : net->parameters()) {
+    if (p.grad().defined()) flat.push_back(p.grad().reshape(-1).to(torch::kFloat32));
+  }
+  return {y.detach(), torch::cat(flat)};
+}
+
+// The fused batch norm computes the unfused function, forward and backward, for every IResNet
+// depth and mbf: in float32 up to rounding (batch norm's backward over 8 images amplifies it), and
+// under bfloat16 autocast no further from the float32 function than LibTorch's path is. bfloat16's
+// rounding compounds over the depth (r200's two bf16 paths differ by 16% in their gradients), so
+// each is set against float32, not against the other.
 TEST(Backbone, FusedBatchNormComputesTheUnfusedFunction) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   const myriad::testing::ExactFloat32 exact;
-  const torch::Device gpu(torch::kCUDA);
   const std::pair<const char*, InputShape> nets[] = {{"r18", {3, 64, 64}},  {"r34", {3, 64, 64}},
                                                      {"r50", {3, 64, 64}},  {"r100", {3, 64, 64}},
                                                      {"r200", {3, 64, 64}}, {"mbf", {3, 112, 112}}};
   for (const auto& [name, shape] : nets) {
-    for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
-      SCOPED_TRACE(std::string(name) + " " + c10::toString(dtype));
-      torch::manual_seed(5);
-      const torch::Tensor images =
-          torch::randn({8, shape.channels, shape.height, shape.width}).to(gpu);
-      const torch::Tensor projection = torch::randn({8, 32}).to(gpu);
-      std::vector<torch::Tensor> embeddings, gradients;
-      for (const bool fused : {true, false}) {
-        torch::manual_seed(6);
-        auto net = build(name, shape, 32);
-        net->to(gpu);
-        net->set_channels_last(fused);
-        ASSERT_EQ(batch_norm_runs_own_kernels(gpu, false, fused), fused);
-        torch::Tensor y;
-        {
-          std::optional<AutocastGuard> autocast;
-          if (dtype != torch::kFloat32) autocast.emplace(gpu, dtype);
-          y = net->forward(net->in_layout(images)).to(torch::kFloat32);
-        }
-        (y * projection).sum().backward();
-        embeddings.push_back(y.detach());
-        std::vector<torch::Tensor> flat;
-        for (const torch::Tensor& p : net->parameters()) {
-          if (p.grad().defined()) flat.push_back(p.grad().reshape(-1).to(torch::kFloat32));
-        }
-        gradients.push_back(torch::cat(flat));
-      }
-      const double tolerance = dtype == torch::kFloat32 ? 2e-3 : 5e-2;
-      EXPECT_LE(relative_difference(embeddings[0], embeddings[1]), tolerance) << "embedding";
-      EXPECT_LE(relative_difference(gradients[0], gradients[1]), tolerance) << "gradients";
-    }
+    SCOPED_TRACE(name);
+    torch::manual_seed(5);
+    const torch::Tensor images =
+        torch::randn({8, shape.channels, shape.height, shape.width}).to(torch::kCUDA);
+    const torch::Tensor projection = torch::randn({8, 32}).to(torch::kCUDA);
+    const auto pass = [&](bool fused, torch::ScalarType dtype) {
+      return gpu_pass(name, shape, images, projection, fused, dtype);
+    };
+    const GpuPass exact32 = pass(false, torch::kFloat32);
+    const GpuPass fused32 = pass(true, torch::kFloat32);
+    EXPECT_LE(relative_difference(fused32.embedding, exact32.embedding), 1e-2) << "float32";
+    EXPECT_LE(relative_difference(fused32.gradient, exact32.gradient), 1e-2) << "float32";
+    const GpuPass plain16 = pass(false, torch::kBFloat16);
+    const GpuPass fused16 = pass(true, torch::kBFloat16);
+    std::printf(
+        "%s against float32: fused float32 %.1e / %.1e, bf16 fused %.1e / %.1e, bf16 LibTorch "
+        "%.1e / %.1e (embedding / gradients)\n",
+        name, relative_difference(fused32.embedding, exact32.embedding),
+        relative_difference(fused32.gradient, exact32.gradient),
+        relative_difference(fused16.embedding, exact32.embedding),
+        relative_difference(fused16.gradient, exact32.gradient),
+        relative_difference(plain16.embedding, exact32.embedding),
+        relative_difference(plain16.gradient, exact32.gradient));
+    EXPECT_LE(relative_difference(fused16.embedding, exact32.embedding),
+              2 * relative_difference(plain16.embedding, exact32.embedding) + 2e-2)
+        << "bfloat16 embedding";
+    EXPECT_LE(relative_difference(fused16.gradient, exact32.gradient),
+              2 * relative_difference(plain16.gradient, exact32.gradient) + 2e-2)
+        << "bfloat16 gradients";
   }
 }
 
