@@ -15,6 +15,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "batch_norm_prelu_kernels.h"
@@ -319,6 +322,25 @@ Launch elementwise_launch(int64_t rows, int64_t packs_per_row) {
   return {grid_for(rows, packs_per_row, block, 8 * static_cast<int64_t>(multiprocessors())), block};
 }
 
+// Blocks of `kernel` resident per multiprocessor, asked of the runtime once per kernel, device and
+// block shape: the query is a host call, and the reductions run several times in every step.
+cudaError_t resident_blocks(const void* kernel, const dim3& block, size_t shared, int* count) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, unsigned, unsigned>, int> counts;
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const auto key = std::make_tuple(kernel, device, block.x, block.y);
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto known = counts.find(key); known != counts.end()) {
+    *count = known->second;
+    return cudaSuccess;
+  }
+  const cudaError_t status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      count, kernel, static_cast<int>(block.x * block.y), shared);
+  if (status == cudaSuccess) counts.emplace(key, *count);
+  return status;
+}
+
 // A reduction of J sums per element over packs of V: the blocks that `kernel` fits on the GPU at
 // once, J V floats of shared memory per thread.
 template <int J, int V, class Kernel>
@@ -326,8 +348,8 @@ cudaError_t reduce_launch(Kernel kernel, int64_t rows, int64_t packs_per_row, La
   const dim3 block = block_for(packs_per_row);
   const size_t shared = static_cast<size_t>(block.x) * block.y * J * V * sizeof(float);
   int per_multiprocessor = 0;
-  const cudaError_t status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_multiprocessor, kernel, static_cast<int>(block.x * block.y), shared);
+  const cudaError_t status =
+      resident_blocks(reinterpret_cast<const void*>(kernel), block, shared, &per_multiprocessor);
   const int64_t resident =
       std::max(1, per_multiprocessor) * static_cast<int64_t>(multiprocessors());
   *launch = {grid_for(rows, packs_per_row, block, std::min(resident, max_reduce_blocks())), block,
