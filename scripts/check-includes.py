@@ -22,10 +22,18 @@ def check(unit):
     return done.returncode, done.stdout + done.stderr
 
 
+def read_units(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit(f"check-includes.py: cannot read the compile commands {path}: {e}")
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    units = [u for u in json.load(open(sys.argv[1])) if u["file"].endswith(".cpp")]
+    units = [u for u in read_units(sys.argv[1]) if u["file"].endswith(".cpp")]
     with concurrent.futures.ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
         results = list(pool.map(check, units))
     failed = [out for code, out in results if code != 0]
