@@ -1,7 +1,9 @@
 #include "myriad/classifier/shard_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "cpu_row_update.h"
 #include "myriad/util/check_cuda.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
@@ -20,28 +22,33 @@ namespace myriad {
 
 namespace {
 
-torch::Tensor rows_of(const torch::Tensor& t, const torch::Tensor& index, int64_t begin,
-                      int64_t end) {
-  return index.defined() ? t.index_select(0, index.slice(0, begin, end)) : t.slice(0, begin, end);
-}
-
-void write_rows(torch::Tensor& t, const torch::Tensor& index, int64_t begin, int64_t end,
-                const torch::Tensor& rows) {
-  if (index.defined()) {
-    t.index_copy_(0, index.slice(0, begin, end), rows.to(t.scalar_type()));
-    return;
-  }
-  torch::Tensor target = t.slice(0, begin, end);
-  // rows_of() returned a view and the update already happened in place.
-  if (target.data_ptr() != rows.data_ptr()) target.copy_(rows);
-}
-
 // The update's multiplier (loss scaling undone): undefined, or one float32 beside the weights.
 void check_grad_multiplier(const torch::Tensor& multiplier, const torch::Tensor& weight) {
   MYRIAD_CHECK(
       !multiplier.defined() || (multiplier.scalar_type() == torch::kFloat32 &&
                                 multiplier.numel() == 1 && multiplier.device() == weight.device()),
       "the gradient multiplier must be one float32 on the weights' device");
+}
+
+const float* multiplier_of(const torch::Tensor& multiplier) {
+  return multiplier.defined() ? multiplier.data_ptr<float>() : nullptr;
+}
+
+SgdArgs sgd_args(const OptimizerOptions& o, const torch::Tensor& multiplier) {
+  return {static_cast<float>(o.lr), static_cast<float>(o.momentum),
+          static_cast<float>(o.weight_decay), o.nesterov, multiplier_of(multiplier)};
+}
+
+AdamWArgs adamw_args(const OptimizerOptions& o, int64_t step, const torch::Tensor& multiplier) {
+  const double t = static_cast<double>(std::max<int64_t>(step, 1));
+  return {static_cast<float>(o.lr),
+          static_cast<float>(o.beta1),
+          static_cast<float>(o.beta2),
+          static_cast<float>(o.eps),
+          static_cast<float>(o.weight_decay),
+          static_cast<float>(1.0 - std::pow(o.beta1, t)),
+          static_cast<float>(1.0 - std::pow(o.beta2, t)),
+          multiplier_of(multiplier)};
 }
 
 }  // namespace
@@ -84,27 +91,6 @@ void ShardOptimizer::begin_step() {
 
 uint64_t ShardOptimizer::rounding_seed() const {
   return splitmix64(splitmix64(seed_ ^ 0x5EEDB16Full) + static_cast<uint64_t>(step_));
-}
-
-torch::Tensor round_bf16_stochastic(const torch::Tensor& values, const torch::Tensor& rows,
-                                    uint64_t seed) {
-  MYRIAD_CHECK(values.scalar_type() == torch::kFloat32 && values.dim() == 2 && !values.is_cuda(),
-               "stochastic rounding takes a float32 matrix on the CPU");
-  const torch::Tensor v = values.contiguous();
-  const torch::Tensor r = rows.to(torch::kInt64).contiguous();
-  MYRIAD_CHECK(r.numel() == v.size(0), "stochastic rounding needs one class per row");
-  torch::Tensor out = torch::empty(v.sizes(), v.options().dtype(torch::kBFloat16));
-  const float* in = v.data_ptr<float>();
-  const int64_t* row = r.data_ptr<int64_t>();
-  auto* bits = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const int64_t dim = v.size(1);
-  for (int64_t i = 0; i < v.size(0); ++i) {
-    for (int64_t k = 0; k < dim; ++k) {
-      bits[i * dim + k] =
-          bf16_bits_stochastic(in[i * dim + k], rounding_bits(seed, row[i] * dim + k));
-    }
-  }
-  return out;
 }
 
 std::vector<std::pair<std::string, torch::Tensor*>> ShardOptimizer::state() {
@@ -167,16 +153,13 @@ void ShardOptimizer::update_rows_from_logit_grad(torch::Tensor& weight, const to
                logit_grad.sizes(), xt.sizes());
   check_grad_multiplier(grad_multiplier, weight);
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
-  const OptimizerOptions& o = options_;
   const cuda::WeightShard shard{weight.data_ptr(), element_type(weight.scalar_type()), first_row_,
                                 rounding_seed()};
-  const cuda::SgdArgs args{static_cast<float>(o.lr), static_cast<float>(o.momentum),
-                           static_cast<float>(o.weight_decay), o.nesterov,
-                           grad_multiplier.defined() ? grad_multiplier.data_ptr<float>() : nullptr};
   MYRIAD_CHECK_CUDA(cuda::fused_sgd_rows(
-      shard, momentum_.defined() ? momentum_.data_ptr() : nullptr, element_type(o.state_dtype),
-      logit_grad.data_ptr(), xt.data_ptr(), batch, static_cast<int>(weight.size(1)),
-      index.defined() ? index.data_ptr<int64_t>() : nullptr, begin, end - begin, grad_of, args,
+      shard, momentum_.defined() ? momentum_.data_ptr() : nullptr,
+      element_type(options_.state_dtype), logit_grad.data_ptr(), xt.data_ptr(), batch,
+      static_cast<int>(weight.size(1)), index.defined() ? index.data_ptr<int64_t>() : nullptr,
+      begin, end - begin, grad_of, sgd_args(options_, grad_multiplier),
       c10::cuda::getCurrentCUDAStream(weight.device().index()).stream()));
 #else
   (void)index, (void)grad_of;
@@ -198,79 +181,38 @@ bool ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
       "the rows' gradient must be a contiguous float32 or bfloat16 [{}, {}] matrix, not {} "
       "{}",
       count, weight.size(1), c10::toString(grad.scalar_type()), grad.sizes());
-  const OptimizerOptions& o = options_;
-  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(std::max<int64_t>(step_, 1)));
-  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(std::max<int64_t>(step_, 1)));
-#ifdef MYRIAD_WITH_CUDA
-  if (weight.is_cuda()) {
-    const int64_t* rows = index.defined() ? index.data_ptr<int64_t>() : nullptr;
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(weight.device().index()).stream();
-    const cuda::WeightShard shard{weight.data_ptr(), element_type(weight.scalar_type()), first_row_,
-                                  rounding_seed()};
-    const float* multiplier =
-        grad_multiplier.defined() ? grad_multiplier.data_ptr<float>() : nullptr;
-    if (o.kind == OptimizerKind::kSgd) {
-      const cuda::SgdArgs args{static_cast<float>(o.lr), static_cast<float>(o.momentum),
-                               static_cast<float>(o.weight_decay), o.nesterov, multiplier};
-      bool norms_written = false;
-      MYRIAD_CHECK_CUDA(cuda::sgd_rows(
-          shard, momentum_.defined() ? momentum_.data_ptr() : nullptr, element_type(o.state_dtype),
-          grad.data_ptr(), element_type(grad.scalar_type()), weight.size(1), rows, begin, count,
-          grad_of, args, stream, inv_norms, &norms_written));
-      return norms_written;
+  if (!weight.is_cuda()) {
+    const CpuRowUpdate rows{weight, index, begin, end, grad, grad_of, first_row_, rounding_seed()};
+    if (options_.kind == OptimizerKind::kSgd) {
+      sgd_rows_cpu(rows, momentum_, sgd_args(options_, grad_multiplier));
     } else {
-      const cuda::AdamWArgs args{static_cast<float>(o.lr),
-                                 static_cast<float>(o.beta1),
-                                 static_cast<float>(o.beta2),
-                                 static_cast<float>(o.eps),
-                                 static_cast<float>(o.weight_decay),
-                                 static_cast<float>(bc1),
-                                 static_cast<float>(bc2),
-                                 multiplier};
-      MYRIAD_CHECK_CUDA(cuda::adamw_rows(shard, exp_avg_.data_ptr(), exp_avg_sq_.data_ptr(),
-                                         element_type(o.state_dtype), grad.data_ptr(),
-                                         element_type(grad.scalar_type()), weight.size(1), rows,
-                                         begin, count, grad_of, args, stream));
+      adamw_rows_cpu(rows, exp_avg_, exp_avg_sq_, adamw_args(options_, step_, grad_multiplier));
     }
     return false;
   }
+#ifdef MYRIAD_WITH_CUDA
+  const int64_t* rows = index.defined() ? index.data_ptr<int64_t>() : nullptr;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(weight.device().index()).stream();
+  const cuda::WeightShard shard{weight.data_ptr(), element_type(weight.scalar_type()), first_row_,
+                                rounding_seed()};
+  if (options_.kind == OptimizerKind::kAdamW) {
+    MYRIAD_CHECK_CUDA(cuda::adamw_rows(
+        shard, exp_avg_.data_ptr(), exp_avg_sq_.data_ptr(), element_type(options_.state_dtype),
+        grad.data_ptr(), element_type(grad.scalar_type()), weight.size(1), rows, begin, count,
+        grad_of, adamw_args(options_, step_, grad_multiplier), stream));
+    return false;
+  }
+  bool norms_written = false;
+  MYRIAD_CHECK_CUDA(cuda::sgd_rows(shard, momentum_.defined() ? momentum_.data_ptr() : nullptr,
+                                   element_type(options_.state_dtype), grad.data_ptr(),
+                                   element_type(grad.scalar_type()), weight.size(1), rows, begin,
+                                   count, grad_of, sgd_args(options_, grad_multiplier), stream,
+                                   inv_norms, &norms_written));
+  return norms_written;
+#else
+  (void)inv_norms;
+  MYRIAD_THROW("a CUDA weight in a build without CUDA");
 #endif
-  const bool bf16 = weight.scalar_type() == torch::kBFloat16;
-  torch::Tensor w = rows_of(weight, index, begin, end).to(torch::kFloat32);
-  // A copy in float32 (the caller's gradient stays as it is), scaled in place.
-  torch::Tensor grad32 = grad.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
-  torch::Tensor g = row_grad_of_rows(
-      w, grad_multiplier.defined() ? grad32.mul_(grad_multiplier) : grad32, grad_of);
-  if (o.kind == OptimizerKind::kSgd) {
-    torch::Tensor d = g.add_(w, o.weight_decay);
-    if (momentum_.defined()) {
-      const torch::Tensor buf =
-          rows_of(momentum_, index, begin, end).to(torch::kFloat32).mul_(o.momentum).add_(d);
-      write_rows(momentum_, index, begin, end, buf);
-      d = o.nesterov ? d.add(buf, o.momentum) : buf;
-    }
-    w.sub_(d, o.lr);
-  } else {
-    const torch::Tensor m = rows_of(exp_avg_, index, begin, end)
-                                .to(torch::kFloat32)
-                                .mul_(o.beta1)
-                                .add_(g, 1.0 - o.beta1);
-    const torch::Tensor v = rows_of(exp_avg_sq_, index, begin, end)
-                                .to(torch::kFloat32)
-                                .mul_(o.beta2)
-                                .addcmul_(g, g, 1.0 - o.beta2);
-    write_rows(exp_avg_, index, begin, end, m);
-    write_rows(exp_avg_sq_, index, begin, end, v);
-    w.mul_(1.0 - o.lr * o.weight_decay)
-        .addcdiv_(m, v.sqrt().div_(std::sqrt(bc2)).add_(o.eps), -o.lr / bc1);
-  }
-  if (bf16) {
-    const torch::Tensor shard_rows =
-        index.defined() ? index.slice(0, begin, end) : torch::arange(begin, end, torch::kInt64);
-    w = round_bf16_stochastic(w, shard_rows + first_row_, rounding_seed());
-  }
-  write_rows(weight, index, begin, end, w);
-  return false;
 }
 
 }  // namespace myriad

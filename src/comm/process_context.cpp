@@ -16,8 +16,9 @@
 #include "myriad/util/error.h"
 #include "myriad/util/fault_point.h"
 #include "myriad/util/format.h"
-#include "myriad/util/strings.h"
+#include "myriad/util/host_memory.h"
 #include "myriad/util/log.h"
+#include "myriad/util/strings.h"
 
 namespace myriad {
 
@@ -54,6 +55,12 @@ const char* thread_level_name(int level) {
     default:
       return "unknown";
   }
+}
+
+// The CPU, for a process whose tensors will live there.
+torch::Device cpu_device() {
+  keep_freed_host_memory();
+  return torch::kCPU;
 }
 
 }  // namespace
@@ -171,18 +178,18 @@ GpuPlan ProcessContext::plan_gpus() const {
 }
 
 torch::Device ProcessContext::select_device(DevicePreference preference) {
-  if (preference == DevicePreference::kCpu) return torch::kCPU;
+  if (preference == DevicePreference::kCpu) return cpu_device();
   const GpuPlan plan = plan_gpus();
   if (!plan.conflicts.empty()) throw UsageError(join(plan.conflicts, "; "));
   return use_device(preference, plan);
 }
 
 torch::Device ProcessContext::use_device(DevicePreference preference, const GpuPlan& plan) {
-  if (preference == DevicePreference::kCpu) return torch::kCPU;
+  if (preference == DevicePreference::kCpu) return cpu_device();
   if (!all_ranks_have_gpu()) {
     MYRIAD_CHECK_COLLECTIVE(preference != DevicePreference::kCuda,
                             "--device cuda was asked for, but not every rank sees a CUDA device");
-    return torch::kCPU;
+    return cpu_device();
   }
 #ifdef MYRIAD_WITH_CUDA
   const int index = plan.index.at(rank_);

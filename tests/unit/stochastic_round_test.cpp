@@ -86,18 +86,36 @@ TEST(StochasticRound, TheElementsOfAPairRoundIndependently) {
   EXPECT_NEAR(static_cast<double>(both) / kPairs, p * p, bound(p * p));
 }
 
-TEST(StochasticRound, TensorRoundingKeysOnTheGlobalRow) {
-  const torch::Tensor values = torch::randn({6, 40});
-  const torch::Tensor rows = torch::arange(100, 106, torch::kInt64);
-  const torch::Tensor whole = round_bf16_stochastic(values, rows, 5);
-  ASSERT_EQ(whole.scalar_type(), torch::kBFloat16);
-  // Rows rounded on their own (another shard or chunk) get the same bits.
-  const torch::Tensor part = round_bf16_stochastic(values.slice(0, 2, 4), rows.slice(0, 2, 4), 5);
-  EXPECT_TRUE(torch::equal(whole.slice(0, 2, 4), part));
-  // Every element within one bfloat16 step of its value, and another seed rounds differently.
-  EXPECT_LE((whole.to(torch::kFloat32) - values).abs().div(values.abs()).max().item<float>(),
-            1.0f / 128);
-  EXPECT_FALSE(torch::equal(whole, round_bf16_stochastic(values, rows, 6)));
+// bfloat16 weights round by global element: a shard's rows updated in one call, in two calls, or
+// as part of a shard that starts at another global class get the same bits; another seed rounds
+// differently.
+TEST(ShardOptimizerBf16, RoundingKeysOnTheGlobalRow) {
+  OptimizerOptions o;
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  const torch::Tensor start = torch::randn({6, 40}).to(torch::kBFloat16);
+  const torch::Tensor grad = torch::randn({6, 40});
+  const auto update = [&](int64_t first_row, int64_t rows, uint64_t seed,
+                          const std::vector<int64_t>& splits) {
+    ShardOptimizer optimizer(o, rows, 40, torch::kCPU, 100 + first_row, seed);
+    optimizer.begin_step();
+    torch::Tensor w = start.slice(0, first_row, first_row + rows).clone();
+    for (size_t s = 0; s + 1 < splits.size(); ++s) {
+      optimizer.update_rows(w, torch::Tensor(), splits[s], splits[s + 1],
+                            grad.slice(0, first_row + splits[s], first_row + splits[s + 1]),
+                            RowGradient::kRow, torch::Tensor());
+    }
+    return w;
+  };
+  const torch::Tensor whole = update(0, 6, 5, {0, 6});
+  EXPECT_TRUE(torch::equal(whole, update(0, 6, 5, {0, 2, 6})));
+  EXPECT_TRUE(torch::equal(whole.slice(0, 2, 4), update(2, 2, 5, {0, 2})));
+  EXPECT_FALSE(torch::equal(whole, update(0, 6, 6, {0, 6})));
+  // Every element within one bfloat16 step of the float32 update.
+  const torch::Tensor exact =
+      start.to(torch::kFloat32) - 0.05 * (grad + 5e-4 * start.to(torch::kFloat32));
+  EXPECT_LE((whole.to(torch::kFloat32) - exact).abs().div(exact.abs()).max().item<float>(),
+            1.01f / 128);
 }
 
 // Updates far below half a bfloat16 step: round-to-nearest would leave every weight where it

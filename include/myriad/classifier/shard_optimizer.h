@@ -90,11 +90,6 @@ class ShardOptimizer {
   torch::Tensor column_order_;  // on the device, for logit_grad_update_features
 };
 
-// `values` (float32, CPU) rounded stochastically to bfloat16 as the update kernels do; row i is
-// global class rows[i] of a [*, values.size(1)] matrix.
-torch::Tensor round_bf16_stochastic(const torch::Tensor& values, const torch::Tensor& rows,
-                                    uint64_t seed);
-
 // Gradient with respect to rows w (float32) from the gradient `grad_of` says: for w / |w|,
 // grad/|w| - (w . grad) w / |w|^3; for w / |w| divided by |w|, grad - (w . grad) w / |w|^2.
 // Rows are independent.

@@ -36,7 +36,8 @@ class ProcessContext {
   // else the CPU; kCuda a GPU, or a UsageError. Before anything touches a GPU, ranks that would
   // share one (more ranks on a host than GPUs) are a UsageError whose one line names each such
   // host, its ranks and GPUs, and the ways out: for kAuto too, since quietly training on the CPU
-  // would be a hundred times slower (a collective call).
+  // would be a hundred times slower (a collective call). A process given the CPU keeps the host
+  // memory it frees (keep_freed_host_memory).
   torch::Device select_device(DevicePreference preference);
   // The device `plan` gives this rank under `preference`, activated, without refusing ranks that
   // share a GPU (myriad-doctor reports them as a failed check and goes on).

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "../row_update_rule.h"
 #include "myriad/classifier/margin.h"
 #include "myriad/classifier/row_gradient.h"
 #include "myriad/util/element_type.h"
@@ -61,13 +62,7 @@ struct WeightShard {
   uint64_t rounding_seed;
 };
 
-struct SgdArgs {
-  float lr;
-  float momentum;
-  float weight_decay;
-  bool nesterov;
-  const float* grad_multiplier;  // undoes loss scaling: one float on the device; null for 1
-};
+using ::myriad::SgdArgs;
 
 // For each of `count` rows: dw from grad (taken with respect to what grad_of says), then SGD with
 // momentum and weight decay on the row and its momentum buffer (momentum_type; null when momentum
@@ -80,16 +75,7 @@ cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_ty
                      int64_t begin, int64_t count, RowGradient grad_of, SgdArgs args,
                      cudaStream_t stream, float* inv_norms, bool* norms_written);
 
-struct AdamWArgs {
-  float lr;
-  float beta1;
-  float beta2;
-  float eps;
-  float weight_decay;
-  float bias_correction1;  // 1 - beta1^t
-  float bias_correction2;  // 1 - beta2^t
-  const float* grad_multiplier;
-};
+using ::myriad::AdamWArgs;
 
 // AdamW on each of `count` rows, with first and second moments in state_type.
 cudaError_t adamw_rows(WeightShard weight, void* exp_avg, void* exp_avg_sq, ElementType state_type,

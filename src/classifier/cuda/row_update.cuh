@@ -1,18 +1,17 @@
 #pragma once
 
-// The optimizer's per-row and per-element arithmetic, shared by the row kernels
-// (weight_kernels.cu) and the fused weight update (hopper/fused_weight_update.cu), so that both
-// paths update a row alike, down to the bits of its stochastic rounding; nvcc only.
+// The stores of updated weights, shared by the row kernels (weight_kernels.cu) and the fused
+// weight update (hopper/fused_weight_update.cu), so that both paths round a row alike, down to the
+// bits; the arithmetic itself is row_update_rule.h's. nvcc only.
 
 #include <cstdint>
 
+#include "../row_update_rule.h"
 #include "kernels.h"
 #include "myriad/util/cuda_elements.cuh"
 #include "myriad/util/stochastic_round.h"
 
 namespace myriad::cuda {
-
-constexpr float kMinSquaredNorm = 1e-24f;
 
 // Stores of updated weights: float32 as they are, bfloat16 rounded stochastically with the bits
 // of each element's global index.
@@ -86,51 +85,5 @@ struct WeightStore {
     store_pack<N>(p, pack);
   }
 };
-
-// dw for one element: the gradient with respect to the row itself. For grad = dL/d(w/|w|),
-// dw = grad/|w| - (w.grad) w/|w|^3; for grad = dL/d(w/|w|) / |w|, dw = grad - (w.grad) w/|w|^2.
-struct RowGradientOf {
-  float gain = 1.0f;    // of grad: the multiplier that undoes loss scaling, times 1/|w| or 1
-  float radial = 0.0f;  // of w
-
-  __device__ float operator()(float w, float g) const { return fmaf(g, gain, -radial * w); }
-};
-
-// The row's RowGradientOf from the sums over its elements of w.grad (`dot`) and w^2 (`squares`);
-// `multiplier` undoes loss scaling (1 when null).
-__device__ inline RowGradientOf row_gradient_of(float dot, float squares, RowGradient grad_of,
-                                                const float* multiplier) {
-  RowGradientOf rg;
-  if (multiplier != nullptr) rg.gain = *multiplier;
-  if (grad_of == RowGradient::kRow) return rg;
-  dot *= rg.gain;
-  const float inv_norm = rsqrtf(fmaxf(squares, kMinSquaredNorm));
-  if (grad_of == RowGradient::kUnitRow) {
-    rg.gain *= inv_norm;
-    rg.radial = dot * inv_norm * inv_norm * inv_norm;
-  } else {
-    rg.radial = dot * inv_norm * inv_norm;
-  }
-  return rg;
-}
-
-// SGD on one element w with gradient g (as torch.optim.SGD: weight decay added to the gradient,
-// then momentum `b`, when the row has a buffer, and Nesterov); returns the new w. kNesterov as a
-// constant spares the fused update computing both forms and selecting one.
-template <bool kNesterov>
-__device__ inline float sgd_element(float w, float g, const RowGradientOf& dw, const SgdArgs& args,
-                                    float* b) {
-  float d = fmaf(g, dw.gain, (args.weight_decay - dw.radial) * w);
-  if (b != nullptr) {
-    *b = fmaf(args.momentum, *b, d);
-    d = kNesterov ? fmaf(args.momentum, *b, d) : *b;
-  }
-  return fmaf(-args.lr, d, w);
-}
-__device__ inline float sgd_element(float w, float g, const RowGradientOf& dw, const SgdArgs& args,
-                                    float* b) {
-  return args.nesterov ? sgd_element<true>(w, g, dw, args, b)
-                       : sgd_element<false>(w, g, dw, args, b);
-}
 
 }  // namespace myriad::cuda

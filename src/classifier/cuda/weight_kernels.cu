@@ -155,8 +155,7 @@ __global__ void adamw_rows_kernel(W* __restrict__ weight, WeightStore store_weig
       row_gradient<kWidth>(w, g, dim, slot.lane, grad_of, args.grad_multiplier);
   State* m = exp_avg + slot.src * dim;
   State* v = exp_avg_sq + slot.src * dim;
-  const float step = args.lr / args.bias_correction1;
-  const float inv_sqrt_bc2 = rsqrtf(args.bias_correction2);
+  const AdamWStep s = adamw_step(args);
   for_each_group<kWidth>(dim, slot.lane, [&](int64_t k) {
     float wv[kWidth], gv[kWidth], mv[kWidth], vv[kWidth];
     load_floats(w + k, wv);
@@ -164,13 +163,8 @@ __global__ void adamw_rows_kernel(W* __restrict__ weight, WeightStore store_weig
     load_floats(m + k, mv);
     load_floats(v + k, vv);
 #pragma unroll
-    for (int j = 0; j < kWidth; ++j) {
-      const float gk = dw(wv[j], gv[j]);
-      mv[j] = args.beta1 * mv[j] + (1.0f - args.beta1) * gk;
-      vv[j] = args.beta2 * vv[j] + (1.0f - args.beta2) * gk * gk;
-      wv[j] = wv[j] * (1.0f - args.lr * args.weight_decay) -
-              step * mv[j] / (sqrtf(vv[j]) * inv_sqrt_bc2 + args.eps);
-    }
+    for (int j = 0; j < kWidth; ++j)
+      wv[j] = adamw_element(wv[j], dw(wv[j], gv[j]), &mv[j], &vv[j], args, s);
     store_floats(m + k, mv);
     store_floats(v + k, vv);
     store_weight(w + k, wv, first_element + k);

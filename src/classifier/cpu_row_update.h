@@ -1,0 +1,35 @@
+#pragma once
+
+// The classifier optimizer's row update on the CPU: one pass over each row, its gradient and its
+// state, with the arithmetic of the GPU's row kernels (row_update_rule.h) and no temporaries of
+// the shard's size (a chain of LibTorch operations took 6 s a step at 1M classes a rank).
+
+#include <torch/types.h>
+
+#include "row_update_rule.h"
+
+namespace myriad {
+
+// Rows [begin, end) of the active rows of a shard: shard rows index[i] (undefined: i itself),
+// with their gradients grad[i - begin] taken with respect to what grad_of says.
+struct CpuRowUpdate {
+  torch::Tensor weight;  // float32 or bfloat16, contiguous; updated in place
+  torch::Tensor index;   // int64, or undefined
+  int64_t begin = 0, end = 0;
+  torch::Tensor grad;  // float32 or bfloat16 [end - begin, D], contiguous
+  RowGradient grad_of = RowGradient::kRow;
+  // bfloat16 weights are rounded stochastically, element (row, k) drawing the bits of global
+  // element (first_row + row) D + k under rounding_seed, as the GPU's stores do.
+  int64_t first_row = 0;
+  uint64_t rounding_seed = 0;
+};
+
+// SGD on the rows, with their momentum buffers (float32 or bfloat16, the weight's shape;
+// undefined when momentum is 0).
+void sgd_rows_cpu(const CpuRowUpdate& rows, torch::Tensor& momentum, const SgdArgs& args);
+
+// AdamW on the rows, with their moments (float32 or bfloat16, the weight's shape).
+void adamw_rows_cpu(const CpuRowUpdate& rows, torch::Tensor& exp_avg, torch::Tensor& exp_avg_sq,
+                    const AdamWArgs& args);
+
+}  // namespace myriad
