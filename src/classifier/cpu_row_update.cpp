@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <initializer_list>
 #include <type_traits>
 #include <vector>
@@ -32,11 +33,19 @@ inline void store_state(c10::BFloat16* p, float v) {
   *p = c10::BFloat16(v);
 }
 
-inline void store_weight(float* p, float v, uint64_t, int64_t) {
-  *p = v;
+// A row of weights stored: float32 as it is, bfloat16 rounded stochastically by global element
+// (rounding_bits, one hash per pair of elements).
+inline void store_row(float* p, const float* w, int64_t dim, uint64_t, int64_t) {
+  std::copy(w, w + dim, p);
 }
-inline void store_weight(c10::BFloat16* p, float v, uint64_t seed, int64_t element) {
-  p->x = bf16_bits_stochastic(v, rounding_bits(seed, element));
+inline void store_row(c10::BFloat16* p, const float* w, int64_t dim, uint64_t seed,
+                      int64_t element) {
+  uint32_t hash = 0;
+  for (int64_t k = 0; k < dim; ++k) {
+    const int64_t e = element + k;
+    if (k == 0 || e % 2 == 0) hash = pair_rounding_bits(seed, e / 2);
+    p[k].x = bf16_bits_stochastic(w[k], pair_half(hash, e));
+  }
 }
 
 // Calls f with a null pointer of the C++ type `t` is stored in: float32 or bfloat16.
@@ -72,9 +81,7 @@ void for_each_row(const CpuRowUpdate& r, const float* multiplier, Update&& updat
         dot += w[k] * g[k];
       }
       update(row, w.data(), g.data(), row_gradient_of(dot, squares, r.grad_of, multiplier));
-      const int64_t element = (r.first_row + row) * dim;
-      for (int64_t k = 0; k < dim; ++k)
-        store_weight(stored + k, w[k], r.rounding_seed, element + k);
+      store_row(stored, w.data(), dim, r.rounding_seed, (r.first_row + row) * dim);
     }
   });
 }
