@@ -1,10 +1,11 @@
 #include "myriad/util/host_memory.h"
 
+// <cstdint> first: it brings in the C library's own header, which defines __GLIBC__.
+#include <cstdint>
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
-
-#include <cstdint>
 
 #include "myriad/util/error.h"
 
