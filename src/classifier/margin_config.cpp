@@ -55,71 +55,73 @@ void add_margin_options(po::options_description& options) {
   // clang-format on
 }
 
-MarginConfig margin_from_options(const po::variables_map& values) {
-  const std::string name = values["margin"].as<std::string>();
-  MarginConfig c;
-  auto given = [&](const char* key) { return option_given(values, key); };
-  auto value_or = [&](const char* key, double fallback) {
-    return given(key) ? values[key].as<double>() : fallback;
-  };
-  auto reject = [&](const char* key) {
-    if (given(key)) {
-      throw UsageError(
-          str_format("--{} does not apply to --margin {}; use --margin combined to mix "
-                     "margins",
-                     key, name));
-    }
-  };
-  if (name == "softmax") {
-    c.type = MarginType::kSoftmax;
-    for (const char* key : {"scale", "m1", "m2", "m3"}) reject(key);
-    c.m1 = 1.0;
-    c.m2 = 0.0;
-    c.m3 = 0.0;
-    c.scale = 1.0;
-  } else if (name == "arcface") {
-    c.type = MarginType::kArcFace;
-    reject("m1");
-    reject("m3");
-    c.m1 = 1.0;
-    c.m2 = value_or("m2", 0.5);
-    c.m3 = 0.0;
-  } else if (name == "cosface" || name == "am-softmax") {
-    c.type = MarginType::kCosFace;
-    reject("m1");
-    reject("m2");
-    c.m1 = 1.0;
-    c.m2 = 0.0;
-    c.m3 = value_or("m3", 0.4);
-  } else if (name == "sphereface") {
-    c.type = MarginType::kSphereFace;
-    reject("m2");
-    reject("m3");
-    c.m1 = value_or("m1", 1.7);
-    c.m2 = 0.0;
-    c.m3 = 0.0;
-  } else if (name == "combined") {
-    c.type = MarginType::kCombined;
-    c.m1 = value_or("m1", 1.0);
-    c.m2 = value_or("m2", 0.0);
-    c.m3 = value_or("m3", 0.0);
-  } else {
-    throw UsageError(str_format(
-        "unknown --margin '{}' (softmax, arcface, cosface, sphereface, combined)", name));
+namespace {
+
+// Each --margin: its type, which of --m1, --m2, --m3 it takes (the others are rejected) and their
+// defaults. Softmax takes no --scale either.
+struct MarginForm {
+  const char* name;
+  MarginType type;
+  bool takes[3];
+  double defaults[3];
+};
+
+constexpr MarginForm kMarginForms[] = {
+    {"softmax", MarginType::kSoftmax, {false, false, false}, {1.0, 0.0, 0.0}},
+    {"arcface", MarginType::kArcFace, {false, true, false}, {1.0, 0.5, 0.0}},
+    {"cosface", MarginType::kCosFace, {false, false, true}, {1.0, 0.0, 0.4}},
+    {"am-softmax", MarginType::kCosFace, {false, false, true}, {1.0, 0.0, 0.4}},
+    {"sphereface", MarginType::kSphereFace, {true, false, false}, {1.7, 0.0, 0.0}},
+    {"combined", MarginType::kCombined, {true, true, true}, {1.0, 0.0, 0.0}},
+};
+
+const MarginForm& margin_form(const std::string& name) {
+  for (const MarginForm& form : kMarginForms) {
+    if (name == form.name) return form;
   }
-  if (c.type != MarginType::kSoftmax) c.scale = value_or("scale", 64.0);
-  const std::string gradient = values["margin-gradient"].as<std::string>();
-  if (gradient != "exact" && gradient != "straight-through") {
-    throw UsageError(
-        str_format("--margin-gradient must be exact or straight-through, got '{}'", gradient));
-  }
-  c.straight_through = gradient == "straight-through";
+  throw UsageError(
+      str_format("unknown --margin '{}' (softmax, arcface, cosface, sphereface, combined)", name));
+}
+
+void check_margin(const MarginConfig& c) {
   if (!(c.scale > 0)) throw UsageError(str_format("--scale must be positive, got {}", c.scale));
   if (!(c.m1 >= 1.0)) throw UsageError(str_format("--m1 must be at least 1, got {}", c.m1));
   if (!(c.m2 >= 0.0 && c.m2 < kPi))
     throw UsageError(str_format("--m2 must be in [0, pi), got {}", c.m2));
   if (!(c.m3 >= 0.0 && c.m3 < 2.0))
     throw UsageError(str_format("--m3 must be in [0, 2), got {}", c.m3));
+}
+
+}  // namespace
+
+MarginConfig margin_from_options(const po::variables_map& values) {
+  const std::string name = values["margin"].as<std::string>();
+  const MarginForm& form = margin_form(name);
+  const auto given = [&](const char* key) { return option_given(values, key); };
+  const auto reject = [&](const char* key) {
+    if (!given(key)) return;
+    throw UsageError(str_format(
+        "--{} does not apply to --margin {}; use --margin combined to mix margins", key, name));
+  };
+  MarginConfig c;
+  c.type = form.type;
+  if (c.type == MarginType::kSoftmax) reject("scale");
+  const char* keys[] = {"m1", "m2", "m3"};
+  double* params[] = {&c.m1, &c.m2, &c.m3};
+  for (int i = 0; i < 3; ++i) {
+    if (!form.takes[i]) reject(keys[i]);
+    *params[i] = given(keys[i]) ? values[keys[i]].as<double>() : form.defaults[i];
+  }
+  c.scale = c.type == MarginType::kSoftmax ? 1.0
+            : given("scale")               ? values["scale"].as<double>()
+                                           : 64.0;
+  const std::string gradient = values["margin-gradient"].as<std::string>();
+  if (gradient != "exact" && gradient != "straight-through") {
+    throw UsageError(
+        str_format("--margin-gradient must be exact or straight-through, got '{}'", gradient));
+  }
+  c.straight_through = gradient == "straight-through";
+  check_margin(c);
   return c;
 }
 

@@ -597,28 +597,35 @@ TEST_P(ClassifierTest, LossScaleOnTheDeviceIsUndoneByTheUpdate) {
   }
 }
 
-// The rows' 1/|w| that sgd_rows writes as it stores bf16 rows are what the next forward would
+// The rows' 1/|w| that sgd_rows writes as it stores the rows are what the next forward would
 // measure, bit for bit: a module made to measure them afresh each step (an in-place write of the
 // same values moves the weight's version) steps as one that takes them from the update. At D = 64
 // the row kernels read packs of 4, at D = 6 single elements; in chunks, each chunk's update
-// writes its own rows. On the CPU both measure.
+// writes its own rows. Float32 rows under float32 GEMMs are read as stored too. On the CPU both
+// measure.
 TEST_P(ClassifierTest, NormsFromTheUpdateAreTheMeasuredNorms) {
   struct Case {
     int64_t dim;
     bool chunked;
+    torch::ScalarType dtype;
   };
-  for (const Case c : {Case{64, false}, Case{6, false}, Case{64, true}}) {
-    const std::string what = str_format("D = {}{}", c.dim, c.chunked ? ", in chunks" : "");
+  for (const Case c : {Case{64, false, torch::kBFloat16}, Case{6, false, torch::kBFloat16},
+                       Case{64, true, torch::kBFloat16}, Case{64, false, torch::kFloat32},
+                       Case{6, true, torch::kFloat32}}) {
+    const std::string what = str_format("{} rows, D = {}{}", c10::toString(c.dtype), c.dim,
+                                        c.chunked ? ", in chunks" : "");
     const Problem p = make_problem(uneven_batches(world()), 301, c.dim, 37);
     ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
     o.update = WeightUpdate::kFused;
     o.fused_update = FusedUpdate::kOff;
-    o.weight_dtype = o.gemm_dtype = torch::kBFloat16;
+    o.weight_dtype = o.gemm_dtype = c.dtype;
     o.optimizer.lr = 0.1;
     o.optimizer.momentum = 0.9;
+    const int64_t bytes = static_cast<int64_t>(torch::elementSize(c.dtype));
     if (c.chunked) {
-      o.workspace_bytes = budget_for_chunk(16, p.features.size(0), c.dim, 2, RowSource::kStored,
-                                           Logits::kInMemory, RowGradientStore::kBFloat16);
+      o.workspace_bytes = budget_for_chunk(
+          16, p.features.size(0), c.dim, bytes, RowSource::kStored, Logits::kInMemory,
+          c.dtype == torch::kBFloat16 ? RowGradientStore::kBFloat16 : RowGradientStore::kFloat32);
     }
     auto taken = make_module(p, o), measured = make_module(p, o);
     for (int step = 0; step < 3; ++step) {
@@ -634,6 +641,40 @@ TEST_P(ClassifierTest, NormsFromTheUpdateAreTheMeasuredNorms) {
         EXPECT_GT(taken->last_plan().chunks, 1) << what;
       }
     }
+  }
+}
+
+// A step that takes the fused update writes the rows without their norms, so it must void those
+// that an earlier step's sgd_rows wrote: the step after it measures the rows again. Global batches
+// of 3W + 1 samples take sgd_rows (not a multiple of 8), of 8W the fused update, where it runs
+// (bf16 rows on an H100 or H200); a module that measures the norms every step is the reference,
+// bit for bit. Elsewhere every step takes the row kernels, and the test checks that they agree.
+TEST_P(ClassifierTest, FusedUpdateVoidsTheNormsOfAnEarlierStep) {
+  std::vector<int64_t> odd(static_cast<size_t>(world()), 3),
+      eights(static_cast<size_t>(world()), 8);
+  odd[0] += 1;
+  const Problem a = make_problem(odd, 301, 64, 41);
+  Problem b = make_problem(eights, 301, 64, 43);
+  b.weight = a.weight;
+  ShardedSoftmaxOptions o = options_for(a, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+  o.update = WeightUpdate::kFused;
+  o.weight_dtype = o.gemm_dtype = torch::kBFloat16;
+  o.optimizer.lr = 0.5;
+  o.optimizer.momentum = 0.9;
+  auto taken = make_module(a, o), measured = make_module(a, o);
+  const bool fused_update =
+      taken->kernels().find("never in memory (global batches") != std::string::npos;
+  EXPECT_EQ(fused_update, hopper_build_on_hopper_gpu(device())) << taken->kernels();
+  const Problem* steps[] = {&a, &b, &a, &b, &a};
+  for (size_t step = 0; step < std::size(steps); ++step) {
+    measured->weight().mul_(1);
+    const Outcome want = run_step(*measured, *steps[step]), got = run_step(*taken, *steps[step]);
+    EXPECT_TRUE(torch::equal(got.loss, want.loss)) << "step " << step;
+    EXPECT_TRUE(torch::equal(got.grad_features, want.grad_features)) << "step " << step;
+    EXPECT_TRUE(torch::equal(taken->weight().cpu(), measured->weight().cpu())) << "step " << step;
+    // After sgd_rows on the GPU the norms come from the update; after the fused update, never.
+    const bool rows_kernels = steps[step] == &a || !fused_update;
+    EXPECT_EQ(taken->norms_from_update(), device().is_cuda() && rows_kernels) << "step " << step;
   }
 }
 

@@ -16,7 +16,13 @@ namespace myriad {
 
 class Communicator;
 class HostCopy;
+class LogitsPath;
+class PhaseMarks;
 class PhaseTimer;
+class RowUpdater;
+struct GradientScale;
+struct RowStatistics;
+struct SoftmaxStep;
 
 // What backward does with the classifier's gradient.
 enum class WeightUpdate {
@@ -138,16 +144,17 @@ class ShardedMarginSoftmax {
   // Whether the next forward takes the stored rows' 1/|w| from the last update, which wrote them
   // as it stored the rows (SGD on the GPU), rather than reading every row to measure them.
   bool norms_from_update() const;
-  // Which path computes the logits, for the start-up line: the fused Hopper kernels (logits
-  // never in memory; H100 and H200 with bfloat16 GEMMs and D a multiple of 8 up to 512), or
-  // GEMMs with the softmax kernels (or LibTorch operations on the CPU).
-  bool fused() const { return fused_; }
-  Logits logits() const { return fused_ ? Logits::kInRegisters : Logits::kInMemory; }
+  // Whether the fused Hopper kernels compute the logits (never in memory; H100 and H200 with
+  // bfloat16 GEMMs and D a multiple of 8 up to 512), rather than GEMMs with the softmax kernels
+  // (or LibTorch operations on the CPU).
+  bool fused() const;
+  Logits logits() const;
+  // The two strategies of backward, chosen in the constructor, for the start-up line: which path
+  // computes the logits and their gradient, then "; rows: " and what updates the rows.
   std::string kernels() const;
   // Times forward and backward phases ("classifier.*") into `timer` (null: no timing).
-  void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }
+  void set_phase_timer(PhaseTimer* timer);
 
-  struct Step;
   struct Parts;
   // Autograd entry points (ShardedSoftmaxFunction); not for direct use. Without `backward` (no
   // gradient will be asked), forward caches nothing for it.
@@ -163,53 +170,44 @@ class ShardedMarginSoftmax {
   torch::Tensor weight_;
   torch::Tensor weight_grad_;
   std::unique_ptr<ShardOptimizer> optimizer_;
-  std::unique_ptr<Step> pending_;
+  // Held by the strategies below, which are built after it and hold it by reference.
+  std::unique_ptr<PhaseMarks> phases_;
+  std::unique_ptr<LogitsPath> logits_;
+  std::unique_ptr<RowUpdater> updater_;
+  std::unique_ptr<SoftmaxStep> pending_;
   std::unique_ptr<Parts> parts_;  // between begin_parts and finish_parts
   int64_t steps_ = 0;
-  bool fused_ = false;
-  // Whether backward may take fused_sgd_rows, at the batches that it and fused_update_chosen take.
-  bool fused_update_ = false;
   int64_t forwards_ = 0;          // pairs each backward with its forward
   torch::Tensor inv_loss_scale_;  // undefined: 1
   ChunkPlan last_plan_;
-  PhaseTimer* timer_ = nullptr;
-  // The stored rows' 1/|w| as sgd_rows wrote them in the last update, with the weight_ they
-  // describe: its storage and version then (-1: none). A write of weight_ through torch (a
-  // checkpoint's load, copy_) moves the version, and a new tensor has other storage, so the next
-  // forward measures the rows again. Writes through raw pointers (the update kernels) do not move
-  // the version: every update voids the norms before it writes (backward_chunks).
-  struct UpdatedNorms {
-    torch::Tensor inv_norms;
-    const void* storage = nullptr;
-    int64_t version = -1;
-  };
-  UpdatedNorms updated_norms_;
 
-  // How backward scales the logits' gradient: `coef` (the incoming gradient over the batch, capped
-  // for float16 GEMMs), `rescale` (what the cap took off; undefined: 1) and the update's factor
-  // on the rows' gradient (rescale and 1 / loss scale; undefined: 1).
-  struct GradientScale {
-    torch::Tensor coef, rescale, multiplier;
-  };
+  // What a step's plan is for: a whole step, a part of one (forward and the features' gradient),
+  // the update of a step in parts (finish_parts), or a prediction.
+  enum class StepUse { kWhole, kPart, kFinishParts, kPredict };
+  // The one planning of a step's chunks, from its batch and active rows: where the GEMMs read the
+  // rows, the chunk plan, and each chunk's 1/|w| where the GEMMs read the stored rows.
+  void plan_step(SoftmaxStep& step, StepUse use) const;
   GradientScale gradient_scale(const torch::Tensor& grad, int64_t divisor) const;
-  // The chunks' backward: each chunk's logits (cached, or recomputed), their gradient, then as
-  // asked the features' gradient (added into `dxn`, when given) and the rows' update (or, with
-  // kAccumulateGrad, their gradient).
-  void backward_chunks(Step& step, const GradientScale& g, torch::Tensor* dxn, bool update);
-  // Whether a step of global batch `batch` that updates the rows takes the fused update.
-  bool takes_fused_update(int64_t batch) const;
-  // Where a step of global batch `batch` that updates the rows keeps their gradient.
-  RowGradientStore row_gradient_store(int64_t batch) const;
-  // Where forward kept the exponentials: each sample's factor [B] that makes them the logits'
-  // gradient (after their targets are replaced), or undefined where the logits are recomputed.
-  torch::Tensor kept_factor(Step& step, const GradientScale& g);
+  // The chunks' backward: each chunk's logits' gradient (logits_), then as asked the features'
+  // gradient (added into `dxn`, when given) and the rows' update (`updater`, when given).
+  void backward_chunks(SoftmaxStep& step, const GradientScale& g, torch::Tensor* dxn,
+                       RowUpdater* updater);
+  // Chunk c's GEMM operand rows for backward: kept from forward, or prepared again.
+  torch::Tensor chunk_operand(SoftmaxStep& step, int64_t c);
+  // Whether every part's features are finite: a collective error naming the sample where not,
+  // or false under NonFinitePolicy::kSkip.
+  bool parts_finite(const Parts& parts) const;
 
   // Forward's parts, in order. The step's features and labels gathered from every rank (labels
   // as int64) and checked for shape, and the step's batch, divisor and offset of this rank's rows.
   struct Gathered {
     torch::Tensor x, y;
   };
-  Gathered gather_inputs(Step& step, const torch::Tensor& features, const torch::Tensor& labels);
+  Gathered gather_inputs(SoftmaxStep& step, const torch::Tensor& features,
+                         const torch::Tensor& labels);
+  // The features of every rank of step.counts, checked for shape: sets the batch and the offset
+  // of this rank's rows.
+  torch::Tensor gather_features(SoftmaxStep& step, const torch::Tensor& features) const;
   // Every rank's rows of each part (`part_rows` here; `labels` is every rank's labels of the
   // step), agreed on by all: a collective error for another number of parts on some rank, or
   // rows that do not sum to its labels.
@@ -218,31 +216,25 @@ class ShardedMarginSoftmax {
   // The next part's every rank's rows, once its features and labels on this rank are as agreed.
   std::vector<int64_t> part_counts(const torch::Tensor& features, const torch::Tensor& labels);
   // The features in float32 (normalised for a normalised margin) and in the GEMM dtype.
-  void normalize_features(Step& step, const torch::Tensor& x) const;
+  void normalize_features(SoftmaxStep& step, const torch::Tensor& x) const;
   // The rows that take part (Partial FC's sample, or all), each sample's target column among them,
   // and the chunk plan.
-  void choose_rows(Step& step, const torch::Tensor& y);
+  void choose_rows(SoftmaxStep& step, const torch::Tensor& y);
   // Per sample over this shard's rows: the max logit, the sum of exp(logit - max) and the target
   // logit (0 where another shard holds it), chunk by chunk.
-  struct RowStatistics {
-    torch::Tensor max, sum, target_logit;
-  };
-  RowStatistics forward_chunks(Step& step);
+  RowStatistics forward_chunks(SoftmaxStep& step);
   // 1/|w| of stored rows [begin, end): as the last update wrote them where they are current,
   // else measured (chunk_inv_norms).
   torch::Tensor stored_row_scales(int64_t begin, int64_t end) const;
-  // Where the update may write the rows' 1/|w| for the next forward: every stored row of a
-  // normalising margin, updated by SGD on the GPU; null elsewhere.
-  float* update_norms_target(const Step& step);
   // The statistics over all shards (consuming `local`), kept in the step; returns the loss.
-  torch::Tensor reduce_statistics(Step& step, RowStatistics& local);
+  torch::Tensor reduce_statistics(SoftmaxStep& step, RowStatistics& local);
   // The step's (min label, max label, all features finite), queued at once after the gather and
   // copied to the host behind it, so that the host checks it while the device works through
   // forward.
   static HostCopy summarize_inputs(const Gathered& in);
   // Labels outside [0, C) and non-finite features: a collective error, or (fp16's policy) a
   // skipped step, from summarize_inputs' summary.
-  void check_inputs(Step& step, const Gathered& in, HostCopy& summary) const;
+  void check_inputs(SoftmaxStep& step, const Gathered& in, HostCopy& summary) const;
   // Each sample's row in this shard (global labels `y`), or -1 where another shard holds it.
   torch::Tensor local_targets(const torch::Tensor& y) const;
   // Partial FC's rows of step `step` for these targets; undefined when every row takes part.
@@ -255,10 +247,7 @@ class ShardedMarginSoftmax {
   // in the GEMM dtype and every row takes part, that is the stored rows themselves, and a margin's
   // normalisation is applied to the logits instead (1/|w| per class, Step::row_scales), which
   // saves writing and reading a normalised copy; otherwise a normalised copy in the GEMM dtype.
-  torch::Tensor chunk_rows(const Step& step, int64_t begin, int64_t end);
-  // Chunk c's GEMM operand rows for backward, and its logits in `dot` (cached, or recomputed;
-  // left undefined for the fused kernels, which recompute them in registers).
-  torch::Tensor chunk_logits(Step& step, int64_t c, int64_t begin, int64_t end, torch::Tensor& dot);
+  torch::Tensor chunk_rows(const SoftmaxStep& step, int64_t begin, int64_t end);
 };
 
 // Rows [first, first + rows) of the classifier's initial weights, in options.weight_dtype:

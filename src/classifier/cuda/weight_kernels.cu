@@ -44,6 +44,19 @@ __device__ inline RowSlot row_slot(const int64_t* index, int64_t begin, int64_t 
   return slot;
 }
 
+// The rows' 1/|w|, which prepare_rows_kernel measures and sgd_rows_kernel writes as it stores the
+// rows: one sum and one rounding for both, on which the next forward's norms from the update rest
+// bit for bit (ShardedMarginSoftmax::norms_from_update).
+template <int kWidth>
+__device__ inline void add_squares(float& squares, const float (&v)[kWidth]) {
+#pragma unroll
+  for (int j = 0; j < kWidth; ++j) squares += v[j] * v[j];
+}
+
+__device__ inline float row_inv_norm(float lane_squares) {
+  return rsqrtf(fmaxf(warp_sum(lane_squares), kMinSquaredNorm));
+}
+
 // The first element of each of this lane's groups of kWidth.
 template <int kWidth, typename F>
 __device__ inline void for_each_group(int64_t dim, int lane, F&& f) {
@@ -64,10 +77,9 @@ __global__ void prepare_rows_kernel(const In* __restrict__ weight, int64_t dim,
     for_each_group<kWidth>(dim, slot.lane, [&](int64_t k) {
       float v[kWidth];
       load_floats(w + k, v);
-#pragma unroll
-      for (int j = 0; j < kWidth; ++j) squares += v[j] * v[j];
+      add_squares(squares, v);
     });
-    const float inv_norm = rsqrtf(fmaxf(warp_sum(squares), kMinSquaredNorm));
+    const float inv_norm = row_inv_norm(squares);
     if (inv_norms != nullptr && slot.lane == 0) inv_norms[slot.row] = inv_norm;
     if (normalize) scale = inv_norm;
   }
@@ -126,16 +138,14 @@ __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight
     if (buf != nullptr) store_floats(buf + k, bv);
     store_weight(w + k, wv, first_element + k);
     if (inv_norms != nullptr) {
-      // The values as stored, read back by the thread that stored them, summed as
-      // prepare_rows_kernel sums them: the next forward's 1/|w| bit for bit.
+      // The values as stored, read back by the thread that stored them.
       float sv[kWidth];
       load_floats(w + k, sv);
-#pragma unroll
-      for (int j = 0; j < kWidth; ++j) squares += sv[j] * sv[j];
+      add_squares(squares, sv);
     }
   });
   if (inv_norms != nullptr) {
-    const float inv_norm = rsqrtf(fmaxf(warp_sum(squares), kMinSquaredNorm));
+    const float inv_norm = row_inv_norm(squares);
     if (slot.lane == 0) inv_norms[slot.src] = inv_norm;
   }
 }

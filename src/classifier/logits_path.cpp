@@ -1,0 +1,122 @@
+#include "logits_path.h"
+
+#include "myriad/classifier/mixed_gemm.h"
+#include "myriad/util/error.h"
+#include "myriad/util/phase_timer.h"
+
+namespace myriad {
+
+void PhaseMarks::operator()(const char* name) const {
+  if (timer_ != nullptr) timer_->mark(std::string("classifier.") + name);
+}
+
+namespace {
+
+// The fused Hopper kernels: logits formed in registers, in forward and again in backward, never
+// in memory; where the plan caches a normalising margin's chunk, forward keeps the exponentials.
+class FusedLogits final : public LogitsPath {
+ public:
+  FusedLogits(const MarginParams& params, const PhaseMarks& phases)
+      : params_(params), phases_(phases) {}
+
+  std::string describe() const override { return "fused Hopper kernels, logits never in memory"; }
+  Logits logits() const override { return Logits::kInRegisters; }
+  bool keeps_exponentials() const override { return true; }
+
+  void forward_chunk(SoftmaxStep& step, const torch::Tensor& rows, int64_t c,
+                     RowStatistics& stats) override {
+    phases_("fused_logit_stats");
+    if (step.plan.kept_exponentials) {
+      step.kept = {torch::empty({rows.size(0), step.batch}, step.xg.options()),
+                   torch::empty({step.batch}, step.xn.options().dtype(torch::kFloat32))};
+    }
+    accumulate_fused_chunk_stats(
+        step.xg, rows, step.row_scale(c), step.target_col, step.chunk_begin(c), params_, stats.max,
+        stats.sum, stats.target_logit, step.plan.kept_exponentials ? &step.kept : nullptr);
+  }
+
+  torch::Tensor begin_backward(SoftmaxStep& step, const GradientScale& g) override {
+    if (!step.plan.kept_exponentials) return {};
+    // dX̂ is scaled by the factor after its product, which is the product of one chunk alone.
+    MYRIAD_CHECK(step.plan.chunks == 1, "the kept exponentials take one chunk, not {}",
+                 step.plan.chunks);
+    phases_("kept_logit_grad");
+    return finish_kept_exponentials(step.kept, step.xg, step.cached_rows[0], step.row_scale(0),
+                                    step.target_col, 0, step.row_max, step.row_inv_sum, g.coef,
+                                    params_);
+  }
+
+  torch::Tensor logit_grad(SoftmaxStep& step, const torch::Tensor& rows, int64_t c,
+                           const GradientScale& g) override {
+    if (step.plan.kept_exponentials) return std::move(step.kept.matrix);
+    phases_("fused_logit_grad");
+    return fused_chunk_logit_grad(step.xg, rows, step.row_scale(c), step.target_col,
+                                  step.chunk_begin(c), step.row_max, step.row_inv_sum, g.coef,
+                                  params_);
+  }
+
+ private:
+  MarginParams params_;
+  const PhaseMarks& phases_;
+};
+
+// A GEMM writes each chunk's float32 logits, and the softmax kernels (LibTorch operations on the
+// CPU) read them; where the plan caches, forward keeps them, else backward multiplies again.
+class GemmLogits final : public LogitsPath {
+ public:
+  GemmLogits(const MarginParams& params, torch::ScalarType gemm_dtype, bool cuda,
+             const PhaseMarks& phases)
+      : params_(params), gemm_dtype_(gemm_dtype), cuda_(cuda), phases_(phases) {}
+
+  std::string describe() const override {
+    return cuda_ ? "GEMMs and softmax kernels" : "LibTorch on the CPU";
+  }
+  Logits logits() const override { return Logits::kInMemory; }
+  bool keeps_exponentials() const override { return false; }
+
+  void forward_chunk(SoftmaxStep& step, const torch::Tensor& rows, int64_t c,
+                     RowStatistics& stats) override {
+    torch::Tensor dot = gemm_logits(step, rows);
+    phases_("softmax_stats");
+    accumulate_chunk_stats(dot, step.row_scale(c), step.target_col, step.chunk_begin(c), params_,
+                           stats.max, stats.sum, stats.target_logit);
+    if (step.plan.cache) step.cached_dot.push_back(std::move(dot));
+  }
+
+  torch::Tensor begin_backward(SoftmaxStep&, const GradientScale&) override { return {}; }
+
+  torch::Tensor logit_grad(SoftmaxStep& step, const torch::Tensor& rows, int64_t c,
+                           const GradientScale& g) override {
+    const torch::Tensor dot = step.plan.cache ? std::move(step.cached_dot[static_cast<size_t>(c)])
+                                              : gemm_logits(step, rows);
+    phases_("logit_grad");
+    return chunk_logit_grad(dot, step.row_scale(c), step.target_col, step.chunk_begin(c),
+                            step.row_max, step.row_inv_sum, g.coef, params_, gemm_dtype_);
+  }
+
+ private:
+  torch::Tensor gemm_logits(const SoftmaxStep& step, const torch::Tensor& rows) const {
+    torch::Tensor dot =
+        torch::empty({rows.size(0), step.batch}, step.xg.options().dtype(torch::kFloat32));
+    phases_("gemm_logits");
+    gemm_f32(dot, rows, false, step.xg, true, false);
+    return dot;
+  }
+
+  MarginParams params_;
+  torch::ScalarType gemm_dtype_;
+  bool cuda_;
+  const PhaseMarks& phases_;
+};
+
+}  // namespace
+
+std::unique_ptr<LogitsPath> make_logits_path(bool fused, const MarginParams& params,
+                                             torch::ScalarType gemm_dtype,
+                                             const torch::Device& device,
+                                             const PhaseMarks& phases) {
+  if (fused) return std::make_unique<FusedLogits>(params, phases);
+  return std::make_unique<GemmLogits>(params, gemm_dtype, device.is_cuda(), phases);
+}
+
+}  // namespace myriad

@@ -1,0 +1,270 @@
+#include "row_updater.h"
+
+#include <c10/util/intrusive_ptr.h>
+
+#include "myriad/classifier/mixed_gemm.h"
+#include "myriad/util/format.h"
+
+namespace myriad {
+
+namespace {
+
+const char* optimizer_name(OptimizerKind kind) {
+  return kind == OptimizerKind::kSgd ? "SGD" : "AdamW";
+}
+
+// What the rows' gradient is taken with respect to: the GEMMs on a normalising margin's stored
+// rows scale each class's logits by 1/|w| afterwards, which scales its gradient too.
+RowGradient row_gradient_of_step(const SoftmaxStep& step, bool normalized) {
+  if (!normalized) return RowGradient::kRow;
+  return step.stored_rows ? RowGradient::kUnitRowOverNorm : RowGradient::kUnitRow;
+}
+
+// From kept exponentials the logits' gradient is kept[j, b] factor[b]: the rows' gradient takes
+// the features times the factor, rounded to the GEMM dtype once, from float32.
+torch::Tensor row_features(const SoftmaxStep& step, const torch::Tensor& factor,
+                           torch::ScalarType gemm_dtype) {
+  return factor.defined() ? (step.xn * factor.unsqueeze(1)).to(gemm_dtype) : step.xg;
+}
+
+// The updaters that form each chunk's rows' gradient with a GEMM, [rows, D] in `store`'s dtype.
+class GemmRowUpdater : public RowUpdater {
+ protected:
+  GemmRowUpdater(const ShardedSoftmaxOptions& options, torch::Tensor& weight,
+                 const PhaseMarks& phases)
+      : options_(options), weight_(weight), phases_(phases) {}
+
+  void begin_gradient(const SoftmaxStep& step, const torch::Tensor& factor) {
+    features_ = row_features(step, factor, options_.gemm_dtype);
+    grad_of_ = row_gradient_of_step(step, options_.margin.params().normalized);
+    store_ = gradient_store(step.batch);
+  }
+
+  torch::Tensor chunk_gradient(const SoftmaxStep& step, int64_t c,
+                               const torch::Tensor& logit_grad) const {
+    phases_("gemm_weight_grad");
+    torch::Tensor grad = torch::empty({step.chunk_end(c) - step.chunk_begin(c), features_.size(1)},
+                                      features_.options().dtype(row_gradient_dtype(store_)));
+    gemm_f32(grad, logit_grad, false, features_, false, false);
+    return grad;
+  }
+
+  const ShardedSoftmaxOptions& options_;
+  torch::Tensor& weight_;
+  const PhaseMarks& phases_;
+  torch::Tensor features_;
+  RowGradient grad_of_ = RowGradient::kRow;
+  RowGradientStore store_ = RowGradientStore::kFloat32;
+};
+
+// The optimizer's row kernels on each chunk's gradient. SGD on the GPU, on a normalising margin's
+// stored rows (all of them, no Partial FC), also writes each row's 1/|w| as it stores it, bit for
+// bit what the next forward would measure; they stay current until the weight changes otherwise.
+class OptimizerRowUpdater final : public GemmRowUpdater {
+ public:
+  OptimizerRowUpdater(const ShardedSoftmaxOptions& options, ShardOptimizer& optimizer,
+                      torch::Tensor& weight, const PhaseMarks& phases)
+      : GemmRowUpdater(options, weight, phases), optimizer_(optimizer) {}
+
+  std::string describe() const override {
+    return str_format("{} from the rows' {} gradient", optimizer_name(options_.optimizer.kind),
+                      store_name(gradient_store(0)));
+  }
+  RowGradientStore gradient_store(int64_t) const override {
+    return row_gradient_store(options_.weight_dtype, options_.gemm_dtype, true);
+  }
+
+  void begin(const SoftmaxStep& step, const torch::Tensor& factor,
+             const GradientScale& g) override {
+    optimizer_.begin_step();
+    void_norms();
+    begin_gradient(step, factor);
+    multiplier_ = g.multiplier;
+    norms_target_ = norms_target(step);
+    norms_written_ = norms_target_ != nullptr;
+  }
+
+  void update_chunk(const SoftmaxStep& step, int64_t c, const torch::Tensor& logit_grad) override {
+    const torch::Tensor grad = chunk_gradient(step, c, logit_grad);
+    phases_("update");
+    norms_written_ =
+        optimizer_.update_rows(weight_, step.active, step.chunk_begin(c), step.chunk_end(c), grad,
+                               grad_of_, multiplier_, norms_target_) &&
+        norms_written_;
+  }
+
+  void finish(const SoftmaxStep& step) override {
+    if (!norms_written_ || step.plan.chunks == 0) return;
+    norms_.storage = weight_.storage().getWeakStorageImpl();
+    norms_.version = static_cast<int64_t>(weight_._version());
+  }
+
+  torch::Tensor current_norms() const override {
+    const bool current = norms_.version >= 0 &&
+                         norms_.version == static_cast<int64_t>(weight_._version()) &&
+                         norms_.storage.lock().get() == weight_.storage().unsafeGetStorageImpl() &&
+                         norms_.inv_norms.size(0) == weight_.size(0);
+    return current ? norms_.inv_norms : torch::Tensor();
+  }
+
+  // Every other write of the rows makes the norms stale before it starts.
+  void void_norms() { norms_.version = -1; }
+
+ private:
+  static const char* store_name(RowGradientStore store) {
+    return store == RowGradientStore::kBFloat16 ? "bfloat16" : "float32";
+  }
+
+  // Where the update may write the rows' 1/|w| for the next forward; null where it may not.
+  float* norms_target(const SoftmaxStep& step) {
+    if (!step.stored_rows || !options_.margin.params().normalized || !weight_.is_cuda() ||
+        step.active.defined() || options_.optimizer.kind != OptimizerKind::kSgd) {
+      return nullptr;
+    }
+    torch::Tensor& norms = norms_.inv_norms;
+    if (!norms.defined() || norms.size(0) != weight_.size(0) ||
+        norms.device() != weight_.device()) {
+      norms = torch::empty({weight_.size(0)}, weight_.options().dtype(torch::kFloat32));
+    }
+    return norms.data_ptr<float>();
+  }
+
+  // The norms with the weight they describe: its storage (weakly held, so that a new tensor at
+  // a freed one's address does not match) and version. A write through torch (a checkpoint's
+  // load, copy_) moves the version; the update kernels write through raw pointers, which do not.
+  struct Norms {
+    torch::Tensor inv_norms;
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+    int64_t version = -1;
+  };
+
+  ShardOptimizer& optimizer_;
+  torch::Tensor multiplier_;
+  float* norms_target_ = nullptr;
+  bool norms_written_ = false;
+  Norms norms_;
+};
+
+// SGD's update formed from the logits' gradient on the tensor cores, the rows' gradient never in
+// memory, at the global batches it takes (fused_update_chosen); the row kernels at the others.
+class FusedRowUpdater final : public RowUpdater {
+ public:
+  FusedRowUpdater(const ShardedSoftmaxOptions& options, ShardOptimizer& optimizer,
+                  torch::Tensor& weight, const PhaseMarks& phases)
+      : options_(options),
+        optimizer_(optimizer),
+        weight_(weight),
+        phases_(phases),
+        rows_(options, optimizer, weight, phases) {}
+
+  std::string describe() const override {
+    const std::string batches = options_.fused_update == FusedUpdate::kAuto
+                                    ? str_format(" up to {}", kFusedUpdateAutoMaxBatch)
+                                    : std::string();
+    return str_format(
+        "SGD, the rows' gradient never in memory (global batches of multiples of "
+        "8{}), else {}",
+        batches, rows_.describe());
+  }
+  RowGradientStore gradient_store(int64_t batch) const override {
+    return takes(batch) ? RowGradientStore::kNone : rows_.gradient_store(batch);
+  }
+
+  void begin(const SoftmaxStep& step, const torch::Tensor& factor,
+             const GradientScale& g) override {
+    fused_ = takes(step.batch);
+    if (!fused_) return rows_.begin(step, factor, g);
+    optimizer_.begin_step();
+    // The fused update writes no norms: those of an earlier step no longer describe the rows.
+    rows_.void_norms();
+    xt_ = optimizer_.logit_grad_update_features(row_features(step, factor, options_.gemm_dtype));
+    grad_of_ = row_gradient_of_step(step, options_.margin.params().normalized);
+    multiplier_ = g.multiplier;
+  }
+
+  void update_chunk(const SoftmaxStep& step, int64_t c, const torch::Tensor& logit_grad) override {
+    if (!fused_) return rows_.update_chunk(step, c, logit_grad);
+    phases_("fused_update");
+    optimizer_.update_rows_from_logit_grad(weight_, step.active, step.chunk_begin(c),
+                                           step.chunk_end(c), logit_grad, xt_, grad_of_,
+                                           multiplier_);
+  }
+
+  void finish(const SoftmaxStep& step) override {
+    if (!fused_) rows_.finish(step);
+    xt_ = torch::Tensor();
+  }
+
+  torch::Tensor current_norms() const override { return rows_.current_norms(); }
+
+ private:
+  bool takes(int64_t batch) const {
+    return fused_update_chosen(options_.fused_update, batch) &&
+           ShardOptimizer::updates_from_logit_grad(options_.optimizer.kind, batch,
+                                                   options_.embedding_size, options_.weight_dtype);
+  }
+
+  const ShardedSoftmaxOptions& options_;
+  ShardOptimizer& optimizer_;
+  torch::Tensor& weight_;
+  const PhaseMarks& phases_;
+  OptimizerRowUpdater rows_;
+  bool fused_ = false;
+  torch::Tensor xt_;
+  RowGradient grad_of_ = RowGradient::kRow;
+  torch::Tensor multiplier_;
+};
+
+// dL/dW accumulated into weight_grad() (checks and tests); the weights do not change.
+class AccumulatingRowUpdater final : public GemmRowUpdater {
+ public:
+  AccumulatingRowUpdater(const ShardedSoftmaxOptions& options, torch::Tensor& weight,
+                         torch::Tensor& weight_grad, const PhaseMarks& phases)
+      : GemmRowUpdater(options, weight, phases), weight_grad_(weight_grad) {}
+
+  std::string describe() const override { return "the rows' gradient accumulated, no update"; }
+  RowGradientStore gradient_store(int64_t) const override {
+    return row_gradient_store(options_.weight_dtype, options_.gemm_dtype, false);
+  }
+
+  void begin(const SoftmaxStep& step, const torch::Tensor& factor,
+             const GradientScale& g) override {
+    begin_gradient(step, factor);
+    rescale_ = g.rescale;
+  }
+
+  void update_chunk(const SoftmaxStep& step, int64_t c, const torch::Tensor& logit_grad) override {
+    torch::Tensor grad = chunk_gradient(step, c, logit_grad);
+    phases_("update");
+    const int64_t begin = step.chunk_begin(c), end = step.chunk_end(c);
+    const torch::Tensor index =
+        step.active.defined()
+            ? step.active.slice(0, begin, end)
+            : torch::arange(begin, end, torch::dtype(torch::kInt64).device(weight_.device()));
+    const torch::Tensor w = weight_.index_select(0, index).to(torch::kFloat32);
+    weight_grad_.index_add_(
+        0, index, row_grad_of_rows(w, rescale_.defined() ? grad.mul_(rescale_) : grad, grad_of_));
+  }
+
+  void finish(const SoftmaxStep&) override {}
+  torch::Tensor current_norms() const override { return {}; }
+
+ private:
+  torch::Tensor& weight_grad_;
+  torch::Tensor rescale_;
+};
+
+}  // namespace
+
+std::unique_ptr<RowUpdater> make_row_updater(const ShardedSoftmaxOptions& options,
+                                             bool fused_update, ShardOptimizer& optimizer,
+                                             torch::Tensor& weight, torch::Tensor& weight_grad,
+                                             const PhaseMarks& phases) {
+  if (options.update == WeightUpdate::kAccumulateGrad) {
+    return std::make_unique<AccumulatingRowUpdater>(options, weight, weight_grad, phases);
+  }
+  if (fused_update) return std::make_unique<FusedRowUpdater>(options, optimizer, weight, phases);
+  return std::make_unique<OptimizerRowUpdater>(options, optimizer, weight, phases);
+}
+
+}  // namespace myriad
