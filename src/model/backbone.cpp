@@ -64,11 +64,10 @@ class CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
     torch::Tensor y;
     {
       torch::AutoGradMode grad_mode(true);
-      std::unique_ptr<AutocastGuard> guard;
-      if (autocast >= 0) {
-        guard =
-            std::make_unique<AutocastGuard>(x.device(), static_cast<torch::ScalarType>(autocast));
-      }
+      const AutocastGuard guard(
+          x.device(),
+          autocast >= 0 ? std::optional<torch::ScalarType>(static_cast<torch::ScalarType>(autocast))
+                        : std::nullopt);
       recomputing = true;
       try {
         y = net->forward_block(

@@ -19,6 +19,9 @@
 #include "myriad/util/log.h"
 #include "myriad/util/phase_timer.h"
 #include "myriad/util/timeline.h"
+#include "stage_blocks.h"
+#include "stage_checkpoint.h"
+#include "stage_transfers.h"
 
 #ifdef MYRIAD_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -44,45 +47,9 @@ PipelineLayout pipeline_layout(int world, int rank, int stages, int micro_batche
   return layout;
 }
 
-const char* schedule_name(PipelineSchedule schedule) {
-  return schedule == PipelineSchedule::k1F1B ? "1f1b" : "gpipe";
-}
-
-std::vector<int64_t> micro_batches_in_flight(PipelineSchedule schedule, int stages,
-                                             int micro_batches) {
-  std::vector<int64_t> in_flight(static_cast<size_t>(stages), micro_batches);
-  if (schedule == PipelineSchedule::k1F1B) {
-    for (int s = 0; s < stages; ++s) in_flight[s] = std::min(stages - s, micro_batches);
-  }
-  return in_flight;
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Whether state-dict entry `name` lies in blocks [begin, end).
-bool in_blocks(const Backbone& backbone, const std::string& name, int64_t begin, int64_t end) {
-  const int64_t b = backbone.block_of(name);
-  return begin <= b && b < end;
-}
-
-// Moves the state of blocks [begin, end) to `device` (parameters keep their identity).
-void move_blocks(Backbone& backbone, int64_t begin, int64_t end, const torch::Device& device) {
-  torch::NoGradGuard no_grad;
-  for (auto& [name, tensor] : backbone.state_dict()) {
-    if (in_blocks(backbone, name, begin, end) && tensor.device() != device)
-      tensor.set_data(tensor.to(device));
-  }
-}
-
-int64_t tensor_bytes(const torch::Tensor& t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
-}
-
-void wait_for(const torch::Device& device) {
-  synchronize_device(device);
-}
 
 // Activations go between stages as dense buffers whose order the receiver knows. A channels-last
 // backbone's [N, C, H, W] maps travel as their [N, H, W, C] view, which is dense without a copy
@@ -96,173 +63,7 @@ torch::Tensor from_wire(const Backbone& backbone, const torch::Tensor& x) {
   return backbone.channels_last() && x.dim() == 4 ? x.permute({0, 3, 1, 2}) : x;
 }
 
-#ifdef MYRIAD_WITH_CUDA
-// The GPU's time per call of `work` as a stage that replays CUDA graphs meets it: `work` recorded
-// as a graph, whose replays the events time. Timing the kernels queued eagerly behind a spinning
-// kernel instead came out 11-13% above the replayed stages (r200, P = 2, nvidia-h200-x4): a
-// graph's kernels also start closer together than a stream's. A block that cannot be recorded
-// keeps its time launched and waited for: profiling must not end the run (the other ranks wait
-// for its result).
-double replay_seconds(const std::function<void()>& work, int calls, double waited_seconds,
-                      const torch::Device& device) {
-  const c10::DeviceIndex index = device.index();
-  const c10::cuda::CUDAGuard on_device(device);
-  try {
-    at::cuda::CUDAGraph graph;
-    {
-      const AutocastCacheOff cache_off;
-      const SideStream side(index);
-      work();  // on the recording stream first, as StageGraphs' warm-ups
-      Capture capture(graph, index);
-      work();
-      capture.end();
-    }
-    graph.replay();
-    const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(index);
-    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
-    start.record(stream);
-    for (int c = 0; c < calls; ++c) graph.replay();
-    stop.record(stream);
-    stop.synchronize();
-    return start.elapsed_time(stop) / 1e3 / calls;
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    log_debug(
-        "profile: a block recorded as a CUDA graph failed ({}): its time launched and waited for "
-        "stands",
-        what.substr(0, what.find('\n')));
-    return waited_seconds;
-  }
-}
-#endif
-
-// The host's time to launch the whole backbone's forward from `input` and one backward, as a
-// stage issues its blocks: the least of `repeats` tries, each behind a wait for the device. None
-// where the whole backbone's activations do not fit (the blocks' own launch times then stand).
-std::optional<double> chained_launch_seconds(Backbone& backbone, const Activations& input,
-                                             const torch::Device& device,
-                                             std::optional<torch::ScalarType> autocast,
-                                             int repeats) {
-  const auto run = [&] {
-    std::unique_ptr<AutocastGuard> guard;
-    if (autocast) guard = std::make_unique<AutocastGuard>(device, *autocast);
-    Activations out = backbone.forward_blocks(input, 0, backbone.num_blocks());
-    guard.reset();
-    out.x.backward(torch::ones_like(out.x));
-  };
-  try {
-    run();  // warm-up
-    double best = std::numeric_limits<double>::infinity();
-    for (int r = 0; r < repeats; ++r) {
-      wait_for(device);
-      const auto start = Clock::now();
-      run();
-      best = std::min(best, seconds_since(start));
-    }
-    wait_for(device);
-    return best;
-  } catch (const c10::Error& e) {
-    const std::string what = e.what();
-    log_debug("profile: the whole backbone's launches could not be timed ({}): each block's stand",
-              what.substr(0, what.find('\n')));
-    return std::nullopt;
-  }
-}
-
 }  // namespace
-
-std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sample,
-                                      const torch::Device& device,
-                                      std::optional<torch::ScalarType> autocast,
-                                      double state_factor) {
-  constexpr int kRepeats = 3;
-  // Profiling trains nothing: buffers (batch-norm statistics) are put back afterwards.
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;
-  for (const auto& b : backbone.named_buffers()) buffers.emplace_back(b.value(), b.value().clone());
-  std::map<std::string, torch::Device> homes;
-  for (auto& [name, tensor] : backbone.state_dict()) homes.emplace(name, tensor.device());
-
-  std::vector<BlockCost> costs(static_cast<size_t>(backbone.num_blocks()));
-  const Activations input{backbone.in_layout(sample.x.to(device)),
-                          sample.keys.defined() ? sample.keys.to(device) : sample.keys,
-                          sample.restore};
-  Activations in = input;
-  for (int64_t b = 0; b < backbone.num_blocks(); ++b) {
-    move_blocks(backbone, b, b + 1, device);
-    const auto run = [&](bool keep_graph) {
-      Activations x = in;
-      if (b > 0) x.x = in.x.detach().requires_grad_(true);
-      std::unique_ptr<AutocastGuard> guard;
-      if (autocast) guard = std::make_unique<AutocastGuard>(device, *autocast);
-      // As a stage runs it: with activation checkpointing a middle block keeps only its input
-      // and computes its forward again in backward.
-      Activations out = backbone.forward_blocks(x, b, b + 1);
-      guard.reset();
-      if (keep_graph) return out;
-      out.x.backward(torch::ones_like(out.x));
-      return out;
-    };
-    run(false);  // warm-up: kernels chosen, memory pools grown
-    wait_for(device);
-    // The host's launches alone, then with the device's work waited for: the first is what an
-    // eager stage's host spends on the block, the second stands for the device's time where no
-    // graph can time it.
-    const auto start = Clock::now();
-    for (int r = 0; r < kRepeats; ++r) run(false);
-    BlockCost& cost = costs[static_cast<size_t>(b)];
-    cost.launch_seconds = seconds_since(start) / kRepeats;
-    wait_for(device);
-    cost.device_seconds = seconds_since(start) / kRepeats;
-    Activations out;
-#ifdef MYRIAD_WITH_CUDA
-    if (device.is_cuda()) {
-      cost.device_seconds =
-          replay_seconds([&] { run(false); }, kRepeats, cost.device_seconds, device);
-      // What forward keeps for backward: allocated memory with the graph alive, against without.
-      const int64_t before = allocated_device_memory(device);
-      out = run(true);
-      wait_for(device);
-      cost.activation_bytes = static_cast<double>(allocated_device_memory(device) - before);
-    }
-#endif
-    if (!out.x.defined()) {
-      out = run(true);
-      cost.activation_bytes = static_cast<double>(tensor_bytes(out.x));
-    }
-    for (const auto& [name, tensor] : backbone.state_dict()) {
-      if (backbone.block_of(name) != b) continue;
-      cost.state_bytes +=
-          static_cast<double>(tensor_bytes(tensor)) * (tensor.requires_grad() ? state_factor : 1.0);
-    }
-    in = {out.x.detach(), out.keys, out.restore};
-    for (const torch::Tensor& p : backbone.parameters()) p.mutable_grad().reset();
-  }
-  // Every block is on the device now.
-  if (const std::optional<double> chain =
-          chained_launch_seconds(backbone, input, device, autocast, kRepeats)) {
-    double alone = 0.0;
-    for (const BlockCost& cost : costs) alone += cost.launch_seconds;
-    log_info(
-        "pipeline profile: the whole backbone launched in {:.2f} ms, its blocks alone in "
-        "{:.2f} ms",
-        1e3 * *chain, 1e3 * alone);
-    costs = chained_launches(std::move(costs), *chain);
-    // On the CPU the host is the device: its blocks take what the chain says there too.
-    if (!device.is_cuda()) {
-      for (BlockCost& cost : costs) cost.device_seconds = cost.launch_seconds;
-    }
-  }
-  for (const torch::Tensor& p : backbone.parameters()) p.mutable_grad().reset();
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& [buffer, saved] : buffers) buffer.copy_(saved);
-    for (auto& [name, tensor] : backbone.state_dict()) {
-      const torch::Device home = homes.at(name);
-      if (tensor.device() != home) tensor.set_data(tensor.to(home));
-    }
-  }
-  return costs;
-}
 
 // The time a stage computes, without its waits: CUDA events around each region on GPUs (read
 // when the times are taken), the host clock on the CPU.
@@ -312,61 +113,28 @@ class PipelineEngine::BusyClock {
 #endif
 };
 
-// Where a stage before the last runs its classifier parts under 1F1B: a high-priority stream of
-// its own. Every rank takes part in part m, and the last stage runs it between m's forward and
-// backward. Queued on the first stage's stream, it waited there behind that stage's next forward:
-// 7-8 ms a micro-batch of r200 at P = 2 on H200s, a bubble of 0.42 instead of GPipe's 0.15. On a
-// stream of its own it runs beside that forward. Each part runs after the stage's work queued up
-// to the latest mark (the step's start: the rows begin_parts chose, the last update; then each
-// transfer), and the stage's stream waits for the part (join) only before its next transfer or
-// the step's end, not at once: a part is queued before the stage's next forward (one_f_one_b),
-// which must not wait for it. So no NCCL kernel of one communicator waits on this GPU beside one
-// of another that it depends on through the other ranks: NCCL does not promise that two such
-// kernels run at once.
-class PipelineEngine::PartsStream {
- public:
-#ifdef MYRIAD_WITH_CUDA
-  explicit PartsStream(c10::DeviceIndex device)
-      : device_(device), parts_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)) {}
-  // The parts queued from now on run after everything the stage has queued so far.
-  void mark() {
-    marked_.record(c10::cuda::getCurrentCUDAStream(device_));
-  }
-  void run(const std::function<void()>& part) {
-    marked_.block(parts_);
-    {
-      const c10::cuda::CUDAStreamGuard on_parts(parts_);
-      part();
-    }
-    joined_ = false;
-  }
-  // The stage's stream waits for the parts queued so far.
-  void join() {
-    if (joined_) return;
-    wait_for_stream(c10::cuda::getCurrentCUDAStream(device_), parts_);
-    joined_ = true;
-  }
-
- private:
-  c10::DeviceIndex device_;
-  c10::cuda::CUDAStream parts_;
-  at::cuda::CUDAEvent marked_;
-  bool joined_ = true;
-#else
-  // The host runs a CPU stage's work in order: there is nothing to run beside.
-  void mark() {}
-  void run(const std::function<void()>& part) {
-    part();
-  }
-  void join() {}
-#endif
-};
-
 // One micro-batch's ends on this stage: its input (a leaf that requires grad, past the first
 // stage) and its output, whose graph backward() runs.
 struct PipelineEngine::MicroBatch {
   torch::Tensor input;
   torch::Tensor output;
+};
+
+// What the step's actions pass on to later ones, per micro-batch: a received input (until its
+// forward), an output in wire form (until it is sent), its gradient (until its backward) and the
+// input's gradient in wire form (until it is sent).
+struct PipelineEngine::StepState {
+  explicit StepState(int m_count)
+      : inputs(static_cast<size_t>(m_count)),
+        outputs(static_cast<size_t>(m_count)),
+        grads(static_cast<size_t>(m_count)),
+        input_grads(static_cast<size_t>(m_count)) {}
+  std::vector<Activations> inputs;
+  std::vector<std::vector<torch::Tensor>> outputs;
+  std::vector<torch::Tensor> grads;
+  std::vector<torch::Tensor> input_grads;
+  bool last_pass = false;  // set by kAllReduce for the backward that follows
+  torch::Tensor loss;
 };
 
 PipelineEngine::PipelineEngine(PipelineLayout layout, Backbone& backbone,
@@ -378,6 +146,8 @@ PipelineEngine::PipelineEngine(PipelineLayout layout, Backbone& backbone,
       device_(device),
       autocast_(autocast),
       embedding_size_(embedding_size),
+      actions_(
+          schedule_actions(layout_.schedule, layout_.stages, layout_.stage, layout_.micro_batches)),
       clock_(std::make_unique<BusyClock>(device)) {
   MYRIAD_CHECK(static_cast<int>(layout_.cut.size()) == layout_.stages + 1 &&
                    layout_.cut.front() == 0 && layout_.cut.back() == backbone.num_blocks(),
@@ -386,16 +156,23 @@ PipelineEngine::PipelineEngine(PipelineLayout layout, Backbone& backbone,
                    (pipe_ && pipe_->size() == layout_.stages && pipe_->rank() == layout_.stage),
                "stage {} of {} needs a communicator of its pipeline's stages", layout_.stage,
                layout_.stages);
+  std::unique_ptr<PartsStream> parts;
 #ifdef MYRIAD_WITH_CUDA
   if (layout_.schedule == PipelineSchedule::k1F1B && !layout_.last() && device_.is_cuda())
-    parts_stream_ = std::make_unique<PartsStream>(device_.index());
+    parts = std::make_unique<PartsStream>(device_.index());
 #endif
+  transfers_ = std::make_unique<StageTransfers>(pipe_.get(), std::move(parts));
 }
 
 PipelineEngine::~PipelineEngine() = default;
 
 void PipelineEngine::keep_parts_in_stream() {
-  parts_stream_.reset();
+  transfers_->drop_parts_stream();
+}
+
+void PipelineEngine::set_timeline(Timeline* timeline) {
+  timeline_ = timeline;
+  transfers_->set_timeline(timeline);
 }
 
 void PipelineEngine::place_stage() {
@@ -430,38 +207,6 @@ std::vector<torch::Tensor> PipelineEngine::stage_buffers() {
   return buffers;
 }
 
-void PipelineEngine::send(const std::vector<torch::Tensor>& tensors, int peer) {
-  const Timeline::Scope traced(timeline_, "send");
-  if (parts_stream_) parts_stream_->join();
-  count_sent(tensors);
-  pipe_->send(tensors, peer);
-  if (parts_stream_) parts_stream_->mark();
-}
-
-std::vector<torch::Tensor> PipelineEngine::recv(const std::vector<torch::ScalarType>& dtypes,
-                                                int peer) {
-  const Timeline::Scope traced(timeline_, "receive");
-  if (parts_stream_) parts_stream_->join();
-  std::vector<torch::Tensor> got = pipe_->recv(dtypes, peer);
-  if (parts_stream_) parts_stream_->mark();
-  return got;
-}
-
-std::vector<torch::Tensor> PipelineEngine::exchange(const std::vector<torch::Tensor>& tensors,
-                                                    const std::vector<torch::ScalarType>& dtypes,
-                                                    int peer) {
-  const Timeline::Scope traced(timeline_, "exchange");
-  if (parts_stream_) parts_stream_->join();
-  count_sent(tensors);
-  std::vector<torch::Tensor> got = pipe_->exchange(tensors, dtypes, peer);
-  if (parts_stream_) parts_stream_->mark();
-  return got;
-}
-
-void PipelineEngine::count_sent(const std::vector<torch::Tensor>& tensors) {
-  for (const torch::Tensor& t : tensors) bytes_sent_ += static_cast<double>(tensor_bytes(t));
-}
-
 void PipelineEngine::phase(const char* name) {
   if (timer_ != nullptr) timer_->mark(name);
 }
@@ -471,7 +216,7 @@ torch::Tensor PipelineEngine::route_labels(const torch::Tensor& labels) {
   const int last = layout_.stages - 1;
   const torch::Tensor none = torch::empty({0}, torch::dtype(torch::kInt64).device(device_));
   if (layout_.first()) {
-    send({labels.to(device_, torch::kInt64).contiguous()}, last);
+    transfers_->send({labels.to(device_, torch::kInt64).contiguous()}, last);
     return none;
   }
   if (layout_.last()) return pipe_->recv({torch::kInt64}, 0)[0];
@@ -515,21 +260,12 @@ void PipelineEngine::split_step(const torch::Tensor& images, const torch::Tensor
   }
 }
 
-torch::Tensor PipelineEngine::part_labels(int m) const {
-  return layout_.last() ? label_parts_[m] : torch::Tensor();
-}
-
 Activations PipelineEngine::local_input(int m) const {
   return {backbone_.in_layout(image_parts_[m]), key_parts_[m], torch::Tensor()};
 }
 
 Activations PipelineEngine::received_input(std::vector<torch::Tensor> got) const {
   return {from_wire(backbone_, got[0]).requires_grad_(true), std::move(got[1]), std::move(got[2])};
-}
-
-Activations PipelineEngine::receive_forward(int m) {
-  return layout_.first() ? local_input(m)
-                         : received_input(recv(kActivationDtypes, layout_.stage - 1));
 }
 
 std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activations in) {
@@ -543,8 +279,7 @@ std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activation
     out = graphs_->forward(m % graph_slots_, in);
   } else {
     if (!layout_.first()) mb.input = in.x;
-    std::unique_ptr<AutocastGuard> guard;
-    if (autocast_) guard = std::make_unique<AutocastGuard>(device_, *autocast_);
+    const AutocastGuard autocast(device_, autocast_);
     out = backbone_.forward_blocks(std::move(in), layout_.begin_block(), layout_.end_block());
   }
   clock_->stop();
@@ -556,38 +291,45 @@ std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activation
   return {to_wire(backbone_, out.x), out.keys, out.restore};
 }
 
-torch::Tensor PipelineEngine::run_classifier(int part, const torch::Tensor& output,
-                                             const torch::Tensor& labels,
-                                             const ClassifierStep& classify, torch::Tensor& loss) {
-  const auto add = [&loss](const torch::Tensor& part_loss) {
-    loss = loss.defined() ? loss + part_loss : part_loss;
+void PipelineEngine::run_classifier(int part, StepState& state, const ClassifierStep& classify) {
+  const auto add = [&state](const torch::Tensor& part_loss) {
+    state.loss = state.loss.defined() ? state.loss + part_loss : part_loss;
   };
+  PartsStream* parts = transfers_->parts();
   if (!layout_.last()) {
     // No samples here, but this rank's classes: its share of the classifier's work.
     const auto share = [&] {
       const Timeline::Scope traced(timeline_, "classifier", part,
-                                   parts_stream_ ? Timeline::Lane::kParts : Timeline::Lane::kStage);
+                                   parts ? Timeline::Lane::kParts : Timeline::Lane::kStage);
       add(classify(torch::empty({0, embedding_size_}, torch::dtype(torch::kFloat32).device(device_))
                        .requires_grad_(true),
                    torch::empty({0}, torch::dtype(torch::kInt64).device(device_))));
     };
-    if (!parts_stream_) {
-      share();
-      return torch::Tensor();
-    }
+    if (!parts) return share();
     // The timer's boundaries are events on the stage's stream: the part, beside it, is not timed.
     const PhaseTimer::Paused untimed(timer_);
-    parts_stream_->run(share);
-    return torch::Tensor();
+    return parts->run(share);
   }
-  const torch::Tensor embeddings = output.detach().requires_grad_(true);
+  const torch::Tensor embeddings = classifier_input(part).requires_grad_(true);
   {
     const Timeline::Scope traced(timeline_, "classifier", part);
-    add(classify(embeddings, labels));
+    add(classify(embeddings, part == kWholeBatch ? labels_ : label_parts_[part]));
   }
   MYRIAD_CHECK(embeddings.grad().defined(),
                "the classifier left the embeddings without a gradient: it must run backward");
-  return embeddings.grad();
+  if (part != kWholeBatch) {
+    state.grads[part] = embeddings.grad();
+    return;
+  }
+  const std::vector<torch::Tensor> grads = embeddings.grad().chunk(layout_.micro_batches);
+  std::copy(grads.begin(), grads.end(), state.grads.begin());
+}
+
+torch::Tensor PipelineEngine::classifier_input(int part) const {
+  if (part != kWholeBatch) return micro_batches_[part].output.detach();
+  std::vector<torch::Tensor> outputs;
+  for (const MicroBatch& mb : micro_batches_) outputs.push_back(mb.output.detach());
+  return outputs.size() == 1 ? outputs[0] : torch::cat(outputs);
 }
 
 torch::Tensor PipelineEngine::backward_micro_batch(int m, const torch::Tensor& grad,
@@ -621,8 +363,7 @@ torch::Tensor PipelineEngine::train_step(const torch::Tensor& images, const torc
   // The graphs' backward adds every pass into the buckets: they start the step at zero.
   if (graphs_) sync.zero_buckets();
   step_sync_ = &sync;
-  torch::Tensor loss = layout_.schedule == PipelineSchedule::k1F1B ? one_f_one_b(classify, sync)
-                                                                   : gpipe(classify, sync);
+  torch::Tensor loss = run_schedule(classify, sync);
   micro_batches_.clear();
   ++steps_;
   return loss;
@@ -642,9 +383,11 @@ std::unique_ptr<StageGraphs> PipelineEngine::make_graphs() {
   const int slots = graph_slots_ =
       static_cast<int>(micro_batches_in_flight(layout_.schedule, layout_.stages, m_count)
                            .at(static_cast<size_t>(layout_.stage)));
-  // Micro-batch m runs in slot m % slots; the step's last backward pass is GPipe's first
-  // micro-batch and 1F1B's last.
-  const int last = layout_.schedule == PipelineSchedule::k1F1B ? m_count - 1 : 0;
+  // Micro-batch m runs in slot m % slots; the step's last backward pass is the schedule's.
+  const auto all_reduce = std::find_if(actions_.begin(), actions_.end(), [](const Action& a) {
+    return a.kind == ActionKind::kAllReduce;
+  });
+  const int last = all_reduce->micro_batch;
   std::vector<StageGraphs::SlotUse> uses(static_cast<size_t>(slots));
   for (int m = 0; m < m_count; ++m) {
     StageGraphs::SlotUse& use = uses[static_cast<size_t>(m % slots)];
@@ -655,87 +398,56 @@ std::unique_ptr<StageGraphs> PipelineEngine::make_graphs() {
                                        layout_.last(), std::move(uses));
 }
 
-// Every forward, each micro-batch sent on as soon as it is computed; the classifier once on the
-// replica's batch; every backward, last micro-batch first.
-torch::Tensor PipelineEngine::gpipe(const ClassifierStep& classify, GradientSynchronizer& sync) {
-  const int m_count = layout_.micro_batches;
-  for (int m = 0; m < m_count; ++m) {
-    const std::vector<torch::Tensor> out = forward_micro_batch(m, receive_forward(m));
-    if (!layout_.last()) send(out, layout_.stage + 1);
-  }
-  // The classifier once, on the replica's whole batch.
-  torch::Tensor output;
-  if (layout_.last()) {
-    std::vector<torch::Tensor> outputs;
-    for (const MicroBatch& mb : micro_batches_) outputs.push_back(mb.output.detach());
-    output = m_count == 1 ? outputs[0] : torch::cat(outputs);
-  }
-  torch::Tensor loss;
-  const torch::Tensor grad = run_classifier(-1, output, labels_, classify, loss);
-  const std::vector<torch::Tensor> grads =
-      layout_.last() ? grad.chunk(m_count) : std::vector<torch::Tensor>();
-  for (int m = m_count - 1; m >= 0; --m) {
-    const torch::Tensor incoming =
-        layout_.last() ? grads[m] : recv(kGradientDtypes, layout_.stage + 1)[0];
-    const torch::Tensor input_grad = backward_micro_batch(m, incoming, sync, m == 0);
-    if (!layout_.first()) send({input_grad}, layout_.stage - 1);
-  }
-  return loss;
+torch::Tensor PipelineEngine::run_schedule(const ClassifierStep& classify,
+                                           GradientSynchronizer& sync) {
+  StepState state(layout_.micro_batches);
+  if (PartsStream* parts = transfers_->parts()) parts->mark();
+  for (const Action& action : actions_) run_action(action, state, classify, sync);
+  // What follows the step (the classifier's update, the optimizer) runs after every part.
+  if (PartsStream* parts = transfers_->parts()) parts->join();
+  return state.loss;
 }
 
-// Megatron-LM's non-interleaved 1F1B: stage s runs w = min(P - s - 1, M) forwards ahead, then
-// alternates one forward and one backward, then the w backwards left. The classifier of
-// micro-batch m runs on every rank: on the last stage right after m's forward, and on the others
-// (their share: no samples, their classes) right after the transfer that sends m's activations
-// on. That is the earliest point at which every rank has passed m on, so every rank meets the
-// parts and the pipeline's transfers in the same order, and it puts a share before the stage's
-// next forward, not behind it: eager passes fill CUDA's launch queue, and a share queued after a
-// forward left the host a whole pass behind the last stage, which waited for it. Two neighbours
-// that each have something for the other (an activation forward, a gradient back) exchange it in
-// one transfer, so neither waits for the other's to arrive first.
-torch::Tensor PipelineEngine::one_f_one_b(const ClassifierStep& classify,
-                                          GradientSynchronizer& sync) {
-  const int m_count = layout_.micro_batches;
-  const int warmup = std::min(layout_.stages - layout_.stage - 1, m_count);
-  const int remaining = m_count - warmup;
-  const int previous = layout_.stage - 1, next = layout_.stage + 1;
-  if (parts_stream_) parts_stream_->mark();
-  torch::Tensor loss;
-  const auto share = [&](int m) {
-    run_classifier(m, torch::Tensor(), torch::Tensor(), classify, loss);
-  };
-  for (int m = 0; m < warmup; ++m) {
-    send(forward_micro_batch(m, receive_forward(m)), next);
-    share(m);
+void PipelineEngine::run_action(const Action& a, StepState& state, const ClassifierStep& classify,
+                                GradientSynchronizer& sync) {
+  const int m = a.micro_batch, previous = layout_.stage - 1, next = layout_.stage + 1;
+  const auto take = [](auto& slot) { return std::exchange(slot, {}); };
+  switch (a.kind) {
+    case ActionKind::kRecvActivation:
+      state.inputs[m] = received_input(transfers_->recv(kActivationDtypes, previous));
+      return;
+    case ActionKind::kForward:
+      state.outputs[m] =
+          forward_micro_batch(m, layout_.first() ? local_input(m) : take(state.inputs[m]));
+      return;
+    case ActionKind::kSendActivation:
+      transfers_->send(take(state.outputs[m]), next);
+      return;
+    case ActionKind::kSendActivationRecvGradient:
+      state.grads[a.received] =
+          transfers_->exchange(take(state.outputs[m]), kGradientDtypes, next)[0];
+      return;
+    case ActionKind::kClassifier:
+      run_classifier(m, state, classify);
+      return;
+    case ActionKind::kRecvGradient:
+      state.grads[m] = transfers_->recv(kGradientDtypes, next)[0];
+      return;
+    case ActionKind::kAllReduce:
+      state.last_pass = true;
+      return;
+    case ActionKind::kBackward:
+      state.input_grads[m] = backward_micro_batch(m, take(state.grads[m]), sync,
+                                                  std::exchange(state.last_pass, false));
+      return;
+    case ActionKind::kSendGradient:
+      transfers_->send({take(state.input_grads[m])}, previous);
+      return;
+    case ActionKind::kSendGradientRecvActivation:
+      state.inputs[a.received] = received_input(
+          transfers_->exchange({take(state.input_grads[m])}, kActivationDtypes, previous));
+      return;
   }
-  Activations in;
-  if (remaining > 0) in = receive_forward(warmup);
-  for (int i = 0; i < remaining; ++i) {
-    const int f = warmup + i, b = i;
-    const std::vector<torch::Tensor> out = forward_micro_batch(f, std::move(in));
-    torch::Tensor incoming;
-    if (layout_.last()) {
-      incoming = run_classifier(b, micro_batches_[b].output, part_labels(b), classify, loss);
-    } else {
-      incoming = exchange(out, kGradientDtypes, next)[0];
-      share(f);
-    }
-    const torch::Tensor input_grad = backward_micro_batch(b, incoming, sync, b == m_count - 1);
-    if (i + 1 == remaining) {
-      if (!layout_.first()) send({input_grad}, previous);
-    } else {
-      in = layout_.first() ? local_input(f + 1)
-                           : received_input(exchange({input_grad}, kActivationDtypes, previous));
-    }
-  }
-  for (int b = remaining; b < m_count; ++b) {
-    const torch::Tensor incoming = recv(kGradientDtypes, next)[0];
-    const torch::Tensor input_grad = backward_micro_batch(b, incoming, sync, b == m_count - 1);
-    if (!layout_.first()) send({input_grad}, previous);
-  }
-  // What follows the step (the classifier's update, the optimizer) runs after every part.
-  if (parts_stream_) parts_stream_->join();
-  return loss;
 }
 
 torch::Tensor PipelineEngine::infer(const torch::Tensor& images) {
@@ -750,8 +462,7 @@ torch::Tensor PipelineEngine::infer(const torch::Tensor& images) {
   }
   Activations out;
   {
-    std::unique_ptr<AutocastGuard> guard;
-    if (autocast_) guard = std::make_unique<AutocastGuard>(device_, *autocast_);
+    const AutocastGuard autocast(device_, autocast_);
     out = backbone_.forward_blocks(std::move(in), layout_.begin_block(), layout_.end_block());
   }
   if (layout_.last()) return out.x.to(torch::kFloat32);
@@ -777,56 +488,13 @@ torch::Tensor PipelineEngine::clip_gradient_norm(const std::vector<torch::Tensor
 
 std::vector<NamedParamState> PipelineEngine::gather_for_save(torch::optim::Optimizer& optimizer) {
   // Sent through pipe_ itself: a save's traffic is not the step's (take_times).
-  std::vector<NamedParamState> gathered;
-  if (layout_.stages == 1 || layout_.replica != 0) return gathered;
-  const bool adamw = dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr;
-  const std::vector<std::string> names = adamw ? std::vector<std::string>{"exp_avg", "exp_avg_sq"}
-                                               : std::vector<std::string>{"momentum_buffer"};
-  StateDict whole = backbone_.state_dict();
-  for (int s = 1; s < layout_.stages; ++s) {
-    if (layout_.stage != 0 && layout_.stage != s) continue;
-    const int64_t begin = layout_.cut[s], end = layout_.cut[s + 1];
-    if (layout_.stage == s) {
-      // Parameters and buffers, then each parameter's state: a flag and step, then its tensors.
-      std::map<std::string, NamedParamState> mine;
-      for (NamedParamState& state : named_param_states(optimizer, backbone_))
-        mine.emplace(state.param, std::move(state));
-      for (const auto& [name, tensor] : whole) {
-        if (!in_blocks(backbone_, name, begin, end)) continue;
-        pipe_->send({tensor.detach().contiguous()}, 0);
-        if (!tensor.requires_grad()) continue;
-        const auto it = mine.find(name);
-        const int64_t step = it == mine.end() ? -1 : it->second.step;
-        std::vector<torch::Tensor> message(names.size() + 1);
-        message[0] = torch::full({1}, step, torch::dtype(torch::kInt64).device(device_));
-        for (size_t k = 0; it != mine.end() && k < it->second.tensors.size(); ++k)
-          message[k + 1] = it->second.tensors[k].second.contiguous();
-        pipe_->send(message, 0);
-      }
-      continue;
-    }
-    torch::NoGradGuard no_grad;
-    for (auto& [name, tensor] : whole) {
-      if (!in_blocks(backbone_, name, begin, end)) continue;
-      tensor.copy_(pipe_->recv({tensor.scalar_type()}, s)[0]);
-      if (!tensor.requires_grad()) continue;
-      std::vector<torch::ScalarType> dtypes = {torch::kInt64};
-      for (size_t k = 0; k < names.size(); ++k) dtypes.push_back(torch::ScalarType::Undefined);
-      const std::vector<torch::Tensor> message = pipe_->recv(dtypes, s);
-      const int64_t step = message[0].item<int64_t>();
-      if (step < 0) continue;
-      NamedParamState state{name, {}, step};
-      for (size_t k = 0; k < names.size(); ++k)
-        state.tensors.emplace_back(names[k], message[k + 1]);
-      gathered.push_back(std::move(state));
-    }
-  }
-  return gathered;
+  return layout_.stages == 1
+             ? std::vector<NamedParamState>()
+             : gather_stages_for_save(layout_, backbone_, *pipe_, optimizer, device_);
 }
 
 PipelineTimes PipelineEngine::take_times() {
-  PipelineTimes times{clock_->take(), bytes_sent_, steps_};
-  bytes_sent_ = 0.0;
+  PipelineTimes times{clock_->take(), transfers_->take_bytes_sent(), steps_};
   steps_ = 0;
   return times;
 }

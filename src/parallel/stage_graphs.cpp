@@ -55,8 +55,7 @@ StageGraphs::StageGraphs(Backbone& backbone, int64_t begin_block, int64_t end_bl
 StageGraphs::~StageGraphs() = default;
 
 Activations StageGraphs::run(const Activations& in) const {
-  std::unique_ptr<AutocastGuard> guard;
-  if (autocast_) guard = std::make_unique<AutocastGuard>(in.x.device(), *autocast_);
+  const AutocastGuard autocast(in.x.device(), autocast_);
   Activations out = backbone_.forward_blocks(in, begin_, end_);
   if (float32_output_) out.x = out.x.to(torch::kFloat32);
   return out;

@@ -54,8 +54,7 @@ torch::Tensor embed_pixels(Backbone& backbone, const torch::Tensor& pixels, cons
   if (setup.forward) {
     features = setup.forward(images);
   } else {
-    std::unique_ptr<AutocastGuard> autocast;
-    if (setup.autocast) autocast = std::make_unique<AutocastGuard>(setup.device, *setup.autocast);
+    const AutocastGuard autocast(setup.device, setup.autocast);
     features = backbone.forward(backbone.in_layout(images));
   }
   return features.to(torch::kFloat32);

@@ -6,6 +6,7 @@
 
 #include "myriad/comm/communicator.h"
 #include "myriad/model/backbone.h"
+#include "myriad/parallel/block_profile.h"
 #include "myriad/parallel/pipeline_balance.h"
 #include "myriad/train/graphs_choice.h"
 #include "myriad/util/device.h"

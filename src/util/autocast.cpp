@@ -52,17 +52,20 @@ std::optional<torch::ScalarType> active_autocast(torch::DeviceType type) {
   return autocast_dtype(type);
 }
 
-AutocastGuard::AutocastGuard(const torch::Device& device, torch::ScalarType dtype)
-    : type_(device.type()),
+AutocastGuard::AutocastGuard(const torch::Device& device, std::optional<torch::ScalarType> dtype)
+    : active_(dtype.has_value()),
+      type_(device.type()),
       was_enabled_(autocast_enabled(device.type())),
       was_dtype_(autocast_dtype(device.type())) {
-  MYRIAD_CHECK(dtype == torch::kBFloat16 || dtype == torch::kFloat16,
+  if (!active_) return;
+  MYRIAD_CHECK(*dtype == torch::kBFloat16 || *dtype == torch::kFloat16,
                "autocast runs in bfloat16 or float16");
-  MYRIAD_CHECK(type_ == torch::kCUDA || dtype == torch::kBFloat16, "float16 autocast needs a GPU");
-  set_autocast(type_, true, dtype);
+  MYRIAD_CHECK(type_ == torch::kCUDA || *dtype == torch::kBFloat16, "float16 autocast needs a GPU");
+  set_autocast(type_, true, *dtype);
 }
 
 AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
   set_autocast(type_, was_enabled_, was_dtype_);
   at::autocast::clear_cache();
 }

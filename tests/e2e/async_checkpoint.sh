@@ -139,7 +139,8 @@ at = next(i for i, r in enumerate(records) if r["kind"] == "checkpoint" and r["s
 later = [r["step"] for r in records[:at] if r["kind"] == "train" and r["step"] > 100]
 c = records[at]
 assert later, "no step after 100 was logged before its checkpoint was published"
-assert c["durable_seconds"] >= 2 and c["blocked_seconds"] < 1, c
+# A save that blocked training would block it until durable; a loaded machine stretches both.
+assert c["durable_seconds"] >= 2 and c["blocked_seconds"] < c["durable_seconds"] / 2, c
 print(f"steps 101-{max(later)} trained while the checkpoint of step 100 was written: "
       f"blocked {c['blocked_seconds']:.3f} s, durable after {c['durable_seconds']:.1f} s")
 EOF

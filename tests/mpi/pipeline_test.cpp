@@ -11,6 +11,7 @@
 #include "myriad/classifier/sharded_softmax.h"
 #include "myriad/model/backbone.h"
 #include "myriad/parallel/gradient_sync.h"
+#include "myriad/parallel/block_profile.h"
 #include "myriad/parallel/pipeline.h"
 #include "myriad/parallel/pipeline_balance.h"
 #include "myriad/train/pipeline_plan.h"

@@ -11,6 +11,7 @@
 #include "myriad/model/backbone.h"
 #include "myriad/optim/optimizer_state.h"
 #include "myriad/parallel/pipeline_balance.h"
+#include "myriad/parallel/pipeline_schedule.h"
 
 namespace myriad {
 
@@ -18,14 +19,8 @@ class Communicator;
 class GradientSynchronizer;
 class PhaseTimer;
 class StageGraphs;
+class StageTransfers;
 class Timeline;
-
-// The order of a step's forward and backward passes over the micro-batches (docs/pipeline.md).
-// GPipe: every forward, the classifier once on the replica's batch, every backward. 1F1B: each
-// stage starts a micro-batch's backward as soon as it can, the classifier runs per micro-batch
-// (ShardedMarginSoftmax::begin_parts), and stage s holds min(P - s, M) micro-batches at once.
-enum class PipelineSchedule { kGPipe, k1F1B };
-const char* schedule_name(PipelineSchedule schedule);
 
 // Where this rank sits in a run of W = replicas x stages ranks (docs/pipeline.md): rank =
 // replica * stages + stage, so that a pipeline's stages are neighbours on a node. Stage s holds
@@ -49,23 +44,6 @@ struct PipelineLayout {
 
 // The layout of `rank` among `world` ranks with `stages` stages; the cut is left to the caller.
 PipelineLayout pipeline_layout(int world, int rank, int stages, int micro_batches);
-
-// Micro-batches whose activations each stage keeps at once: under GPipe all M, on every stage;
-// under 1F1B min(P - s, M) on stage s.
-std::vector<int64_t> micro_batches_in_flight(PipelineSchedule schedule, int stages,
-                                             int micro_batches);
-
-// Forward + backward time and activation memory of each block on `device`, one block at a time,
-// from `sample` (a micro-batch of images and their keys) through every block, each run as a stage
-// runs it (activation checkpointing included); then the launch times scaled to the whole
-// backbone launched at once, where its activations fit (chained_launches). State bytes count
-// parameters `state_factor` times (weights, gradients and optimizer state) plus buffers. The
-// backbone's values, buffers and devices are as before afterwards. Activation memory is measured on
-// CUDA devices and estimated from the blocks' outputs on the CPU.
-std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sample,
-                                      const torch::Device& device,
-                                      std::optional<torch::ScalarType> autocast,
-                                      double state_factor);
 
 // What a stage did since the last take_times().
 struct PipelineTimes {
@@ -140,7 +118,7 @@ class PipelineEngine {
   void set_phase_timer(PhaseTimer* timer) { timer_ = timer; }
   // Records each micro-batch's forward and backward, the classifier and the transfers into
   // `timeline` (null: none), for --timeline.
-  void set_timeline(Timeline* timeline) { timeline_ = timeline; }
+  void set_timeline(Timeline* timeline);
   // From the next step on, this stage's micro-batches run as CUDA graphs (StageGraphs), recorded
   // at that step: one slot per micro-batch the schedule holds at once; or, with false, eagerly,
   // and the graphs' memory is given back. A recording that runs out of memory turns them off.
@@ -155,34 +133,29 @@ class PipelineEngine {
 
  private:
   struct MicroBatch;
+  struct StepState;
   class BusyClock;
-  class PartsStream;
-  // The step's transfers between stages (counted, and marked for the classifier parts' stream).
-  void send(const std::vector<torch::Tensor>& tensors, int peer);
-  std::vector<torch::Tensor> recv(const std::vector<torch::ScalarType>& dtypes, int peer);
-  std::vector<torch::Tensor> exchange(const std::vector<torch::Tensor>& tensors,
-                                      const std::vector<torch::ScalarType>& dtypes, int peer);
-  void count_sent(const std::vector<torch::Tensor>& tensors);
   void phase(const char* name);
-  // The schedules; the micro-batches' parts were set by split_step.
-  torch::Tensor gpipe(const ClassifierStep& classify, GradientSynchronizer& sync);
-  torch::Tensor one_f_one_b(const ClassifierStep& classify, GradientSynchronizer& sync);
+  // The one executor of the schedule's actions (schedule_actions), in order.
+  torch::Tensor run_schedule(const ClassifierStep& classify, GradientSynchronizer& sync);
+  void run_action(const Action& action, StepState& state, const ClassifierStep& classify,
+                  GradientSynchronizer& sync);
   // The step's inputs cut into micro-batches: images and keys (first stage), labels (last).
   void split_step(const torch::Tensor& images, const torch::Tensor& keys,
                   const torch::Tensor& labels);
   // Micro-batch m's input: its slice (first stage) or what the previous stage sent.
   Activations local_input(int m) const;
   Activations received_input(std::vector<torch::Tensor> got) const;
-  Activations receive_forward(int m);
   // Forward of micro-batch m through this stage, its ends kept for backward; what goes to the next
   // stage (its wire form: activations, keys, masking order), or nothing on the last.
   std::vector<torch::Tensor> forward_micro_batch(int m, Activations in);
-  // The classifier on the last stage's `output` with `labels` (ignored elsewhere: none), as
-  // micro-batch `part` (1F1B) or the whole batch (-1): their gradient on the last stage; the loss
-  // is added to `loss`.
-  torch::Tensor run_classifier(int part, const torch::Tensor& output, const torch::Tensor& labels,
-                               const ClassifierStep& classify, torch::Tensor& loss);
-  torch::Tensor part_labels(int m) const;  // micro-batch m's labels on the last stage
+  // The classifier on micro-batch `part` (or kWholeBatch): on the last stage its outputs and
+  // labels, whose gradients go into `state`; elsewhere this rank's share (no samples). Its loss
+  // is added to the state's.
+  void run_classifier(int part, StepState& state, const ClassifierStep& classify);
+  // The last stage's outputs of micro-batch `part` (or of all), detached, as the classifier's
+  // input.
+  torch::Tensor classifier_input(int part) const;
   // Backward of micro-batch m given its output's gradient (in wire form off the last stage); the
   // gradient of its input in wire form (undefined on the first stage). Frees its activations.
   torch::Tensor backward_micro_batch(int m, const torch::Tensor& grad, GradientSynchronizer& sync,
@@ -194,11 +167,12 @@ class PipelineEngine {
   torch::Device device_;
   std::optional<torch::ScalarType> autocast_;
   int64_t embedding_size_;
+  std::vector<Action> actions_;  // this stage's, for every step
   std::vector<MicroBatch> micro_batches_;
   torch::Tensor labels_;  // the step's, on the last stage
   std::vector<torch::Tensor> image_parts_, key_parts_, label_parts_;
   std::unique_ptr<BusyClock> clock_;
-  std::unique_ptr<PartsStream> parts_stream_;  // 1F1B on a GPU, on stages before the last
+  std::unique_ptr<StageTransfers> transfers_;
   PhaseTimer* timer_ = nullptr;
   Timeline* timeline_ = nullptr;
   // The graphs of this stage's micro-batches, or none, and how the schedule uses their slots.
@@ -207,7 +181,6 @@ class PipelineEngine {
   std::unique_ptr<StageGraphs> graphs_;
   int graph_slots_ = 0;
   GradientSynchronizer* step_sync_ = nullptr;  // the sync of the step under way
-  double bytes_sent_ = 0.0;
   int64_t steps_ = 0;
 };
 

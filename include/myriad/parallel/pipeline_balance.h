@@ -42,8 +42,8 @@ double stage_bytes(const std::vector<BlockCost>& costs, int64_t begin, int64_t e
 std::optional<StageCut> balance_stages(const std::vector<BlockCost>& costs,
                                        const std::vector<int64_t>& in_flight, double memory_bytes);
 
-// `costs` as stages that replay CUDA graphs meet them: the device's time alone, each graph being one
-// launch.
+// `costs` as stages that replay CUDA graphs meet them: the device's time alone, each graph being
+// one launch.
 std::vector<BlockCost> replayed_costs(std::vector<BlockCost> costs);
 
 // `costs` with their launch times scaled to sum to `chain_seconds`, the host's time to launch

@@ -8,16 +8,18 @@
 namespace myriad {
 
 // Runs the enclosed LibTorch operations under autocast for `device`'s type in `dtype`
-// (bfloat16 or float16), restoring the previous state on exit. Hides the API difference between
-// LibTorch 1.x (per-device setters) and 2.x (setters taking a device type).
+// (bfloat16 or float16), restoring the previous state on exit; with no dtype it changes nothing.
+// Hides the API difference between LibTorch 1.x (per-device setters) and 2.x (setters taking a
+// device type).
 class AutocastGuard {
  public:
-  AutocastGuard(const torch::Device& device, torch::ScalarType dtype);
+  AutocastGuard(const torch::Device& device, std::optional<torch::ScalarType> dtype);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
+  bool active_;
   torch::DeviceType type_;
   bool was_enabled_;
   torch::ScalarType was_dtype_;

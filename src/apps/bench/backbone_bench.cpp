@@ -93,8 +93,7 @@ class Subject {
 
   // The embeddings, with the graph that backward runs.
   torch::Tensor forward() {
-    std::unique_ptr<AutocastGuard> guard;
-    if (autocast_) guard = std::make_unique<AutocastGuard>(device_, *autocast_);
+    const AutocastGuard autocast(device_, autocast_);
     return backbone_->forward(images_);
   }
 

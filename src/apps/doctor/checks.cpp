@@ -17,6 +17,7 @@
 #include "myriad/comm/process_context.h"
 #include "myriad/data/hdf5_image_dataset.h"
 #include "myriad/model/backbone.h"
+#include "myriad/parallel/block_profile.h"
 #include "myriad/parallel/gradient_sync.h"
 #include "myriad/parallel/pipeline.h"
 #include "myriad/train/graphs_choice.h"
