@@ -2,13 +2,8 @@
 
 #include "myriad/classifier/mixed_gemm.h"
 #include "myriad/util/error.h"
-#include "myriad/util/phase_timer.h"
 
 namespace myriad {
-
-void PhaseMarks::operator()(const char* name) const {
-  if (timer_ != nullptr) timer_->mark(std::string("classifier.") + name);
-}
 
 namespace {
 

@@ -9,10 +9,6 @@ namespace myriad {
 
 namespace {
 
-const char* optimizer_name(OptimizerKind kind) {
-  return kind == OptimizerKind::kSgd ? "SGD" : "AdamW";
-}
-
 // What the rows' gradient is taken with respect to: the GEMMs on a normalising margin's stored
 // rows scale each class's logits by 1/|w| afterwards, which scales its gradient too.
 RowGradient row_gradient_of_step(const SoftmaxStep& step, bool normalized) {
@@ -40,6 +36,9 @@ class GemmRowUpdater : public RowUpdater {
     store_ = gradient_store(step.batch);
   }
 
+  // The step's tensors are not kept beyond it.
+  void end_gradient() { features_ = multiplier_ = torch::Tensor(); }
+
   torch::Tensor chunk_gradient(const SoftmaxStep& step, int64_t c,
                                const torch::Tensor& logit_grad) const {
     phases_("gemm_weight_grad");
@@ -53,6 +52,7 @@ class GemmRowUpdater : public RowUpdater {
   torch::Tensor& weight_;
   const PhaseMarks& phases_;
   torch::Tensor features_;
+  torch::Tensor multiplier_;  // the update's factor on the rows' gradient (GradientScale)
   RowGradient grad_of_ = RowGradient::kRow;
   RowGradientStore store_ = RowGradientStore::kFloat32;
 };
@@ -94,6 +94,7 @@ class OptimizerRowUpdater final : public GemmRowUpdater {
   }
 
   void finish(const SoftmaxStep& step) override {
+    end_gradient();
     if (!norms_written_ || step.plan.chunks == 0) return;
     norms_.storage = weight_.storage().getWeakStorageImpl();
     norms_.version = static_cast<int64_t>(weight_._version());
@@ -139,7 +140,6 @@ class OptimizerRowUpdater final : public GemmRowUpdater {
   };
 
   ShardOptimizer& optimizer_;
-  torch::Tensor multiplier_;
   float* norms_target_ = nullptr;
   bool norms_written_ = false;
   Norms norms_;
@@ -192,7 +192,7 @@ class FusedRowUpdater final : public RowUpdater {
 
   void finish(const SoftmaxStep& step) override {
     if (!fused_) rows_.finish(step);
-    xt_ = torch::Tensor();
+    xt_ = multiplier_ = torch::Tensor();
   }
 
   torch::Tensor current_norms() const override { return rows_.current_norms(); }
@@ -230,7 +230,7 @@ class AccumulatingRowUpdater final : public GemmRowUpdater {
   void begin(const SoftmaxStep& step, const torch::Tensor& factor,
              const GradientScale& g) override {
     begin_gradient(step, factor);
-    rescale_ = g.rescale;
+    multiplier_ = g.rescale;
   }
 
   void update_chunk(const SoftmaxStep& step, int64_t c, const torch::Tensor& logit_grad) override {
@@ -243,15 +243,15 @@ class AccumulatingRowUpdater final : public GemmRowUpdater {
             : torch::arange(begin, end, torch::dtype(torch::kInt64).device(weight_.device()));
     const torch::Tensor w = weight_.index_select(0, index).to(torch::kFloat32);
     weight_grad_.index_add_(
-        0, index, row_grad_of_rows(w, rescale_.defined() ? grad.mul_(rescale_) : grad, grad_of_));
+        0, index,
+        row_grad_of_rows(w, multiplier_.defined() ? grad.mul_(multiplier_) : grad, grad_of_));
   }
 
-  void finish(const SoftmaxStep&) override {}
+  void finish(const SoftmaxStep&) override { end_gradient(); }
   torch::Tensor current_norms() const override { return {}; }
 
  private:
   torch::Tensor& weight_grad_;
-  torch::Tensor rescale_;
 };
 
 }  // namespace

@@ -150,7 +150,7 @@ ShardedMarginSoftmax::ShardedMarginSoftmax(Communicator& comm, const ShardedSoft
       fused_update || options.fused_update != FusedUpdate::kOn,
       "the fused weight update needs the fused classifier kernels, SGD and bfloat16 weights that "
       "the classifier updates (this run: {}, {}, {} weights)",
-      logits_->describe(), options.optimizer.kind == OptimizerKind::kSgd ? "SGD" : "AdamW",
+      logits_->describe(), optimizer_name(options.optimizer.kind),
       c10::toString(options.weight_dtype));
   const int64_t rows = partition_.size(comm.rank());
   const int64_t first = partition_.offset(comm.rank());
@@ -363,6 +363,7 @@ void ShardedMarginSoftmax::plan_step(SoftmaxStep& step, StepUse use) const {
                                 step.plan.chunks > 0 && use == StepUse::kWhole && normalized;
   // GEMMs on the stored rows take each chunk's 1/|w|.
   if (!step.stored_rows || !normalized) return;
+  (*phases_)("prepare_rows");
   for (int64_t c = 0; c < step.plan.chunks; ++c) {
     step.row_scales.push_back(stored_row_scales(step.chunk_begin(c), step.chunk_end(c)));
   }

@@ -1,6 +1,14 @@
 #include "softmax_chunk.h"
 
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "myriad/classifier/chunk_plan.h"
@@ -60,6 +68,77 @@ torch::Tensor other_logits(const torch::Tensor& dot, const MarginParams& params)
   return params.normalized ? dot.clamp(-1.0, 1.0).mul_(params.scale) : dot.clone();
 }
 
+// The sum of squares of a row of `dim` elements, in interleaved partial sums that the compiler
+// keeps in vector registers.
+template <typename T>
+float row_squares(const T* row, int64_t dim) {
+  constexpr int kLanes = 8;
+  float lanes[kLanes] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= dim; k += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const float v = static_cast<float>(row[k + j]);
+      lanes[j] += v * v;
+    }
+  }
+  for (; k < dim; ++k) lanes[0] += static_cast<float>(row[k]) * static_cast<float>(row[k]);
+  float squares = 0.0f;
+  for (const float lane : lanes) squares += lane;
+  return squares;
+}
+
+// Calls f with a null pointer of the C++ type of `dtype`: float32, bfloat16 or float16.
+template <class F>
+void with_type(torch::ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case torch::kBFloat16: return f(static_cast<c10::BFloat16*>(nullptr));
+    case torch::kFloat16: return f(static_cast<c10::Half*>(nullptr));
+    case torch::kFloat32: return f(static_cast<float*>(nullptr));
+    default: MYRIAD_THROW("no CPU row kernel for {}", c10::toString(dtype));
+  }
+}
+
+// The CPU's prepare_rows and its norms: one pass over each row, as the GPU's row kernels make.
+torch::Tensor cpu_inv_norms(const torch::Tensor& rows) {
+  torch::Tensor out = torch::empty({rows.size(0)}, rows.options().dtype(torch::kFloat32));
+  float* norms = out.data_ptr<float>();
+  const torch::Tensor r = rows.contiguous();
+  const int64_t dim = r.size(1);
+  with_type(r.scalar_type(), [&](auto* tag) {
+    const auto* data = r.data_ptr<std::remove_pointer_t<decltype(tag)>>();
+    at::parallel_for(0, r.size(0), 1024, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i)
+        norms[i] = 1.0f / std::sqrt(std::max(row_squares(data + i * dim, dim), 1e-24f));
+    });
+  });
+  return out;
+}
+
+torch::Tensor cpu_prepare_rows(const torch::Tensor& weight, const torch::Tensor& index,
+                               int64_t begin, int64_t end, torch::ScalarType dtype,
+                               bool normalize) {
+  const torch::Tensor w = weight.contiguous();
+  const int64_t dim = w.size(1);
+  torch::Tensor out = torch::empty({end - begin, dim}, w.options().dtype(dtype));
+  const int64_t* rows = index.defined() ? index.contiguous().data_ptr<int64_t>() : nullptr;
+  with_type(w.scalar_type(), [&](auto* in_tag) {
+    with_type(dtype, [&](auto* out_tag) {
+      const auto* in = w.data_ptr<std::remove_pointer_t<decltype(in_tag)>>();
+      auto* o = out.data_ptr<std::remove_pointer_t<decltype(out_tag)>>();
+      at::parallel_for(0, end - begin, 1024, [&](int64_t first, int64_t last) {
+        for (int64_t i = first; i < last; ++i) {
+          const auto* row = in + (rows != nullptr ? rows[begin + i] : begin + i) * dim;
+          // As the GPU's: w / max(|w|, 1e-12), 1/|w| taken once.
+          const float scale =
+              normalize ? 1.0f / std::max(std::sqrt(row_squares(row, dim)), 1e-12f) : 1.0f;
+          for (int64_t k = 0; k < dim; ++k) o[i * dim + k] = static_cast<float>(row[k]) * scale;
+        }
+      });
+    });
+  });
+  return out;
+}
+
 #ifdef MYRIAD_WITH_CUDA
 const float* scale_pointer(const torch::Tensor& row_scale) {
   return row_scale.defined() ? row_scale.data_ptr<float>() : nullptr;
@@ -87,11 +166,7 @@ torch::Tensor prepare_chunk_rows(const torch::Tensor& weight, const torch::Tenso
     return out;
   }
 #endif
-  torch::Tensor rows = (index.defined() ? weight.index_select(0, index.slice(0, begin, end))
-                                        : weight.slice(0, begin, end))
-                           .to(torch::kFloat32);
-  if (normalize) rows = rows / rows.norm(2, 1, true).clamp_min(1e-12);
-  return rows.to(dtype).contiguous();
+  return cpu_prepare_rows(weight, index, begin, end, dtype, normalize);
 }
 
 torch::Tensor chunk_inv_norms(const torch::Tensor& weight, int64_t begin, int64_t end) {
@@ -105,7 +180,7 @@ torch::Tensor chunk_inv_norms(const torch::Tensor& weight, int64_t begin, int64_
     return out;
   }
 #endif
-  return weight.slice(0, begin, end).to(torch::kFloat32).square().sum(1).clamp_min(1e-24).rsqrt();
+  return cpu_inv_norms(weight.slice(0, begin, end));
 }
 
 namespace {

@@ -7,14 +7,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "myriad/classifier/chunk_plan.h"
+#include "myriad/util/phase_timer.h"
 #include "softmax_chunk.h"
 
 namespace myriad {
-
-class PhaseTimer;
 
 // Everything forward computed that backward needs.
 struct SoftmaxStep {
@@ -71,7 +71,9 @@ struct GradientScale {
 class PhaseMarks {
  public:
   void set_timer(PhaseTimer* timer) { timer_ = timer; }
-  void operator()(const char* name) const;
+  void operator()(const char* name) const {
+    if (timer_ != nullptr) timer_->mark(std::string("classifier.") + name);
+  }
 
  private:
   PhaseTimer* timer_ = nullptr;

@@ -2,21 +2,16 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <functional>
-#include <limits>
-#include <map>
 #include <optional>
+#include <utility>
 
 #include "myriad/comm/communicator.h"
 #include "myriad/parallel/gradient_sync.h"
 #include "myriad/parallel/stage_graphs.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/clock.h"
-#include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/fault_point.h"
-#include "myriad/util/log.h"
 #include "myriad/util/phase_timer.h"
 #include "myriad/util/timeline.h"
 #include "stage_blocks.h"
@@ -26,10 +21,7 @@
 #ifdef MYRIAD_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-
-#include "graph_capture.h"
 #endif
 
 namespace myriad {
@@ -387,6 +379,8 @@ std::unique_ptr<StageGraphs> PipelineEngine::make_graphs() {
   const auto all_reduce = std::find_if(actions_.begin(), actions_.end(), [](const Action& a) {
     return a.kind == ActionKind::kAllReduce;
   });
+  MYRIAD_CHECK(all_reduce != actions_.end(), "stage {}'s schedule never all-reduces",
+               layout_.stage);
   const int last = all_reduce->micro_batch;
   std::vector<StageGraphs::SlotUse> uses(static_cast<size_t>(slots));
   for (int m = 0; m < m_count; ++m) {

@@ -127,6 +127,9 @@ std::string describe(const Action& a) {
       "F",         "B",         "recv-act",           "send-act",
       "recv-grad", "send-grad", "send-act/recv-grad", "send-grad/recv-act",
       "C",         "all-reduce"};
+  static_assert(
+      sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(ActionKind::kAllReduce) + 1,
+      "a name for every action");
   std::string text = kNames[static_cast<int>(a.kind)];
   text +=
       a.micro_batch == kWholeBatch ? std::string(" whole") : " " + std::to_string(a.micro_batch);

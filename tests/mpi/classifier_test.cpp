@@ -300,7 +300,9 @@ TEST_P(ClassifierTest, Bf16GemmsForEveryMarginOnEitherKernelPath) {
         EXPECT_EQ(fused->last_plan().kept_exponentials,
                   fused->fused() && !chunked && margin.params().normalized)
             << label;
-        if (chunked) EXPECT_GT(fused->last_plan().chunks, 1) << label;
+        if (chunked) {
+          EXPECT_GT(fused->last_plan().chunks, 1) << label;
+        }
         const torch::Tensor first_grad = fused->weight_grad().cpu();
         fused->zero_grad();
         const Outcome again = run_step(*fused, p);

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,10 +28,6 @@ struct Half {
   bool activation;  // else a gradient
   int micro_batch;
   int peer;
-  bool operator==(const Half& o) const {
-    return send == o.send && activation == o.activation && micro_batch == o.micro_batch &&
-           peer == o.peer;
-  }
 };
 
 std::vector<Half> halves(const Action& a, int stage) {
@@ -258,6 +253,26 @@ TEST(PipelineSchedule, OneFOneBHoldsFewerMicroBatchesThanGPipe) {
   }
 }
 
+// Megatron-LM's 1F1B at P = 2, M = 3, as its paper draws it: the first stage runs one forward
+// ahead, then one forward and one backward each, trading its activation for the gradient in one
+// transfer; the last stage alternates from the start. Every rank runs part m of the classifier
+// once m's activations have left it.
+TEST(PipelineSchedule, OneFOneBIsMegatronsOrder) {
+  const auto text = [](const std::vector<Action>& list) {
+    std::vector<std::string> out;
+    for (const Action& a : list) out.push_back(describe(a));
+    return out;
+  };
+  EXPECT_EQ(text(schedule_actions(PipelineSchedule::k1F1B, 2, 0, 3)),
+            (std::vector<std::string>{
+                "F 0", "send-act 0", "C 0", "F 1", "send-act/recv-grad 1 <- 0", "C 1", "B 0", "F 2",
+                "send-act/recv-grad 2 <- 1", "C 2", "B 1", "recv-grad 2", "all-reduce 2", "B 2"}));
+  EXPECT_EQ(text(schedule_actions(PipelineSchedule::k1F1B, 2, 1, 3)),
+            (std::vector<std::string>{
+                "recv-act 0", "F 0", "C 0", "B 0", "send-grad/recv-act 0 <- 1", "F 1", "C 1", "B 1",
+                "send-grad/recv-act 1 <- 2", "F 2", "C 2", "all-reduce 2", "B 2", "send-grad 2"}));
+}
+
 // The checks can fail: lists broken as a careless edit would break them are caught.
 TEST(PipelineSchedule, BrokenListsAreCaught) {
   const int stages = 3, m_count = 5;
@@ -276,13 +291,14 @@ TEST(PipelineSchedule, BrokenListsAreCaught) {
   std::optional<std::string> error = run_together(swap_first(1, ActionKind::kClassifier));
   ASSERT_TRUE(error.has_value());
   EXPECT_NE(error->find("classifier part"), std::string::npos) << *error;
-  // The middle stage receives its first two inputs in the wrong order.
+  // The middle stage awaits micro-batch 1's input where micro-batch 0's arrives.
   Lists lists = good;
   for (Action& a : lists[1]) {
     if (a.kind == ActionKind::kRecvActivation && a.micro_batch == 0) a.micro_batch = 1;
   }
-  error = check_schedule(PipelineSchedule::k1F1B, lists, m_count);
-  EXPECT_TRUE(error.has_value());
+  error = run_together(lists);
+  ASSERT_TRUE(error.has_value());
+  EXPECT_NE(error->find("sends activation 0 where stage 1 expects 1"), std::string::npos) << *error;
   // A stage that receives a gradient before it sends the activation it belongs to deadlocks.
   lists = good;
   std::vector<Action>& first = lists[0];
@@ -295,11 +311,15 @@ TEST(PipelineSchedule, BrokenListsAreCaught) {
   EXPECT_NE(error->find("deadlock"), std::string::npos) << *error;
   // An all-reduce on a backward that is not the step's last.
   lists = good;
-  const auto all_reduce = std::find_if(lists[2].begin(), lists[2].end(), [](const Action& a) {
-    return a.kind == ActionKind::kAllReduce;
-  });
-  std::rotate(lists[2].begin() + 1, all_reduce, all_reduce + 1);
-  EXPECT_TRUE(check_stage(lists[2], stages, 2, m_count, 1).has_value());
+  std::vector<Action>& last = lists[2];
+  last.erase(std::find_if(last.begin(), last.end(),
+                          [](const Action& a) { return a.kind == ActionKind::kAllReduce; }));
+  last.insert(std::find_if(last.begin(), last.end(),
+                           [](const Action& a) { return a.kind == ActionKind::kBackward; }),
+              Action{ActionKind::kAllReduce, 0});
+  error = check_stage(last, stages, 2, m_count, 1);
+  ASSERT_TRUE(error.has_value());
+  EXPECT_NE(error->find("last backward does not all-reduce"), std::string::npos) << *error;
 }
 
 }  // namespace

@@ -11,6 +11,10 @@
 namespace myriad {
 
 enum class OptimizerKind { kSgd, kAdamW };
+// "SGD" or "AdamW", for messages.
+inline const char* optimizer_name(OptimizerKind kind) {
+  return kind == OptimizerKind::kSgd ? "SGD" : "AdamW";
+}
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kSgd;

@@ -245,8 +245,9 @@ class ShardedMarginSoftmax {
   void phase(const char* name);
   // Rows [begin, end) of the step's active rows as the GEMMs read them. When the shard is stored
   // in the GEMM dtype and every row takes part, that is the stored rows themselves, and a margin's
-  // normalisation is applied to the logits instead (1/|w| per class, Step::row_scales), which
-  // saves writing and reading a normalised copy; otherwise a normalised copy in the GEMM dtype.
+  // normalisation is applied to the logits instead (1/|w| per class, SoftmaxStep::row_scales),
+  // which saves writing and reading a normalised copy; otherwise a normalised copy in the GEMM
+  // dtype.
   torch::Tensor chunk_rows(const SoftmaxStep& step, int64_t begin, int64_t end);
 };
 

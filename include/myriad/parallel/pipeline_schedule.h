@@ -46,10 +46,6 @@ struct Action {
   ActionKind kind;
   int micro_batch;
   int received = -1;  // the exchanges' micro-batch that comes in
-
-  bool operator==(const Action& other) const {
-    return kind == other.kind && micro_batch == other.micro_batch && received == other.received;
-  }
 };
 
 // Stage `stage`'s actions in one step of `schedule` over `stages` stages and `micro_batches`
