@@ -91,10 +91,14 @@ float row_squares(const T* row, int64_t dim) {
 template <class F>
 void with_type(torch::ScalarType dtype, F&& f) {
   switch (dtype) {
-    case torch::kBFloat16: return f(static_cast<c10::BFloat16*>(nullptr));
-    case torch::kFloat16: return f(static_cast<c10::Half*>(nullptr));
-    case torch::kFloat32: return f(static_cast<float*>(nullptr));
-    default: MYRIAD_THROW("no CPU row kernel for {}", c10::toString(dtype));
+    case torch::kBFloat16:
+      return f(static_cast<c10::BFloat16*>(nullptr));
+    case torch::kFloat16:
+      return f(static_cast<c10::Half*>(nullptr));
+    case torch::kFloat32:
+      return f(static_cast<float*>(nullptr));
+    default:
+      MYRIAD_THROW("no CPU row kernel for {}", c10::toString(dtype));
   }
 }
 
