@@ -33,12 +33,8 @@ inline void store_state(c10::BFloat16* p, float v) {
   *p = c10::BFloat16(v);
 }
 
-// hashes[j] = mix32((low + j) ^ upper) for j < n. Built for AVX2 as well where the compiler can:
-// the baseline x86-64 has no 32-bit vector multiply, and the hashes were most of the update's
-// time on bfloat16 rows.
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("avx2", "default")))
-#endif
+// hashes[j] = mix32((low + j) ^ upper) for j < n: a row's hashes in a loop of their own, apart
+// from the stores that read them.
 void hash_pairs(uint32_t* hashes, uint32_t low, uint32_t upper, int64_t n) {
   for (int64_t j = 0; j < n; ++j) hashes[j] = mix32((low + static_cast<uint32_t>(j)) ^ upper);
 }

@@ -8,7 +8,7 @@ namespace myriad {
 namespace {
 
 // The fused Hopper kernels: logits formed in registers, in forward and again in backward, never
-// in memory; where the plan caches a normalising margin's chunk, forward keeps the exponentials.
+// in memory; where the plan caches the one chunk, forward keeps the exponentials.
 class FusedLogits final : public LogitsPath {
  public:
   FusedLogits(const MarginParams& params, const PhaseMarks& phases)
@@ -22,8 +22,8 @@ class FusedLogits final : public LogitsPath {
                      RowStatistics& stats) override {
     phases_("fused_logit_stats");
     if (step.plan.kept_exponentials) {
-      step.kept = {torch::empty({rows.size(0), step.batch}, step.xg.options()),
-                   torch::empty({step.batch}, step.xn.options().dtype(torch::kFloat32))};
+      step.kept.matrix = torch::empty({rows.size(0), step.batch}, step.xg.options());
+      step.kept.target_cos = torch::empty({step.batch}, step.xn.options().dtype(torch::kFloat32));
     }
     accumulate_fused_chunk_stats(
         step.xg, rows, step.row_scale(c), step.target_col, step.chunk_begin(c), params_, stats.max,

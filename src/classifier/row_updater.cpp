@@ -57,9 +57,11 @@ class GemmRowUpdater : public RowUpdater {
   RowGradientStore store_ = RowGradientStore::kFloat32;
 };
 
-// The optimizer's row kernels on each chunk's gradient. SGD on the GPU, on a normalising margin's
-// stored rows (all of them, no Partial FC), also writes each row's 1/|w| as it stores it, bit for
-// bit what the next forward would measure; they stay current until the weight changes otherwise.
+// The optimizer's row kernels on each chunk's gradient. SGD on the GPU, on the stored rows (all of
+// them, no Partial FC) of a normalising margin or of a step that keeps the exponentials (plain
+// softmax bounds its logits by the largest |w|), also writes each row's 1/|w| as it stores it,
+// bit for bit what the next forward would measure; they stay current until the weight changes
+// otherwise.
 class OptimizerRowUpdater final : public GemmRowUpdater {
  public:
   OptimizerRowUpdater(const ShardedSoftmaxOptions& options, ShardOptimizer& optimizer,
@@ -118,8 +120,9 @@ class OptimizerRowUpdater final : public GemmRowUpdater {
 
   // Where the update may write the rows' 1/|w| for the next forward; null where it may not.
   float* norms_target(const SoftmaxStep& step) {
-    if (!step.stored_rows || !options_.margin.params().normalized || !weight_.is_cuda() ||
-        step.active.defined() || options_.optimizer.kind != OptimizerKind::kSgd) {
+    const bool read = options_.margin.params().normalized || step.plan.kept_exponentials;
+    if (!step.stored_rows || !read || !weight_.is_cuda() || step.active.defined() ||
+        options_.optimizer.kind != OptimizerKind::kSgd) {
       return nullptr;
     }
     torch::Tensor& norms = norms_.inv_norms;

@@ -357,10 +357,14 @@ void ShardedMarginSoftmax::plan_step(SoftmaxStep& step, StepUse use) const {
   step.plan.cache =
       step.plan.cache && step.backward && use != StepUse::kFinishParts && use != StepUse::kPredict;
   // Where every class fits at once, the fused kernels keep each logit's exponential in the bytes
-  // of its gradient, and backward needs no products of its own (a normalising margin bounds the
-  // logits by s; the parts of a step recompute them).
+  // of its gradient, and backward needs no products of its own (the parts of a step recompute
+  // them). A normalising margin bounds the logits by s; plain softmax's take a bound per sample.
   step.plan.kept_exponentials = logits_->keeps_exponentials() && step.plan.cache &&
-                                step.plan.chunks > 0 && use == StepUse::kWhole && normalized;
+                                step.plan.chunks > 0 && use == StepUse::kWhole;
+  if (step.plan.kept_exponentials && !normalized) {
+    (*phases_)("prepare_rows");
+    step.kept.reference = kept_reference(step.xg, stored_row_scales(0, weight_.size(0)));
+  }
   // GEMMs on the stored rows take each chunk's 1/|w|.
   if (!step.stored_rows || !normalized) return;
   (*phases_)("prepare_rows");

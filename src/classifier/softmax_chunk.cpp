@@ -124,7 +124,9 @@ torch::Tensor cpu_prepare_rows(const torch::Tensor& weight, const torch::Tensor&
   const torch::Tensor w = weight.contiguous();
   const int64_t dim = w.size(1);
   torch::Tensor out = torch::empty({end - begin, dim}, w.options().dtype(dtype));
-  const int64_t* rows = index.defined() ? index.contiguous().data_ptr<int64_t>() : nullptr;
+  // The listed rows stay alive while the loop reads them (a non-contiguous index is copied).
+  const torch::Tensor listed = index.defined() ? index.contiguous() : torch::Tensor();
+  const int64_t* rows = listed.defined() ? listed.data_ptr<int64_t>() : nullptr;
   with_type(w.scalar_type(), [&](auto* in_tag) {
     with_type(dtype, [&](auto* out_tag) {
       const auto* in = w.data_ptr<std::remove_pointer_t<decltype(in_tag)>>();
@@ -144,8 +146,9 @@ torch::Tensor cpu_prepare_rows(const torch::Tensor& weight, const torch::Tensor&
 }
 
 #ifdef MYRIAD_WITH_CUDA
-const float* scale_pointer(const torch::Tensor& row_scale) {
-  return row_scale.defined() ? row_scale.data_ptr<float>() : nullptr;
+// An optional float32 argument of a kernel: its data, or null where undefined.
+const float* floats_or_null(const torch::Tensor& t) {
+  return t.defined() ? t.data_ptr<float>() : nullptr;
 }
 
 cudaStream_t stream_of(const torch::Tensor& t) {
@@ -187,6 +190,11 @@ torch::Tensor chunk_inv_norms(const torch::Tensor& weight, int64_t begin, int64_
   return cpu_inv_norms(weight.slice(0, begin, end));
 }
 
+torch::Tensor kept_reference(const torch::Tensor& x, const torch::Tensor& inv_norms) {
+  MYRIAD_CHECK(inv_norms.numel() > 0, "a bound on the logits needs at least one class row");
+  return (x.to(torch::kFloat32).norm(2, 1) * inv_norms.min().reciprocal()).contiguous();
+}
+
 namespace {
 
 // Folds per-tile statistics [tiles, B] into the running ones: the chunk's max and sum first,
@@ -216,7 +224,7 @@ void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& row_s
     tile_max = torch::empty({tiles, dot.size(1)}, dot.options());
     tile_sum = torch::empty({tiles, dot.size(1)}, dot.options());
     MYRIAD_CHECK_CUDA(cuda::chunk_stats(
-        dot.data_ptr<float>(), scale_pointer(row_scale), dot.size(0), dot.size(1),
+        dot.data_ptr<float>(), floats_or_null(row_scale), dot.size(0), dot.size(1),
         target_col.data_ptr<int64_t>(), begin, params, tile_max.data_ptr<float>(),
         tile_sum.data_ptr<float>(), target_logit.data_ptr<float>(), stream_of(dot)));
   }
@@ -241,11 +249,11 @@ torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& ro
 #ifdef MYRIAD_WITH_CUDA
   if (dot.is_cuda()) {
     torch::Tensor out = torch::empty(dot.sizes(), dot.options().dtype(dtype));
-    MYRIAD_CHECK_CUDA(cuda::chunk_grad(dot.data_ptr<float>(), scale_pointer(row_scale), dot.size(0),
-                                       dot.size(1), target_col.data_ptr<int64_t>(), begin,
-                                       row_max.data_ptr<float>(), row_inv_sum.data_ptr<float>(),
-                                       coef.data_ptr<float>(), params, out.data_ptr(),
-                                       element_type(dtype), stream_of(dot)));
+    MYRIAD_CHECK_CUDA(
+        cuda::chunk_grad(dot.data_ptr<float>(), floats_or_null(row_scale), dot.size(0), dot.size(1),
+                         target_col.data_ptr<int64_t>(), begin, row_max.data_ptr<float>(),
+                         row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params,
+                         out.data_ptr(), element_type(dtype), stream_of(dot)));
     return out;
   }
 #endif
@@ -302,15 +310,20 @@ void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& r
   if (kept != nullptr) {
     MYRIAD_CHECK(kept->matrix.scalar_type() == torch::kBFloat16 && kept->matrix.is_contiguous() &&
                      kept->matrix.sizes() == torch::IntArrayRef({rows.size(0), x.size(0)}) &&
-                     kept->target_cos.numel() == x.size(0),
-                 "the kept exponentials take a contiguous bfloat16 [classes, batch] matrix");
+                     kept->target_cos.numel() == x.size(0) &&
+                     (!kept->reference.defined() ||
+                      (kept->reference.scalar_type() == torch::kFloat32 &&
+                       kept->reference.is_contiguous() && kept->reference.numel() == x.size(0))),
+                 "the kept exponentials take a contiguous bfloat16 [classes, batch] matrix and a "
+                 "float32 [batch] reference");
   }
   MYRIAD_CHECK_CUDA(cuda::fused_logit_stats(
-      x.data_ptr(), x.size(0), rows.data_ptr(), scale_pointer(row_scale), rows.size(0),
+      x.data_ptr(), x.size(0), rows.data_ptr(), floats_or_null(row_scale), rows.size(0),
       static_cast<int>(x.size(1)), target_col.data_ptr<int64_t>(), begin, params,
       part_max.data_ptr<float>(), part_sum.data_ptr<float>(), target_logit.data_ptr<float>(),
       kept != nullptr ? kept->target_cos.data_ptr<float>() : nullptr,
-      kept != nullptr ? kept->matrix.data_ptr() : nullptr, stream_of(x)));
+      kept != nullptr ? kept->matrix.data_ptr() : nullptr,
+      kept != nullptr ? floats_or_null(kept->reference) : nullptr, stream_of(x)));
   merge_tile_stats(part_max, part_sum, row_max, row_sum);
 #else
   (void)x, (void)rows, (void)row_scale, (void)target_col, (void)begin, (void)params, (void)row_max,
@@ -329,7 +342,7 @@ void launch_logit_grad(const torch::Tensor& x, const torch::Tensor& rows,
                        const torch::Tensor& row_inv_sum, const torch::Tensor& coef,
                        const MarginParams& params, torch::Tensor& out, const torch::Tensor& gate) {
   MYRIAD_CHECK_CUDA(cuda::fused_logit_grad(
-      x.data_ptr(), x.size(0), rows.data_ptr(), scale_pointer(row_scale), rows.size(0),
+      x.data_ptr(), x.size(0), rows.data_ptr(), floats_or_null(row_scale), rows.size(0),
       static_cast<int>(x.size(1)), target_col.data_ptr<int64_t>(), begin, row_max.data_ptr<float>(),
       row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params, out.data_ptr(),
       gate.defined() ? gate.data_ptr<int>() : nullptr, stream_of(x)));
@@ -352,11 +365,12 @@ torch::Tensor finish_kept_exponentials(KeptExponentials& kept, const torch::Tens
   const int64_t batch = x.size(0);
   torch::Tensor factor = torch::empty({batch}, row_max.options());
   const torch::Tensor deep = torch::empty({1}, row_max.options().dtype(torch::kInt32));
-  MYRIAD_CHECK_CUDA(cuda::kept_finish(
-      kept.matrix.data_ptr(), batch, rows.size(0), scale_pointer(row_scale),
-      target_col.data_ptr<int64_t>(), begin, kept.target_cos.data_ptr<float>(),
-      row_max.data_ptr<float>(), row_inv_sum.data_ptr<float>(), coef.data_ptr<float>(), params,
-      factor.data_ptr<float>(), deep.data_ptr<int>(), stream_of(x)));
+  MYRIAD_CHECK_CUDA(
+      cuda::kept_finish(kept.matrix.data_ptr(), batch, rows.size(0), floats_or_null(row_scale),
+                        target_col.data_ptr<int64_t>(), begin, kept.target_cos.data_ptr<float>(),
+                        row_max.data_ptr<float>(), row_inv_sum.data_ptr<float>(),
+                        coef.data_ptr<float>(), floats_or_null(kept.reference), params,
+                        factor.data_ptr<float>(), deep.data_ptr<int>(), stream_of(x)));
   // Deep rows (decided on the device): the logits' gradient recomputed over the kept matrix.
   launch_logit_grad(x, rows, row_scale, target_col, begin, row_max, row_inv_sum, coef, params,
                     kept.matrix, deep);

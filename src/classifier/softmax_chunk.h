@@ -49,13 +49,20 @@ torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& ro
 // backward, on the same operands; the logits never reach memory.
 bool fused_chunks_apply(const torch::Device& device, int64_t dim, torch::ScalarType gemm_dtype);
 
-// What forward keeps for backward where the plan keeps the exponentials (a normalising margin):
-// `matrix` bfloat16 [c, B], exp(z - s) / |w_j| per logit, and each sample's target cosine
-// `target_cos` [B] where its target lies in the chunk.
+// What forward keeps for backward where the plan keeps the exponentials: `matrix` bfloat16
+// [c, B], exp(z - r_b) / |w_j| per logit, and each sample's target cosine `target_cos` [B] where
+// its target lies in the chunk. The reference r_b bounds sample b's logits: s for a normalising
+// margin, else `reference` [B] float32 (kept_reference: plain softmax's logits have no bound).
 struct KeptExponentials {
   torch::Tensor matrix;
   torch::Tensor target_cos;
+  torch::Tensor reference;
 };
+
+// A bound on every logit of plain softmax per sample, |x_b| max_j |w_j| (Cauchy-Schwarz), from
+// the GEMM operand `x` [B, D] and the rows' 1/|w_j| `inv_norms`: the reference of its kept
+// exponentials, so that none overflows.
+torch::Tensor kept_reference(const torch::Tensor& x, const torch::Tensor& inv_norms);
 
 // accumulate_chunk_stats from the operands: `x` [B, D] and `rows` [c, D], bfloat16; with `kept`,
 // also fills it (allocated by the caller).
@@ -69,8 +76,8 @@ void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& r
 // statistics: replaces each target's element by its gradient (margin included) over the sample's
 // factor, and returns the factors [B] float32, so that the logits' gradient is
 // kept.matrix[j, b] * factor[b] everywhere. Where a row's max lies deeper than kKeptMaxDepth below
-// s, elements that matter may have underflowed: then, decided on the device with no host
-// synchronisation, the recomputed gradient overwrites kept.matrix and every factor is 1.
+// its reference, elements that matter may have underflowed: then, decided on the device with no
+// host synchronisation, the recomputed gradient overwrites kept.matrix and every factor is 1.
 torch::Tensor finish_kept_exponentials(KeptExponentials& kept, const torch::Tensor& x,
                                        const torch::Tensor& rows, const torch::Tensor& row_scale,
                                        const torch::Tensor& target_col, int64_t begin,

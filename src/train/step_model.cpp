@@ -48,7 +48,6 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
                                 fused_kernels_take(compute_dtype(precision), config.embedding_size)
                             ? Logits::kInRegisters
                             : Logits::kInMemory;
-  s.classifier_normalized = config.margin.params().normalized;
   // Where the fused kernels run: SGD on bf16 rows, at the global batches the kernel takes.
   const int64_t batch = ranks * config.batch_size;
   s.classifier_update_fused =
@@ -83,9 +82,8 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   const double passes = c.plan.cache ? 1.0 : 2.0;  // over the rows, and over the logits
 
   // The fused kernels compute the logits in forward and again in backward, unless their cached
-  // plan keeps the exponentials.
-  const bool logits_once = c.plan.cache && (!fused || s.classifier_normalized);
-  c.classifier_flops = (logits_once ? 3.0 : 4.0) * 2.0 * b * d * rows;
+  // plan keeps the exponentials (every margin's).
+  c.classifier_flops = (c.plan.cache ? 3.0 : 4.0) * 2.0 * b * d * rows;
   // Per logit: float32 logits written and read by each pass, their gradient read once in float32
   // and written in the GEMM dtype; the fused kernels write only that gradient (or the kept
   // exponentials), which both GEMMs read.

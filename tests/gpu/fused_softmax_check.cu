@@ -34,7 +34,9 @@ struct Problem {
   int64_t begin;
 };
 
-Problem make_problem(int64_t batch, int64_t classes, int dim, uint64_t seed, bool fill_w = true) {
+// Features of norm `length` (about: rounded to bf16), class rows of about 0.05 per element.
+Problem make_problem(int64_t batch, int64_t classes, int dim, uint64_t seed, bool fill_w = true,
+                     double length = 1.0) {
   Problem p{batch, classes, dim, {}, {}, {}, {}, 1000};
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal;
@@ -44,7 +46,7 @@ Problem make_problem(int64_t batch, int64_t classes, int dim, uint64_t seed, boo
     double norm = 0;
     for (float& e : v) e = normal(rng), norm += double(e) * e;
     for (int k = 0; k < dim; ++k)
-      p.x[b * dim + k] = __float2bfloat16(float(v[k] / std::sqrt(norm)));
+      p.x[b * dim + k] = __float2bfloat16(float(length * v[k] / std::sqrt(norm)));
   }
   p.w.resize(classes * dim);
   p.scale.resize(classes);
@@ -121,7 +123,9 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-// The inputs of one problem on the device.
+// The inputs of one problem on the device; with `reference` (plain softmax) each sample's bound
+// on its logits, against which the exponentials are kept (else s), and the first sample's on the
+// host.
 struct Operands {
   const __nv_bfloat16 *x, *w;
   const float* scale;
@@ -129,7 +133,28 @@ struct Operands {
   int64_t begin, batch, classes;
   int dim;
   MarginParams params;
+  const float* reference;
+  float first_reference;
 };
+
+// Plain softmax's reference per sample, |x_b| max_j |w_j|, from the same bf16 values.
+std::vector<float> logit_bounds(const Problem& p) {
+  double widest = 0;
+  for (int64_t j = 0; j < p.classes; ++j) {
+    double norm = 0;
+    for (int k = 0; k < p.dim; ++k)
+      norm += std::pow(double(__bfloat162float(p.w[j * p.dim + k])), 2);
+    widest = std::max(widest, std::sqrt(norm));
+  }
+  std::vector<float> bound(p.batch);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    double norm = 0;
+    for (int k = 0; k < p.dim; ++k)
+      norm += std::pow(double(__bfloat162float(p.x[b * p.dim + k])), 2);
+    bound[b] = float(std::sqrt(norm) * widest);
+  }
+  return bound;
+}
 
 // Forward's statistics by part, read back: NaN wherever nothing was written.
 struct PartStats {
@@ -142,7 +167,7 @@ PartStats forward_stats(const Operands& o, int parts) {
   float* target = device_nan<float>(o.batch);
   CHECK(myriad::cuda::fused_logit_stats(o.x, o.batch, o.w, o.scale, o.classes, o.dim, o.target,
                                         o.begin, o.params, max, sum, target, nullptr, nullptr,
-                                        nullptr));
+                                        nullptr, nullptr));
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
   PartStats out{to_host(max, part_rows), to_host(sum, part_rows), to_host(target, o.batch)};
@@ -253,7 +278,8 @@ std::vector<float> finish_backward(const Operands& o, __nv_bfloat16* kept, const
                                    const float* coef, int* deep) {
   float* factor = device_nan<float>(o.batch);
   CHECK(myriad::cuda::kept_finish(kept, o.batch, o.classes, o.scale, o.target, o.begin, tcos,
-                                  row_max, row_inv_sum, coef, o.params, factor, deep, nullptr));
+                                  row_max, row_inv_sum, coef, o.reference, o.params, factor, deep,
+                                  nullptr));
   CHECK(myriad::cuda::fused_logit_grad(o.x, o.batch, o.w, o.scale, o.classes, o.dim, o.target,
                                        o.begin, row_max, row_inv_sum, coef, o.params, kept, deep,
                                        nullptr));
@@ -268,12 +294,13 @@ struct KeptOutcome {
   std::string problems;  // what else failed, for the report
 };
 
-// A row deeper than kKeptMaxDepth below s (the first sample's max made so) raises the flag: every
+// A row deeper than kKeptMaxDepth below its reference (the first sample's max made so) raises the
+// flag: every
 // factor is 1 and the gated kernel writes, bit for bit, what the ungated one does.
 std::string deep_fallback(const Operands& o, __nv_bfloat16* kept, const float* tcos,
                           const float* row_max, const float* row_inv_sum, const float* coef) {
   std::vector<float> deeper = to_host(row_max, o.batch);
-  deeper[0] = o.params.scale - myriad::kKeptMaxDepth - 1.0f;
+  deeper[0] = o.first_reference - myriad::kKeptMaxDepth - 1.0f;
   float* d_deeper = to_device(deeper);
   int* deep = device_nan<int>(1);
   const std::vector<float> factor =
@@ -320,7 +347,8 @@ KeptOutcome check_kept(const Operands& o, int parts, const PartStats& got, const
   float *kmax = device_nan<float>(part_rows), *ksum = device_nan<float>(part_rows);
   float *kt = device_nan<float>(o.batch), *tcos = device_nan<float>(o.batch);
   CHECK(myriad::cuda::fused_logit_stats(o.x, o.batch, o.w, o.scale, o.classes, o.dim, o.target,
-                                        o.begin, o.params, kmax, ksum, kt, tcos, kept, nullptr));
+                                        o.begin, o.params, kmax, ksum, kt, tcos, kept, o.reference,
+                                        nullptr));
   KeptOutcome out;
   CHECK(cudaDeviceSynchronize());
   if (!same_bits(to_host(kmax, part_rows), got.max) ||
@@ -330,7 +358,8 @@ KeptOutcome check_kept(const Operands& o, int parts, const PartStats& got, const
   int* deep = device_nan<int>(1);
   const std::vector<float> factor =
       finish_backward(o, kept, tcos, row_max, row_inv_sum, coef, deep);
-  if (to_host(deep, 1)[0] != 0) out.problems += " (rows within reach of s raised the flag)";
+  if (to_host(deep, 1)[0] != 0)
+    out.problems += " (rows within reach of their reference raised the flag)";
   out.worst =
       gradient_error(to_host(kept, o.classes * o.batch), factor, o.batch, ref_grad, largest);
   // Each later case starts from forward's matrix again.
@@ -346,13 +375,27 @@ KeptOutcome check_kept(const Operands& o, int parts, const PartStats& got, const
 }
 
 int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool scaled) {
-  const Problem p = make_problem(batch, classes, dim, 17 + batch + classes);
+  // Plain softmax's logits are not cosines: features of norm 16 give them a range to keep.
+  const Problem p =
+      make_problem(batch, classes, dim, 17 + batch + classes, true, params.normalized ? 1.0 : 16.0);
   const int parts = myriad::cuda::fused_logit_parts(0, batch, classes);
   auto* x = to_device(p.x);
   auto* w = to_device(p.w);
   float* scale = scaled ? to_device(p.scale) : nullptr;
   int64_t* target = to_device(p.target);
-  const Operands ops{x, w, scale, target, p.begin, batch, classes, dim, params};
+  const std::vector<float> bounds = params.normalized ? std::vector<float>() : logit_bounds(p);
+  float* reference = params.normalized ? nullptr : to_device(bounds);
+  const Operands ops{x,
+                     w,
+                     scale,
+                     target,
+                     p.begin,
+                     batch,
+                     classes,
+                     dim,
+                     params,
+                     reference,
+                     params.normalized ? params.scale : bounds[0]};
   const PartStats got = forward_stats(ops, parts);
   const std::vector<double> dots = reference_dots(p);
   const Reference ref = reference_stats(p, dots, params, scaled);
@@ -375,11 +418,8 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
   CHECK(cudaDeviceSynchronize());
   const double worst_grad =
       gradient_error(to_host(grad, classes * batch), {}, batch, ref_grad, largest);
-  // Forward again, keeping the exponentials (normalising margins), and backward as the classifier
-  // runs it.
-  KeptOutcome kept;
-  if (params.normalized)
-    kept = check_kept(ops, parts, got, d_max, d_inv, d_coef, ref_grad, largest);
+  // Forward again, keeping the exponentials, and backward as the classifier runs it.
+  const KeptOutcome kept = check_kept(ops, parts, got, d_max, d_inv, d_coef, ref_grad, largest);
   cudaFree(d_max), cudaFree(d_inv), cudaFree(d_coef), cudaFree(grad);
   // bf16 products summed in float32 against float64: cosines within about 1e-6, so z = 64 cos
   // within 1e-4 (measured: 1.5e-5); the gradient within bf16's rounding, 2^-8 relative.
@@ -394,7 +434,7 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
       params.normalized ? "" : ", plain", scaled ? ", row scales" : "", errors.max, errors.sum,
       errors.target, errors.stray_targets, worst_grad, kept.worst, kept.problems.c_str(),
       ok ? "ok" : "FAILED");
-  cudaFree(x), cudaFree(w), cudaFree(scale), cudaFree(target);
+  cudaFree(x), cudaFree(w), cudaFree(scale), cudaFree(target), cudaFree(reference);
   return ok ? 0 : 1;
 }
 
@@ -430,7 +470,8 @@ void time_case(int64_t batch, int64_t classes, int dim) {
   const float fused = time_ms(
       [&] {
         CHECK(myriad::cuda::fused_logit_stats(x, batch, w, nullptr, classes, dim, t, p.begin,
-                                              params, gmax, gsum, tl, nullptr, nullptr, nullptr));
+                                              params, gmax, gsum, tl, nullptr, nullptr, nullptr,
+                                              nullptr));
       },
       10);
   std::vector<float> ones(batch, 1.0f);
@@ -455,13 +496,14 @@ void time_case(int64_t batch, int64_t classes, int dim) {
   const float keep = time_ms(
       [&] {
         CHECK(myriad::cuda::fused_logit_stats(x, batch, w, nullptr, classes, dim, t, p.begin,
-                                              params, gmax, gsum, tl, tcos, grad, nullptr));
+                                              params, gmax, gsum, tl, tcos, grad, nullptr,
+                                              nullptr));
       },
       10);
   const float finish = time_ms(
       [&] {
         CHECK(myriad::cuda::kept_finish(grad, batch, classes, nullptr, t, p.begin, tcos, row_max,
-                                        inv_sum, coef, params, tl, deep, nullptr));
+                                        inv_sum, coef, nullptr, params, tl, deep, nullptr));
         CHECK(myriad::cuda::fused_logit_grad(x, batch, w, nullptr, classes, dim, t, p.begin,
                                              row_max, inv_sum, coef, params, grad, deep, nullptr));
       },
@@ -524,7 +566,7 @@ int main(int argc, char** argv) {
     // A micro-batch of no samples: one part, nothing launched.
     if (myriad::cuda::fused_logit_parts(0, 0, 1000) != 1 ||
         myriad::cuda::fused_logit_stats(nullptr, 0, nullptr, nullptr, 1000, 512, nullptr, 0, arc,
-                                        nullptr, nullptr, nullptr, nullptr, nullptr,
+                                        nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                         nullptr) != cudaSuccess) {
       std::printf("empty batch: FAILED\n");
       ++failed;

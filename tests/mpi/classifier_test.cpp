@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "mpi_test.h"
@@ -297,9 +298,7 @@ TEST_P(ClassifierTest, Bf16GemmsForEveryMarginOnEitherKernelPath) {
             << label << ": " << fused->kernels();
         const Outcome first = run_step(*fused, p);
         // Whole, the fused kernels keep the exponentials for backward; chunked, they recompute.
-        EXPECT_EQ(fused->last_plan().kept_exponentials,
-                  fused->fused() && !chunked && margin.params().normalized)
-            << label;
+        EXPECT_EQ(fused->last_plan().kept_exponentials, fused->fused() && !chunked) << label;
         if (chunked) {
           EXPECT_GT(fused->last_plan().chunks, 1) << label;
         }
@@ -323,24 +322,31 @@ TEST_P(ClassifierTest, Bf16GemmsForEveryMarginOnEitherKernelPath) {
   }
 }
 
-// Every sample along e0 and every class row at about -0.69 to it: every logit lies near -44,
-// more than kKeptMaxDepth below s = 64, where exp(z - s) underflows float32, so the kept
+// Every sample along e0 and every class row at -0.6 on it: the logits lie far below the
+// reference the exponentials are kept against, where exp(z - r) underflows, so the kept
 // exponentials would give no gradient off the targets (each about 1/300 of the softmax);
-// backward must recompute the logits. Each product has one nonzero term, exact in bf16, so only
-// the gradient's bf16 rounding separates the fused path from the reference.
+// backward must recompute the logits. ArcFace: every logit near -44 against s = 64. Plain
+// softmax, features of norm 100: every logit -60 against a bound |x| max |w| of at least +60.
+// Each product has one nonzero term, exact in bf16, so only the gradient's bf16 rounding
+// separates the fused path from the reference.
 TEST_P(ClassifierTest, KeptExponentialsGiveWayToRecomputationWhereRowsLieDeep) {
   Problem p = make_problem(uneven_batches(world()), 300, 40, 29);
-  p.features.zero_();
-  p.features.select(1, 0).fill_(1.0);
   p.weight.select(1, 0).fill_(-0.6);
   p.weight = p.weight.to(torch::kBFloat16).to(torch::kFloat32);
-  ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
-  o.gemm_dtype = torch::kBFloat16;
-  o.weight_dtype = torch::kBFloat16;
-  expect_matches_reference(p, o, 1e-2, "rows deep below s");
-  auto module = make_module(p, o);
-  run_step(*module, p);
-  EXPECT_EQ(module->last_plan().kept_exponentials, module->fused());
+  for (const auto& [margin, length] :
+       {std::pair{margin_of(MarginType::kArcFace, 1, 0.5, 0), 1.0},
+        std::pair{margin_of(MarginType::kSoftmax, 1, 0, 0), 100.0}}) {
+    p.features.zero_();
+    p.features.select(1, 0).fill_(length);
+    ShardedSoftmaxOptions o = options_for(p, margin);
+    o.gemm_dtype = torch::kBFloat16;
+    o.weight_dtype = torch::kBFloat16;
+    const std::string label = "rows deep below the reference, " + margin.describe();
+    expect_matches_reference(p, o, 1e-2, label);
+    auto module = make_module(p, o);
+    run_step(*module, p);
+    EXPECT_EQ(module->last_plan().kept_exponentials, module->fused()) << label;
+  }
 }
 
 // A forward under no_grad (an evaluation) keeps nothing for a backward, the fused kernels'
@@ -370,9 +376,7 @@ TEST_P(ClassifierTest, AForwardWithoutGradientKeepsNothingForBackward) {
     auto trained = make_module(p, o);
     const torch::Tensor with_grad = trained->forward(x.clone().requires_grad_(true), y).detach();
     EXPECT_TRUE(trained->last_plan().cache) << label;
-    EXPECT_EQ(trained->last_plan().kept_exponentials,
-              trained->fused() && o.margin.params().normalized)
-        << label;
+    EXPECT_EQ(trained->last_plan().kept_exponentials, trained->fused()) << label;
     auto module = make_module(p, o);
     torch::Tensor without;
     {

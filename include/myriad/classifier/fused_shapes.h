@@ -24,10 +24,12 @@ constexpr bool fused_update_batch_fits(int64_t batch) {
   return batch > 0 && batch % 8 == 0 && batch < (int64_t{1} << 31);
 }
 
-// Forward keeps exp(z - s) per logit for backward only where every row's max logit lies within
-// this much of s: then every element within 27 of its row's max (a softmax share above e^-27 of
-// the largest) is a normal float; what may underflow weighs less than 2e-12 of the row's largest
-// gradient. Deeper rows (all cosines below 1 - 60/s) make backward recompute the logits.
+// Forward keeps exp(z - r) per logit for backward, against a reference r that bounds the row's
+// logits (s, or plain softmax's |x| max |w|), and backward uses them only where every row's max
+// logit lies within this much of r: then every element within 27 of its row's max (a softmax share
+// above e^-27 of the largest) is a normal bfloat16; what may underflow weighs less than 2e-12 of
+// the row's largest gradient. Deeper rows (cosines all below 1 - 60/s, say) make backward
+// recompute the logits.
 constexpr float kKeptMaxDepth = 60.0f;
 
 }  // namespace myriad

@@ -34,9 +34,6 @@ struct StepShape {
   RowSource classifier_rows = RowSource::kCopy;
   // Whether the logits exist in memory, or only in the fused kernels' registers.
   Logits classifier_logits = Logits::kInMemory;
-  // Whether the margin normalises (every but plain softmax): then the fused kernels' cached plan
-  // keeps the exponentials, and backward computes no logits.
-  bool classifier_normalized = true;
   // Whether SGD forms the rows' gradient in the update kernel (FusedUpdate), never in memory.
   bool classifier_update_fused = false;
   // Where the rows' gradient lives otherwise (row_gradient_store()).

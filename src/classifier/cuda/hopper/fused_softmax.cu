@@ -4,8 +4,10 @@
 // in parts, [parts, batch], which the combine and the cross-rank reduction take as they take
 // chunk_stats' tiles. Backward recomputes them and writes the logits' gradient from the global
 // statistics, in bf16 for the dX and dW GEMMs. Or forward keeps each logit's exponential against
-// the fixed reference s, exp(z - s) / |w_j| in bf16, and backward needs no products of its own:
-// the logits' gradient off the targets is that times a factor of the row alone (kept_finish).
+// a reference r_b that bounds its sample's logits, exp(z - r_b) / |w_j| in bf16, and backward
+// needs no products of its own: the logits' gradient off the targets is that times a factor of
+// the row alone (kept_finish). A normalising margin's r_b is s; plain softmax's comes from its
+// caller (Cauchy-Schwarz: |x_b| max_j |w_j|).
 //
 // The grid is persistent: CTA (row block r, lane l) keeps r's 128 rows of x̂ in shared memory and
 // walks lane l's contiguous range of class tiles, the weights arriving through a TMA ring. The
@@ -137,7 +139,8 @@ __device__ void produce(S& s, const CUtensorMap* x_map, const CUtensorMap* w_map
 }
 
 // What a kernel reads and writes besides the operands. Statistics: group_max, group_sum,
-// target_logit; keeping the exponentials also target_cos and `matrix`. Gradient: row_max,
+// target_logit; keeping the exponentials also target_cos, `matrix` and, for plain softmax, each
+// sample's `reference` (z units; null: s). Gradient: row_max,
 // row_inv_sum, coef in, `matrix` (the logits' gradient) out, where `gate` is null or non-zero.
 struct Io {
   const float* row_scale;
@@ -152,6 +155,7 @@ struct Io {
   const float* coef;
   __nv_bfloat16* matrix;
   const int* gate;
+  const float* reference;
 };
 
 // A consumer warpgroup takes every other tile of the range for all 128 rows of the CTA, as two
@@ -175,7 +179,8 @@ struct Consumer {
   // Statistics: the running max (v units) and sum. Gradient: the row's max in z units times
   // log2 e, and 1 / the row's sum of exponentials.
   float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, sum[4] = {0, 0, 0, 0};
-  float coef = 0.0f;  // gradient: the incoming gradient over the batch size
+  float coef = 0.0f;   // gradient: the incoming gradient over the batch size
+  float reference[4];  // keeping: each row's reference in z units times log2 e
 
   static __device__ __forceinline__ int row_of(int q, int i) { return 2 * q + (i / 2) % 2; }
 
@@ -192,6 +197,8 @@ struct Consumer {
         m[r] = io.row_max[row[r]] * kLog2e;
         sum[r] = io.row_inv_sum[row[r]];
       }
+      const bool own = io.reference != nullptr && row[r] < batch;
+      reference[r] = (own ? io.reference[row[r]] : unit) * kLog2e;
     }
     if (kGrad) coef = *io.coef;
   }
@@ -329,17 +336,18 @@ struct Consumer {
     if constexpr (kPass == Pass::kKeep) keep_exponentials(acc, tile, scale);
   }
 
-  // exp(z - s) / |w_j| for every logit of the tile (in v units z / s, exp(s (v - 1))), written like
-  // the gradient. The reference s bounds every z off the target, so nothing overflows; what
-  // underflows lies more than 87 below s, which backward checks for every row (kKeptMaxDepth).
-  // A target's element is replaced in backward.
+  // exp(z - r) / |w_j| for every logit of the tile (in v units, 2^(v unit log2 e - r log2 e)),
+  // written like the gradient. The reference r bounds every z off the target, so nothing
+  // overflows; what underflows lies more than 87 below r, which backward checks for every row
+  // (kKeptMaxDepth). A target's element is replaced in backward.
   __device__ __forceinline__ void keep_exponentials(float (&acc)[2][64], int64_t tile,
                                                     const float* scale) {
     const float k = unit * kLog2e;
 #pragma unroll
     for (int q = 0; q < 2; ++q)
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[q][i] = exp2_approx(fmaf(acc[q][i], k, -k));
+      for (int i = 0; i < 64; ++i)
+        acc[q][i] = exp2_approx(fmaf(acc[q][i], k, -reference[row_of(q, i)]));
     if (scale != nullptr)
       scale_columns(acc, [&](int c) { return *reinterpret_cast<const float2*>(scale + c); });
     release_scales();
@@ -640,7 +648,7 @@ cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const
                               int64_t classes, int dim, const int64_t* target_col, int64_t begin,
                               MarginParams params, float* group_max, float* group_sum,
                               float* target_logit, float* target_cos, void* kept,
-                              cudaStream_t stream) {
+                              const float* reference, cudaStream_t stream) {
   const Io io{row_scale,
               target_col,
               begin,
@@ -652,10 +660,12 @@ cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const
               nullptr,
               nullptr,
               static_cast<__nv_bfloat16*>(kept),
-              nullptr};
+              nullptr,
+              reference};
   if (kept == nullptr)
     return launch<Pass::kStatistics>(x, batch, w, classes, dim, params, io, stream);
-  if (!params.normalized || target_cos == nullptr) return cudaErrorInvalidValue;
+  if (target_cos == nullptr || (!params.normalized && reference == nullptr))
+    return cudaErrorInvalidValue;
   return launch<Pass::kKeep>(x, batch, w, classes, dim, params, io, stream);
 }
 
@@ -675,16 +685,25 @@ cudaError_t fused_logit_grad(const void* x, int64_t batch, const void* w, const 
               row_inv_sum,
               coef,
               static_cast<__nv_bfloat16*>(logit_grad),
-              gate};
+              gate,
+              nullptr};
   return launch<Pass::kGradient>(x, batch, w, classes, dim, params, io, stream);
 }
 
 namespace {
 
-// One thread per sample: a row whose max lies deeper than kKeptMaxDepth below s raises *deep.
-__global__ void kept_depth_kernel(int64_t batch, const float* row_max, float floor, int* deep) {
+// Sample b's reference: its own for plain softmax, else s.
+__device__ __forceinline__ float kept_reference(const float* reference, int64_t b,
+                                                const MarginParams& params) {
+  return reference != nullptr ? reference[b] : params.scale;
+}
+
+// One thread per sample: a row whose max lies deeper than kKeptMaxDepth below its reference
+// raises *deep.
+__global__ void kept_depth_kernel(int64_t batch, const float* row_max, const float* reference,
+                                  MarginParams params, int* deep) {
   const int64_t b = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (b < batch && row_max[b] < floor) *deep = 1;
+  if (b < batch && row_max[b] < kept_reference(reference, b, params) - kKeptMaxDepth) *deep = 1;
 }
 
 // One thread per sample: its factor, and its target's element replaced by the gradient over the
@@ -693,17 +712,20 @@ __global__ void kept_depth_kernel(int64_t batch, const float* row_max, float flo
 __global__ void kept_finish_kernel(__nv_bfloat16* kept, int64_t batch, int64_t classes,
                                    const float* row_scale, const int64_t* target_col, int64_t begin,
                                    const float* target_cos, const float* row_max,
-                                   const float* row_inv_sum, const float* coef, MarginParams params,
-                                   float* factor, const int* deep) {
+                                   const float* row_inv_sum, const float* coef,
+                                   const float* reference, MarginParams params, float* factor,
+                                   const int* deep) {
   const int64_t b = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (b >= batch) return;
   if (*deep != 0) {
     factor[b] = 1.0f;
     return;
   }
-  const float s = params.scale;
-  // coef softmax dz/dcos = coef exp(z - max) / sum s = exp(z - s) (coef s exp(s - max) / sum).
-  const float f = *coef * s * expf(s - row_max[b]) * row_inv_sum[b];
+  // Off the target dz/dcos is u = s (1 for plain softmax); with r the sample's reference,
+  // coef softmax u = coef exp(z - max) / sum u = exp(z - r) (coef u exp(r - max) / sum).
+  const float unit = params.normalized ? params.scale : 1.0f;
+  const float r = kept_reference(reference, b, params);
+  const float f = *coef * unit * expf(r - row_max[b]) * row_inv_sum[b];
   factor[b] = f;
   const int64_t col = target_col[b] - begin;
   if (col < 0 || col >= classes) return;
@@ -721,19 +743,19 @@ __global__ void kept_finish_kernel(__nv_bfloat16* kept, int64_t batch, int64_t c
 cudaError_t kept_finish(void* kept, int64_t batch, int64_t classes, const float* row_scale,
                         const int64_t* target_col, int64_t begin, const float* target_cos,
                         const float* row_max, const float* row_inv_sum, const float* coef,
-                        MarginParams params, float* factor, int* deep, cudaStream_t stream) {
-  if (!params.normalized) return cudaErrorInvalidValue;
+                        const float* reference, MarginParams params, float* factor, int* deep,
+                        cudaStream_t stream) {
+  if (!params.normalized && reference == nullptr) return cudaErrorInvalidValue;
   cudaError_t rc = cudaMemsetAsync(deep, 0, sizeof(int), stream);
   if (rc != cudaSuccess || batch == 0) return rc;
   constexpr int kBlock = 256;
   const auto blocks = static_cast<unsigned>((batch + kBlock - 1) / kBlock);
-  kept_depth_kernel<<<blocks, kBlock, 0, stream>>>(batch, row_max, params.scale - kKeptMaxDepth,
-                                                   deep);
+  kept_depth_kernel<<<blocks, kBlock, 0, stream>>>(batch, row_max, reference, params, deep);
   rc = cudaGetLastError();
   if (rc != cudaSuccess) return rc;
   kept_finish_kernel<<<blocks, kBlock, 0, stream>>>(
       static_cast<__nv_bfloat16*>(kept), batch, classes, row_scale, target_col, begin, target_cos,
-      row_max, row_inv_sum, coef, params, factor, deep);
+      row_max, row_inv_sum, coef, reference, params, factor, deep);
   return cudaGetLastError();
 }
 

@@ -28,14 +28,15 @@ int fused_logit_parts(int device, int64_t batch, int64_t classes);
 // group_max[p, b] and group_sum[p, b], the max of z over the part's classes and the sum of
 // exp(z - max); target_logit[b] = z at b's target when target_col[b] - begin lies in
 // [0, classes). Runs on the current device, with fused_logit_parts(that device, batch, classes)
-// parts. With `kept` (a normalising margin only), also kept[j, b] = exp(z - s) row_scale[j] in
-// bf16, class-major [classes, batch], and target_cos[b] = the target's cosine where target_logit
-// is written.
+// parts. With `kept`, also kept[j, b] = exp(z - r_b) row_scale[j] in bf16, class-major
+// [classes, batch], and target_cos[b] = the target's cosine where target_logit is written. The
+// reference r_b bounds sample b's logits: s for a normalising margin (`reference` null), else
+// reference[b] (plain softmax, whose logits have no bound of their own).
 cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const float* row_scale,
                               int64_t classes, int dim, const int64_t* target_col, int64_t begin,
                               MarginParams params, float* group_max, float* group_sum,
                               float* target_logit, float* target_cos, void* kept,
-                              cudaStream_t stream);
+                              const float* reference, cudaStream_t stream);
 
 // The logits' gradient as chunk_grad computes it from stored logits: logit_grad[j, b] (bf16,
 // class-major [classes, batch]) = coef (softmax - one-hot) dz/dcos row_scale[j], with the
@@ -47,16 +48,18 @@ cudaError_t fused_logit_grad(const void* x, int64_t batch, const void* w, const 
                              MarginParams params, void* logit_grad, const int* gate,
                              cudaStream_t stream);
 
-// Backward from the kept exponentials (a normalising margin only). For every sample b:
-// factor[b] = coef s exp(s - row_max[b]) row_inv_sum[b], so that the logits' gradient off the
-// target is kept[j, b] factor[b]; and where b's target lies in the chunk, kept[target, b] becomes
-// its gradient (margin included) over factor[b]. Kept elements that matter may have underflowed
-// where a row's max lies deeper than kKeptMaxDepth below s: then *deep (one int on the device)
-// becomes 1 and every factor 1, and the caller runs fused_logit_grad gated on *deep into `kept`.
-// Otherwise *deep becomes 0. No host synchronisation either way.
+// Backward from the kept exponentials, against the references fused_logit_stats kept them by
+// (`reference`, or s where null). For every sample b: factor[b] = coef u exp(r_b - row_max[b])
+// row_inv_sum[b], u = dz/dcos off the target (s, or 1 for plain softmax), so that the logits'
+// gradient off the target is kept[j, b] factor[b]; and where b's target lies in the chunk,
+// kept[target, b] becomes its gradient (margin included) over factor[b]. Kept elements that matter
+// may have underflowed where a row's max lies deeper than kKeptMaxDepth below r_b: then *deep (one
+// int on the device) becomes 1 and every factor 1, and the caller runs fused_logit_grad gated on
+// *deep into `kept`. Otherwise *deep becomes 0. No host synchronisation either way.
 cudaError_t kept_finish(void* kept, int64_t batch, int64_t classes, const float* row_scale,
                         const int64_t* target_col, int64_t begin, const float* target_cos,
                         const float* row_max, const float* row_inv_sum, const float* coef,
-                        MarginParams params, float* factor, int* deep, cudaStream_t stream);
+                        const float* reference, MarginParams params, float* factor, int* deep,
+                        cudaStream_t stream);
 
 }  // namespace myriad::cuda
