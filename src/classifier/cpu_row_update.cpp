@@ -8,8 +8,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "myriad/util/cpu_clones.h"
 #include "myriad/util/error.h"
 #include "myriad/util/stochastic_round.h"
+#include "myriad/util/vector_math.h"
 
 namespace myriad {
 
@@ -18,50 +20,37 @@ namespace {
 // Rows one thread takes at a time: enough to amortise its scratch, few enough to share a chunk.
 constexpr int64_t kRowsPerTask = 256;
 
-inline float to_float(float v) {
+MYRIAD_INLINE_LOOP float to_float(float v) {
   return v;
 }
-inline float to_float(c10::BFloat16 v) {
+MYRIAD_INLINE_LOOP float to_float(c10::BFloat16 v) {
   return static_cast<float>(v);
 }
 
-// Optimizer state rounds to nearest, as LibTorch's conversions do.
-inline void store_state(float* p, float v) {
-  *p = v;
-}
-inline void store_state(c10::BFloat16* p, float v) {
-  *p = c10::BFloat16(v);
-}
-
-// hashes[j] = mix32((low + j) ^ upper) for j < n: a row's hashes in a loop of their own, apart
-// from the stores that read them.
-void hash_pairs(uint32_t* hashes, uint32_t low, uint32_t upper, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) hashes[j] = mix32((low + static_cast<uint32_t>(j)) ^ upper);
-}
-
 // A row of weights stored: float32 as it is, bfloat16 rounded stochastically by global element
-// (rounding_bits: one hash per pair of elements). `hashes` is scratch for the row's pairs.
-inline void store_row(float* p, const float* w, int64_t dim, uint64_t, int64_t, uint32_t*) {
+// (rounding_bits: one hash per pair of elements).
+MYRIAD_INLINE_LOOP void store_row(float* p, const float* w, int64_t dim, uint64_t, int64_t) {
   std::copy(w, w + dim, p);
 }
-inline void store_row(c10::BFloat16* p, const float* w, int64_t dim, uint64_t seed, int64_t element,
-                      uint32_t* hashes) {
+MYRIAD_INLINE_LOOP void store_row(c10::BFloat16* p, const float* w, int64_t dim, uint64_t seed,
+                                  int64_t element) {
   const int64_t first_pair = element / 2;
-  const int64_t pairs = (element + dim - 1) / 2 - first_pair + 1;
   const uint64_t key = seed + static_cast<uint64_t>(first_pair);
   const uint32_t low = static_cast<uint32_t>(key), high = static_cast<uint32_t>(key >> 32);
-  // pair_rounding_bits with the key's upper half hashed once: it is the row's unless the lower
-  // half wraps within the row.
-  if (low <= ~uint32_t{0} - static_cast<uint32_t>(pairs - 1)) {
-    hash_pairs(hashes, low, mix32(high), pairs);
-  } else {
-    for (int64_t j = 0; j < pairs; ++j) hashes[j] = pair_rounding_bits(seed, first_pair + j);
+  const uint32_t pairs = static_cast<uint32_t>(dim / 2);
+  if ((element & 1) == 0 && dim % 2 == 0 && low <= ~uint32_t{0} - pairs) {
+    // pair_rounding_bits with the key's upper half hashed once, as the lower half does not wrap
+    // within the row: the even element takes the hash's upper half, the odd one its lower half.
+    const uint32_t upper = mix32(high);
+    for (int64_t j = 0; j < dim / 2; ++j) {
+      const uint32_t hash = mix32((low + static_cast<uint32_t>(j)) ^ upper);
+      p[2 * j].x = bf16_bits_stochastic(w[2 * j], hash >> 16);
+      p[2 * j + 1].x = bf16_bits_stochastic(w[2 * j + 1], hash);
+    }
+    return;
   }
-  // Element k's pair is (element + k) / 2 - first_pair: k's own half where element is even.
-  const int64_t odd = element & 1;
-  for (int64_t k = 0; k < dim; ++k) {
-    p[k].x = bf16_bits_stochastic(w[k], pair_half(hashes[(k + odd) >> 1], k + odd));
-  }
+  for (int64_t k = 0; k < dim; ++k)
+    p[k].x = bf16_bits_stochastic(w[k], rounding_bits(seed, element + k));
 }
 
 // A row's sums of w.w and w.g, in kLanes interleaved partial sums that the compiler keeps in
@@ -70,7 +59,7 @@ struct RowSums {
   float squares, dot;
 };
 
-inline RowSums row_sums(const float* w, const float* g, int64_t dim) {
+MYRIAD_INLINE_LOOP RowSums row_sums(const float* w, const float* g, int64_t dim) {
   constexpr int kLanes = 8;
   float squares[kLanes] = {}, dot[kLanes] = {};
   int64_t k = 0;
@@ -92,6 +81,31 @@ inline RowSums row_sums(const float* w, const float* g, int64_t dim) {
   return sums;
 }
 
+// Columns [k0, ...) of a row's gradient g = sum over b of dz[b] x[b] (x [width, dim]), in
+// float32 as a GEMM forms it, kLanes at a time, whose sums stay in vector registers across the
+// batch; returns the first column left.
+template <int64_t kLanes, typename G>
+MYRIAD_INLINE_LOOP int64_t product_columns(const G* __restrict__ dz, const float* __restrict__ x,
+                                           int64_t width, int64_t dim, int64_t k0,
+                                           float* __restrict__ g) {
+  for (; k0 + kLanes <= dim; k0 += kLanes) {
+    float sums[kLanes] = {};
+    for (int64_t b = 0; b < width; ++b) {
+      const float d = to_float(dz[b]);
+      for (int64_t j = 0; j < kLanes; ++j) sums[j] += d * x[b * dim + k0 + j];
+    }
+    std::copy(sums, sums + kLanes, g + k0);
+  }
+  return k0;
+}
+
+template <typename G>
+MYRIAD_INLINE_LOOP void row_product(const G* dz, const float* x, int64_t width, int64_t dim,
+                                    float* g) {
+  const int64_t k0 = product_columns<64>(dz, x, width, dim, 0, g);
+  product_columns<1>(dz, x, width, dim, product_columns<16>(dz, x, width, dim, k0, g), g);
+}
+
 // Calls f with a null pointer of the C++ type `t` is stored in: float32 or bfloat16.
 template <class F>
 void with_storage(const torch::Tensor& t, F&& f) {
@@ -102,31 +116,41 @@ void with_storage(const torch::Tensor& t, F&& f) {
   }
 }
 
+// Rows [first, last) of for_each_row, with float32 scratch w and g of a row each.
+template <typename W, typename G, class Update>
+MYRIAD_CPU_CLONES void update_row_range(const CpuRowUpdate& r, const float* multiplier,
+                                        Update& update, int64_t first, int64_t last, float* w,
+                                        float* g) {
+  W* weight = r.weight.data_ptr<W>();
+  const G* grad = r.grad.data_ptr<G>();
+  const int64_t* index = r.index.defined() ? r.index.data_ptr<int64_t>() : nullptr;
+  const float* features = r.features.defined() ? r.features.data_ptr<float>() : nullptr;
+  const int64_t dim = r.weight.size(1), width = r.grad.size(1);
+  for (int64_t i = first; i < last; ++i) {
+    const int64_t row = index != nullptr ? index[i] : i;
+    W* stored = weight + row * dim;
+    const G* gradient = grad + (i - r.begin) * width;
+    for (int64_t k = 0; k < dim; ++k) w[k] = to_float(stored[k]);
+    if (features != nullptr) {
+      row_product(gradient, features, width, dim, g);
+    } else {
+      for (int64_t k = 0; k < dim; ++k) g[k] = to_float(gradient[k]);
+    }
+    const RowSums sums = row_sums(w, g, dim);
+    update(row, w, g, row_gradient_of(sums.dot, sums.squares, r.grad_of, multiplier));
+    store_row(stored, w, dim, r.rounding_seed, (r.first_row + row) * dim);
+  }
+}
+
 // Walks the rows: loads each row and its gradient into float32 scratch, takes the sums that its
 // gradient's direction needs, calls update(shard row, w, g, dw), which updates w in place (and
 // the row's state), and stores w.
 template <typename W, typename G, class Update>
 void for_each_row(const CpuRowUpdate& r, const float* multiplier, Update&& update) {
-  W* weight = r.weight.data_ptr<W>();
-  const G* grad = r.grad.data_ptr<G>();
-  const int64_t* index = r.index.defined() ? r.index.data_ptr<int64_t>() : nullptr;
   const int64_t dim = r.weight.size(1);
   at::parallel_for(r.begin, r.end, kRowsPerTask, [&](int64_t first, int64_t last) {
     std::vector<float> w(dim), g(dim);
-    std::vector<uint32_t> hashes(dim / 2 + 2);
-    for (int64_t i = first; i < last; ++i) {
-      const int64_t row = index != nullptr ? index[i] : i;
-      W* stored = weight + row * dim;
-      const G* gradient = grad + (i - r.begin) * dim;
-      for (int64_t k = 0; k < dim; ++k) {
-        w[k] = to_float(stored[k]);
-        g[k] = to_float(gradient[k]);
-      }
-      const RowSums sums = row_sums(w.data(), g.data(), dim);
-      update(row, w.data(), g.data(),
-             row_gradient_of(sums.dot, sums.squares, r.grad_of, multiplier));
-      store_row(stored, w.data(), dim, r.rounding_seed, (r.first_row + row) * dim, hashes.data());
-    }
+    update_row_range<W, G>(r, multiplier, update, first, last, w.data(), g.data());
   });
 }
 
@@ -135,12 +159,20 @@ void check_rows(const CpuRowUpdate& r, std::initializer_list<const torch::Tensor
     return (t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16) &&
            t.is_contiguous() && t.device().is_cpu();
   };
-  MYRIAD_CHECK(storable(r.weight) && storable(r.grad) && r.weight.dim() == 2 &&
-                   r.grad.sizes() == torch::IntArrayRef({r.end - r.begin, r.weight.size(1)}),
+  MYRIAD_CHECK(storable(r.weight) && storable(r.grad) && r.weight.dim() == 2 && r.grad.dim() == 2 &&
+                   r.grad.size(0) == r.end - r.begin &&
+                   r.grad.size(1) == (r.features.defined() ? r.features.size(0) : r.weight.size(1)),
                "the CPU row update takes contiguous float32 or bfloat16 weights [C, D] and "
-               "gradients [{}, D] on the CPU, got {} {} and {} {}",
-               r.end - r.begin, r.weight.scalar_type(), r.weight.sizes(), r.grad.scalar_type(),
-               r.grad.sizes());
+               "gradients [{}, {}] on the CPU, got {} {} and {} {}",
+               r.end - r.begin, r.features.defined() ? "B" : "D", r.weight.scalar_type(),
+               r.weight.sizes(), r.grad.scalar_type(), r.grad.sizes());
+  MYRIAD_CHECK(
+      !r.features.defined() || (r.features.scalar_type() == torch::kFloat32 &&
+                                r.features.is_contiguous() && r.features.device().is_cpu() &&
+                                r.features.dim() == 2 && r.features.size(1) == r.weight.size(1)),
+      "the CPU row update's features must be contiguous float32 [B, {}] on the CPU, got "
+      "{} {}",
+      r.weight.size(1), r.features.scalar_type(), r.features.sizes());
   for (const torch::Tensor* s : state) {
     MYRIAD_CHECK(storable(*s) && s->sizes() == r.weight.sizes(),
                  "the CPU row update's optimizer state must be contiguous float32 or bfloat16 "
@@ -174,7 +206,7 @@ void sgd_rows_cpu(const CpuRowUpdate& rows, torch::Tensor& momentum, const SgdAr
                          for (int64_t k = 0; k < dim; ++k) {
                            float bk = to_float(b[k]);
                            w[k] = sgd_element(w[k], g[k], dw, args, &bk);
-                           store_state(b + k, bk);
+                           store_rounded(b + k, bk);
                          }
                        });
   };
@@ -209,8 +241,8 @@ void adamw_rows_cpu(const CpuRowUpdate& rows, torch::Tensor& exp_avg, torch::Ten
                              for (int64_t k = 0; k < dim; ++k) {
                                float mk = to_float(m[k]), vk = to_float(v[k]);
                                w[k] = adamw_element(w[k], dw(w[k], g[k]), &mk, &vk, args, step);
-                               store_state(m + k, mk);
-                               store_state(v + k, vk);
+                               store_rounded(m + k, mk);
+                               store_rounded(v + k, vk);
                              }
                            });
       });

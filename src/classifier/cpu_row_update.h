@@ -11,17 +11,21 @@
 namespace myriad {
 
 // Rows [begin, end) of the active rows of a shard: shard rows index[i] (undefined: i itself),
-// with their gradients grad[i - begin] taken with respect to what grad_of says.
+// with their gradients grad[i - begin] taken with respect to what grad_of says. Given `features`,
+// `grad` is the logits' gradient instead, and each row's gradient grad[i - begin] . features is
+// formed in the row's pass, never stored: a GEMM would write the shard's gradient and the update
+// read it back.
 struct CpuRowUpdate {
   torch::Tensor weight;  // float32 or bfloat16, contiguous; updated in place
   torch::Tensor index;   // int64, or undefined
   int64_t begin = 0, end = 0;
-  torch::Tensor grad;  // float32 or bfloat16 [end - begin, D], contiguous
+  torch::Tensor grad;  // float32 or bfloat16 [end - begin, D] (or [end - begin, B]), contiguous
   RowGradient grad_of = RowGradient::kRow;
   // bfloat16 weights are rounded stochastically, element (row, k) drawing the bits of global
   // element (first_row + row) D + k under rounding_seed, as the GPU's stores do.
   int64_t first_row = 0;
   uint64_t rounding_seed = 0;
+  torch::Tensor features;  // float32 [B, D], contiguous, or undefined
 };
 
 // SGD on the rows, with their momentum buffers (float32 or bfloat16, the weight's shape;

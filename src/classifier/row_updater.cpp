@@ -218,6 +218,51 @@ class FusedRowUpdater final : public RowUpdater {
   torch::Tensor multiplier_;
 };
 
+// The optimizer's CPU row kernel, which forms each row's gradient from the chunk's logits'
+// gradient and the features as it passes over the row: the rows' gradient never in memory.
+class CpuProductRowUpdater final : public RowUpdater {
+ public:
+  CpuProductRowUpdater(const ShardedSoftmaxOptions& options, ShardOptimizer& optimizer,
+                       torch::Tensor& weight, const PhaseMarks& phases)
+      : options_(options), optimizer_(optimizer), weight_(weight), phases_(phases) {}
+
+  std::string describe() const override {
+    return str_format("{}, each row's gradient formed in its update (CPU)",
+                      optimizer_name(options_.optimizer.kind));
+  }
+  RowGradientStore gradient_store(int64_t) const override { return RowGradientStore::kNone; }
+
+  void begin(const SoftmaxStep& step, const torch::Tensor& factor,
+             const GradientScale& g) override {
+    optimizer_.begin_step();
+    features_ = row_features(step, factor, options_.gemm_dtype).to(torch::kFloat32).contiguous();
+    grad_of_ = row_gradient_of_step(step, options_.margin.params().normalized);
+    multiplier_ = g.multiplier;
+  }
+
+  void update_chunk(const SoftmaxStep& step, int64_t c, const torch::Tensor& logit_grad) override {
+    phases_("update");
+    // The row loop reads float32 and bfloat16; float16 GEMMs' gradient is widened first.
+    const torch::Tensor dz = logit_grad.scalar_type() == torch::kHalf
+                                 ? logit_grad.to(torch::kFloat32)
+                                 : logit_grad.contiguous();
+    optimizer_.update_rows_from_product(weight_, step.active, step.chunk_begin(c),
+                                        step.chunk_end(c), dz, features_, grad_of_, multiplier_);
+  }
+
+  void finish(const SoftmaxStep&) override { features_ = multiplier_ = torch::Tensor(); }
+  torch::Tensor current_norms() const override { return {}; }
+
+ private:
+  const ShardedSoftmaxOptions& options_;
+  ShardOptimizer& optimizer_;
+  torch::Tensor& weight_;
+  const PhaseMarks& phases_;
+  torch::Tensor features_;
+  RowGradient grad_of_ = RowGradient::kRow;
+  torch::Tensor multiplier_;
+};
+
 // dL/dW accumulated into weight_grad() (checks and tests); the weights do not change.
 class AccumulatingRowUpdater final : public GemmRowUpdater {
  public:
@@ -266,6 +311,8 @@ std::unique_ptr<RowUpdater> make_row_updater(const ShardedSoftmaxOptions& option
   if (options.update == WeightUpdate::kAccumulateGrad) {
     return std::make_unique<AccumulatingRowUpdater>(options, weight, weight_grad, phases);
   }
+  if (!weight.is_cuda())
+    return std::make_unique<CpuProductRowUpdater>(options, optimizer, weight, phases);
   if (fused_update) return std::make_unique<FusedRowUpdater>(options, optimizer, weight, phases);
   return std::make_unique<OptimizerRowUpdater>(options, optimizer, weight, phases);
 }

@@ -2,11 +2,13 @@
 
 // The second of the classifier's two backward strategies: what backward does with each chunk's
 // logits' gradient for the rows. The module picks one in its constructor (make_row_updater):
-//   - the optimizer's row kernels (sgd_rows / adamw_rows, or the CPU's row loop) on the rows'
-//     gradient, which a GEMM writes chunk by chunk; with SGD on the GPU they also write the stored
-//     rows' 1/|w| for the next forward, and the updater owns those norms and their validity;
+//   - the optimizer's GPU row kernels (sgd_rows / adamw_rows) on the rows' gradient, which a GEMM
+//     writes chunk by chunk; with SGD they also write the stored rows' 1/|w| for the next
+//     forward, and the updater owns those norms and their validity;
 //   - SGD's fused update (fused_sgd_rows), the rows' gradient never in memory, at the global
 //     batches it takes, and the row kernels at the others;
+//   - on the CPU, the optimizer's row loop, which forms each row's gradient from the logits'
+//     gradient as it passes over the row;
 //   - the rows' gradient accumulated into weight_grad() (WeightUpdate::kAccumulateGrad).
 // A part of a step (the 1F1B pipeline) runs no updater: finish_parts runs it over every part.
 

@@ -182,12 +182,8 @@ bool ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
       "{}",
       count, weight.size(1), c10::toString(grad.scalar_type()), grad.sizes());
   if (!weight.is_cuda()) {
-    const CpuRowUpdate rows{weight, index, begin, end, grad, grad_of, first_row_, rounding_seed()};
-    if (options_.kind == OptimizerKind::kSgd) {
-      sgd_rows_cpu(rows, momentum_, sgd_args(options_, grad_multiplier));
-    } else {
-      adamw_rows_cpu(rows, exp_avg_, exp_avg_sq_, adamw_args(options_, step_, grad_multiplier));
-    }
+    update_rows_cpu({weight, index, begin, end, grad, grad_of, first_row_, rounding_seed()},
+                    grad_multiplier);
     return false;
   }
 #ifdef MYRIAD_WITH_CUDA
@@ -213,6 +209,30 @@ bool ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
   (void)inv_norms;
   MYRIAD_THROW("a CUDA weight in a build without CUDA");
 #endif
+}
+
+void ShardOptimizer::update_rows_from_product(torch::Tensor& weight, const torch::Tensor& index,
+                                              int64_t begin, int64_t end,
+                                              const torch::Tensor& logit_grad,
+                                              const torch::Tensor& features, RowGradient grad_of,
+                                              const torch::Tensor& grad_multiplier) {
+  MYRIAD_CHECK(!weight.is_cuda() && features.defined(),
+               "the rows' gradient formed in the row kernel is the CPU's update, got {} rows",
+               weight.device().str());
+  if (end == begin) return;
+  check_grad_multiplier(grad_multiplier, weight);
+  update_rows_cpu(
+      {weight, index, begin, end, logit_grad, grad_of, first_row_, rounding_seed(), features},
+      grad_multiplier);
+}
+
+void ShardOptimizer::update_rows_cpu(const CpuRowUpdate& rows,
+                                     const torch::Tensor& grad_multiplier) {
+  if (options_.kind == OptimizerKind::kSgd) {
+    sgd_rows_cpu(rows, momentum_, sgd_args(options_, grad_multiplier));
+  } else {
+    adamw_rows_cpu(rows, exp_avg_, exp_avg_sq_, adamw_args(options_, step_, grad_multiplier));
+  }
 }
 
 }  // namespace myriad

@@ -11,10 +11,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_softmax.h"
 #include "myriad/classifier/chunk_plan.h"
 #include "myriad/util/check_cuda.h"
+#include "myriad/util/cpu_clones.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
+#include "myriad/util/vector_math.h"
 
 #ifdef MYRIAD_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -31,47 +34,10 @@ namespace myriad {
 
 namespace {
 
-// Samples whose target lies in the chunk (`cols`), their target's row in the chunk (`rows`), and
-// the target's logit and dz/dcos through the margin. The margin applies to at most B entries, so
-// the CPU evaluates it with the same scalar function the CUDA kernels use.
-struct ChunkTargets {
-  torch::Tensor rows;
-  torch::Tensor cols;
-  torch::Tensor z;
-  torch::Tensor dz_dcos;
-};
-
-ChunkTargets chunk_targets(const torch::Tensor& dot, const torch::Tensor& target_col, int64_t begin,
-                           const MarginParams& params) {
-  ChunkTargets t;
-  const torch::Tensor local = target_col - begin;
-  const torch::Tensor inside = local.ge(0).logical_and_(local.lt(dot.size(0)));
-  t.cols = inside.nonzero().squeeze(1);
-  t.rows = local.index_select(0, t.cols);
-  const torch::Tensor cosine = dot.index({t.rows, t.cols}).contiguous();
-  t.z = torch::empty_like(cosine);
-  t.dz_dcos = torch::empty_like(cosine);
-  const float* c = cosine.data_ptr<float>();
-  float* z = t.z.data_ptr<float>();
-  float* d = t.dz_dcos.data_ptr<float>();
-  for (int64_t i = 0; i < cosine.numel(); ++i) margin_target(c[i], params, z + i, d + i);
-  return t;
-}
-
-// The cosines of a chunk: its logits, scaled per class when the GEMM read unnormalised rows.
-torch::Tensor scaled(const torch::Tensor& dot, const torch::Tensor& row_scale) {
-  return row_scale.defined() ? dot * row_scale.unsqueeze(1) : dot;
-}
-
-// Logits of the non-target classes, as margin_other computes them.
-torch::Tensor other_logits(const torch::Tensor& dot, const MarginParams& params) {
-  return params.normalized ? dot.clamp(-1.0, 1.0).mul_(params.scale) : dot.clone();
-}
-
 // The sum of squares of a row of `dim` elements, in interleaved partial sums that the compiler
 // keeps in vector registers.
 template <typename T>
-float row_squares(const T* row, int64_t dim) {
+MYRIAD_INLINE_LOOP float row_squares(const T* row, int64_t dim) {
   constexpr int kLanes = 8;
   float lanes[kLanes] = {};
   int64_t k = 0;
@@ -118,6 +84,21 @@ torch::Tensor cpu_inv_norms(const torch::Tensor& rows) {
   return out;
 }
 
+// Rows [first, last) of cpu_prepare_rows, each read once: as the GPU's, w / max(|w|, 1e-12) with
+// 1/|w| taken once.
+template <typename In, typename Out>
+MYRIAD_CPU_CLONES void prepare_row_range(const In* in, const int64_t* rows, int64_t begin,
+                                         int64_t first, int64_t last, int64_t dim, bool normalize,
+                                         Out* out) {
+  for (int64_t i = first; i < last; ++i) {
+    const In* row = in + (rows != nullptr ? rows[begin + i] : begin + i) * dim;
+    const float scale =
+        normalize ? 1.0f / std::max(std::sqrt(row_squares(row, dim)), 1e-12f) : 1.0f;
+    Out* o = out + i * dim;
+    for (int64_t k = 0; k < dim; ++k) store_rounded(o + k, static_cast<float>(row[k]) * scale);
+  }
+}
+
 torch::Tensor cpu_prepare_rows(const torch::Tensor& weight, const torch::Tensor& index,
                                int64_t begin, int64_t end, torch::ScalarType dtype,
                                bool normalize) {
@@ -132,13 +113,7 @@ torch::Tensor cpu_prepare_rows(const torch::Tensor& weight, const torch::Tensor&
       const auto* in = w.data_ptr<std::remove_pointer_t<decltype(in_tag)>>();
       auto* o = out.data_ptr<std::remove_pointer_t<decltype(out_tag)>>();
       at::parallel_for(0, end - begin, 1024, [&](int64_t first, int64_t last) {
-        for (int64_t i = first; i < last; ++i) {
-          const auto* row = in + (rows != nullptr ? rows[begin + i] : begin + i) * dim;
-          // As the GPU's: w / max(|w|, 1e-12), 1/|w| taken once.
-          const float scale =
-              normalize ? 1.0f / std::max(std::sqrt(row_squares(row, dim)), 1e-12f) : 1.0f;
-          for (int64_t k = 0; k < dim; ++k) o[i * dim + k] = static_cast<float>(row[k]) * scale;
-        }
+        prepare_row_range(in, rows, begin, first, last, dim, normalize, o);
       });
     });
   });
@@ -229,15 +204,8 @@ void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& row_s
         tile_sum.data_ptr<float>(), target_logit.data_ptr<float>(), stream_of(dot)));
   }
 #endif
-  if (!dot.is_cuda()) {
-    const torch::Tensor cosine = scaled(dot, row_scale);
-    torch::Tensor z = other_logits(cosine, params);
-    const ChunkTargets t = chunk_targets(cosine, target_col, begin, params);
-    z.index_put_({t.rows, t.cols}, t.z);
-    target_logit.index_put_({t.cols}, t.z);
-    tile_max = std::get<0>(z.max(0, true));
-    tile_sum = z.sub_(tile_max).exp_().sum(0, true);
-  }
+  if (!dot.is_cuda())
+    cpu_chunk_stats({dot, row_scale, target_col, begin, params}, tile_max, tile_sum, target_logit);
   merge_tile_stats(tile_max, tile_sum, row_max, row_sum);
 }
 
@@ -257,18 +225,8 @@ torch::Tensor chunk_logit_grad(const torch::Tensor& dot, const torch::Tensor& ro
     return out;
   }
 #endif
-  const torch::Tensor cosine = scaled(dot, row_scale);
-  torch::Tensor z = other_logits(cosine, params);
-  const ChunkTargets t = chunk_targets(cosine, target_col, begin, params);
-  z.index_put_({t.rows, t.cols}, t.z);
-  // softmax probabilities, times coef; the target entry also loses coef (the one-hot).
-  torch::Tensor grad =
-      z.sub_(row_max.unsqueeze(0)).exp_().mul_(row_inv_sum.unsqueeze(0)).mul_(coef);
-  const torch::Tensor target_grad = (grad.index({t.rows, t.cols}) - coef).mul_(t.dz_dcos);
-  if (params.normalized) grad.mul_(params.scale);
-  grad.index_put_({t.rows, t.cols}, target_grad);
-  if (row_scale.defined()) grad.mul_(row_scale.unsqueeze(1));
-  return grad.to(dtype);
+  return cpu_chunk_grad({dot, row_scale, target_col, begin, params}, row_max, row_inv_sum,
+                        coef.item<float>(), dtype);
 }
 
 bool fused_chunks_apply(const torch::Device& device, int64_t dim, torch::ScalarType gemm_dtype) {

@@ -219,14 +219,16 @@ TEST_P(ClassifierTest, PlansCacheOrChunksFromTheBudget) {
   module = make_module(p, o);
   run_step(*module, p);
   EXPECT_LT(module->last_plan().chunk_rows, 3);
-  // bf16 rows under bf16 GEMMs, updated by the row kernels: the plan counts the rows' gradient in
-  // bf16, as the buffer holds it (row_gradient_store); counted in float32, 2 rows would fit.
+  // bf16 rows under bf16 GEMMs, updated by the row kernels: on the GPU the plan counts the rows'
+  // gradient in bf16, as the buffer holds it (row_gradient_store); counted in float32, 2 rows
+  // would fit. The CPU's row loop forms each row's gradient itself: counted at all, 2 would fit.
   o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
   o.gemm_dtype = o.weight_dtype = torch::kBFloat16;
   o.update = WeightUpdate::kFused;
   o.fused_kernels = FusedKernels::kOff;
-  o.workspace_bytes = budget_for_chunk(3, p.features.size(0), 16, 2, RowSource::kStored,
-                                       Logits::kInMemory, RowGradientStore::kBFloat16);
+  o.workspace_bytes =
+      budget_for_chunk(3, p.features.size(0), 16, 2, RowSource::kStored, Logits::kInMemory,
+                       device().is_cuda() ? RowGradientStore::kBFloat16 : RowGradientStore::kNone);
   module = make_module(p, o);
   run_step(*module, p);
   EXPECT_EQ(module->last_plan().chunk_rows, 3);

@@ -10,6 +10,8 @@
 
 namespace myriad {
 
+struct CpuRowUpdate;
+
 enum class OptimizerKind { kSgd, kAdamW };
 // "SGD" or "AdamW", for messages.
 inline const char* optimizer_name(OptimizerKind kind) {
@@ -72,6 +74,13 @@ class ShardOptimizer {
                                    int64_t end, const torch::Tensor& logit_grad,
                                    const torch::Tensor& xt, RowGradient grad_of,
                                    const torch::Tensor& grad_multiplier);
+  // update_rows on the CPU with each row's gradient logit_grad[i - begin] . features formed in
+  // the row kernel and never stored: `logit_grad` float32 or bfloat16 [end - begin, B],
+  // `features` float32 [B, D].
+  void update_rows_from_product(torch::Tensor& weight, const torch::Tensor& index, int64_t begin,
+                                int64_t end, const torch::Tensor& logit_grad,
+                                const torch::Tensor& features, RowGradient grad_of,
+                                const torch::Tensor& grad_multiplier);
   double lr() const { return options_.lr; }
   void set_lr(double lr) { options_.lr = lr; }
   const OptimizerOptions& options() const { return options_; }
@@ -92,6 +101,8 @@ class ShardOptimizer {
   torch::Tensor exp_avg_;
   torch::Tensor exp_avg_sq_;
   torch::Tensor column_order_;  // on the device, for logit_grad_update_features
+
+  void update_rows_cpu(const CpuRowUpdate& rows, const torch::Tensor& grad_multiplier);
 };
 
 // Gradient with respect to rows w (float32) from the gradient `grad_of` says: for w / |w|,
