@@ -361,9 +361,11 @@ void ShardedMarginSoftmax::plan_step(SoftmaxStep& step, StepUse use) const {
   // them). A normalising margin bounds the logits by s; plain softmax's take a bound per sample.
   step.plan.kept_exponentials = logits_->keeps_exponentials() && step.plan.cache &&
                                 step.plan.chunks > 0 && use == StepUse::kWhole;
-  if (step.plan.kept_exponentials && !normalized) {
+  if (step.plan.kept_exponentials) {
     (*phases_)("prepare_rows");
-    step.kept.reference = kept_reference(step.xg, stored_row_scales(0, weight_.size(0)));
+    step.kept.reference = normalized ? torch::full({step.batch}, options_.margin.params().scale,
+                                                   step.xn.options().dtype(torch::kFloat32))
+                                     : logit_bounds(step.xn, stored_row_scales(0, weight_.size(0)));
   }
   // GEMMs on the stored rows take each chunk's 1/|w|.
   if (!step.stored_rows || !normalized) return;

@@ -165,9 +165,10 @@ torch::Tensor chunk_inv_norms(const torch::Tensor& weight, int64_t begin, int64_
   return cpu_inv_norms(weight.slice(0, begin, end));
 }
 
-torch::Tensor kept_reference(const torch::Tensor& x, const torch::Tensor& inv_norms) {
-  MYRIAD_CHECK(inv_norms.numel() > 0, "a bound on the logits needs at least one class row");
-  return (x.to(torch::kFloat32).norm(2, 1) * inv_norms.min().reciprocal()).contiguous();
+torch::Tensor logit_bounds(const torch::Tensor& x, const torch::Tensor& inv_norms) {
+  MYRIAD_CHECK(inv_norms.numel() > 0 && x.scalar_type() == torch::kFloat32,
+               "a bound on the logits needs float32 features and at least one class row");
+  return (x.norm(2, 1) * inv_norms.min().reciprocal()).contiguous();
 }
 
 namespace {
@@ -268,10 +269,9 @@ void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& r
   if (kept != nullptr) {
     MYRIAD_CHECK(kept->matrix.scalar_type() == torch::kBFloat16 && kept->matrix.is_contiguous() &&
                      kept->matrix.sizes() == torch::IntArrayRef({rows.size(0), x.size(0)}) &&
-                     kept->target_cos.numel() == x.size(0) &&
-                     (!kept->reference.defined() ||
-                      (kept->reference.scalar_type() == torch::kFloat32 &&
-                       kept->reference.is_contiguous() && kept->reference.numel() == x.size(0))),
+                     kept->target_cos.numel() == x.size(0) && kept->reference.defined() &&
+                     kept->reference.scalar_type() == torch::kFloat32 &&
+                     kept->reference.is_contiguous() && kept->reference.numel() == x.size(0),
                  "the kept exponentials take a contiguous bfloat16 [classes, batch] matrix and a "
                  "float32 [batch] reference");
   }
@@ -281,7 +281,7 @@ void accumulate_fused_chunk_stats(const torch::Tensor& x, const torch::Tensor& r
       part_max.data_ptr<float>(), part_sum.data_ptr<float>(), target_logit.data_ptr<float>(),
       kept != nullptr ? kept->target_cos.data_ptr<float>() : nullptr,
       kept != nullptr ? kept->matrix.data_ptr() : nullptr,
-      kept != nullptr ? floats_or_null(kept->reference) : nullptr, stream_of(x)));
+      kept != nullptr ? kept->reference.data_ptr<float>() : nullptr, stream_of(x)));
   merge_tile_stats(part_max, part_sum, row_max, row_sum);
 #else
   (void)x, (void)rows, (void)row_scale, (void)target_col, (void)begin, (void)params, (void)row_max,
@@ -317,9 +317,13 @@ torch::Tensor finish_kept_exponentials(KeptExponentials& kept, const torch::Tens
                                        const MarginParams& params) {
 #ifdef MYRIAD_WITH_HOPPER_KERNELS
   const auto on_device = prepare_fused_launch(x, rows);
-  MYRIAD_CHECK(kept.matrix.sizes() == torch::IntArrayRef({rows.size(0), x.size(0)}),
-               "the kept exponentials are [{}, {}], not the chunk's [{}, {}]", kept.matrix.size(0),
-               kept.matrix.size(1), rows.size(0), x.size(0));
+  MYRIAD_CHECK(kept.matrix.sizes() == torch::IntArrayRef({rows.size(0), x.size(0)}) &&
+                   kept.reference.defined() && kept.reference.numel() == x.size(0),
+               "the kept exponentials are [{}, {}] with references [{}], not the chunk's [{}, {}] "
+               "and [{}]",
+               kept.matrix.size(0), kept.matrix.size(1),
+               kept.reference.defined() ? kept.reference.numel() : 0, rows.size(0), x.size(0),
+               x.size(0));
   const int64_t batch = x.size(0);
   torch::Tensor factor = torch::empty({batch}, row_max.options());
   const torch::Tensor deep = torch::empty({1}, row_max.options().dtype(torch::kInt32));
@@ -327,7 +331,7 @@ torch::Tensor finish_kept_exponentials(KeptExponentials& kept, const torch::Tens
       cuda::kept_finish(kept.matrix.data_ptr(), batch, rows.size(0), floats_or_null(row_scale),
                         target_col.data_ptr<int64_t>(), begin, kept.target_cos.data_ptr<float>(),
                         row_max.data_ptr<float>(), row_inv_sum.data_ptr<float>(),
-                        coef.data_ptr<float>(), floats_or_null(kept.reference), params,
+                        coef.data_ptr<float>(), kept.reference.data_ptr<float>(), params,
                         factor.data_ptr<float>(), deep.data_ptr<int>(), stream_of(x)));
   // Deep rows (decided on the device): the logits' gradient recomputed over the kept matrix.
   launch_logit_grad(x, rows, row_scale, target_col, begin, row_max, row_inv_sum, coef, params,

@@ -51,18 +51,19 @@ bool fused_chunks_apply(const torch::Device& device, int64_t dim, torch::ScalarT
 
 // What forward keeps for backward where the plan keeps the exponentials: `matrix` bfloat16
 // [c, B], exp(z - r_b) / |w_j| per logit, and each sample's target cosine `target_cos` [B] where
-// its target lies in the chunk. The reference r_b bounds sample b's logits: s for a normalising
-// margin, else `reference` [B] float32 (kept_reference: plain softmax's logits have no bound).
+// its target lies in the chunk. `reference` [B] float32 holds r_b, a bound on sample b's logits: s
+// for a normalising margin, logit_bounds for plain softmax.
 struct KeptExponentials {
   torch::Tensor matrix;
   torch::Tensor target_cos;
   torch::Tensor reference;
 };
 
-// A bound on every logit of plain softmax per sample, |x_b| max_j |w_j| (Cauchy-Schwarz), from
-// the GEMM operand `x` [B, D] and the rows' 1/|w_j| `inv_norms`: the reference of its kept
-// exponentials, so that none overflows.
-torch::Tensor kept_reference(const torch::Tensor& x, const torch::Tensor& inv_norms);
+// A bound on every logit of plain softmax per sample, |x_b| max_j |w_j| (Cauchy-Schwarz), from the
+// float32 features `x` [B, D] and the rows' 1/|w_j| `inv_norms`, so that no kept exponential
+// overflows. The GEMMs read x rounded to their dtype, which may exceed the bound by that rounding:
+// exp of a few units, far from bfloat16's range.
+torch::Tensor logit_bounds(const torch::Tensor& x, const torch::Tensor& inv_norms);
 
 // accumulate_chunk_stats from the operands: `x` [B, D] and `rows` [c, D], bfloat16; with `kept`,
 // also fills it (allocated by the caller).

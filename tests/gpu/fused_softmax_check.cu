@@ -123,9 +123,9 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-// The inputs of one problem on the device; with `reference` (plain softmax) each sample's bound
-// on its logits, against which the exponentials are kept (else s), and the first sample's on the
-// host.
+// The inputs of one problem on the device, with each sample's reference, the bound on its logits
+// against which the exponentials are kept (s for a normalising margin), and the first sample's on
+// the host.
 struct Operands {
   const __nv_bfloat16 *x, *w;
   const float* scale;
@@ -383,19 +383,11 @@ int check(int64_t batch, int64_t classes, int dim, MarginParams params, bool sca
   auto* w = to_device(p.w);
   float* scale = scaled ? to_device(p.scale) : nullptr;
   int64_t* target = to_device(p.target);
-  const std::vector<float> bounds = params.normalized ? std::vector<float>() : logit_bounds(p);
-  float* reference = params.normalized ? nullptr : to_device(bounds);
-  const Operands ops{x,
-                     w,
-                     scale,
-                     target,
-                     p.begin,
-                     batch,
-                     classes,
-                     dim,
-                     params,
-                     reference,
-                     params.normalized ? params.scale : bounds[0]};
+  const std::vector<float> bounds =
+      params.normalized ? std::vector<float>(batch, params.scale) : logit_bounds(p);
+  float* reference = to_device(bounds);
+  const Operands ops{x,       w,   scale,  target,    p.begin,  batch,
+                     classes, dim, params, reference, bounds[0]};
   const PartStats got = forward_stats(ops, parts);
   const std::vector<double> dots = reference_dots(p);
   const Reference ref = reference_stats(p, dots, params, scaled);
@@ -493,23 +485,24 @@ void time_case(int64_t batch, int64_t classes, int dim) {
   int* deep;
   CHECK(cudaMalloc(&tcos, batch * 4));
   CHECK(cudaMalloc(&deep, 4));
+  float* reference = to_device(std::vector<float>(batch, params.scale));
   const float keep = time_ms(
       [&] {
         CHECK(myriad::cuda::fused_logit_stats(x, batch, w, nullptr, classes, dim, t, p.begin,
-                                              params, gmax, gsum, tl, tcos, grad, nullptr,
+                                              params, gmax, gsum, tl, tcos, grad, reference,
                                               nullptr));
       },
       10);
   const float finish = time_ms(
       [&] {
         CHECK(myriad::cuda::kept_finish(grad, batch, classes, nullptr, t, p.begin, tcos, row_max,
-                                        inv_sum, coef, nullptr, params, tl, deep, nullptr));
+                                        inv_sum, coef, reference, params, tl, deep, nullptr));
         CHECK(myriad::cuda::fused_logit_grad(x, batch, w, nullptr, classes, dim, t, p.begin,
                                              row_max, inv_sum, coef, params, grad, deep, nullptr));
       },
       10);
   cudaFree(row_max), cudaFree(inv_sum), cudaFree(coef), cudaFree(grad), cudaFree(tcos),
-      cudaFree(deep);
+      cudaFree(deep), cudaFree(reference);
   // cuBLAS: the logits of a chunk of 1M classes as today's path computes them (bf16 in, float32
   // out, class-major), scaled to all classes.
   const int64_t chunk = std::min<int64_t>(classes, 1 << 20);
@@ -569,6 +562,17 @@ int main(int argc, char** argv) {
                                         nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                         nullptr) != cudaSuccess) {
       std::printf("empty batch: FAILED\n");
+      ++failed;
+    }
+    // Keeping needs every sample's reference: none given is refused before anything launches.
+    if (myriad::cuda::fused_logit_stats(nullptr, 1, nullptr, nullptr, 1000, 512, nullptr, 0, arc,
+                                        nullptr, nullptr, nullptr, reinterpret_cast<float*>(16),
+                                        reinterpret_cast<void*>(16), nullptr,
+                                        nullptr) != cudaErrorInvalidValue ||
+        myriad::cuda::kept_finish(nullptr, 1, 1000, nullptr, nullptr, 0, nullptr, nullptr, nullptr,
+                                  nullptr, nullptr, arc, nullptr, nullptr,
+                                  nullptr) != cudaErrorInvalidValue) {
+      std::printf("keeping without references: FAILED\n");
       ++failed;
     }
     return failed == 0 ? 0 : 1;

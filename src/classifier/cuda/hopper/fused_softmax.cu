@@ -139,9 +139,9 @@ __device__ void produce(S& s, const CUtensorMap* x_map, const CUtensorMap* w_map
 }
 
 // What a kernel reads and writes besides the operands. Statistics: group_max, group_sum,
-// target_logit; keeping the exponentials also target_cos, `matrix` and, for plain softmax, each
-// sample's `reference` (z units; null: s). Gradient: row_max,
-// row_inv_sum, coef in, `matrix` (the logits' gradient) out, where `gate` is null or non-zero.
+// target_logit; keeping the exponentials also target_cos, `matrix` and each sample's `reference`
+// (z units). Gradient: row_max, row_inv_sum, coef in, `matrix` (the logits' gradient) out, where
+// `gate` is null or non-zero.
 struct Io {
   const float* row_scale;
   const int64_t* target_col;
@@ -197,8 +197,8 @@ struct Consumer {
         m[r] = io.row_max[row[r]] * kLog2e;
         sum[r] = io.row_inv_sum[row[r]];
       }
-      const bool own = io.reference != nullptr && row[r] < batch;
-      reference[r] = (own ? io.reference[row[r]] : unit) * kLog2e;
+      if constexpr (kPass == Pass::kKeep)
+        reference[r] = (row[r] < batch ? io.reference[row[r]] : unit) * kLog2e;
     }
     if (kGrad) coef = *io.coef;
   }
@@ -664,8 +664,7 @@ cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const
               reference};
   if (kept == nullptr)
     return launch<Pass::kStatistics>(x, batch, w, classes, dim, params, io, stream);
-  if (target_cos == nullptr || (!params.normalized && reference == nullptr))
-    return cudaErrorInvalidValue;
+  if (target_cos == nullptr || reference == nullptr) return cudaErrorInvalidValue;
   return launch<Pass::kKeep>(x, batch, w, classes, dim, params, io, stream);
 }
 
@@ -692,18 +691,12 @@ cudaError_t fused_logit_grad(const void* x, int64_t batch, const void* w, const 
 
 namespace {
 
-// Sample b's reference: its own for plain softmax, else s.
-__device__ __forceinline__ float kept_reference(const float* reference, int64_t b,
-                                                const MarginParams& params) {
-  return reference != nullptr ? reference[b] : params.scale;
-}
-
 // One thread per sample: a row whose max lies deeper than kKeptMaxDepth below its reference
 // raises *deep.
 __global__ void kept_depth_kernel(int64_t batch, const float* row_max, const float* reference,
-                                  MarginParams params, int* deep) {
+                                  int* deep) {
   const int64_t b = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (b < batch && row_max[b] < kept_reference(reference, b, params) - kKeptMaxDepth) *deep = 1;
+  if (b < batch && row_max[b] < reference[b] - kKeptMaxDepth) *deep = 1;
 }
 
 // One thread per sample: its factor, and its target's element replaced by the gradient over the
@@ -724,8 +717,7 @@ __global__ void kept_finish_kernel(__nv_bfloat16* kept, int64_t batch, int64_t c
   // Off the target dz/dcos is u = s (1 for plain softmax); with r the sample's reference,
   // coef softmax u = coef exp(z - max) / sum u = exp(z - r) (coef u exp(r - max) / sum).
   const float unit = params.normalized ? params.scale : 1.0f;
-  const float r = kept_reference(reference, b, params);
-  const float f = *coef * unit * expf(r - row_max[b]) * row_inv_sum[b];
+  const float f = *coef * unit * expf(reference[b] - row_max[b]) * row_inv_sum[b];
   factor[b] = f;
   const int64_t col = target_col[b] - begin;
   if (col < 0 || col >= classes) return;
@@ -745,12 +737,12 @@ cudaError_t kept_finish(void* kept, int64_t batch, int64_t classes, const float*
                         const float* row_max, const float* row_inv_sum, const float* coef,
                         const float* reference, MarginParams params, float* factor, int* deep,
                         cudaStream_t stream) {
-  if (!params.normalized && reference == nullptr) return cudaErrorInvalidValue;
+  if (reference == nullptr) return cudaErrorInvalidValue;
   cudaError_t rc = cudaMemsetAsync(deep, 0, sizeof(int), stream);
   if (rc != cudaSuccess || batch == 0) return rc;
   constexpr int kBlock = 256;
   const auto blocks = static_cast<unsigned>((batch + kBlock - 1) / kBlock);
-  kept_depth_kernel<<<blocks, kBlock, 0, stream>>>(batch, row_max, reference, params, deep);
+  kept_depth_kernel<<<blocks, kBlock, 0, stream>>>(batch, row_max, reference, deep);
   rc = cudaGetLastError();
   if (rc != cudaSuccess) return rc;
   kept_finish_kernel<<<blocks, kBlock, 0, stream>>>(

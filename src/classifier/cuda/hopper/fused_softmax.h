@@ -30,8 +30,8 @@ int fused_logit_parts(int device, int64_t batch, int64_t classes);
 // [0, classes). Runs on the current device, with fused_logit_parts(that device, batch, classes)
 // parts. With `kept`, also kept[j, b] = exp(z - r_b) row_scale[j] in bf16, class-major
 // [classes, batch], and target_cos[b] = the target's cosine where target_logit is written. The
-// reference r_b bounds sample b's logits: s for a normalising margin (`reference` null), else
-// reference[b] (plain softmax, whose logits have no bound of their own).
+// reference r_b = reference[b] (float32 [batch] on the device, required) bounds sample b's
+// logits: s for a normalising margin, |x_b| max_j |w_j| for plain softmax.
 cudaError_t fused_logit_stats(const void* x, int64_t batch, const void* w, const float* row_scale,
                               int64_t classes, int dim, const int64_t* target_col, int64_t begin,
                               MarginParams params, float* group_max, float* group_sum,
@@ -49,7 +49,7 @@ cudaError_t fused_logit_grad(const void* x, int64_t batch, const void* w, const 
                              cudaStream_t stream);
 
 // Backward from the kept exponentials, against the references fused_logit_stats kept them by
-// (`reference`, or s where null). For every sample b: factor[b] = coef u exp(r_b - row_max[b])
+// (`reference`, required). For every sample b: factor[b] = coef u exp(r_b - row_max[b])
 // row_inv_sum[b], u = dz/dcos off the target (s, or 1 for plain softmax), so that the logits'
 // gradient off the target is kept[j, b] factor[b]; and where b's target lies in the chunk,
 // kept[target, b] becomes its gradient (margin included) over factor[b]. Kept elements that matter
