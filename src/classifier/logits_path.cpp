@@ -55,8 +55,8 @@ class FusedLogits final : public LogitsPath {
   const PhaseMarks& phases_;
 };
 
-// A GEMM writes each chunk's float32 logits, and the softmax kernels (LibTorch operations on the
-// CPU) read them; where the plan caches, forward keeps them, else backward multiplies again.
+// A GEMM writes each chunk's float32 logits, and the softmax kernels (on the CPU, cpu_softmax's
+// loops) read them; where the plan caches, forward keeps them, else backward multiplies again.
 class GemmLogits final : public LogitsPath {
  public:
   GemmLogits(const MarginParams& params, torch::ScalarType gemm_dtype, bool cuda,
@@ -64,7 +64,7 @@ class GemmLogits final : public LogitsPath {
       : params_(params), gemm_dtype_(gemm_dtype), cuda_(cuda), phases_(phases) {}
 
   std::string describe() const override {
-    return cuda_ ? "GEMMs and softmax kernels" : "LibTorch on the CPU";
+    return cuda_ ? "GEMMs and softmax kernels" : "GEMMs and softmax loops on the CPU";
   }
   Logits logits() const override { return Logits::kInMemory; }
   bool keeps_exponentials() const override { return false; }
