@@ -182,8 +182,9 @@ bool ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
       "{}",
       count, weight.size(1), c10::toString(grad.scalar_type()), grad.sizes());
   if (!weight.is_cuda()) {
-    update_rows_cpu({weight, index, begin, end, grad, grad_of, first_row_, rounding_seed()},
-                    grad_multiplier);
+    update_rows_cpu(
+        {weight, index, begin, end, grad, grad_of, first_row_, rounding_seed(), torch::Tensor()},
+        grad_multiplier);
     return false;
   }
 #ifdef MYRIAD_WITH_CUDA
