@@ -270,6 +270,14 @@ void GradientSynchronizer::pass_replayed(bool last, bool all_reduced) {
   all_reduced_in_graph_ = all_reduced;
 }
 
+std::shared_ptr<GradientSynchronizer> GradientSynchronizer::share() {
+  std::shared_ptr<GradientSynchronizer> self = weak_from_this().lock();
+  MYRIAD_CHECK(self != nullptr,
+               "CUDA graphs record the gradients' all-reduces: their synchroniser must be held by "
+               "a std::shared_ptr, which the graphs share");
+  return self;
+}
+
 bool GradientSynchronizer::can_record_all_reduce() const {
   return cuda_ != nullptr && comm_->capturable();
 }

@@ -165,6 +165,7 @@ void StageGraphs::record_all(const Activations& in, GradientSynchronizer& sync) 
   MYRIAD_CHECK(device.is_cuda(), "CUDA graphs need a CUDA device, not {}", device.str());
   const auto start = std::chrono::steady_clock::now();
   all_reduces_last_ = sync.can_record_all_reduce();
+  recorded_with_ = sync.share();
   {
     // The warm-up trains nothing: the stage's batch-norm statistics are put back afterwards, and
     // the gradient buckets ignore it.

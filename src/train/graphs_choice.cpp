@@ -34,7 +34,7 @@ std::string GraphsChoice::describe() const {
   return engine_.cuda_graphs() ? "CUDA graphs" : "";
 }
 
-void GraphsChoice::before_step() {
+void GraphsChoice::step_started(const StepStart&) {
   if (phase_ == Phase::kRecord) engine_.use_cuda_graphs(true);
   if (phase_ == Phase::kEager || phase_ == Phase::kGraphs) {
     synchronize_device(device_);
@@ -42,7 +42,7 @@ void GraphsChoice::before_step() {
   }
 }
 
-void GraphsChoice::after_step() {
+void GraphsChoice::step_finished(const StepEnd&) {
   const auto next = [this](Phase phase) {
     phase_ = phase;
     steps_in_phase_ = 0;

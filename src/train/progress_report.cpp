@@ -32,18 +32,24 @@ std::string duration_text(double seconds) {
 
 ProgressReport::ProgressReport(Sources sources) : s_(std::move(sources)) {}
 
-void ProgressReport::start(int64_t total_steps) {
-  total_steps_ = total_steps;
+void ProgressReport::run_started(const RunStart& e) {
+  total_steps_ = e.total_steps;
   run_start_ = window_start_ = std::chrono::steady_clock::now();
+}
+
+void ProgressReport::step_finished(const StepEnd& e) {
+  ++window_steps_;
+  if ((e.step + 1) % s_.config.log_every == 0 || e.step + 1 == e.total_steps) write(e);
 }
 
 void ProgressReport::log_done() const {
   log_info("done: {} steps in {}", total_steps_, duration_text(seconds_since(run_start_)));
 }
 
-void ProgressReport::write(MetricsLog& metrics, int64_t step, int64_t epoch,
-                           const torch::Tensor& loss, double lr) {
-  const double loss_value = loss.item<double>();
+void ProgressReport::write(const StepEnd& e) {
+  const int64_t step = e.step, epoch = e.epoch;
+  const double lr = e.lr;
+  const double loss_value = e.loss.item<double>();
   const double elapsed = seconds_since(window_start_);
   const double samples_per_sec = window_steps_ * s_.config.batch_size * s_.replicas / elapsed;
   std::map<std::string, double> phases = s_.timer.totals();
@@ -88,29 +94,29 @@ void ProgressReport::write(MetricsLog& metrics, int64_t step, int64_t epoch,
           report.skipped_steps, window_steps_, report.scale);
     loss_scale = {{"scale", report.scale}, {"skipped_steps", report.skipped_steps}};
   }
-  metrics.write({{"kind", "train"},
-                 {"step", step + 1},
-                 {"epoch", epoch},
-                 {"loss", loss_value},
-                 {"lr", lr},
-                 {"samples_per_sec", samples_per_sec},
-                 {"step_ms", step_ms},
-                 {"time_ms",
-                  {{"data", data_ms},
-                   {"forward", phases["forward"]},
-                   {"backward", phases["backward"]},
-                   {"communication", phases["communication"]},
-                   {"optimizer", phases["optimizer"]}}},
-                 {"all_reduce_ms", sync.all_reduce_ms},
-                 {"communication_hidden", hidden},
-                 {"backbone_tflops_per_gpu", tflops},
-                 {"eta_sec", eta},
-                 {"peak_memory_bytes", memory},
-                 {"peak_memory_bytes_per_rank", peaks},
-                 {"pipeline", pipeline},
-                 {"loss_scale", loss_scale},
-                 {"stragglers", s_.stragglers.report(step + 1)},
-                 {"elapsed_sec", seconds_since(run_start_)}});
+  s_.metrics.write({{"kind", "train"},
+                    {"step", step + 1},
+                    {"epoch", epoch},
+                    {"loss", loss_value},
+                    {"lr", lr},
+                    {"samples_per_sec", samples_per_sec},
+                    {"step_ms", step_ms},
+                    {"time_ms",
+                     {{"data", data_ms},
+                      {"forward", phases["forward"]},
+                      {"backward", phases["backward"]},
+                      {"communication", phases["communication"]},
+                      {"optimizer", phases["optimizer"]}}},
+                    {"all_reduce_ms", sync.all_reduce_ms},
+                    {"communication_hidden", hidden},
+                    {"backbone_tflops_per_gpu", tflops},
+                    {"eta_sec", eta},
+                    {"peak_memory_bytes", memory},
+                    {"peak_memory_bytes_per_rank", peaks},
+                    {"pipeline", pipeline},
+                    {"loss_scale", loss_scale},
+                    {"stragglers", s_.stragglers.report(step + 1)},
+                    {"elapsed_sec", seconds_since(run_start_)}});
   window_start_ = std::chrono::steady_clock::now();
   window_steps_ = 0;
   window_data_seconds_ = 0.0;

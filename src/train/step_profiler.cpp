@@ -48,7 +48,8 @@ StepProfiler::StepProfiler(const ProcessContext& context, const TrainConfig& con
                         layout.replica, context.hostname());
 }
 
-void StepProfiler::before_step(int64_t step) {
+void StepProfiler::step_started(const StepStart& e) {
+  const int64_t step = e.step;
   if (!profiled(step)) return;
   if (!started_) {
     // The first of the steps that this run takes (a resumed run may start inside the range).
@@ -70,8 +71,8 @@ void StepProfiler::before_step(int64_t step) {
   timeline_->start_step(step + 1);
 }
 
-void StepProfiler::after_step(int64_t step, int64_t total_steps) {
-  if (!profiled(step) || (step + 1 != last_ && step + 1 != total_steps)) return;
+void StepProfiler::step_finished(const StepEnd& e) {
+  if (!profiled(e.step) || (e.step + 1 != last_ && e.step + 1 != e.total_steps)) return;
   set_profiler_capture(device_, false);
   if (!timeline_) return;
   engine_.set_timeline(nullptr);

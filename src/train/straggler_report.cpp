@@ -35,12 +35,12 @@ Stragglers find_stragglers(const std::vector<double>& compute_ms) {
 StragglerReport::StragglerReport(const ProcessContext& context)
     : context_(context), hosts_(context.all_gather_strings(context.hostname())) {}
 
-void StragglerReport::step_started() {
+void StragglerReport::batch_ready(const BatchReady&) {
   step_start_ = Clock::now();
   waited_at_start_ = HangWatchdog::instance().waited_seconds();
 }
 
-void StragglerReport::step_finished() {
+void StragglerReport::step_finished(const StepEnd&) {
   const double elapsed = std::chrono::duration<double>(Clock::now() - step_start_).count();
   const double waited = HangWatchdog::instance().waited_seconds() - waited_at_start_;
   window_ms_.push_back(1e3 * std::max(0.0, elapsed - waited));

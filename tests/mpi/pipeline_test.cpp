@@ -112,16 +112,15 @@ class PipelineTest : public BackendTest {
     auto net = make_net(name);
     net->set_channels_last(run.channels_last);
     const PipelineLayout l = layout(*net, run.micro_batches, run.schedule);
-    // Declared first, so that it outlives the engine's CUDA graphs, which hold the all-reduces they
-    // recorded on its communicator.
-    std::optional<GradientSynchronizer> sync;
     PipelineEngine engine(
         l, *net, world() > 1 ? environment().comms->create_split(device(), 0, rank()) : nullptr,
         device(), run.autocast, 16);
     engine.place_stage();
     if (run.cuda_graphs) engine.use_cuda_graphs();
     const std::vector<torch::Tensor> params = engine.stage_parameters();
-    sync.emplace(params, environment().comms->create_split(device(), rank(), 0), 4096);
+    // Shared with the engine's CUDA graphs, which replay the all-reduces they recorded.
+    const auto sync = std::make_shared<GradientSynchronizer>(
+        params, environment().comms->create_split(device(), rank(), 0), 4096);
     torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.01).momentum(0.9));
     ShardedMarginSoftmax classifier = make_classifier(23, WeightUpdate::kFused, run.sample_rate);
     Trained out;
@@ -426,12 +425,12 @@ TEST_P(PipelineTest, CapturedAllReduceGivesEagerGradientsBitForBit) {
     PipelineLayout l = pipeline_layout(world(), rank(), 1, 2);
     l.schedule = c.schedule;
     l.cut = {0, net->num_blocks()};
-    std::optional<GradientSynchronizer> sync;  // outlives the engine's graphs, as above
     PipelineEngine engine(l, *net, nullptr, device(), c.autocast, 16);
     engine.place_stage();
     if (graphs) engine.use_cuda_graphs();
     const std::vector<torch::Tensor> params = engine.stage_parameters();
-    sync.emplace(params, environment().comms->create(device()), 4096, c.wire);
+    const auto sync = std::make_shared<GradientSynchronizer>(
+        params, environment().comms->create(device()), 4096, c.wire);
     torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.01).momentum(0.9));
     ShardedMarginSoftmax classifier = make_classifier(23, WeightUpdate::kFused);
     std::vector<torch::Tensor> out;

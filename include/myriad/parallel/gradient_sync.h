@@ -31,7 +31,7 @@ struct GradientSyncStats {
 // a float32 bucket is cast to it, summed in it, and cast back, on the communication stream. It
 // halves the bytes on slow links between hosts at the price of bf16's (or fp16's) rounding of the
 // sum; an fp16 overflow shows as a non-finite gradient, which fp16 training's loss scaler skips.
-class GradientSynchronizer {
+class GradientSynchronizer : public std::enable_shared_from_this<GradientSynchronizer> {
  public:
   GradientSynchronizer(std::vector<torch::Tensor> params, std::unique_ptr<Communicator> comm,
                        int64_t bucket_bytes, torch::ScalarType wire_dtype = torch::kFloat32);
@@ -63,6 +63,9 @@ class GradientSynchronizer {
   std::vector<torch::Tensor> gradient_views() const;
   void zero_buckets();
   void pass_replayed(bool last, bool all_reduced);
+  // Another owner of this synchroniser, for whatever records its all-reduces or events (CUDA
+  // graphs) and must not outlive it; an Error unless a std::shared_ptr holds it.
+  std::shared_ptr<GradientSynchronizer> share();
   // Whether a graph can record the all-reduces (a communicator that NCCL runs).
   bool can_record_all_reduce() const;
   // Every rank of this synchroniser holds `ok` (collective, on the host).
@@ -90,8 +93,8 @@ class GradientSynchronizer {
   // then overlaps it with the rest of the backward, as an eager step does. join(), inside the
   // capture after the backward, records the rest and the recording stream's wait for them all.
   // Closing it puts the gradients and hooks back, on failure too. A graph that recorded the
-  // all-reduces must be destroyed before this synchroniser: NCCL's communicator waits for the
-  // graphs that use it. CUDA builds only.
+  // all-reduces holds this synchroniser (share()): NCCL's communicator waits for the graphs that
+  // use it, and the graphs replay its events. CUDA builds only.
   class GraphBackward {
    public:
     GraphBackward(GradientSynchronizer& sync, bool all_reduce);

@@ -78,6 +78,8 @@ class StageGraphs {
   bool input_grad_;
   bool float32_output_;
   std::vector<SlotUse> uses_;
+  // The synchroniser whose all-reduces and events the slots' graphs replay: kept while they exist.
+  std::shared_ptr<GradientSynchronizer> recorded_with_;
   std::vector<std::unique_ptr<Slot>> slots_;  // empty until recorded
   bool all_reduces_last_ = false;
 };

@@ -11,6 +11,7 @@
 
 #include "myriad/ckpt/checkpoint_store.h"
 #include "myriad/ckpt/snapshot_writer.h"
+#include "myriad/train/step_observer.h"
 #include "myriad/train/training_checkpoint.h"
 
 namespace myriad {
@@ -33,7 +34,7 @@ struct CheckpointOptions {
 // the background), and a metrics record follows. At most one save is in flight: a save due before
 // the last is published waits for it. A save that fails on any rank raises the same Error on every
 // rank, and the previous checkpoint stays in use; a crash at any moment leaves it as LATEST.
-class AsyncCheckpointer {
+class AsyncCheckpointer : public StepObserver {
  public:
   // `state` gives the shapes (for the host memory); `record` gets rank 0's metrics record of each
   // published checkpoint.
@@ -49,10 +50,11 @@ class AsyncCheckpointer {
   // Make the device wait for the snapshot's copies before the next step changes what they read:
   // the backbone's (batch norm statistics) before the step starts, the rest before the backward
   // (the classifier's update).
-  void order_before_step() { writer_.order_before_forward(); }
-  void order_before_backward() { writer_.order_before_backward(); }
-  // At a step boundary (collective): publishes the save in flight if every rank's files are
+  void step_started(const StepStart&) override { writer_.order_before_forward(); }
+  void before_backward(const BeforeBackward&) override { writer_.order_before_backward(); }
+  // At each step's end (collective): publishes the save in flight if every rank's files are
   // durable.
+  void step_finished(const StepEnd&) override { poll(); }
   void poll();
   // Waits for the save in flight and publishes it (collective).
   void complete();

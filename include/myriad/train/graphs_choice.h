@@ -5,6 +5,7 @@
 #include <string>
 
 #include "myriad/parallel/pipeline.h"
+#include "myriad/train/step_observer.h"
 #include "myriad/train/train_config.h"
 
 namespace myriad {
@@ -29,7 +30,7 @@ bool cuda_graphs_expected(const TrainConfig& config, const torch::Device& device
 // rank's replayed step is more than kMargin faster than its eager one; otherwise their memory is
 // given back. A recording that runs out of memory leaves the run eager (StageGraphs). Every rank
 // takes the same decision; the choice and its figures are logged once.
-class GraphsChoice {
+class GraphsChoice : public StepObserver {
  public:
   static constexpr int kTrialSteps = 3;
   static constexpr double kMargin = 0.02;
@@ -47,8 +48,8 @@ class GraphsChoice {
   std::string describe() const;
   // Around each step of the run (collective at the end of the trial): sets the engine's mode for
   // the step, and times the trial's steps (waiting for the device at their end).
-  void before_step();
-  void after_step();
+  void step_started(const StepStart&) override;
+  void step_finished(const StepEnd&) override;
 
  private:
   enum class Phase { kFixed, kFirst, kEager, kRecord, kGraphs };

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "myriad/train/pipeline_plan.h"
+#include "myriad/train/step_observer.h"
 #include "myriad/train/train_config.h"
 
 namespace myriad {
@@ -25,7 +26,7 @@ class StragglerReport;
 // backbone's TFLOP/s, the peak memory of any rank, the ETA), the pipeline's stage times and
 // bubble, fp16's skipped steps, and the same as one "train" record of metrics.jsonl (and so of
 // TensorBoard), with the straggler report.
-class ProgressReport {
+class ProgressReport : public StepObserver {
  public:
   // What the report reads, all owned by the run and outliving the report.
   struct Sources {
@@ -40,6 +41,7 @@ class ProgressReport {
     PipelineEngine& engine;
     DynamicLossScaler& scaler;
     StragglerReport& stragglers;
+    MetricsLog& metrics;
     double backbone_multiply_adds = 0.0;  // per image
     // The balancer's forward + backward ms per micro-batch of each stage, when it profiled: the
     // report compares the stages with the figures of the mode they run in.
@@ -48,20 +50,19 @@ class ProgressReport {
   explicit ProgressReport(Sources sources);
 
   // At the run's first step (of this process: after a resume too).
-  void start(int64_t total_steps);
+  void run_started(const RunStart& e) override;
   // A step's wait for its batch.
-  void add_data_wait(double seconds) { window_data_seconds_ += seconds; }
-  void step_done() { ++window_steps_; }
-  // Ends the window at `step` (0-based): the log line on rank 0 and the metrics record
-  // (collective: every rank's peak memory and stage times are gathered).
-  void write(MetricsLog& metrics, int64_t step, int64_t epoch, const torch::Tensor& loss,
-             double lr);
+  void batch_ready(const BatchReady& e) override { window_data_seconds_ += e.data_wait_seconds; }
+  // Every --log-every steps and at the last, ends the window: the log line on rank 0 and the
+  // metrics record (collective: every rank's peak memory and stage times are gathered).
+  void step_finished(const StepEnd& e) override;
   // The run's last line: "done: N steps in 1h02m".
   void log_done() const;
 
  private:
   // With several stages or micro-batches: the pipeline's part of the line and the record.
   nlohmann::json pipeline_record(double step_seconds);
+  void write(const StepEnd& e);
 
   Sources s_;
   int64_t total_steps_ = 0;

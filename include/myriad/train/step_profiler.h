@@ -6,6 +6,7 @@
 #include <string>
 
 #include "myriad/parallel/pipeline.h"
+#include "myriad/train/step_observer.h"
 #include "myriad/train/train_config.h"
 #include "myriad/util/timeline.h"
 
@@ -17,16 +18,16 @@ class ProcessContext;
 // profiler's capture range, for nsys and ncu; and with --timeline, every rank's micro-batches,
 // classifier and transfers recorded (Timeline) and written by rank 0 as one Chrome trace once the
 // last of them, or the run's last step, is done (docs/pipeline.md, "Timeline").
-class StepProfiler {
+class StepProfiler : public StepObserver {
  public:
   // Checks (collectively) that the timeline's file can be written.
   StepProfiler(const ProcessContext& context, const TrainConfig& config,
                const torch::Device& device, PipelineEngine& engine);
 
   // Collective while a timeline is recorded: the ranks meet at each traced step's start.
-  void before_step(int64_t step);
+  void step_started(const StepStart& e) override;
   // Collective at the last traced step, where the timeline is gathered and written.
-  void after_step(int64_t step, int64_t total_steps);
+  void step_finished(const StepEnd& e) override;
 
  private:
   bool profiled(int64_t step) const { return step + 1 >= first_ && step + 1 <= last_; }

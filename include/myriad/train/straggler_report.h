@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "myriad/comm/process_context.h"
+#include "myriad/train/step_observer.h"
 
 namespace myriad {
 
@@ -15,19 +16,19 @@ namespace myriad {
 // all ranks. In a synchronous job every rank then waits for it, so one slow GPU or a throttled
 // node slows the whole run; the report names it, with its host, before it costs the run.
 //
-// Each rank times its steps (step_started / step_finished); report() runs once per log window:
+// Each rank times its steps (from its batch to the step's end); report() runs once per log window:
 // one MPI_Gather of one number per rank to rank 0, which logs a warning naming each straggler and
 // returns the record for metrics.jsonl (null on the other ranks). A rank's figure is the median of
 // its window's steps, so that one step descheduled by the system is not a straggler.
-class StragglerReport {
+class StragglerReport : public StepObserver {
  public:
   static constexpr double kStragglerThreshold = 0.2;
 
   // Learns every rank's host (collective).
   explicit StragglerReport(const ProcessContext& context);
 
-  void step_started();
-  void step_finished();
+  void batch_ready(const BatchReady&) override;
+  void step_finished(const StepEnd&) override;
   // Collective: every rank calls it at the same log window. Rank 0 gets
   // {"median_compute_ms", "compute_ms_per_rank", "stragglers": [{"rank", "host", "compute_ms",
   // "above_median"}]}, the others null; null everywhere when no step was timed.

@@ -159,8 +159,8 @@ double time_save(const ProcessContext& context, AsyncCheckpointer& checkpointer,
     const auto start = std::chrono::steady_clock::now();
     checkpointer.save(state);
     // As the next step would: wait, on the device, for the copies of what it changes.
-    checkpointer.order_before_step();
-    checkpointer.order_before_backward();
+    checkpointer.step_started(StepStart{state.step});
+    checkpointer.before_backward(BeforeBackward{state.step});
     synchronize_device(device);
     blocked = seconds_since(start);
     checkpointer.complete();

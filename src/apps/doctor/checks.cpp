@@ -156,13 +156,13 @@ StepTimes time_training_steps(const Survey& s, int64_t profile_batch) {
   PipelineLayout layout =
       pipeline_layout(s.context.size(), s.context.rank(), 1, config.micro_batches);
   layout.cut = {0, backbone->num_blocks()};
-  // The synchroniser outlives the engine: graphs that recorded its all-reduces go first.
-  std::unique_ptr<GradientSynchronizer> sync;
   PipelineEngine engine(layout, *backbone, nullptr, device, autocast_dtype(config.precision),
                         config.embedding_size);
   engine.place_stage();
-  sync = std::make_unique<GradientSynchronizer>(engine.stage_parameters(), s.comms->create(device),
-                                                config.bucket_bytes, config.grad_comm_dtype);
+  // Shared with the engine's CUDA graphs, which replay the all-reduces they recorded.
+  const auto sync =
+      std::make_shared<GradientSynchronizer>(engine.stage_parameters(), s.comms->create(device),
+                                             config.bucket_bytes, config.grad_comm_dtype);
   const auto on_device = torch::TensorOptions().device(device);
   const torch::Tensor images = torch::randn(
       {profile_batch, config.input.channels, config.input.height, config.input.width}, on_device);
