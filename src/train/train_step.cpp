@@ -76,6 +76,7 @@ T take(T& part, const char* what) {
 
 TrainStep::TrainStep(const TrainConfig& config, Parts parts, Communicator& comm, PhaseTimer& timer)
     : c_(config),
+      fp16_(config.precision == Precision::kFp16),
       comm_(comm),
       timer_(timer),
       device_(parts.device),
@@ -92,8 +93,7 @@ TrainStep::TrainStep(const TrainConfig& config, Parts parts, Communicator& comm,
       backbone_step_(skippable(*optimizer_)),
       buffers_(take(parts.buffers, "buffer broadcast")),
       scaler_(device_) {
-  if (c_.precision == Precision::kFp16)
-    classifier_->set_inverse_loss_scale(scaler_.inverse_scale());
+  if (fp16_) classifier_->set_inverse_loss_scale(scaler_.inverse_scale());
 }
 
 void TrainStep::set_learning_rates(double factor) {
@@ -110,13 +110,12 @@ torch::Tensor TrainStep::forward_backward(const Batch& batch, const torch::Tenso
   buffers_->broadcast();
   // The classifier on embeddings from the last stages (none from the others): the loss, and by its
   // backward their gradient.
-  const bool fp16 = c_.precision == Precision::kFp16;
   const auto classify = [&](const torch::Tensor& embeddings, const torch::Tensor& part_labels) {
     timer_.mark("forward");
     const torch::Tensor part_loss = classifier_->forward(embeddings, part_labels);
     timer_.mark("backward");
     before_backward();
-    (fp16 ? part_loss * scaler_.scale() : part_loss).backward();
+    (fp16_ ? part_loss * scaler_.scale() : part_loss).backward();
     return part_loss;
   };
   // GPipe runs the classifier once on the replica's batch, which also updates its rows; 1F1B once
@@ -137,8 +136,7 @@ torch::Tensor TrainStep::finish_gradients() {
   timer_.mark("optimizer");
   // fp16: gradients unscaled, and a flag on the device that cancels the step on every rank if any
   // of them is not finite.
-  const torch::Tensor overflow =
-      c_.precision == Precision::kFp16 ? scaler_.unscale(sync_->buffers(), comm_) : torch::Tensor();
+  const torch::Tensor overflow = fp16_ ? scaler_.unscale(sync_->buffers(), comm_) : torch::Tensor();
   if (c_.grad_clip > 0) engine_->clip_gradient_norm(sync_->buffers(), c_.grad_clip);
   return overflow;
 }
@@ -147,7 +145,7 @@ void TrainStep::update(const torch::Tensor& overflow) {
   backbone_step_.step_unless(overflow);
   sync_->clear_gradients();
   timer_.stop();
-  if (c_.precision == Precision::kFp16) scaler_.update(overflow);
+  if (fp16_) scaler_.update(overflow);
 }
 
 TrainingState TrainStep::state() {
@@ -219,10 +217,9 @@ void TrainStepBuilder::build_stage(TrainStep::Parts& parts) const {
                                                   autocast_, c_.embedding_size);
   parts.engine->place_stage();
   parts.engine->set_phase_timer(&timer_);
-  Communicator& stage_comm = parts.stage_comm ? *parts.stage_comm : comms_.for_device(device_);
   std::vector<torch::Tensor> state;
   for (auto& [name, tensor] : parts.engine->stage_state()) state.push_back(tensor);
-  broadcast_tensors(state, stage_comm);
+  broadcast_tensors(state, stage_comm(parts));
   if (c_.sync_bn) {
     // Its own communicator: fixed shapes, so no per-call agreement; ordered with the classifier's
     // collectives by the stream both use.
@@ -245,9 +242,12 @@ void TrainStepBuilder::build_gradient_parts(TrainStep::Parts& parts) const {
   parts.sync = std::make_shared<GradientSynchronizer>(
       params, comms_.create_split(device_, layout.stage, layout.replica), c_.bucket_bytes,
       c_.grad_comm_dtype);
-  Communicator& stage_comm = parts.stage_comm ? *parts.stage_comm : comms_.for_device(device_);
   parts.buffers = std::make_unique<BufferBroadcast>(
-      c_.sync_bn ? std::vector<torch::Tensor>() : parts.engine->stage_buffers(), stage_comm);
+      c_.sync_bn ? std::vector<torch::Tensor>() : parts.engine->stage_buffers(), stage_comm(parts));
+}
+
+Communicator& TrainStepBuilder::stage_comm(const TrainStep::Parts& parts) const {
+  return parts.stage_comm ? *parts.stage_comm : comms_.for_device(device_);
 }
 
 void TrainStepBuilder::init_classifier(ShardedMarginSoftmax& classifier) const {

@@ -75,6 +75,7 @@ class TrainStep {
 
  private:
   const TrainConfig& c_;
+  bool fp16_;  // the loss is scaled, and a non-finite gradient skips the step
   Communicator& comm_;
   PhaseTimer& timer_;
   torch::Device device_;
@@ -108,6 +109,8 @@ class TrainStepBuilder {
   void build_classifier(TrainStep::Parts& parts) const;
   void build_stage(TrainStep::Parts& parts) const;
   void build_gradient_parts(TrainStep::Parts& parts) const;
+  // The ranks holding this rank's stage: the run's communicator with one stage.
+  Communicator& stage_comm(const TrainStep::Parts& parts) const;
   // Each rank reads its rows of --init-classifier.
   void init_classifier(ShardedMarginSoftmax& classifier) const;
 
