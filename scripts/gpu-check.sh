@@ -392,6 +392,12 @@ if wants pipeline; then
         "${bench[@]}" --batch-size 512 --label "P=2 M=8 $schedule" -- --pipeline-stages 2 --micro-batches 8 \
           --pipeline-schedule "$schedule" --cuda-graphs on 2>&1 | tee -a "$summary" || status=1
       done
+      # Interleaved 1F1B (2 chunks a stage) runs eagerly: against 1F1B eager, what the shorter
+      # bubble gains and the twice as many transfers cost.
+      for schedule in 1f1b interleaved; do
+        "${bench[@]}" --batch-size 512 --label "P=2 M=8 $schedule eager" -- --pipeline-stages 2 --micro-batches 8 \
+          --pipeline-schedule "$schedule" --cuda-graphs off 2>&1 | tee -a "$summary" || status=1
+      done
     else
       # One GPU: the cost of micro-batches, 256 images as 1 or 8 micro-batches, eager and recorded.
       bench=("$repo/scripts/bench-train.sh" --bin "$bin" --out "$out/bench-micro-batches" --gpus 1 --precisions bf16

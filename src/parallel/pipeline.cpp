@@ -39,6 +39,12 @@ PipelineLayout pipeline_layout(int world, int rank, int stages, int micro_batche
   return layout;
 }
 
+bool PipelineLayout::holds_block(int64_t b) const {
+  for (int c = 0; c < chunks; ++c)
+    if (begin_block(c) <= b && b < end_block(c)) return true;
+  return false;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -112,15 +118,12 @@ struct PipelineEngine::MicroBatch {
   torch::Tensor output;
 };
 
-// What the step's actions pass on to later ones, per micro-batch: a received input (until its
-// forward), an output in wire form (until it is sent), its gradient (until its backward) and the
-// input's gradient in wire form (until it is sent).
+// What the step's actions pass on to later ones, per micro-batch and chunk (item()): a received
+// input (until its forward), an output in wire form (until it is sent), its gradient (until its
+// backward) and the input's gradient in wire form (until it is sent).
 struct PipelineEngine::StepState {
-  explicit StepState(int m_count)
-      : inputs(static_cast<size_t>(m_count)),
-        outputs(static_cast<size_t>(m_count)),
-        grads(static_cast<size_t>(m_count)),
-        input_grads(static_cast<size_t>(m_count)) {}
+  explicit StepState(size_t items)
+      : inputs(items), outputs(items), grads(items), input_grads(items) {}
   std::vector<Activations> inputs;
   std::vector<std::vector<torch::Tensor>> outputs;
   std::vector<torch::Tensor> grads;
@@ -138,19 +141,20 @@ PipelineEngine::PipelineEngine(PipelineLayout layout, Backbone& backbone,
       device_(device),
       autocast_(autocast),
       embedding_size_(embedding_size),
-      actions_(
-          schedule_actions(layout_.schedule, layout_.stages, layout_.stage, layout_.micro_batches)),
+      actions_(schedule_actions(layout_.schedule, layout_.stages, layout_.stage,
+                                layout_.micro_batches, layout_.chunks)),
       clock_(std::make_unique<BusyClock>(device)) {
-  MYRIAD_CHECK(static_cast<int>(layout_.cut.size()) == layout_.stages + 1 &&
+  MYRIAD_CHECK(static_cast<int>(layout_.cut.size()) == layout_.stages * layout_.chunks + 1 &&
                    layout_.cut.front() == 0 && layout_.cut.back() == backbone.num_blocks(),
-               "a pipeline cut must cover the backbone's {} blocks", backbone.num_blocks());
+               "a pipeline cut must cover the backbone's {} blocks in {} virtual stages",
+               backbone.num_blocks(), layout_.stages * layout_.chunks);
   MYRIAD_CHECK(layout_.stages == 1 ||
                    (pipe_ && pipe_->size() == layout_.stages && pipe_->rank() == layout_.stage),
                "stage {} of {} needs a communicator of its pipeline's stages", layout_.stage,
                layout_.stages);
   std::unique_ptr<PartsStream> parts;
 #ifdef MYRIAD_WITH_CUDA
-  if (layout_.schedule == PipelineSchedule::k1F1B && !layout_.last() && device_.is_cuda())
+  if (classifier_in_parts(layout_.schedule) && !layout_.last() && device_.is_cuda())
     parts = std::make_unique<PartsStream>(device_.index());
 #endif
   transfers_ = std::make_unique<StageTransfers>(pipe_.get(), std::move(parts));
@@ -168,14 +172,22 @@ void PipelineEngine::set_timeline(Timeline* timeline) {
 }
 
 void PipelineEngine::place_stage() {
-  move_blocks(backbone_, layout_.begin_block(), layout_.end_block(), device_);
+  for (int c = 0; c < layout_.chunks; ++c)
+    move_blocks(backbone_, layout_.begin_block(c), layout_.end_block(c), device_);
+}
+
+bool PipelineEngine::holds(const std::string& name) const {
+  return layout_.holds_block(backbone_.block_of(name));
+}
+
+size_t PipelineEngine::item(int chunk, int m) const {
+  return static_cast<size_t>(chunk * layout_.micro_batches + m);
 }
 
 StateDict PipelineEngine::stage_state() {
   StateDict state;
   for (auto& [name, tensor] : backbone_.state_dict()) {
-    if (in_blocks(backbone_, name, layout_.begin_block(), layout_.end_block()))
-      state.emplace_back(name, tensor);
+    if (holds(name)) state.emplace_back(name, tensor);
   }
   return state;
 }
@@ -183,9 +195,7 @@ StateDict PipelineEngine::stage_state() {
 std::vector<torch::Tensor> PipelineEngine::stage_parameters() {
   std::vector<torch::Tensor> params;
   for (const auto& item : backbone_.named_parameters()) {
-    if (item.value().requires_grad() &&
-        in_blocks(backbone_, item.key(), layout_.begin_block(), layout_.end_block()))
-      params.push_back(item.value());
+    if (item.value().requires_grad() && holds(item.key())) params.push_back(item.value());
   }
   return params;
 }
@@ -193,8 +203,7 @@ std::vector<torch::Tensor> PipelineEngine::stage_parameters() {
 std::vector<torch::Tensor> PipelineEngine::stage_buffers() {
   std::vector<torch::Tensor> buffers;
   for (const auto& item : backbone_.named_buffers()) {
-    if (in_blocks(backbone_, item.key(), layout_.begin_block(), layout_.end_block()))
-      buffers.push_back(item.value());
+    if (holds(item.key())) buffers.push_back(item.value());
   }
   return buffers;
 }
@@ -234,7 +243,7 @@ const std::vector<torch::ScalarType> kGradientDtypes = {torch::ScalarType::Undef
 void PipelineEngine::split_step(const torch::Tensor& images, const torch::Tensor& keys,
                                 const torch::Tensor& labels) {
   const int m_count = layout_.micro_batches;
-  micro_batches_.assign(static_cast<size_t>(m_count), MicroBatch{});
+  micro_batches_.assign(item(layout_.chunks, 0), MicroBatch{});
   image_parts_.clear();
   key_parts_.clear();
   label_parts_.clear();
@@ -260,9 +269,9 @@ Activations PipelineEngine::received_input(std::vector<torch::Tensor> got) const
   return {from_wire(backbone_, got[0]).requires_grad_(true), std::move(got[1]), std::move(got[2])};
 }
 
-std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activations in) {
+std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int chunk, int m, Activations in) {
   phase("forward");
-  MicroBatch& mb = micro_batches_[m];
+  MicroBatch& mb = micro_batches_[item(chunk, m)];
   Activations out;
   const Timeline::Scope traced(timeline_, "forward", m);
   clock_->start();
@@ -270,12 +279,13 @@ std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int m, Activation
   if (graphs_) {
     out = graphs_->forward(m % graph_slots_, in);
   } else {
-    if (!layout_.first()) mb.input = in.x;
+    if (!layout_.takes_images(chunk)) mb.input = in.x;
     const AutocastGuard autocast(device_, autocast_);
-    out = backbone_.forward_blocks(std::move(in), layout_.begin_block(), layout_.end_block());
+    out = backbone_.forward_blocks(std::move(in), layout_.begin_block(chunk),
+                                   layout_.end_block(chunk));
   }
   clock_->stop();
-  if (layout_.last()) {
+  if (layout_.gives_embeddings(chunk)) {
     mb.output = out.x.to(torch::kFloat32);  // the graphs' output already is
     return {};
   }
@@ -309,8 +319,10 @@ void PipelineEngine::run_classifier(int part, StepState& state, const Classifier
   }
   MYRIAD_CHECK(embeddings.grad().defined(),
                "the classifier left the embeddings without a gradient: it must run backward");
+  // The gradients of the last chunk's outputs (GPipe's batch: of its only chunk's).
+  const int chunk = layout_.chunks - 1;
   if (part != kWholeBatch) {
-    state.grads[part] = embeddings.grad();
+    state.grads[item(chunk, part)] = embeddings.grad();
     return;
   }
   const std::vector<torch::Tensor> grads = embeddings.grad().chunk(layout_.micro_batches);
@@ -318,17 +330,18 @@ void PipelineEngine::run_classifier(int part, StepState& state, const Classifier
 }
 
 torch::Tensor PipelineEngine::classifier_input(int part) const {
-  if (part != kWholeBatch) return micro_batches_[part].output.detach();
+  if (part != kWholeBatch) return micro_batches_[item(layout_.chunks - 1, part)].output.detach();
   std::vector<torch::Tensor> outputs;
   for (const MicroBatch& mb : micro_batches_) outputs.push_back(mb.output.detach());
   return outputs.size() == 1 ? outputs[0] : torch::cat(outputs);
 }
 
-torch::Tensor PipelineEngine::backward_micro_batch(int m, const torch::Tensor& grad,
+torch::Tensor PipelineEngine::backward_micro_batch(int chunk, int m, const torch::Tensor& grad,
                                                    GradientSynchronizer& sync, bool last_pass) {
   phase("backward");
-  MicroBatch& mb = micro_batches_[m];
-  const torch::Tensor incoming = layout_.last() ? grad : from_wire(backbone_, grad);
+  MicroBatch& mb = micro_batches_[item(chunk, m)];
+  const torch::Tensor incoming =
+      layout_.gives_embeddings(chunk) ? grad : from_wire(backbone_, grad);
   fault_stall("backward", layout_.rank());
   torch::Tensor input_grad;
   const Timeline::Scope traced(timeline_, "backward", m);
@@ -339,11 +352,11 @@ torch::Tensor PipelineEngine::backward_micro_batch(int m, const torch::Tensor& g
   } else {
     sync.begin_pass(last_pass);
     torch::autograd::backward({mb.output}, {incoming});
-    if (!layout_.first()) input_grad = mb.input.grad();
+    if (!layout_.takes_images(chunk)) input_grad = mb.input.grad();
   }
   clock_->stop();
   mb = MicroBatch{};
-  return layout_.first() ? torch::Tensor() : to_wire(backbone_, input_grad);
+  return layout_.takes_images(chunk) ? torch::Tensor() : to_wire(backbone_, input_grad);
 }
 
 torch::Tensor PipelineEngine::train_step(const torch::Tensor& images, const torch::Tensor& keys,
@@ -362,6 +375,8 @@ torch::Tensor PipelineEngine::train_step(const torch::Tensor& images, const torc
 }
 
 void PipelineEngine::use_cuda_graphs(bool on) {
+  MYRIAD_CHECK(!on || layout_.chunks == 1,
+               "CUDA graphs do not run the interleaved schedule's chunks: use --cuda-graphs off");
   graphs_wanted_ = on;
   if (on || !graphs_) return;
   graphs_.reset();
@@ -387,14 +402,14 @@ std::unique_ptr<StageGraphs> PipelineEngine::make_graphs() {
     StageGraphs::SlotUse& use = uses[static_cast<size_t>(m % slots)];
     (m == last ? use.last_pass : use.other_passes) = true;
   }
-  return std::make_unique<StageGraphs>(backbone_, layout_.begin_block(), layout_.end_block(),
+  return std::make_unique<StageGraphs>(backbone_, layout_.begin_block(0), layout_.end_block(0),
                                        autocast_, stage_parameters(), !layout_.first(),
                                        layout_.last(), std::move(uses));
 }
 
 torch::Tensor PipelineEngine::run_schedule(const ClassifierStep& classify,
                                            GradientSynchronizer& sync) {
-  StepState state(layout_.micro_batches);
+  StepState state(item(layout_.chunks, 0));
   if (PartsStream* parts = transfers_->parts()) parts->mark();
   for (const Action& action : actions_) run_action(action, state, classify, sync);
   // What follows the step (the classifier's update, the optimizer) runs after every part.
@@ -404,63 +419,74 @@ torch::Tensor PipelineEngine::run_schedule(const ClassifierStep& classify,
 
 void PipelineEngine::run_action(const Action& a, StepState& state, const ClassifierStep& classify,
                                 GradientSynchronizer& sync) {
-  const int m = a.micro_batch, previous = layout_.stage - 1, next = layout_.stage + 1;
+  // Interleaved, the first stage's previous is the last, whose next is the first.
+  const int previous = (layout_.stage + layout_.stages - 1) % layout_.stages;
+  const int next = (layout_.stage + 1) % layout_.stages;
+  const size_t x = a.micro_batch == kWholeBatch ? 0 : item(a.chunk, a.micro_batch);
+  const size_t received = a.received < 0 ? 0 : item(a.received_chunk, a.received);
   const auto take = [](auto& slot) { return std::exchange(slot, {}); };
   switch (a.kind) {
     case ActionKind::kRecvActivation:
-      state.inputs[m] = received_input(transfers_->recv(kActivationDtypes, previous));
+      state.inputs[x] = received_input(transfers_->recv(kActivationDtypes, previous));
       return;
     case ActionKind::kForward:
-      state.outputs[m] =
-          forward_micro_batch(m, layout_.first() ? local_input(m) : take(state.inputs[m]));
+      state.outputs[x] = forward_micro_batch(
+          a.chunk, a.micro_batch,
+          layout_.takes_images(a.chunk) ? local_input(a.micro_batch) : take(state.inputs[x]));
       return;
     case ActionKind::kSendActivation:
-      transfers_->send(take(state.outputs[m]), next);
+      transfers_->send(take(state.outputs[x]), next);
       return;
     case ActionKind::kSendActivationRecvGradient:
-      state.grads[a.received] =
-          transfers_->exchange(take(state.outputs[m]), kGradientDtypes, next)[0];
+      state.grads[received] =
+          transfers_->exchange(take(state.outputs[x]), kGradientDtypes, next)[0];
       return;
     case ActionKind::kClassifier:
-      run_classifier(m, state, classify);
+      run_classifier(a.micro_batch, state, classify);
       return;
     case ActionKind::kRecvGradient:
-      state.grads[m] = transfers_->recv(kGradientDtypes, next)[0];
+      state.grads[x] = transfers_->recv(kGradientDtypes, next)[0];
       return;
     case ActionKind::kAllReduce:
       state.last_pass = true;
       return;
     case ActionKind::kBackward:
-      state.input_grads[m] = backward_micro_batch(m, take(state.grads[m]), sync,
-                                                  std::exchange(state.last_pass, false));
+      state.input_grads[x] = backward_micro_batch(a.chunk, a.micro_batch, take(state.grads[x]),
+                                                  sync, std::exchange(state.last_pass, false));
       return;
     case ActionKind::kSendGradient:
-      transfers_->send({take(state.input_grads[m])}, previous);
+      transfers_->send({take(state.input_grads[x])}, previous);
       return;
     case ActionKind::kSendGradientRecvActivation:
-      state.inputs[a.received] = received_input(
-          transfers_->exchange({take(state.input_grads[m])}, kActivationDtypes, previous));
+      state.inputs[received] = received_input(
+          transfers_->exchange({take(state.input_grads[x])}, kActivationDtypes, previous));
       return;
   }
 }
 
 torch::Tensor PipelineEngine::infer(const torch::Tensor& images) {
   torch::NoGradGuard no_grad;
-  Activations in;
-  if (layout_.first()) {
-    in = {backbone_.in_layout(images), torch::Tensor(), torch::Tensor()};
-  } else {
-    std::vector<torch::Tensor> got = pipe_->recv(
-        {torch::ScalarType::Undefined, torch::kInt64, torch::kInt64}, layout_.stage - 1);
-    in = {from_wire(backbone_, got[0]), got[1], got[2]};
+  const std::vector<torch::ScalarType> dtypes = {torch::ScalarType::Undefined, torch::kInt64,
+                                                 torch::kInt64};
+  const int previous = (layout_.stage + layout_.stages - 1) % layout_.stages;
+  const int next = (layout_.stage + 1) % layout_.stages;
+  // The batch passes every chunk in turn: interleaved, through every stage once per chunk.
+  for (int c = 0; c < layout_.chunks; ++c) {
+    Activations in;
+    if (layout_.takes_images(c)) {
+      in = {backbone_.in_layout(images), torch::Tensor(), torch::Tensor()};
+    } else {
+      std::vector<torch::Tensor> got = pipe_->recv(dtypes, previous);
+      in = {from_wire(backbone_, got[0]), got[1], got[2]};
+    }
+    Activations out;
+    {
+      const AutocastGuard autocast(device_, autocast_);
+      out = backbone_.forward_blocks(std::move(in), layout_.begin_block(c), layout_.end_block(c));
+    }
+    if (layout_.gives_embeddings(c)) return out.x.to(torch::kFloat32);
+    pipe_->send({to_wire(backbone_, out.x), out.keys, out.restore}, next);
   }
-  Activations out;
-  {
-    const AutocastGuard autocast(device_, autocast_);
-    out = backbone_.forward_blocks(std::move(in), layout_.begin_block(), layout_.end_block());
-  }
-  if (layout_.last()) return out.x.to(torch::kFloat32);
-  pipe_->send({to_wire(backbone_, out.x), out.keys, out.restore}, layout_.stage + 1);
   return torch::empty({0, embedding_size_}, torch::dtype(torch::kFloat32).device(device_));
 }
 

@@ -89,7 +89,8 @@ std::optional<StageCut> balance_stages(const std::vector<BlockCost>& costs,
   return evaluate_cut(costs, cut, in_flight);
 }
 
-std::vector<int64_t> parse_pipeline_split(const std::string& text, int stages, int64_t blocks) {
+std::vector<int64_t> parse_pipeline_split(const std::string& text, int stages, int64_t blocks,
+                                          int chunks) {
   std::vector<int64_t> cut = {0};
   std::stringstream in(text);
   std::string item;
@@ -104,11 +105,16 @@ std::vector<int64_t> parse_pipeline_split(const std::string& text, int stages, i
     }
   }
   cut.push_back(blocks);
-  if (static_cast<int>(cut.size()) != stages + 1) {
+  const int wanted = stages * chunks;
+  if (static_cast<int>(cut.size()) != wanted + 1) {
+    const std::string run = chunks == 1
+                                ? str_format("--pipeline-stages is {}", stages)
+                                : str_format("--pipeline-stages {} x --virtual-stages {} is {}",
+                                             stages, chunks, wanted);
     throw UsageError(str_format(
-        "--pipeline-split '{}' gives {} stages, --pipeline-stages is {}: it lists the first block "
-        "of every stage but the first, {} number(s)",
-        text, cut.size() - 1, stages, stages - 1));
+        "--pipeline-split '{}' gives {} stages, {}: it lists the first block of every stage but "
+        "the first, {} number(s)",
+        text, cut.size() - 1, run, wanted - 1));
   }
   for (size_t s = 0; s + 1 < cut.size(); ++s) {
     if (cut[s] >= cut[s + 1]) {

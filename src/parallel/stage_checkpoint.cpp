@@ -66,11 +66,15 @@ std::vector<NamedParamState> gather_stages_for_save(const PipelineLayout& layout
                                                     const torch::Device& device) {
   std::vector<NamedParamState> gathered;
   if (layout.stages == 1 || layout.replica != 0) return gathered;
+  // Stage by stage, chunk by chunk: virtual stage c P + s holds blocks [cut[c P + s], ... + 1).
   for (int s = 1; s < layout.stages; ++s) {
-    const int64_t begin = layout.cut[s], end = layout.cut[s + 1];
-    if (layout.stage == s) send_stage(backbone, pipe, optimizer, begin, end, device);
-    if (layout.stage == 0)
-      receive_stage(backbone, pipe, state_names(optimizer), s, begin, end, gathered);
+    for (int c = 0; c < layout.chunks; ++c) {
+      const int k = c * layout.stages + s;
+      const int64_t begin = layout.cut[k], end = layout.cut[k + 1];
+      if (layout.stage == s) send_stage(backbone, pipe, optimizer, begin, end, device);
+      if (layout.stage == 0)
+        receive_stage(backbone, pipe, state_names(optimizer), s, begin, end, gathered);
+    }
   }
   return gathered;
 }

@@ -8,7 +8,8 @@
 namespace myriad {
 
 bool cuda_graphs_possible(const TrainConfig& config, const torch::Device& device) {
-  return device.is_cuda() && !config.sync_bn && !config.activation_checkpointing;
+  return device.is_cuda() && !config.sync_bn && !config.activation_checkpointing &&
+         config.pipeline_schedule != ScheduleChoice::kInterleaved;
 }
 
 bool cuda_graphs_expected(const TrainConfig& config, const torch::Device& device) {

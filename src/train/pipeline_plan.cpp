@@ -81,15 +81,37 @@ void log_plan(const TrainConfig& c, const Backbone& backbone, const std::vector<
           format_bytes(costs[b].activation_bytes), format_bytes(costs[b].state_bytes));
     }
   }
-  for (size_t s = 0; s + 1 < cut.size(); ++s) {
+  const int stages = c.pipeline_stages;
+  for (size_t k = 0; k + 1 < cut.size(); ++k) {
+    const int chunk = static_cast<int>(k) / stages;
     log_info(
-        "pipeline stage {}: blocks [{}, {}) ({} to {}), predicted {:.2f} ms per micro-batch "
+        "pipeline stage {}{}: blocks [{}, {}) ({} to {}), predicted {:.2f} ms per micro-batch "
         "eagerly (bound by {}), {:.2f} replayed as CUDA graphs, {}",
-        s, cut[s], cut[s + 1], backbone.block_name(cut[s]), backbone.block_name(cut[s + 1] - 1),
-        predicted.eager_ms[s],
-        predicted.eager_ms[s] > predicted.replay_ms[s] ? "the host's launches" : "the device",
-        predicted.replay_ms[s], format_bytes(stage_bytes[s]));
+        static_cast<int>(k) % stages,
+        cut.size() - 1 > static_cast<size_t>(stages) ? str_format(" chunk {}", chunk) : "", cut[k],
+        cut[k + 1], backbone.block_name(cut[k]), backbone.block_name(cut[k + 1] - 1),
+        predicted.eager_ms[k],
+        predicted.eager_ms[k] > predicted.replay_ms[k] ? "the host's launches" : "the device",
+        predicted.replay_ms[k], format_bytes(stage_bytes[k]));
   }
+}
+
+PipelineSchedule schedule_of(ScheduleChoice choice) {
+  switch (choice) {
+    case ScheduleChoice::k1F1B:
+      return PipelineSchedule::k1F1B;
+    case ScheduleChoice::kInterleaved:
+      return PipelineSchedule::kInterleaved;
+    default:
+      return PipelineSchedule::kGPipe;
+  }
+}
+
+// Each stage's time per micro-batch: the sum of its chunks' (virtual stages c P + s).
+std::vector<double> stage_ms(const std::vector<double>& seconds, int stages) {
+  std::vector<double> ms(static_cast<size_t>(stages), 0.0);
+  for (size_t k = 0; k < seconds.size(); ++k) ms[k % stages] += 1e3 * seconds[k];
+  return ms;
 }
 
 }  // namespace
@@ -98,26 +120,30 @@ PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicato
                            const torch::Device& device, std::optional<torch::ScalarType> autocast) {
   const int64_t blocks = backbone.num_blocks();
   const int stages = c.pipeline_stages;
-  MYRIAD_CHECK_COLLECTIVE(blocks >= stages,
-                          "--pipeline-stages {}: backbone {} has only {} blocks to cut", stages,
-                          c.backbone, blocks);
   PipelinePlan plan;
+  plan.schedule = schedule_of(c.pipeline_schedule);
+  plan.chunks = plan.schedule == PipelineSchedule::kInterleaved ? c.virtual_stages : 1;
+  const int chunks = plan.chunks;
+  MYRIAD_CHECK_COLLECTIVE(
+      blocks >= stages * chunks, "--pipeline-stages {}{}: backbone {} has only {} blocks to cut",
+      stages, chunks > 1 ? str_format(" x --virtual-stages {}", chunks) : "", c.backbone, blocks);
   plan.cut = {0, blocks};
-  if (!c.pipeline_split.empty()) plan.cut = parse_pipeline_split(c.pipeline_split, stages, blocks);
-  plan.schedule = c.pipeline_schedule == ScheduleChoice::k1F1B ? PipelineSchedule::k1F1B
-                                                               : PipelineSchedule::kGPipe;
+  if (!c.pipeline_split.empty())
+    plan.cut = parse_pipeline_split(c.pipeline_split, stages, blocks, chunks);
   const bool profile = c.pipeline_profile || (stages > 1 && c.pipeline_split.empty());
   if (!profile) return plan;
 
   const std::vector<BlockCost> measured = block_costs(c, backbone, mpi, rank, device, autocast);
   const std::vector<BlockCost> replayed = replayed_costs(measured);
   const std::vector<BlockCost>& costs = cuda_graphs_expected(c, device) ? replayed : measured;
-  const double memory = stage_memory(c, device, mpi);
+  // Interleaved, each of a stage's v chunks may take a v-th of its memory: a bound on their sum
+  // that the balancer's cut into consecutive pieces can check piece by piece.
+  const double memory = stage_memory(c, device, mpi) / chunks;
   // The fastest cut that fits under `schedule` (the hand cut, if it fits), or none.
   const bool balance = c.pipeline_split.empty() && stages > 1;
   const auto fitting = [&](PipelineSchedule schedule) -> std::optional<StageCut> {
     const std::vector<int64_t> in_flight =
-        micro_batches_in_flight(schedule, stages, c.micro_batches);
+        micro_batches_in_flight(schedule, stages, c.micro_batches, chunks);
     if (balance) return balance_stages(costs, in_flight, memory);
     StageCut given = evaluate_cut(costs, plan.cut, in_flight);
     const double most = *std::max_element(given.stage_bytes.begin(), given.stage_bytes.end());
@@ -137,14 +163,14 @@ PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicato
     }
   }
   const std::vector<int64_t> in_flight =
-      micro_batches_in_flight(plan.schedule, stages, c.micro_batches);
+      micro_batches_in_flight(plan.schedule, stages, c.micro_batches, chunks);
   if (balance) {
     MYRIAD_CHECK_COLLECTIVE(
         best.has_value(),
         "no cut of {}'s {} blocks into {} stages fits in {} per GPU, with the activations of {} "
         "micro-batches of {} samples held ({}): use more stages, a smaller --batch-size{}, or "
         "--activation-checkpointing",
-        c.backbone, blocks, stages, format_bytes(memory), in_flight.front(),
+        c.backbone, blocks, stages * chunks, format_bytes(memory * chunks), in_flight.front(),
         c.batch_size / c.micro_batches, schedule_name(plan.schedule),
         c.pipeline_schedule == ScheduleChoice::kGPipe && c.micro_batches > 1
             ? ", --pipeline-schedule 1f1b"
@@ -154,11 +180,10 @@ PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicato
   // A cut's memory is the same under either cost: only its times differ.
   const StageCut eager = evaluate_cut(measured, plan.cut, in_flight);
   const StageCut replay = evaluate_cut(replayed, plan.cut, in_flight);
-  for (size_t s = 0; s < eager.stage_seconds.size(); ++s) {
-    plan.predicted.eager_ms.push_back(1e3 * eager.stage_seconds[s]);
-    plan.predicted.replay_ms.push_back(1e3 * replay.stage_seconds[s]);
-  }
-  log_plan(c, backbone, measured, plan.cut, eager.stage_bytes, plan.predicted);
+  log_plan(c, backbone, measured, plan.cut, eager.stage_bytes,
+           {stage_ms(eager.stage_seconds, stages * chunks),
+            stage_ms(replay.stage_seconds, stages * chunks)});
+  plan.predicted = {stage_ms(eager.stage_seconds, stages), stage_ms(replay.stage_seconds, stages)};
   return plan;
 }
 

@@ -123,8 +123,9 @@ void ProgressReport::write(const StepEnd& e) {
 }
 
 // With several stages or micro-batches: what each stage computed (busy, not waiting), the bubble
-// that leaves against GPipe's (P - 1) / (M + P - 1), and the bytes sent between stages; logged by
-// rank 0, recorded in the metrics. Collective.
+// that leaves against the schedule's ideal (GPipe's and 1F1B's (P - 1) / (M + P - 1), with v
+// interleaved chunks (P - 1) / (v M + P - 1)), and the bytes sent between stages; logged by rank
+// 0, recorded in the metrics. Collective.
 nlohmann::json ProgressReport::pipeline_record(double step_seconds) {
   const PipelineTimes mine = s_.engine.take_times();
   const PipelineLayout& layout = s_.engine.layout();
@@ -147,23 +148,28 @@ nlohmann::json ProgressReport::pipeline_record(double step_seconds) {
   }
   const double mean_busy = per_stage.select(1, 0).mean().item<double>();
   const double bubble = std::max(0.0, 1.0 - mean_busy / step_seconds);
-  const double ideal = static_cast<double>(layout.stages - 1) /
-                       static_cast<double>(layout.micro_batches + layout.stages - 1);
+  const auto ideal_bubble = [&layout](int chunks) {
+    return static_cast<double>(layout.stages - 1) /
+           static_cast<double>(chunks * layout.micro_batches + layout.stages - 1);
+  };
+  const double ideal = ideal_bubble(layout.chunks);
   const double bytes = per_stage.select(1, 1).sum().item<double>();
   log_info(
       "pipeline: {} stage(s) x {} micro-batches ({}), stages busy {} ms of {:.1f} ms per step ({} "
-      "ms per micro-batch{}): bubble {:.0f}% (ideal (P-1)/(M+P-1) = {:.0f}%), {} sent between "
+      "ms per micro-batch{}): bubble {:.0f}% (ideal (P-1)/({}M+P-1) = {:.0f}%), {} sent between "
       "stages per replica and step",
       layout.stages, layout.micro_batches, schedule_name(layout.schedule), busy_text,
       1e3 * step_seconds, per_micro_batch_text,
-      predicted_text.empty() ? "" : "; predicted " + predicted_text, 100.0 * bubble, 100.0 * ideal,
-      format_bytes(bytes));
+      predicted_text.empty() ? "" : "; predicted " + predicted_text, 100.0 * bubble,
+      layout.chunks == 1 ? "" : "v", 100.0 * ideal, format_bytes(bytes));
   nlohmann::json record = {{"stages", layout.stages},
                            {"micro_batches", layout.micro_batches},
                            {"schedule", schedule_name(layout.schedule)},
                            {"stage_busy_ms", busy_ms},
+                           {"chunks", layout.chunks},
                            {"bubble", bubble},
-                           {"gpipe_bubble", ideal},
+                           {"ideal_bubble", ideal},
+                           {"gpipe_bubble", ideal_bubble(1)},
                            {"bytes_per_step", bytes}};
   if (!predicted.empty()) record["predicted_stage_ms"] = predicted;
   return record;

@@ -42,8 +42,9 @@ void require(bool ok, const std::string& message) {
 constexpr std::array<Precision, 4> kPrecisions = {Precision::kAuto, Precision::kFp32,
                                                   Precision::kBf16, Precision::kFp16};
 constexpr std::array<Toggle, 3> kToggles = {Toggle::kAuto, Toggle::kOn, Toggle::kOff};
-constexpr std::array<ScheduleChoice, 3> kSchedules = {ScheduleChoice::kAuto, ScheduleChoice::kGPipe,
-                                                      ScheduleChoice::k1F1B};
+constexpr std::array<ScheduleChoice, 4> kSchedules = {ScheduleChoice::kAuto, ScheduleChoice::kGPipe,
+                                                      ScheduleChoice::k1F1B,
+                                                      ScheduleChoice::kInterleaved};
 constexpr std::array<OptimizerKind, 2> kOptimizers = {OptimizerKind::kSgd, OptimizerKind::kAdamW};
 constexpr std::array<LrScheduleKind, 3> kLrSchedules = {
     LrScheduleKind::kPoly, LrScheduleKind::kCosine, LrScheduleKind::kStep};
@@ -131,7 +132,8 @@ po::options_description train_options(TrainConfig& c) {
       ("micro-batches", po::value(&c.micro_batches)->default_value(c.micro_batches), "micro-batches per step: gradient accumulation, and what pipeline stages overlap (must divide --batch-size)")
       ("pipeline-stages", po::value(&c.pipeline_stages)->default_value(c.pipeline_stages), "cut the backbone into this many consecutive stages on neighbouring ranks (must divide the ranks; docs/pipeline.md)")
       ("pipeline-split", po::value(&c.pipeline_split), "the first block of each stage after the first, e.g. 26,52,78 (default: the fastest cut, from a profile of every block)")
-      ("pipeline-schedule", po::value<std::string>()->default_value(name_of(c.pipeline_schedule)), "gpipe (all forwards, then all backwards: fastest), 1f1b (stage s holds min(P - s, M) micro-batches: the most memory left), or auto: gpipe unless the profile says its micro-batches do not fit")
+      ("pipeline-schedule", po::value<std::string>()->default_value(name_of(c.pipeline_schedule)), "gpipe (all forwards, then all backwards: fastest), 1f1b (stage s holds min(P - s, M) micro-batches: the most memory left), interleaved (Megatron-LM's interleaved 1F1B: each stage holds --virtual-stages chunks of the backbone, and the bubble shrinks by as much), or auto: gpipe unless the profile says its micro-batches do not fit")
+      ("virtual-stages", po::value(&c.virtual_stages)->default_value(c.virtual_stages), "under --pipeline-schedule interleaved, the chunks of the backbone each stage holds (2 or more): a micro-batch passes every stage that many times")
       ("pipeline-profile", po::bool_switch(&c.pipeline_profile), "log every block's profiled time and memory, and the cut's predicted stage times (also with one stage)")
       ("pipeline-memory", po::value<std::string>()->default_value("0"), "memory a stage may use per GPU (e.g. 70G; 0: what the device has left after the classifier)")
       ("epochs", count_option(&c.epochs), "passes over the training data")
@@ -230,6 +232,25 @@ void read_text_options(const po::variables_map& values, TrainConfig& c) {
   if (c.classifier_weight_decay < 0.0) c.classifier_weight_decay = c.weight_decay;
 }
 
+// The interleaved schedule's shape: what Megatron-LM's interleaved order runs.
+void finish_interleaved_options(const TrainConfig& c) {
+  if (c.pipeline_schedule != ScheduleChoice::kInterleaved) {
+    require(c.virtual_stages == TrainConfig().virtual_stages,
+            "--virtual-stages needs --pipeline-schedule interleaved");
+    return;
+  }
+  require(c.pipeline_stages >= 2,
+          "--pipeline-schedule interleaved needs --pipeline-stages 2 or more");
+  require(c.virtual_stages >= 2, "--virtual-stages must be 2 or more");
+  require(c.micro_batches % c.pipeline_stages == 0,
+          str_format("--pipeline-schedule interleaved runs the micro-batches in groups of one per "
+                     "stage: --micro-batches {} is not a multiple of --pipeline-stages {}",
+                     c.micro_batches, c.pipeline_stages));
+  require(c.cuda_graphs != Toggle::kOn,
+          "--cuda-graphs on and --pipeline-schedule interleaved exclude each other (a stage's "
+          "chunks are not recorded)");
+}
+
 // The model's, the batch's and the pipeline's options: choices parsed, values checked.
 void finish_model_options(const po::variables_map& values, TrainConfig& c) {
   require(!c.run_dir.empty(), "--run-dir must not be empty");
@@ -256,6 +277,7 @@ void finish_model_options(const po::variables_map& values, TrainConfig& c) {
   require(c.cuda_graphs != Toggle::kOn || !c.activation_checkpointing,
           "--cuda-graphs on and --activation-checkpointing exclude each other");
   c.pipeline_schedule = choice(values, "pipeline-schedule", kSchedules);
+  finish_interleaved_options(c);
 }
 
 // The optimizer's, the run's and the checkpoints' options: choices parsed, values checked.
@@ -403,6 +425,8 @@ const char* to_string(ScheduleChoice schedule) {
       return "gpipe";
     case ScheduleChoice::k1F1B:
       return "1f1b";
+    case ScheduleChoice::kInterleaved:
+      return "interleaved";
   }
   MYRIAD_THROW("no ScheduleChoice {}", static_cast<int>(schedule));
 }

@@ -118,15 +118,16 @@ torch::Tensor TrainStep::forward_backward(const Batch& batch, const torch::Tenso
     (fp16_ ? part_loss * scaler_.scale() : part_loss).backward();
     return part_loss;
   };
-  // GPipe runs the classifier once on the replica's batch, which also updates its rows; 1F1B once
-  // per micro-batch, and its rows are updated once all have passed. The backbone's gradients are
-  // summed over the micro-batches and, in the last backward pass, over the replicas.
-  const bool classifier_in_parts = layout_.schedule == PipelineSchedule::k1F1B;
-  if (classifier_in_parts) classifier_->begin_parts(labels, engine_->part_rows(labels));
+  // GPipe runs the classifier once on the replica's batch, which also updates its rows; 1F1B (and
+  // interleaved) once per micro-batch, and its rows are updated once all have passed. The
+  // backbone's gradients are summed over the micro-batches and, in the last backward pass, over the
+  // replicas.
+  const bool in_parts = classifier_in_parts(layout_.schedule);
+  if (in_parts) classifier_->begin_parts(labels, engine_->part_rows(labels));
   const torch::Tensor loss = engine_->train_step(
       layout_.first() ? batch.images.to(device_, /*non_blocking=*/true) : torch::Tensor(), keys,
       labels, classify, *sync_);
-  if (classifier_in_parts) classifier_->finish_parts();
+  if (in_parts) classifier_->finish_parts();
   return loss;
 }
 
@@ -206,6 +207,7 @@ void TrainStepBuilder::build_stage(TrainStep::Parts& parts) const {
       plan_pipeline(c_, backbone, comms_.mpi(), context_.rank(), device_, autocast_);
   parts.layout.cut = plan.cut;
   parts.layout.schedule = plan.schedule;
+  parts.layout.chunks = plan.chunks;
   parts.predicted_stage_ms = std::move(plan.predicted);
   const PipelineLayout& layout = parts.layout;
   std::unique_ptr<Communicator> pipe;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # myriad-bench backbone end to end, on the CPU at 2 ranks: the step is timed and set beside its
 # roofline; the CSV's kinds add up to the floor it prints, and FLOPs and bytes grow with the batch
-# as the census counts them. Bad options fail on every rank with one error line and no output.
+# as the census counts them; the backward split as ZB-H1 splits it gives one backward's gradients.
+# Bad options fail on every rank with one error line and no output.
 #   tests/e2e/backbone_bench.sh BIN_DIR
 source "$(dirname "$0")/common.sh"
 py=$(python_with csv)
@@ -45,6 +46,23 @@ for name in ("convolution", "GEMM"):
 text = open(f"{work}/out8.txt").read()
 ratio = float(re.search(r"the measured step is ([0-9.]+)x its floor", text).group(1))
 assert abs(ratio - f(step, "measured_ms") / f(step, "floor_ms")) <= 0.01 * ratio + 0.005, (ratio, step)
+PY
+
+# --split-backward: the backward as ZB-H1 splits it, the input's gradient and then the weights', gives
+# the gradients of one backward, and its times add up.
+bench --batch-size 4 --split-backward >"$work/split.txt"
+"$py" - "$work/split.txt" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+# Times are differences of timed loops: on this shared machine a tiny net's may come out negative.
+m = re.search(r"the input's gradient ([-0-9.]+) ms, the weights' after it ([-0-9.]+) ms; together "
+              r"([-0-9.]+) ms against ([-0-9.]+) ms for one backward \([^)]*%\); their "
+              r"gradients ([0-9.e+-]+) of the largest apart", text)
+assert m, text
+b, w, together, whole, apart = (float(g) for g in m.groups())
+assert abs(together - (b + w)) <= 0.002, m.groups()
+assert apart <= 1e-5, f"the split backward's gradients are {apart} apart from one backward's"
+print(f"split backward: B {b} ms + W {w} ms against {whole} ms, gradients {apart} apart")
 PY
 
 # bad_option EXPECTED-TEXT OPTIONS...: fails on both ranks, one error line naming the problem,

@@ -316,8 +316,14 @@ expect P7 2 "--pipeline-split '1,2' gives 3 stages, --pipeline-stages is 2" $(tr
 expect P8 2 "--pipeline-split must be a comma list of block numbers, got 'x'" $(train --pipeline-stages 2 --pipeline-split x)
 expect P9 5 "--pipeline-stages 5: backbone smallcnn has only 4 blocks to cut" $(train --pipeline-stages 5)
 expect P10 2 "no cut of smallcnn's 4 blocks into 2 stages fits in 1.00 KiB per GPU, with the activations of 1 micro-batches of 8 samples held \\(gpipe\\)" $(train --pipeline-stages 2 --pipeline-memory 1K)
-expect P11 2 "--pipeline-schedule must be auto, gpipe or 1f1b, got 'pipedream'" $(train --pipeline-schedule pipedream)
+expect P11 2 "--pipeline-schedule must be auto, gpipe, 1f1b or interleaved, got 'pipedream'" $(train --pipeline-schedule pipedream)
 expect P12 2 "no cut of smallcnn's 4 blocks into 2 stages fits in 1.00 KiB per GPU, with the activations of 2 micro-batches of 2 samples held \\(1f1b\\)" $(train --pipeline-stages 2 --micro-batches 4 --pipeline-memory 1K)
+expect P13 2 "--virtual-stages needs --pipeline-schedule interleaved" $(train --pipeline-stages 2 --virtual-stages 3)
+expect P14 2 "--pipeline-schedule interleaved needs --pipeline-stages 2 or more" $(train --pipeline-schedule interleaved)
+expect P15 2 "--pipeline-schedule interleaved runs the micro-batches in groups of one per stage: --micro-batches 1 is not a multiple of --pipeline-stages 2" $(train --pipeline-stages 2 --pipeline-schedule interleaved)
+expect P16 2 "--pipeline-stages 2 x --virtual-stages 4: backbone smallcnn has only 4 blocks to cut" $(train --pipeline-stages 2 --pipeline-schedule interleaved --micro-batches 2 --virtual-stages 4)
+expect P17 2 "--cuda-graphs on and --pipeline-schedule interleaved exclude each other" $(train --pipeline-stages 2 --pipeline-schedule interleaved --micro-batches 2 --cuda-graphs on)
+expect P18 2 "--pipeline-split '2' gives 2 stages, --pipeline-stages 2 x --virtual-stages 2 is 4" $(train --pipeline-stages 2 --pipeline-schedule interleaved --micro-batches 2 --pipeline-split 2)
 
 # --- checkpoints --------------------------------------------------------------------------------
 expect C1 2 "checkpoint.*nowhere.*(missing|incomplete)" $(train --resume "$fix/nowhere")

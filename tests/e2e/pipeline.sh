@@ -3,14 +3,17 @@
 #  * equivalence: an IResNet (batch norm) and a ViT (masking, drop path) cut into P = 2 and P = 3
 #    stages give the losses of the first 3 steps, and the parameters after them, of P = 1 on the
 #    same global batch within 1e-5 (relative): 2 ranks with P = 2 and 3 ranks with P = 3 against 1
-#    rank, on the GPipe and the 1F1B schedule, 1F1B with P = 1 against GPipe, and 4 ranks with
+#    rank, on the GPipe and the 1F1B schedule, and with P = 2 on the interleaved one (2 chunks a
+#    stage, the last sending back to the first), 1F1B with P = 1 against GPipe, and 4 ranks with
 #    P = 2 against 2 ranks with P = 1;
 #  * the timeline (--timeline) of r18's runs: each stage's passes in its schedule's order, and after
 #    its neighbours' across the ranks' timelines;
+#  * evaluation through 2 stages, and through their 4 interleaved chunks, as one rank evaluates;
 #  * resume across P and W: a run stopped with P = 2 resumes with P = 1 (2 -> 1 stage, 4 -> 2
 #    ranks), one stopped with P = 1 resumes with P = 2 (1 -> 2 stages), and one with a hand cut
-#    resumes with the profiled one, and one on 1F1B resumes on GPipe; the resumed losses match an
-#    uninterrupted run with the resumed layout within 1e-5.
+#    resumes with the profiled one, one on 1F1B resumes on GPipe, and one interleaved (its chunks
+#    gathered for the checkpoint) on 1F1B; the resumed losses match an uninterrupted run with the
+#    resumed layout within 1e-5.
 #   tests/e2e/pipeline.sh BIN_DIR
 source "$(dirname "$0")/common.sh"
 py=$(python_with h5py numpy)
@@ -123,16 +126,20 @@ for case in "r18 3x32x32" "vit_t 3x18x18"; do
   read -r net shape <<<"$case"
   train 1 "$net" "$shape" "$work/$net-p1" --checkpoint-every 3
   for stages in 1 2 3; do
-    for schedule in gpipe 1f1b; do
+    for schedule in gpipe 1f1b interleaved; do
       [ "$stages-$schedule" != 1-gpipe ] || continue
+      # Interleaved runs the 4 micro-batches in groups of one per stage: P = 2 here.
+      [ "$schedule" != interleaved ] || [ "$stages" -eq 2 ] || continue
       run="$work/$net-p$stages-$schedule"
       what="$net, $stages ranks with P = $stages ($schedule) against 1 rank (gpipe)"
-      timeline=(); [ "$net" != r18 ] || timeline=(--profile-steps 2:3 --timeline "$run/timeline.json")
+      timeline=()
+      [ "$net" != r18 ] || [ "$schedule" = interleaved ] ||
+        timeline=(--profile-steps 2:3 --timeline "$run/timeline.json")
       train "$stages" "$net" "$shape" "$run" --checkpoint-every 3 --pipeline-stages "$stages" \
         --pipeline-schedule "$schedule" "${timeline[@]}"
       same_losses "$work/$net-p1" "$run" "$what" 1e-5
       pipeline_record "$run" "$stages" "$schedule"
-      [ "$net" != r18 ] || timeline_check "$run" "$stages" "$schedule"
+      [ ${#timeline[@]} -eq 0 ] || timeline_check "$run" "$stages" "$schedule"
       same_parameters "$work/$net-p1/checkpoints/step-000000003" "$run/checkpoints/step-000000003" \
         "$what"
     done
@@ -152,16 +159,22 @@ for ranks in 1 2; do
   train "$ranks" r18 3x32x32 "$work/eval-$ranks" --pipeline-stages "$ranks" --channels-last on \
     --val-data "$work/val.h5"
 done
+train 2 r18 3x32x32 "$work/eval-2i" --pipeline-stages 2 --pipeline-schedule interleaved \
+  --channels-last on --val-data "$work/val.h5"
 same_losses "$work/eval-1" "$work/eval-2" "r18 channels-last, 2 ranks with P = 2 against 1 rank" 1e-5
-"$py" - "$work/eval-1" "$work/eval-2" <<'PY'
+same_losses "$work/eval-1" "$work/eval-2i" \
+  "r18 channels-last, 2 ranks with P = 2 interleaved against 1 rank" 1e-5
+"$py" - "$work/eval-1" "$work/eval-2" "$work/eval-2i" <<'PY'
 import sys, json
 evals = [[json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"eval"' in l] for run in sys.argv[1:]]
-assert len(evals[0]) == 1 and len(evals[1]) == 1, evals
-a, b = evals[0][0], evals[1][0]
-assert a["samples"] == b["samples"] == 96, (a, b)
-assert a["top1"] == b["top1"] and a["knn_top1"] == b["knn_top1"], (a, b)
-assert a["knn_queries"] == b["knn_queries"] > 0, (a, b)
-print(f"evaluation through 2 stages: top-1 {b['top1']:.4f}, kNN top-1 {b['knn_top1']:.4f}, as 1 rank")
+assert all(len(e) == 1 for e in evals), evals
+a = evals[0][0]
+for b in (e[0] for e in evals[1:]):
+    assert a["samples"] == b["samples"] == 96, (a, b)
+    assert a["top1"] == b["top1"] and a["knn_top1"] == b["knn_top1"], (a, b)
+    assert a["knn_queries"] == b["knn_queries"] > 0, (a, b)
+print(f"evaluation through 2 stages and through their interleaved chunks: top-1 {a['top1']:.4f}, "
+      f"kNN top-1 {a['knn_top1']:.4f}, as 1 rank")
 PY
 
 # Resume across P and W: stopped at step 2 of 5 with one layout, resumed with another, against
@@ -182,4 +195,5 @@ resume "2 -> 1 stage (4 -> 2 ranks)" 4 "--pipeline-stages 2" 2 ""
 resume "1 -> 2 stages (1 -> 2 ranks)" 1 "" 2 "--pipeline-stages 2"
 resume "a hand cut -> the profiled one (2 -> 2 stages)" 2 "--pipeline-stages 2 --pipeline-split 3" 2 "--pipeline-stages 2"
 resume "1f1b -> gpipe (2 -> 2 stages)" 2 "--pipeline-stages 2 --pipeline-schedule 1f1b" 2 "--pipeline-stages 2 --pipeline-schedule gpipe"
+resume "interleaved -> 1f1b (2 -> 2 stages)" 2 "--pipeline-stages 2 --pipeline-schedule interleaved" 2 "--pipeline-stages 2 --pipeline-schedule 1f1b"
 echo "pipeline e2e: OK"

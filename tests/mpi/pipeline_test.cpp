@@ -41,15 +41,23 @@ class PipelineTest : public BackendTest {
     return make_backbone(o);
   }
 
-  // The layout of P = W stages, cut evenly.
+  // The layout of P = W stages (of `chunks` chunks each: interleaved), cut evenly.
   PipelineLayout layout(const Backbone& net, int micro_batches,
-                        PipelineSchedule schedule = PipelineSchedule::kGPipe) {
+                        PipelineSchedule schedule = PipelineSchedule::kGPipe, int chunks = 1) {
     PipelineLayout l = pipeline_layout(world(), rank(), world(), micro_batches);
     EXPECT_EQ(l.rank(), rank());
     l.schedule = schedule;
-    const int64_t blocks = net.num_blocks();
-    for (int s = 0; s <= world(); ++s) l.cut.push_back(blocks * s / world());
+    l.chunks = chunks;
+    const int64_t blocks = net.num_blocks(), pieces = world() * chunks;
+    for (int k = 0; k <= pieces; ++k) l.cut.push_back(blocks * k / pieces);
     return l;
+  }
+
+  // Whether P = W stages of 2 chunks of `name` run M micro-batches interleaved: 2 stages or more,
+  // a block for every chunk, and M in groups of one per stage.
+  bool interleaves(const std::string& name, int micro_batches) {
+    return world() >= 2 && micro_batches % world() == 0 &&
+           make_net(name)->num_blocks() >= 2 * world();
   }
 
   // The classifier over all ranks, for 16-dimensional embeddings.
@@ -80,7 +88,7 @@ class PipelineTest : public BackendTest {
       loss.backward();
       return loss;
     };
-    const bool parts = l.schedule == PipelineSchedule::k1F1B;
+    const bool parts = classifier_in_parts(l.schedule);
     if (parts) classifier.begin_parts(routed, engine.part_rows(routed));
     const torch::Tensor loss =
         engine.train_step(l.first() ? images.to(device()) : torch::Tensor(),
@@ -93,6 +101,7 @@ class PipelineTest : public BackendTest {
   struct StageRun {
     int micro_batches = 4;
     PipelineSchedule schedule = PipelineSchedule::kGPipe;
+    int chunks = 1;
     double sample_rate = 1.0;
     std::optional<torch::ScalarType> autocast;
     bool channels_last = false;
@@ -100,8 +109,8 @@ class PipelineTest : public BackendTest {
   };
   struct Trained {
     std::vector<double> losses;  // one per step
-    std::vector<torch::Tensor>
-        parameters;  // the stage's state, then the classifier shard (float64)
+    // The backbone's state (on rank 0: the whole backbone's), then the classifier shard (float64).
+    std::vector<torch::Tensor> parameters;
   };
 
   // SGD steps of `images[step]` and `labels[step]` (the replica's batch; sample keys number the
@@ -111,7 +120,7 @@ class PipelineTest : public BackendTest {
     const int64_t steps = images.size(0), batch = images.size(1);
     auto net = make_net(name);
     net->set_channels_last(run.channels_last);
-    const PipelineLayout l = layout(*net, run.micro_batches, run.schedule);
+    const PipelineLayout l = layout(*net, run.micro_batches, run.schedule, run.chunks);
     PipelineEngine engine(
         l, *net, world() > 1 ? environment().comms->create_split(device(), 0, rank()) : nullptr,
         device(), run.autocast, 16);
@@ -132,8 +141,13 @@ class PipelineTest : public BackendTest {
       optimizer.step();
       sync->clear_gradients();
     }
-    for (const auto& [entry, tensor] : engine.stage_state())
-      out.parameters.push_back(tensor.detach().cpu().to(torch::kFloat64));
+    // The whole backbone, every stage's (every chunk's) gathered on rank 0 as for a checkpoint:
+    // schedules that place the blocks differently compare block by block.
+    engine.gather_for_save(optimizer);
+    if (rank() == 0) {
+      for (const auto& [entry, tensor] : net->state_dict())
+        out.parameters.push_back(tensor.detach().cpu().to(torch::kFloat64));
+    }
     out.parameters.push_back(classifier.weight().detach().cpu().to(torch::kFloat64));
     return out;
   }
@@ -167,16 +181,21 @@ class PipelineTest : public BackendTest {
 
 // Forward and backward of four micro-batches through P = W stages (batch norm sees each
 // micro-batch as its batch; ViT's masking order and keys travel with the activations) equal one
-// process running the micro-batches through the whole network, on either schedule: the loss,
-// every stage's gradients, the classifier's, and the batch-norm statistics.
+// process running the micro-batches through the whole network, on every schedule (interleaved
+// with 2 chunks a stage, where the net has the blocks and P divides M): the loss, every stage's
+// gradients, the classifier's, and the batch-norm statistics.
 TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
   const ExactFloat32 exact;
-  for (const auto& [name, schedule] : {std::pair{"smallcnn", PipelineSchedule::kGPipe},
-                                       std::pair{"vit_t", PipelineSchedule::kGPipe},
-                                       std::pair{"smallcnn", PipelineSchedule::k1F1B},
-                                       std::pair{"vit_t", PipelineSchedule::k1F1B}}) {
+  for (const auto& [name, schedule] :
+       {std::pair{"smallcnn", PipelineSchedule::kGPipe},
+        std::pair{"vit_t", PipelineSchedule::kGPipe},
+        std::pair{"smallcnn", PipelineSchedule::k1F1B}, std::pair{"vit_t", PipelineSchedule::k1F1B},
+        std::pair{"smallcnn", PipelineSchedule::kInterleaved},
+        std::pair{"vit_t", PipelineSchedule::kInterleaved}}) {
     SCOPED_TRACE(std::string(name) + ", " + schedule_name(schedule));
     const int64_t batch = 8, micro_batches = 4;
+    const bool interleaved = schedule == PipelineSchedule::kInterleaved;
+    if (interleaved && !interleaves(name, micro_batches)) continue;
     torch::manual_seed(3);
     const InputShape shape = input_of(name);
     const torch::Tensor images = torch::randn({batch, shape.channels, shape.height, shape.width});
@@ -184,7 +203,7 @@ TEST_P(PipelineTest, StagesComputeWhatOneProcessComputes) {
     const torch::Tensor keys = torch::arange(100, 100 + batch, torch::kInt64);
 
     auto net = make_net(name);
-    const PipelineLayout l = layout(*net, micro_batches, schedule);
+    const PipelineLayout l = layout(*net, micro_batches, schedule, interleaved ? 2 : 1);
     PipelineEngine engine(
         l, *net, world() > 1 ? environment().comms->create_split(device(), 0, rank()) : nullptr,
         device(), std::nullopt, 16);
@@ -302,15 +321,16 @@ TEST_P(PipelineTest, MicroBatchesAccumulateTheGradientOfTheBatch) {
   }
 }
 
-// 1F1B computes what GPipe computes, step after step, with batch norm's statistics per
-// micro-batch and the classifier's fused update: the losses of 2 SGD steps and every parameter
-// after them, backbone and classifier shard, within 1e-5 of their scale. With P = W stages, at
-// M = 4, at M = 2 (fewer micro-batches than stages from 3 ranks up: no steady phase on the first
-// stages), and with Partial FC sampling the same classes for every micro-batch of a step. The
+// 1F1B and interleaved 1F1B (2 chunks a stage, where the net has the blocks and P divides M)
+// compute what GPipe computes, step after step, with batch norm's statistics per micro-batch and
+// the classifier's fused update: the losses of 2 SGD steps and every parameter after them,
+// backbone and classifier shard, within 1e-5 of their scale. With P = W stages, at M = 4, at M = 2
+// (fewer micro-batches than stages from 3 ranks up: no steady phase on the first stages), and with
+// Partial FC sampling the same classes for every micro-batch of a step. The
 // schedules sum the micro-batches' gradients in another order; batch norm over 4 samples and
 // ArcFace's scale of 64 grow that float32 noise about 20x per step (as they grow a 1e-7 change of
 // the inputs): 5e-7 of the scale after 2 steps, 1e-4 after 3 with Partial FC (measured).
-TEST_P(PipelineTest, OneFOneBComputesWhatGPipeComputes) {
+TEST_P(PipelineTest, OneFOneBAndInterleavedComputeWhatGPipeComputes) {
   const ExactFloat32 exact;
   struct Case {
     const char* net;
@@ -331,6 +351,11 @@ TEST_P(PipelineTest, OneFOneBComputesWhatGPipeComputes) {
     run.sample_rate = c.sample_rate;
     const Trained gpipe = train_stages(c.net, run, images, labels);
     run.schedule = PipelineSchedule::k1F1B;
+    expect_same_training(gpipe, train_stages(c.net, run, images, labels), 1e-5);
+    if (!interleaves(c.net, c.micro_batches)) continue;
+    SCOPED_TRACE("interleaved");
+    run.schedule = PipelineSchedule::kInterleaved;
+    run.chunks = 2;
     expect_same_training(gpipe, train_stages(c.net, run, images, labels), 1e-5);
   }
 }

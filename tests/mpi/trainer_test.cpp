@@ -1,7 +1,7 @@
 // The run's step observers, through train() itself: every phase of every step reaches an observer
 // in order, after the run's own observers (the progress report's records are written by then), a
 // resumed run starts its phases where the checkpoint ends, and the classifier's backward passes
-// come once per step with GPipe and once per micro-batch with 1F1B.
+// come once per step with GPipe and once per micro-batch with 1F1B and interleaved 1F1B.
 #include <unistd.h>
 
 #include <cmath>
@@ -156,7 +156,7 @@ TEST_F(TrainerTest, ResumedRunStartsItsPhasesWhereTheCheckpointEnds) {
 
 TEST_F(TrainerTest, ClassifierBackwardOncePerStepOrPerMicroBatch) {
   if (world() != 2) GTEST_SKIP() << "two pipeline stages on two ranks";
-  for (const std::string schedule : {"gpipe", "1f1b"}) {
+  for (const std::string schedule : {"gpipe", "1f1b", "interleaved"}) {
     if (rank() == 0) {
       EXPECT_EQ(remove_tree(run_dir_), "");
     }
@@ -165,7 +165,7 @@ TEST_F(TrainerTest, ClassifierBackwardOncePerStepOrPerMicroBatch) {
     run("max-steps = 3\npipeline-stages = 2\nmicro-batches = 4\npipeline-schedule = " + schedule +
             "\n",
         recorder);
-    EXPECT_EQ(recorder.seen, expected_phases(0, 3, schedule == "1f1b" ? 4 : 1)) << schedule;
+    EXPECT_EQ(recorder.seen, expected_phases(0, 3, schedule == "gpipe" ? 1 : 4)) << schedule;
   }
 }
 

@@ -80,6 +80,45 @@ TEST(TrainConfig, BadValuesAreUsageErrors) {
   }
 }
 
+// The interleaved schedule's shape is checked where it is given, each error naming what to
+// change; its --virtual-stages reads back from config.ini, and the default that config.ini
+// writes under any other schedule is no error when a run resumes from it.
+TEST(TrainConfig, InterleavedShapesAreChecked) {
+  const std::map<std::string, std::vector<std::string>> bad = {
+      {"--virtual-stages needs --pipeline-schedule interleaved",
+       {"--pipeline-stages", "2", "--virtual-stages", "3"}},
+      {"--pipeline-schedule interleaved needs --pipeline-stages 2 or more",
+       {"--pipeline-schedule", "interleaved"}},
+      {"--virtual-stages must be 2 or more",
+       {"--pipeline-schedule", "interleaved", "--pipeline-stages", "2", "--micro-batches", "2",
+        "--virtual-stages", "1"}},
+      {"--pipeline-schedule interleaved runs the micro-batches in groups of one per stage: "
+       "--micro-batches 4 is not a multiple of --pipeline-stages 3",
+       {"--pipeline-schedule", "interleaved", "--pipeline-stages", "3", "--micro-batches", "4"}},
+      {"--cuda-graphs on and --pipeline-schedule interleaved exclude each other (a stage's chunks "
+       "are not recorded)",
+       {"--pipeline-schedule", "interleaved", "--pipeline-stages", "2", "--micro-batches", "2",
+        "--cuda-graphs", "on"}},
+  };
+  for (const auto& [message, args] : bad) {
+    try {
+      parse(args);
+      ADD_FAILURE() << message << ": accepted";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(e.message(), message);
+    }
+  }
+  std::string ini;
+  const TrainConfig c = parse({"--pipeline-schedule", "interleaved", "--pipeline-stages", "4",
+                               "--micro-batches", "8", "--virtual-stages", "3"},
+                              &ini);
+  EXPECT_EQ(c.virtual_stages, 3);
+  EXPECT_EQ(train_config_from_ini(ini, "config.ini").virtual_stages, 3);
+  parse({"--pipeline-stages", "2"}, &ini);
+  EXPECT_NE(ini.find("virtual-stages = 2\n"), std::string::npos) << ini;
+  EXPECT_NO_THROW(train_config_from_ini(ini, "config.ini"));
+}
+
 // Counts take size suffixes in myriad-train as in myriad-bench; a saved configuration keeps the
 // number.
 TEST(TrainConfig, CountsTakeSizeSuffixes) {
@@ -124,7 +163,7 @@ std::vector<ChoiceOption> choice_options() {
        {"auto", "on", "off"},
        [](const TrainConfig& c) { return to_string(c.cuda_graphs); }},
       {"pipeline-schedule",
-       {"auto", "gpipe", "1f1b"},
+       {"auto", "gpipe", "1f1b", "interleaved"},
        [](const TrainConfig& c) { return to_string(c.pipeline_schedule); }},
       {"optimizer", {"sgd", "adamw"}, [](const TrainConfig& c) { return to_string(c.optimizer); }},
       {"lr-schedule",
@@ -156,8 +195,11 @@ TEST(TrainConfig, ChoicesRoundTrip) {
     for (const std::string& spelling : o.spellings) {
       SCOPED_TRACE("--" + o.option + " " + spelling);
       std::string ini;
-      // --lr-steps: what --lr-schedule step needs.
-      const TrainConfig c = parse({"--" + o.option, spelling, "--lr-steps", "10"}, &ini);
+      // --lr-steps: what --lr-schedule step needs; stages and micro-batches, what interleaved
+      // needs.
+      const TrainConfig c = parse({"--" + o.option, spelling, "--lr-steps", "10",
+                                   "--pipeline-stages", "2", "--micro-batches", "2"},
+                                  &ini);
       EXPECT_EQ(o.parsed(c), spelling);
       EXPECT_NE(ini.find(o.option + " = " + spelling + "\n"), std::string::npos) << ini;
       EXPECT_EQ(o.parsed(train_config_from_ini(ini, "config.ini")), spelling);
@@ -171,7 +213,8 @@ TEST(TrainConfig, BadChoicesNameTheOption) {
       {"precision", "--precision must be auto, fp32, bf16 or fp16, got 'x'"},
       {"channels-last", "--channels-last must be auto, on or off, got 'x'"},
       {"cuda-graphs", "--cuda-graphs must be auto, on or off, got 'x'"},
-      {"pipeline-schedule", "--pipeline-schedule must be auto, gpipe or 1f1b, got 'x'"},
+      {"pipeline-schedule",
+       "--pipeline-schedule must be auto, gpipe, 1f1b or interleaved, got 'x'"},
       {"optimizer", "--optimizer must be sgd or adamw, got 'x'"},
       {"lr-schedule", "--lr-schedule must be poly, cosine or step, got 'x'"},
       {"device", "--device must be auto, cpu or cuda, got 'x'"},

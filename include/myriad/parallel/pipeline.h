@@ -23,23 +23,33 @@ class StageTransfers;
 class Timeline;
 
 // Where this rank sits in a run of W = replicas x stages ranks (docs/pipeline.md): rank =
-// replica * stages + stage, so that a pipeline's stages are neighbours on a node. Stage s holds
-// blocks [cut[s], cut[s + 1]) of the backbone. One stage is plain data parallelism.
+// replica * stages + stage, so that a pipeline's stages are neighbours on a node. The backbone is
+// cut into stages x chunks virtual stages: virtual stage k holds blocks [cut[k], cut[k + 1]), and
+// stage s holds chunks c = 0 .. chunks - 1, virtual stages c * stages + s (more than one chunk
+// only under the interleaved schedule). One stage is plain data parallelism.
 struct PipelineLayout {
   int stages = 1;
   int replicas = 1;
   int stage = 0;
   int replica = 0;
   int micro_batches = 1;
+  int chunks = 1;
   PipelineSchedule schedule = PipelineSchedule::kGPipe;
   std::vector<int64_t> cut;
 
   // The world rank that pipeline_layout gave this layout.
   int rank() const { return replica * stages + stage; }
+  // Whether this stage reads the images (virtual stage 0), and holds the embeddings (the last).
   bool first() const { return stage == 0; }
   bool last() const { return stage + 1 == stages; }
-  int64_t begin_block() const { return cut.at(stage); }
-  int64_t end_block() const { return cut.at(stage + 1); }
+  int virtual_stage(int chunk) const { return chunk * stages + stage; }
+  // Whether `chunk` takes the images, and gives the embeddings.
+  bool takes_images(int chunk) const { return virtual_stage(chunk) == 0; }
+  bool gives_embeddings(int chunk) const { return virtual_stage(chunk) + 1 == stages * chunks; }
+  int64_t begin_block(int chunk) const { return cut.at(virtual_stage(chunk)); }
+  int64_t end_block(int chunk) const { return cut.at(virtual_stage(chunk) + 1); }
+  // Whether one of this stage's chunks holds block b.
+  bool holds_block(int64_t b) const;
 };
 
 // The layout of `rank` among `world` ranks with `stages` stages; the cut is left to the caller.
@@ -122,6 +132,7 @@ class PipelineEngine {
   // From the next step on, this stage's micro-batches run as CUDA graphs (StageGraphs), recorded
   // at that step: one slot per micro-batch the schedule holds at once; or, with false, eagerly,
   // and the graphs' memory is given back. A recording that runs out of memory turns them off.
+  // Not with chunks (the interleaved schedule), which run eagerly.
   void use_cuda_graphs(bool on = true);
   // Whether this stage's micro-batches run as CUDA graphs (or will from the next step).
   bool cuda_graphs() const { return graphs_wanted_; }
@@ -145,10 +156,15 @@ class PipelineEngine {
                   const torch::Tensor& labels);
   // Micro-batch m's input: its slice (first stage) or what the previous stage sent.
   Activations local_input(int m) const;
+  // Where micro-batch m of `chunk` is kept in the step's per-micro-batch state.
+  size_t item(int chunk, int m) const;
+  // Whether state-dict entry `name` lies in this stage's blocks.
+  bool holds(const std::string& name) const;
   Activations received_input(std::vector<torch::Tensor> got) const;
-  // Forward of micro-batch m through this stage, its ends kept for backward; what goes to the next
-  // stage (its wire form: activations, keys, masking order), or nothing on the last.
-  std::vector<torch::Tensor> forward_micro_batch(int m, Activations in);
+  // Forward of micro-batch m through `chunk` of this stage, its ends kept for backward; what goes
+  // to the next stage (its wire form: activations, keys, masking order), or nothing where the
+  // chunk gives the embeddings.
+  std::vector<torch::Tensor> forward_micro_batch(int chunk, int m, Activations in);
   // The classifier on micro-batch `part` (or kWholeBatch): on the last stage its outputs and
   // labels, whose gradients go into `state`; elsewhere this rank's share (no samples). Its loss
   // is added to the state's.
@@ -156,10 +172,11 @@ class PipelineEngine {
   // The last stage's outputs of micro-batch `part` (or of all), detached, as the classifier's
   // input.
   torch::Tensor classifier_input(int part) const;
-  // Backward of micro-batch m given its output's gradient (in wire form off the last stage); the
-  // gradient of its input in wire form (undefined on the first stage). Frees its activations.
-  torch::Tensor backward_micro_batch(int m, const torch::Tensor& grad, GradientSynchronizer& sync,
-                                     bool last_pass);
+  // Backward of micro-batch m through `chunk` given its output's gradient (in wire form but where
+  // the chunk gives the embeddings); the gradient of its input in wire form (undefined where it
+  // takes the images). Frees its activations.
+  torch::Tensor backward_micro_batch(int chunk, int m, const torch::Tensor& grad,
+                                     GradientSynchronizer& sync, bool last_pass);
 
   PipelineLayout layout_;
   Backbone& backbone_;

@@ -56,8 +56,10 @@ std::vector<BlockCost> chained_launches(std::vector<BlockCost> costs, double cha
 StageCut evaluate_cut(const std::vector<BlockCost>& costs, const std::vector<int64_t>& cut,
                       const std::vector<int64_t>& in_flight);
 
-// "a,b,..." (--pipeline-split): the first block of stages 1 ... P-1, as a cut of `blocks` into
-// `stages`. A list that does not give every stage a block, in order, is a UsageError.
-std::vector<int64_t> parse_pipeline_split(const std::string& text, int stages, int64_t blocks);
+// "a,b,..." (--pipeline-split): the first block of (virtual) stages 1 ... P v - 1, as a cut of
+// `blocks` into `stages` x `chunks`. A list that does not give every stage a block, in order, is a
+// UsageError.
+std::vector<int64_t> parse_pipeline_split(const std::string& text, int stages, int64_t blocks,
+                                          int chunks = 1);
 
 }  // namespace myriad

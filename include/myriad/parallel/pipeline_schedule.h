@@ -9,16 +9,25 @@ namespace myriad {
 // GPipe: every forward, the classifier once on the replica's batch, every backward. 1F1B: each
 // stage starts a micro-batch's backward as soon as it can, the classifier runs per micro-batch
 // (ShardedMarginSoftmax::begin_parts), and stage s holds min(P - s, M) micro-batches at once.
-enum class PipelineSchedule { kGPipe, k1F1B };
+// Interleaved: Megatron-LM's interleaved 1F1B, where each rank holds v >= 2 chunks of the
+// backbone, chunk c of rank s being virtual stage c P + s, so that a micro-batch passes every
+// rank v times and the bubble shrinks by about v; the classifier runs per micro-batch as in 1F1B.
+enum class PipelineSchedule { kGPipe, k1F1B, kInterleaved };
 const char* schedule_name(PipelineSchedule schedule);
+// Whether the classifier runs once per micro-batch (ShardedMarginSoftmax::begin_parts), not once on
+// the replica's batch.
+bool classifier_in_parts(PipelineSchedule schedule);
 
-// Micro-batches whose activations each stage keeps at once: under GPipe all M, on every stage;
-// under 1F1B min(P - s, M) on stage s.
+// Micro-batches whose activations each virtual stage c P + s (chunk c of stage s; one chunk but
+// under the interleaved schedule) keeps at once: under GPipe all M, on every stage; under 1F1B
+// min(P - s, M) on stage s; interleaved, the most its list ever holds.
 std::vector<int64_t> micro_batches_in_flight(PipelineSchedule schedule, int stages,
-                                             int micro_batches);
+                                             int micro_batches, int chunks = 1);
 
-// One thing a stage does in a step. Transfers go to the neighbouring stages: activations (with
-// the samples' keys and ViT's masking order) to the next, their gradients to the previous.
+// One thing a stage does in a step, on one of its chunks. Transfers go to the neighbouring stages:
+// activations (with the samples' keys and ViT's masking order) to the next, their gradients to
+// the previous. Interleaved, the next of the last stage is the first (its next chunk's), and the
+// previous of the first the last.
 enum class ActionKind {
   kForward,         // micro_batch through this stage's blocks (its input received, or its slice)
   kBackward,        // micro_batch's backward, its output's gradient received or from the classifier
@@ -46,15 +55,18 @@ struct Action {
   ActionKind kind;
   int micro_batch;
   int received = -1;  // the exchanges' micro-batch that comes in
+  int chunk = 0;      // the chunk micro_batch passes (the classifier: none)
+  int received_chunk = 0;
 };
 
-// Stage `stage`'s actions in one step of `schedule` over `stages` stages and `micro_batches`
-// micro-batches, in the order it runs them. One executor (PipelineEngine) runs any such list; the
-// rules that make the lists of a pipeline's stages run together are tests/unit/schedule_test.cpp's.
+// Stage `stage`'s actions in one step of `schedule` over `stages` stages of `chunks` chunks each
+// (more than one only interleaved) and `micro_batches` micro-batches, in the order it runs them.
+// One executor (PipelineEngine) runs any such list; the rules that make the lists of a pipeline's
+// stages run together are tests/unit/schedule_test.cpp's.
 std::vector<Action> schedule_actions(PipelineSchedule schedule, int stages, int stage,
-                                     int micro_batches);
+                                     int micro_batches, int chunks = 1);
 
-// "F3", "send-act 3", "C whole", ..., for messages and tests.
+// "F 3", "send-act 3", "C whole", "F c1:3" (chunk 1), ..., for messages and tests.
 std::string describe(const Action& action);
 
 }  // namespace myriad

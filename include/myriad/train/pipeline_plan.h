@@ -27,8 +27,9 @@ struct StagePrediction {
 // How a run's backbone is cut into pipeline stages (docs/pipeline.md): the blocks each stage
 // holds, the schedule, and the stage times it predicts.
 struct PipelinePlan {
-  std::vector<int64_t> cut;
+  std::vector<int64_t> cut;  // of the stages x chunks virtual stages
   PipelineSchedule schedule = PipelineSchedule::kGPipe;
+  int chunks = 1;  // per stage: more than one only interleaved
   StagePrediction predicted;
 };
 
@@ -38,8 +39,9 @@ struct PipelinePlan {
 // one micro-batch) and broadcasts over `mpi`, so that every rank computes the same plan. The cut
 // balances the blocks' replayed times when the stages will likely replay CUDA graphs (--cuda-graphs
 // on, or auto where graphs can run), else their eager times. --pipeline-schedule auto takes GPipe
-// unless only 1F1B's fewer micro-batches in flight fit. Collective when it profiles; logs the
-// stages (and with --pipeline-profile every block).
+// unless only 1F1B's fewer micro-batches in flight fit. Interleaved, it cuts P x v virtual stages
+// (chunk c of stage s is virtual stage c P + s), the predicted time of a stage being its chunks'.
+// Collective when it profiles; logs the stages (and with --pipeline-profile every block).
 PipelinePlan plan_pipeline(const TrainConfig& config, Backbone& backbone, Communicator& mpi,
                            int rank, const torch::Device& device,
                            std::optional<torch::ScalarType> autocast);

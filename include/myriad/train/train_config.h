@@ -26,7 +26,7 @@ enum class Precision { kAuto, kFp32, kBf16, kFp16 };
 // A layout or mechanism that auto turns on where it pays: --channels-last, --cuda-graphs.
 enum class Toggle { kAuto, kOn, kOff };
 // --pipeline-schedule: one of PipelineSchedule, or kAuto for plan_pipeline's choice.
-enum class ScheduleChoice { kAuto, kGPipe, k1F1B };
+enum class ScheduleChoice { kAuto, kGPipe, k1F1B, kInterleaved };
 
 // Each value as its option spells it (what config_as_ini writes and logs show).
 const char* to_string(Precision precision);
@@ -65,6 +65,7 @@ struct TrainConfig {
   int pipeline_stages = 1;
   std::string pipeline_split;  // "a,b,...": the first blocks of stages 1 ... P-1
   ScheduleChoice pipeline_schedule = ScheduleChoice::kAuto;
+  int virtual_stages = 2;  // chunks per stage, under the interleaved schedule
   bool pipeline_profile = false;
   int64_t pipeline_memory = 0;  // bytes per GPU for a stage; 0: what the device has left
   int64_t epochs = 1;

@@ -40,6 +40,7 @@ struct BackboneBenchOptions {
   std::string device = "auto";
   std::string csv;
   int steps = 20, warmup = 5;
+  bool split_backward = false;
 };
 
 // `argv` into `b`, checked; false where it asked for help only.
@@ -58,6 +59,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
       ("steps", po::value(&b.steps)->default_value(b.steps), "timed steps")
       ("warmup", po::value(&b.warmup)->default_value(b.warmup), "untimed steps first")
       ("csv", po::value(&b.csv), "also write the roofline per layer kind to this CSV file (rank 0)")
+      ("split-backward", po::bool_switch(&b.split_backward), "the images require a gradient, as a later pipeline stage's input does, and the backward is also timed split as zero-bubble schedules (ZB-H1) split it: the input's gradient, then the weights'")
       ("device", po::value(&b.device)->default_value(b.device), "auto, cpu or cuda");
   // clang-format on
   po::variables_map values;
@@ -77,7 +79,8 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
   return true;
 }
 
-// The backbone in training mode on a fixed batch of random images.
+// The backbone in training mode on a fixed batch of random images (with --split-backward, a leaf
+// that requires a gradient).
 class Subject {
  public:
   Subject(const BackboneBenchOptions& b, const torch::Device& device, Precision precision)
@@ -89,6 +92,9 @@ class Subject {
     const InputShape& s = b.net.input;
     images_ = backbone_->in_layout(
         torch::randn({b.batch, s.channels, s.height, s.width}, torch::device(device)));
+    images_.requires_grad_(b.split_backward);
+    for (const torch::Tensor& p : backbone_->parameters())
+      if (p.requires_grad()) trained_.push_back(p);
   }
 
   // The embeddings, with the graph that backward runs.
@@ -98,21 +104,53 @@ class Subject {
   }
 
   void step() {
-    for (torch::Tensor& p : backbone_->parameters()) p.mutable_grad() = torch::Tensor();
-    forward().to(torch::kFloat32).square().mean().backward();
+    clear_gradients();
+    loss().backward();
+  }
+  // The backward split as ZB-H1 splits it, in eager autograd: the input's gradient alone, then
+  // (with `weights`) the parameters' from the same graph.
+  void split_step(bool weights) {
+    clear_gradients();
+    const torch::Tensor l = loss();
+    torch::autograd::grad({l}, {images_}, {}, /*retain_graph=*/weights);
+    if (weights) torch::autograd::backward({l}, {}, false, false, trained_);
   }
 
   const Backbone& backbone() const { return *backbone_; }
 
+  // The largest difference between the weights' gradients of the split backward and of one
+  // backward, relative to the largest gradient: float noise unless the split drops a gradient.
+  double split_difference() {
+    const auto gradients = [this] {
+      std::vector<torch::Tensor> flat;
+      for (const torch::Tensor& p : trained_)
+        flat.push_back(p.grad().reshape(-1).to(torch::kFloat64));
+      return torch::cat(flat);
+    };
+    step();
+    const torch::Tensor whole = gradients();
+    split_step(true);
+    return ((gradients() - whole).abs().max() / whole.abs().max()).item<double>();
+  }
+
  private:
+  torch::Tensor loss() { return forward().to(torch::kFloat32).square().mean(); }
+  void clear_gradients() {
+    for (torch::Tensor& p : backbone_->parameters()) p.mutable_grad() = torch::Tensor();
+    if (images_.requires_grad()) images_.mutable_grad() = torch::Tensor();
+  }
+
   torch::Device device_;
   std::optional<torch::ScalarType> autocast_;
   std::shared_ptr<Backbone> backbone_;
+  std::vector<torch::Tensor> trained_;  // the parameters that take gradients
   torch::Tensor images_;
 };
 
 struct Timing {
   RankSpread step_ms, forward_ms;
+  RankSpread input_grad_ms, split_ms;  // with --split-backward: forward + B, and forward + B + W
+  double split_difference = 0;         // ... and its gradients against one backward's
   double peak_bytes = 0;
 };
 
@@ -125,6 +163,16 @@ Timing time_subject(const ProcessContext& context, Subject& subject, const Backb
       1e3 * seconds_per_call(context, device, b.steps, [&] { subject.step(); }), context);
   t.forward_ms = spread_over_ranks(
       1e3 * seconds_per_call(context, device, b.steps, [&] { subject.forward(); }), context);
+  if (b.split_backward) {
+    const auto ms = [&](bool weights) {
+      return spread_over_ranks(
+          1e3 * seconds_per_call(context, device, b.steps, [&] { subject.split_step(weights); }),
+          context);
+    };
+    t.input_grad_ms = ms(false);
+    t.split_ms = ms(true);
+    t.split_difference = subject.split_difference();
+  }
   t.peak_bytes = spread_over_ranks(static_cast<double>(peak_device_memory(device)), context).max;
   return t;
 }
@@ -191,6 +239,17 @@ void report(const BackboneBenchOptions& b, Precision precision, const Subject& s
       "%.4g TFLOP/s counted as 3 x forward (%.1f%% of the GEMM ceiling)\n",
       t.step_ms.avg, t.step_ms.max, t.forward_ms.avg, t.step_ms.avg - t.forward_ms.avg,
       b.batch / step_s, tflops, 100.0 * tflops / ceilings.gemm_tflops);
+  if (b.split_backward) {
+    const double backward = t.step_ms.avg - t.forward_ms.avg;
+    const double input = t.input_grad_ms.avg - t.forward_ms.avg;
+    const double weights = t.split_ms.avg - t.input_grad_ms.avg;
+    std::printf(
+        "backward split as ZB-H1 splits it (eager autograd): the input's gradient %.3f ms, the "
+        "weights' after it %.3f ms; together %.3f ms against %.3f ms for one backward (%+.0f%%); "
+        "their gradients %.2g of the largest apart\n",
+        input, weights, input + weights, backward, 100.0 * ((input + weights) / backward - 1.0),
+        t.split_difference);
+  }
   if (device.is_cuda())
     std::printf("peak memory per rank: %s\n", format_bytes(t.peak_bytes).c_str());
   print_roofline(kinds, step_s);
