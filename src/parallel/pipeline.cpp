@@ -419,9 +419,8 @@ torch::Tensor PipelineEngine::run_schedule(const ClassifierStep& classify,
 
 void PipelineEngine::run_action(const Action& a, StepState& state, const ClassifierStep& classify,
                                 GradientSynchronizer& sync) {
-  // Interleaved, the first stage's previous is the last, whose next is the first.
-  const int previous = (layout_.stage + layout_.stages - 1) % layout_.stages;
-  const int next = (layout_.stage + 1) % layout_.stages;
+  const int previous = layout_.previous_stage();
+  const int next = layout_.next_stage();
   const size_t x = a.micro_batch == kWholeBatch ? 0 : item(a.chunk, a.micro_batch);
   const size_t received = a.received < 0 ? 0 : item(a.received_chunk, a.received);
   const auto take = [](auto& slot) { return std::exchange(slot, {}); };
@@ -466,17 +465,15 @@ void PipelineEngine::run_action(const Action& a, StepState& state, const Classif
 
 torch::Tensor PipelineEngine::infer(const torch::Tensor& images) {
   torch::NoGradGuard no_grad;
-  const std::vector<torch::ScalarType> dtypes = {torch::ScalarType::Undefined, torch::kInt64,
-                                                 torch::kInt64};
-  const int previous = (layout_.stage + layout_.stages - 1) % layout_.stages;
-  const int next = (layout_.stage + 1) % layout_.stages;
+  const int previous = layout_.previous_stage();
+  const int next = layout_.next_stage();
   // The batch passes every chunk in turn: interleaved, through every stage once per chunk.
   for (int c = 0; c < layout_.chunks; ++c) {
     Activations in;
     if (layout_.takes_images(c)) {
       in = {backbone_.in_layout(images), torch::Tensor(), torch::Tensor()};
     } else {
-      std::vector<torch::Tensor> got = pipe_->recv(dtypes, previous);
+      std::vector<torch::Tensor> got = pipe_->recv(kActivationDtypes, previous);
       in = {from_wire(backbone_, got[0]), got[1], got[2]};
     }
     Activations out;

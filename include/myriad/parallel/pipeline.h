@@ -42,6 +42,10 @@ struct PipelineLayout {
   // Whether this stage reads the images (virtual stage 0), and holds the embeddings (the last).
   bool first() const { return stage == 0; }
   bool last() const { return stage + 1 == stages; }
+  // The neighbouring stages; interleaved, the first stage's previous is the last, whose next is
+  // the first.
+  int previous_stage() const { return (stage + stages - 1) % stages; }
+  int next_stage() const { return (stage + 1) % stages; }
   int virtual_stage(int chunk) const { return chunk * stages + stage; }
   // Whether `chunk` takes the images, and gives the embeddings.
   bool takes_images(int chunk) const { return virtual_stage(chunk) == 0; }

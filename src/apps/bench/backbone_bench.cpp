@@ -120,11 +120,14 @@ class Subject {
 
   // The largest difference between the weights' gradients of the split backward and of one
   // backward, relative to the largest gradient: float noise unless the split drops a gradient.
+  // A parameter that this forward leaves unused (a ViT's mask token) has no gradient: zero.
   double split_difference() {
     const auto gradients = [this] {
       std::vector<torch::Tensor> flat;
-      for (const torch::Tensor& p : trained_)
-        flat.push_back(p.grad().reshape(-1).to(torch::kFloat64));
+      for (const torch::Tensor& p : trained_) {
+        const torch::Tensor g = p.grad().defined() ? p.grad() : torch::zeros_like(p);
+        flat.push_back(g.reshape(-1).to(torch::kFloat64));
+      }
       return torch::cat(flat);
     };
     step();
