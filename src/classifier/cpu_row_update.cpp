@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_bf16_products.h"
 #include "myriad/util/cpu_clones.h"
 #include "myriad/util/error.h"
 #include "myriad/util/stochastic_round.h"
@@ -117,21 +118,64 @@ void with_storage(const torch::Tensor& t, F&& f) {
 }
 
 // Rows [first, last) of for_each_row, with float32 scratch w and g of a row each.
+// A task's scratch and how its rows' gradients are formed from the logits' gradient: by bf16 pair
+// products for a block of rows at once, where the logits' gradient and the features are bf16 and
+// the CPU has the instructions; else in each row's pass, in float32, from float32 features.
+class TaskScratch {
+ public:
+  explicit TaskScratch(const CpuRowUpdate& r) : r_(r), w_(r.weight.size(1)), g_(w_.size()) {
+    if (!r.features.defined()) return;
+    pairs_ = r.features.scalar_type() == torch::kBFloat16 &&
+             r.grad.scalar_type() == torch::kBFloat16 && cpu_has_bf16_products();
+    if (pairs_) {
+      products_.resize(static_cast<size_t>(kRowsPerTask) * w_.size());
+    } else {
+      const torch::Tensor widened = r.features.to(torch::kFloat32);
+      features_.assign(widened.data_ptr<float>(), widened.data_ptr<float>() + widened.numel());
+    }
+  }
+
+  float* w() { return w_.data(); }
+  float* g() { return g_.data(); }
+  // Float32 features for row_product, or null.
+  const float* features() const { return features_.empty() ? nullptr : features_.data(); }
+  // The gradients of rows [first, last) (at most kRowsPerTask), row after row, or null where the
+  // row loop forms them.
+  const float* products(int64_t first, int64_t last) {
+    if (!pairs_) return nullptr;
+    const int64_t width = r_.grad.size(1);
+    bf16_rows_by_matrix(
+        products_.data(), r_.grad.data_ptr<c10::BFloat16>() + (first - r_.begin) * width,
+        r_.features.data_ptr<c10::BFloat16>(), last - first, width, r_.weight.size(1));
+    return products_.data();
+  }
+
+ private:
+  const CpuRowUpdate& r_;
+  std::vector<float> w_, g_, features_, products_;
+  bool pairs_ = false;
+};
+
+// Rows [first, last) of for_each_row; `products` holds their gradients, else they are formed here.
 template <typename W, typename G, class Update>
 MYRIAD_CPU_CLONES void update_row_range(const CpuRowUpdate& r, const float* multiplier,
-                                        Update& update, int64_t first, int64_t last, float* w,
-                                        float* g) {
+                                        Update& update, int64_t first, int64_t last,
+                                        TaskScratch& scratch, const float* products) {
   W* weight = r.weight.data_ptr<W>();
   const G* grad = r.grad.data_ptr<G>();
   const int64_t* index = r.index.defined() ? r.index.data_ptr<int64_t>() : nullptr;
-  const float* features = r.features.defined() ? r.features.data_ptr<float>() : nullptr;
+  const float* features = scratch.features();
   const int64_t dim = r.weight.size(1), width = r.grad.size(1);
+  float* w = scratch.w();
   for (int64_t i = first; i < last; ++i) {
     const int64_t row = index != nullptr ? index[i] : i;
     W* stored = weight + row * dim;
     const G* gradient = grad + (i - r.begin) * width;
     for (int64_t k = 0; k < dim; ++k) w[k] = to_float(stored[k]);
-    if (features != nullptr) {
+    float* g = scratch.g();
+    if (products != nullptr) {
+      std::copy(products + (i - first) * dim, products + (i - first + 1) * dim, g);
+    } else if (features != nullptr) {
       row_product(gradient, features, width, dim, g);
     } else {
       for (int64_t k = 0; k < dim; ++k) g[k] = to_float(gradient[k]);
@@ -147,10 +191,13 @@ MYRIAD_CPU_CLONES void update_row_range(const CpuRowUpdate& r, const float* mult
 // the row's state), and stores w.
 template <typename W, typename G, class Update>
 void for_each_row(const CpuRowUpdate& r, const float* multiplier, Update&& update) {
-  const int64_t dim = r.weight.size(1);
   at::parallel_for(r.begin, r.end, kRowsPerTask, [&](int64_t first, int64_t last) {
-    std::vector<float> w(dim), g(dim);
-    update_row_range<W, G>(r, multiplier, update, first, last, w.data(), g.data());
+    TaskScratch scratch(r);
+    for (int64_t block = first; block < last; block += kRowsPerTask) {
+      const int64_t end = std::min(block + kRowsPerTask, last);
+      update_row_range<W, G>(r, multiplier, update, block, end, scratch,
+                             scratch.products(block, end));
+    }
   });
 }
 
@@ -167,11 +214,10 @@ void check_rows(const CpuRowUpdate& r, std::initializer_list<const torch::Tensor
                r.end - r.begin, r.features.defined() ? "B" : "D", r.weight.scalar_type(),
                r.weight.sizes(), r.grad.scalar_type(), r.grad.sizes());
   MYRIAD_CHECK(
-      !r.features.defined() || (r.features.scalar_type() == torch::kFloat32 &&
-                                r.features.is_contiguous() && r.features.device().is_cpu() &&
-                                r.features.dim() == 2 && r.features.size(1) == r.weight.size(1)),
-      "the CPU row update's features must be contiguous float32 [B, {}] on the CPU, got "
-      "{} {}",
+      !r.features.defined() ||
+          (storable(r.features) && r.features.dim() == 2 && r.features.size(1) == r.weight.size(1)),
+      "the CPU row update's features must be contiguous float32 or bfloat16 [B, {}] on the CPU, "
+      "got {} {}",
       r.weight.size(1), r.features.scalar_type(), r.features.sizes());
   for (const torch::Tensor* s : state) {
     MYRIAD_CHECK(storable(*s) && s->sizes() == r.weight.sizes(),

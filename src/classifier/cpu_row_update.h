@@ -25,7 +25,9 @@ struct CpuRowUpdate {
   // element (first_row + row) D + k under rounding_seed, as the GPU's stores do.
   int64_t first_row = 0;
   uint64_t rounding_seed = 0;
-  torch::Tensor features;  // float32 [B, D], contiguous, or undefined
+  // float32 or bfloat16 [B, D], contiguous, or undefined; bfloat16 features with a bfloat16
+  // logits' gradient take the CPU's bf16 pair products where it has them.
+  torch::Tensor features;
 };
 
 // SGD on the rows, with their momentum buffers (float32 or bfloat16, the weight's shape;

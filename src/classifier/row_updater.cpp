@@ -235,7 +235,11 @@ class CpuProductRowUpdater final : public RowUpdater {
   void begin(const SoftmaxStep& step, const torch::Tensor& factor,
              const GradientScale& g) override {
     optimizer_.begin_step();
-    features_ = row_features(step, factor, options_.gemm_dtype).to(torch::kFloat32).contiguous();
+    // bf16 features stay bf16 for the row loop's pair products; others are widened.
+    const torch::Tensor features = row_features(step, factor, options_.gemm_dtype);
+    features_ =
+        (features.scalar_type() == torch::kBFloat16 ? features : features.to(torch::kFloat32))
+            .contiguous();
     grad_of_ = row_gradient_of_step(step, options_.margin.params().normalized);
     multiplier_ = g.multiplier;
   }

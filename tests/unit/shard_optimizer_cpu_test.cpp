@@ -24,7 +24,8 @@ double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
 // Three steps of `kind` on rows [1, 6) of 7 (listed by `index` where given), one given the
 // rows' gradient dz . x multiplied out in float64, the other dz and x.
 void expect_product_matches_multiplied(OptimizerKind kind, torch::ScalarType dz_dtype,
-                                       RowGradient grad_of, bool listed) {
+                                       torch::ScalarType x_dtype, RowGradient grad_of,
+                                       bool listed) {
   // 83 columns: a block of 64, one of 16 and three alone.
   const int64_t rows = 7, dim = 83, batch = 19;
   OptimizerOptions o;
@@ -40,7 +41,7 @@ void expect_product_matches_multiplied(OptimizerKind kind, torch::ScalarType dz_
   torch::Tensor w_multiplied = start.clone(), w_product = start.clone();
   for (int step = 0; step < 3; ++step) {
     const torch::Tensor dz = torch::randn({5, batch}).to(dz_dtype);
-    const torch::Tensor x = torch::randn({batch, dim});
+    const torch::Tensor x = torch::randn({batch, dim}).to(x_dtype);
     const torch::Tensor grad =
         dz.to(torch::kFloat64).matmul(x.to(torch::kFloat64)).to(torch::kFloat32);
     multiplied.begin_step();
@@ -48,7 +49,8 @@ void expect_product_matches_multiplied(OptimizerKind kind, torch::ScalarType dz_
     multiplied.update_rows(w_multiplied, index, 1, 6, grad, grad_of, torch::Tensor());
     product.update_rows_from_product(w_product, index, 1, 6, dz, x, grad_of, torch::Tensor());
   }
-  const std::string label = std::string(optimizer_name(kind)) + ", dz " + c10::toString(dz_dtype);
+  const std::string label = std::string(optimizer_name(kind)) + ", dz " + c10::toString(dz_dtype) +
+                            ", x " + c10::toString(x_dtype);
   EXPECT_LE(relative_error(w_product - start, w_multiplied - start), 1e-5) << label;
   EXPECT_LE(relative_error(*product.state()[0].second, *multiplied.state()[0].second), 1e-5)
       << label;
@@ -57,12 +59,18 @@ void expect_product_matches_multiplied(OptimizerKind kind, torch::ScalarType dz_
   EXPECT_TRUE(torch::equal(w_product[untouched], start[untouched])) << label;
 }
 
+// bf16 dz and x take the CPU's bf16 pair products where it has them; a float32 side, the row
+// loop's float32 product.
 TEST(ShardOptimizerCpu, RowGradientFormedInTheLoopMatchesTheMultipliedOne) {
-  expect_product_matches_multiplied(OptimizerKind::kSgd, torch::kFloat32, RowGradient::kRow, false);
-  expect_product_matches_multiplied(OptimizerKind::kSgd, torch::kBFloat16,
-                                    RowGradient::kUnitRowOverNorm, true);
-  expect_product_matches_multiplied(OptimizerKind::kAdamW, torch::kBFloat16, RowGradient::kUnitRow,
-                                    false);
+  const auto f32 = torch::kFloat32, bf16 = torch::kBFloat16;
+  expect_product_matches_multiplied(OptimizerKind::kSgd, f32, f32, RowGradient::kRow, false);
+  expect_product_matches_multiplied(OptimizerKind::kSgd, bf16, f32, RowGradient::kUnitRowOverNorm,
+                                    true);
+  expect_product_matches_multiplied(OptimizerKind::kAdamW, bf16, f32, RowGradient::kUnitRow, false);
+  expect_product_matches_multiplied(OptimizerKind::kSgd, bf16, bf16, RowGradient::kUnitRowOverNorm,
+                                    true);
+  expect_product_matches_multiplied(OptimizerKind::kAdamW, bf16, bf16, RowGradient::kRow, false);
+  expect_product_matches_multiplied(OptimizerKind::kSgd, f32, bf16, RowGradient::kRow, false);
 }
 
 TEST(ShardOptimizerCpu, ProductOfTheWrongShapeIsRefused) {
@@ -76,7 +84,7 @@ TEST(ShardOptimizerCpu, ProductOfTheWrongShapeIsRefused) {
                                        RowGradient::kRow, torch::Tensor());
     FAIL() << "features of the wrong width were taken";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("features must be contiguous float32 [B, 8]"),
+    EXPECT_NE(std::string(e.what()).find("features must be contiguous float32 or bfloat16 [B, 8]"),
               std::string::npos)
         << e.what();
   }
