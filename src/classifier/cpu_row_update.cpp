@@ -172,13 +172,14 @@ MYRIAD_CPU_CLONES void update_row_range(const CpuRowUpdate& r, const float* mult
     W* stored = weight + row * dim;
     const G* gradient = grad + (i - r.begin) * width;
     for (int64_t k = 0; k < dim; ++k) w[k] = to_float(stored[k]);
-    float* g = scratch.g();
+    float* formed = scratch.g();
+    const float* g = formed;
     if (products != nullptr) {
-      std::copy(products + (i - first) * dim, products + (i - first + 1) * dim, g);
+      g = products + (i - first) * dim;
     } else if (features != nullptr) {
-      row_product(gradient, features, width, dim, g);
+      row_product(gradient, features, width, dim, formed);
     } else {
-      for (int64_t k = 0; k < dim; ++k) g[k] = to_float(gradient[k]);
+      for (int64_t k = 0; k < dim; ++k) formed[k] = to_float(gradient[k]);
     }
     const RowSums sums = row_sums(w, g, dim);
     update(row, w, g, row_gradient_of(sums.dot, sums.squares, r.grad_of, multiplier));
