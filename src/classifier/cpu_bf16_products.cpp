@@ -29,10 +29,11 @@ struct alignas(64) Lanes {
   uint32_t v[kLanes];
 };
 
-// Rows of classes a task of bf16_rows_by_batch takes, and rows of k a slice of bf16_long_k packs
-// at a time: 16 KiB of packed pairs at D = 64, which stay in the L1 cache while every sample
-// reads them.
+// Rows of classes a task of bf16_rows_by_batch takes: enough to amortise a task, few enough to
+// balance the threads.
 constexpr int64_t kTaskRows = 512;
+// Rows of k that a slice of bf16_long_k packs at a time: 16 KiB of packed pairs at D = 64, which
+// stay in the L1 cache while every sample reads them.
 constexpr int64_t kChunkRows = 128;
 
 constexpr __mmask16 kAll = 0xffff;
@@ -40,6 +41,14 @@ constexpr __mmask16 kAll = 0xffff;
 // The first `count` lanes of a register (all 16 from 16 on).
 __mmask16 lane_mask(int64_t count) {
   return static_cast<__mmask16>((1u << std::min<int64_t>(count, kLanes)) - 1u);
+}
+
+// Asks for `count` elements from `p` on into the L2 cache: the next chunk arrives while this one's
+// products run, where packing it waited on memory for most of its time.
+MYRIAD_BF16_TARGET void prefetch(const uint16_t* p, int64_t count) {
+  constexpr int64_t kLine = 64 / sizeof(uint16_t);
+  for (int64_t i = 0; i < count; i += kLine)
+    _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T1);
 }
 
 // Pairs along a row-major [rows, cols] matrix's rows: lane j of (pair q, column block v) holds
@@ -179,6 +188,9 @@ MYRIAD_BF16_TARGET void long_k_slice(float* sum, const uint16_t* a, const uint16
     const int64_t rows = std::min(kChunkRows, end - r), pairs = (rows + 1) / 2;
     pack_row_pairs(pa.data(), a + r * m, rows, m);
     pack_row_pairs(pb.data(), b + r * n, rows, n);
+    const int64_t next = std::min(kChunkRows, end - r - rows);
+    prefetch(a + (r + rows) * m, next * m);
+    prefetch(b + (r + rows) * n, next * n);
     for (int64_t i0 = 0; i0 < m;) {
       const bool four = m - i0 >= 4;
       for (int64_t v0 = 0; v0 < b_blocks;) {

@@ -54,34 +54,6 @@ MYRIAD_INLINE_LOOP void store_row(c10::BFloat16* p, const float* w, int64_t dim,
     p[k].x = bf16_bits_stochastic(w[k], rounding_bits(seed, element + k));
 }
 
-// A row's sums of w.w and w.g, in kLanes interleaved partial sums that the compiler keeps in
-// vector registers (one running sum serialises every addition).
-struct RowSums {
-  float squares, dot;
-};
-
-MYRIAD_INLINE_LOOP RowSums row_sums(const float* w, const float* g, int64_t dim) {
-  constexpr int kLanes = 8;
-  float squares[kLanes] = {}, dot[kLanes] = {};
-  int64_t k = 0;
-  for (; k + kLanes <= dim; k += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      squares[j] += w[k + j] * w[k + j];
-      dot[j] += w[k + j] * g[k + j];
-    }
-  }
-  for (; k < dim; ++k) {
-    squares[0] += w[k] * w[k];
-    dot[0] += w[k] * g[k];
-  }
-  RowSums sums{0.0f, 0.0f};
-  for (int j = 0; j < kLanes; ++j) {
-    sums.squares += squares[j];
-    sums.dot += dot[j];
-  }
-  return sums;
-}
-
 // Columns [k0, ...) of a row's gradient g = sum over b of dz[b] x[b] (x [width, dim]), in
 // float32 as a GEMM forms it, kLanes at a time, whose sums stay in vector registers across the
 // batch; returns the first column left.
@@ -117,32 +89,24 @@ void with_storage(const torch::Tensor& t, F&& f) {
   }
 }
 
-// Rows [first, last) of for_each_row, with float32 scratch w and g of a row each.
-// A task's scratch and how its rows' gradients are formed from the logits' gradient: by bf16 pair
-// products for a block of rows at once, where the logits' gradient and the features are bf16 and
-// the CPU has the instructions; else in each row's pass, in float32, from float32 features.
+// A task's float32 scratch: a row's w and g, and, where the features are bfloat16, the gradients
+// of a block of rows formed at once by the CPU's bf16 pair products.
 class TaskScratch {
  public:
   explicit TaskScratch(const CpuRowUpdate& r) : r_(r), w_(r.weight.size(1)), g_(w_.size()) {
-    if (!r.features.defined()) return;
-    pairs_ = r.features.scalar_type() == torch::kBFloat16 &&
-             r.grad.scalar_type() == torch::kBFloat16 && cpu_has_bf16_products();
-    if (pairs_) {
-      products_.resize(static_cast<size_t>(kRowsPerTask) * w_.size());
-    } else {
-      const torch::Tensor widened = r.features.to(torch::kFloat32);
-      features_.assign(widened.data_ptr<float>(), widened.data_ptr<float>() + widened.numel());
-    }
+    if (pairs()) products_.resize(static_cast<size_t>(kRowsPerTask) * w_.size());
   }
 
   float* w() { return w_.data(); }
   float* g() { return g_.data(); }
-  // Float32 features for row_product, or null.
-  const float* features() const { return features_.empty() ? nullptr : features_.data(); }
+  // Float32 features for the row loop's products, or null.
+  const float* features() const {
+    return r_.features.defined() && !pairs() ? r_.features.data_ptr<float>() : nullptr;
+  }
   // The gradients of rows [first, last) (at most kRowsPerTask), row after row, or null where the
   // row loop forms them.
   const float* products(int64_t first, int64_t last) {
-    if (!pairs_) return nullptr;
+    if (!pairs()) return nullptr;
     const int64_t width = r_.grad.size(1);
     bf16_rows_by_matrix(
         products_.data(), r_.grad.data_ptr<c10::BFloat16>() + (first - r_.begin) * width,
@@ -151,9 +115,12 @@ class TaskScratch {
   }
 
  private:
+  bool pairs() const {
+    return r_.features.defined() && r_.features.scalar_type() == torch::kBFloat16;
+  }
+
   const CpuRowUpdate& r_;
-  std::vector<float> w_, g_, features_, products_;
-  bool pairs_ = false;
+  std::vector<float> w_, g_, products_;
 };
 
 // Rows [first, last) of for_each_row; `products` holds their gradients, else they are formed here.
@@ -220,6 +187,11 @@ void check_rows(const CpuRowUpdate& r, std::initializer_list<const torch::Tensor
       "the CPU row update's features must be contiguous float32 or bfloat16 [B, {}] on the CPU, "
       "got {} {}",
       r.weight.size(1), r.features.scalar_type(), r.features.sizes());
+  MYRIAD_CHECK(!r.features.defined() || r.features.scalar_type() == torch::kFloat32 ||
+                   (r.grad.scalar_type() == torch::kBFloat16 && cpu_has_bf16_products()),
+               "bfloat16 features take the CPU's bf16 pair products: a bfloat16 logits' gradient "
+               "on a CPU with AVX512-BF16, got a {} gradient{}",
+               r.grad.scalar_type(), cpu_has_bf16_products() ? "" : " on a CPU without them");
   for (const torch::Tensor* s : state) {
     MYRIAD_CHECK(storable(*s) && s->sizes() == r.weight.sizes(),
                  "the CPU row update's optimizer state must be contiguous float32 or bfloat16 "

@@ -25,8 +25,9 @@ struct CpuRowUpdate {
   // element (first_row + row) D + k under rounding_seed, as the GPU's stores do.
   int64_t first_row = 0;
   uint64_t rounding_seed = 0;
-  // float32 or bfloat16 [B, D], contiguous, or undefined; bfloat16 features with a bfloat16
-  // logits' gradient take the CPU's bf16 pair products where it has them.
+  // float32 or bfloat16 [B, D], contiguous, or undefined. Their dtype picks how the rows'
+  // gradients are formed: float32 in each row's pass, or bfloat16 by the CPU's bf16 pair products
+  // (a bfloat16 `grad`, and a CPU that has them: cpu_has_bf16_products).
   torch::Tensor features;
 };
 

@@ -70,9 +70,10 @@ struct RowLoop {
   MYRIAD_INLINE_LOOP bool target(int64_t b) const { return target_row[b] == row; }
 };
 
-// Rows [first, last) into m (their largest logit per sample) and s (the sum of exp(z - m)).
+// Rows [first, last) into m (their largest logit per sample) and s (the sum of exp(z - m)); where
+// `kept` is not null, each exp(z - m) is also stored there.
 MYRIAD_INLINE_LOOP void stats_tile(const Kernel& k, int64_t first, int64_t last,
-                                   float* __restrict__ m, float* __restrict__ s) {
+                                   float* __restrict__ m, float* __restrict__ s, float* kept) {
   const int64_t batch = k.batch;
   std::fill(m, m + batch, -kInfinity);
   std::fill(s, s + batch, 0.0f);
@@ -82,25 +83,33 @@ MYRIAD_INLINE_LOOP void stats_tile(const Kernel& k, int64_t first, int64_t last,
   }
   for (int64_t j = first; j < last; ++j) {
     const RowLoop r(k, j);
-    for (int64_t b = 0; b < batch; ++b) s[b] += vector_exp(r.logit(b, r.target(b)) - m[b]);
+    if (kept == nullptr) {
+      for (int64_t b = 0; b < batch; ++b) s[b] += vector_exp(r.logit(b, r.target(b)) - m[b]);
+      continue;
+    }
+    float* __restrict__ e = kept + j * batch;
+    for (int64_t b = 0; b < batch; ++b) {
+      const float v = vector_exp(r.logit(b, r.target(b)) - m[b]);
+      s[b] += v;
+      e[b] = v;
+    }
   }
 }
 
 MYRIAD_CPU_CLONES void stats_tiles(const Kernel& k, int64_t first_tile, int64_t last_tile,
-                                   float* tile_max, float* tile_sum) {
+                                   float* tile_max, float* tile_sum, float* kept) {
   for (int64_t t = first_tile; t < last_tile; ++t) {
     const int64_t first = t * k.tile_rows;
     stats_tile(k, first, std::min(k.rows, first + k.tile_rows), tile_max + t * k.batch,
-               tile_sum + t * k.batch);
+               tile_sum + t * k.batch, kept);
   }
 }
 
-// Rows [first, last) of the gradient: coef (p - one-hot) dz/dcos, times the row's scale.
-template <typename Out>
-MYRIAD_INLINE_LOOP void grad_tile(const Kernel& k, int64_t first, int64_t last,
-                                  const float* __restrict__ row_max,
-                                  const float* __restrict__ row_inv_sum, float coef,
-                                  Out* __restrict__ out) {
+// Rows [first, last) of the gradient into `out`: coef (p - one-hot) dz/dcos, times the row's
+// scale, where p = softmax(row, b, target, the row's out) is the softmax.
+template <typename Out, class Softmax>
+MYRIAD_INLINE_LOOP void gradient_rows(const Kernel& k, int64_t first, int64_t last, float coef,
+                                      Out* __restrict__ out, const Softmax& softmax) {
   const int64_t batch = k.batch;
   const float* __restrict__ target_dz = k.target_dz;
   for (int64_t j = first; j < last; ++j) {
@@ -109,13 +118,22 @@ MYRIAD_INLINE_LOOP void grad_tile(const Kernel& k, int64_t first, int64_t last,
     const float row_coef = coef * r.scale;
     for (int64_t b = 0; b < batch; ++b) {
       const bool target = r.target(b);
-      const float dz = target_dz[b];
-      const float dz_dcos = target ? dz : r.mult;
-      const float one_hot = target ? 1.0f : 0.0f;
-      const float p = vector_exp(r.logit(b, target) - row_max[b]) * row_inv_sum[b] - one_hot;
+      const float dz_dcos = target ? target_dz[b] : r.mult;
+      const float p = softmax(r, b, target, o) - (target ? 1.0f : 0.0f);
       store_rounded(o + b, row_coef * (p * dz_dcos));
     }
   }
+}
+
+// From the logits: p = exp(z - row_max) / sum.
+template <typename Out>
+MYRIAD_INLINE_LOOP void grad_tile(const Kernel& k, int64_t first, int64_t last,
+                                  const float* __restrict__ row_max,
+                                  const float* __restrict__ row_inv_sum, float coef, Out* out) {
+  gradient_rows(k, first, last, coef, out,
+                [&](const RowLoop& r, int64_t b, bool target, const Out*) {
+                  return vector_exp(r.logit(b, target) - row_max[b]) * row_inv_sum[b];
+                });
 }
 
 template <typename Out>
@@ -128,15 +146,30 @@ MYRIAD_CPU_CLONES void grad_tiles(const Kernel& k, int64_t first_tile, int64_t l
   }
 }
 
-// The targets that lie in the chunk, with their margin logits (margin_target, as on the GPU).
-struct Targets {
-  std::vector<int32_t> row;
-  std::vector<float> z, dz_dcos;
-};
+// From the kept exponentials e, written over them: p = e factor, where `factor` [B] is the tile's
+// exp(max - row_max) / sum.
+MYRIAD_INLINE_LOOP void kept_grad_tile(const Kernel& k, int64_t first, int64_t last,
+                                       const float* __restrict__ factor, float coef, float* e) {
+  gradient_rows(k, first, last, coef, e,
+                [&](const RowLoop&, int64_t b, bool, const float* o) { return o[b] * factor[b]; });
+}
 
-Targets chunk_targets(const CpuChunkLogits& c) {
+MYRIAD_CPU_CLONES void kept_grad_tiles(const Kernel& k, int64_t first_tile, int64_t last_tile,
+                                       const float* tile_max, const float* row_max,
+                                       const float* row_inv_sum, float coef, float* e) {
+  std::vector<float> factor(static_cast<size_t>(k.batch));
+  for (int64_t t = first_tile; t < last_tile; ++t) {
+    for (int64_t b = 0; b < k.batch; ++b)
+      factor[b] = vector_exp(tile_max[t * k.batch + b] - row_max[b]) * row_inv_sum[b];
+    const int64_t first = t * k.tile_rows;
+    kept_grad_tile(k, first, std::min(k.rows, first + k.tile_rows), factor.data(), coef, e);
+  }
+}
+
+CpuTargets chunk_targets(const CpuChunkLogits& c) {
   const int64_t rows = c.dot.size(0), batch = c.dot.size(1);
-  Targets t{std::vector<int32_t>(batch, -1), std::vector<float>(batch), std::vector<float>(batch)};
+  CpuTargets t{std::vector<int32_t>(batch, -1), std::vector<float>(batch),
+               std::vector<float>(batch)};
   const int64_t* target = c.target_col.data_ptr<int64_t>();
   const float* dot = c.dot.data_ptr<float>();
   for (int64_t b = 0; b < batch; ++b) {
@@ -149,7 +182,7 @@ Targets chunk_targets(const CpuChunkLogits& c) {
   return t;
 }
 
-Kernel kernel_of(const CpuChunkLogits& c, const Targets& t) {
+void check_chunk(const CpuChunkLogits& c) {
   const torch::Tensor& dot = c.dot;
   MYRIAD_CHECK(dot.device().is_cpu() && dot.scalar_type() == torch::kFloat32 && dot.dim() == 2 &&
                    dot.is_contiguous() && dot.size(0) < std::numeric_limits<int32_t>::max() &&
@@ -162,18 +195,39 @@ Kernel kernel_of(const CpuChunkLogits& c, const Targets& t) {
                "int64 targets [B] and float32 row scales [rows], got {} {}, {} {} and {}",
                dot.scalar_type(), dot.sizes(), c.target_col.scalar_type(), c.target_col.sizes(),
                c.row_scale.defined() ? c.row_scale.sizes() : torch::IntArrayRef());
-  const bool normalized = c.params.normalized;
-  return Kernel{dot.data_ptr<float>(),
-                c.row_scale.defined() ? c.row_scale.data_ptr<float>() : nullptr,
-                dot.size(0),
-                dot.size(1),
-                tile_rows(dot.size(1)),
+}
+
+// The loops' view of a chunk of `rows` x `batch` logits at `dot` (or of the exponentials kept in
+// their place, which only kept_grad_tile reads).
+Kernel kernel_of(const float* dot, const torch::Tensor& row_scale, int64_t rows, int64_t batch,
+                 const CpuTargets& t, const MarginParams& params) {
+  const bool normalized = params.normalized;
+  return Kernel{dot,
+                row_scale.defined() ? row_scale.data_ptr<float>() : nullptr,
+                rows,
+                batch,
+                tile_rows(batch),
                 t.row.data(),
                 t.z.data(),
                 t.dz_dcos.data(),
                 normalized ? -1.0f : -kInfinity,
                 normalized ? 1.0f : kInfinity,
-                normalized ? c.params.scale : 1.0f};
+                normalized ? params.scale : 1.0f};
+}
+
+Kernel kernel_of(const CpuChunkLogits& c, const CpuTargets& t) {
+  check_chunk(c);
+  return kernel_of(c.dot.data_ptr<float>(), c.row_scale, c.dot.size(0), c.dot.size(1), t, c.params);
+}
+
+void check_statistics(const torch::Tensor& row_max, const torch::Tensor& row_inv_sum,
+                      int64_t batch) {
+  MYRIAD_CHECK(row_max.scalar_type() == torch::kFloat32 && row_max.is_contiguous() &&
+                   row_max.numel() == batch && row_inv_sum.scalar_type() == torch::kFloat32 &&
+                   row_inv_sum.is_contiguous() && row_inv_sum.numel() == batch,
+               "the CPU softmax's gradient takes float32 statistics [{}], got {} {} and {} {}",
+               batch, row_max.scalar_type(), row_max.sizes(), row_inv_sum.scalar_type(),
+               row_inv_sum.sizes());
 }
 
 int64_t tiles_of(const Kernel& k) {
@@ -183,32 +237,41 @@ int64_t tiles_of(const Kernel& k) {
 }  // namespace
 
 void cpu_chunk_stats(const CpuChunkLogits& chunk, torch::Tensor& tile_max, torch::Tensor& tile_sum,
-                     torch::Tensor& target_logit) {
-  const Targets targets = chunk_targets(chunk);
+                     torch::Tensor& target_logit, CpuKeptExponentials* kept) {
+  CpuTargets targets = chunk_targets(chunk);
   const Kernel k = kernel_of(chunk, targets);
   const int64_t tiles = tiles_of(k);
   tile_max = torch::empty({tiles, k.batch}, chunk.dot.options());
   tile_sum = torch::empty({tiles, k.batch}, chunk.dot.options());
   float* m = tile_max.data_ptr<float>();
   float* s = tile_sum.data_ptr<float>();
+  float* e = nullptr;
+  if (kept != nullptr) {
+    MYRIAD_CHECK(kept->exps.scalar_type() == torch::kFloat32 && kept->exps.is_contiguous() &&
+                     kept->exps.sizes() == chunk.dot.sizes(),
+                 "the kept exponentials must be contiguous float32 {}, got {} {}",
+                 chunk.dot.sizes(), kept->exps.scalar_type(), kept->exps.sizes());
+    e = kept->exps.data_ptr<float>();
+  }
   at::parallel_for(0, tiles, 1,
-                   [&](int64_t first, int64_t last) { stats_tiles(k, first, last, m, s); });
+                   [&](int64_t first, int64_t last) { stats_tiles(k, first, last, m, s, e); });
   float* out = target_logit.data_ptr<float>();
   for (int64_t b = 0; b < k.batch; ++b)
     if (targets.row[b] >= 0) out[b] = targets.z[b];
+  if (kept != nullptr) {
+    // The merge of the statistics rescales tile_max in place.
+    kept->tile_max = tile_max.clone();
+    kept->row_scale = chunk.row_scale;
+    kept->targets = std::move(targets);
+  }
 }
 
 torch::Tensor cpu_chunk_grad(const CpuChunkLogits& chunk, const torch::Tensor& row_max,
                              const torch::Tensor& row_inv_sum, float coef,
                              torch::ScalarType dtype) {
-  const Targets targets = chunk_targets(chunk);
+  const CpuTargets targets = chunk_targets(chunk);
   const Kernel k = kernel_of(chunk, targets);
-  MYRIAD_CHECK(row_max.scalar_type() == torch::kFloat32 && row_max.is_contiguous() &&
-                   row_max.numel() == k.batch && row_inv_sum.scalar_type() == torch::kFloat32 &&
-                   row_inv_sum.is_contiguous() && row_inv_sum.numel() == k.batch,
-               "the CPU softmax's gradient takes float32 statistics [{}], got {} {} and {} {}",
-               k.batch, row_max.scalar_type(), row_max.sizes(), row_inv_sum.scalar_type(),
-               row_inv_sum.sizes());
+  check_statistics(row_max, row_inv_sum, k.batch);
   // float16 GEMMs take the float32 gradient converted.
   const bool bf16 = dtype == torch::kBFloat16;
   torch::Tensor out =
@@ -223,6 +286,30 @@ torch::Tensor cpu_chunk_grad(const CpuChunkLogits& chunk, const torch::Tensor& r
     }
   });
   return out.to(dtype);
+}
+
+torch::Tensor cpu_kept_grad(CpuKeptExponentials& kept, const MarginParams& params,
+                            const torch::Tensor& row_max, const torch::Tensor& row_inv_sum,
+                            float coef, torch::ScalarType dtype) {
+  MYRIAD_CHECK(kept.exps.scalar_type() == torch::kFloat32 && kept.exps.is_contiguous() &&
+                   kept.exps.dim() == 2,
+               "the kept exponentials must be contiguous float32 [rows, B], got {} {}",
+               kept.exps.scalar_type(), kept.exps.sizes());
+  const int64_t rows = kept.exps.size(0), batch = kept.exps.size(1);
+  float* e = kept.exps.data_ptr<float>();
+  const Kernel k = kernel_of(e, kept.row_scale, rows, batch, kept.targets, params);
+  check_statistics(row_max, row_inv_sum, batch);
+  MYRIAD_CHECK(kept.tile_max.numel() == tiles_of(k) * batch &&
+                   static_cast<int64_t>(kept.targets.row.size()) == batch,
+               "the kept exponentials' tile maxima are {}, not [{}, {}]", kept.tile_max.sizes(),
+               tiles_of(k), batch);
+  const float* m = row_max.data_ptr<float>();
+  const float* inv = row_inv_sum.data_ptr<float>();
+  at::parallel_for(0, tiles_of(k), 1, [&](int64_t first, int64_t last) {
+    kept_grad_tiles(k, first, last, kept.tile_max.data_ptr<float>(), m, inv, coef, e);
+  });
+  const torch::Tensor grad = std::move(kept.exps);
+  return grad.to(dtype);
 }
 
 }  // namespace myriad

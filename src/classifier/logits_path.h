@@ -23,6 +23,8 @@ class LogitsPath {
   virtual Logits logits() const = 0;
   // Whether forward may keep each logit's exponential for backward, where the plan caches.
   virtual bool keeps_exponentials() const = 0;
+  // What forward keeps for backward under `plan`, where it caches, for the plan line.
+  virtual std::string kept_for_backward(const ChunkPlan& plan) const = 0;
   // Folds the chunk [begin, end) whose GEMM operand is `rows` into `stats`, keeping in `step`
   // what its plan keeps for backward beyond the rows (the logits, or the exponentials).
   virtual void forward_chunk(SoftmaxStep& step, const torch::Tensor& rows, int64_t c,

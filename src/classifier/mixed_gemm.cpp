@@ -48,29 +48,25 @@ void mm_into(torch::Tensor out, const torch::Tensor& left, const torch::Tensor& 
 // shard's operand whole wrote and read back twice its size at every call.
 constexpr int64_t kCpuBlockRows = 4096;
 
-// On the CPU a product of bfloat16 operands with float32 output runs on the CPU's bfloat16 pair
-// products where it has them (the two shapes a shard's step takes); otherwise, and for float16, it
-// is float32 arithmetic on the operands' values.
+// On the CPU a product of bfloat16 operands with float32 output runs on the CPU's bf16 pair
+// products where it has them, in the two shapes a shard's step takes (the logits, written whole,
+// and the long reduction over the classes); otherwise, and for float16, it is float32 arithmetic
+// on the operands' values.
 // With `a` untransposed the blocks are rows of `a` and of `out`; transposed (the long reduction
 // over the classes), they are slices of the reduction, whose partial products `out` sums.
 void gemm_cpu(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const torch::Tensor& b,
               bool trans_b, bool accumulate) {
   if (a.scalar_type() == torch::kBFloat16 && out.scalar_type() == torch::kFloat32 &&
-      trans_a != trans_b && cpu_has_bf16_products()) {
+      cpu_has_bf16_products()) {
     const auto* pa = a.data_ptr<c10::BFloat16>();
     const auto* pb = b.data_ptr<c10::BFloat16>();
-    if (trans_b) {
-      if (accumulate) {
-        torch::Tensor product = torch::empty_like(out);
-        bf16_rows_by_batch(product.data_ptr<float>(), pa, pb, a.size(0), b.size(0), a.size(1));
-        out.add_(product);
-      } else {
-        bf16_rows_by_batch(out.data_ptr<float>(), pa, pb, a.size(0), b.size(0), a.size(1));
-      }
-    } else {
-      bf16_long_k(out.data_ptr<float>(), pa, pb, a.size(0), a.size(1), b.size(1), accumulate);
+    if (!trans_a && trans_b && !accumulate) {
+      return bf16_rows_by_batch(out.data_ptr<float>(), pa, pb, a.size(0), b.size(0), a.size(1));
     }
-    return;
+    if (trans_a && !trans_b) {
+      return bf16_long_k(out.data_ptr<float>(), pa, pb, a.size(0), a.size(1), b.size(1),
+                         accumulate);
+    }
   }
   const auto f32 = [](const torch::Tensor& t) { return t.to(torch::kFloat32); };
   const int64_t rows = a.size(0);

@@ -2,6 +2,7 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include "cpu_bf16_products.h"
 #include "myriad/classifier/mixed_gemm.h"
 #include "myriad/util/format.h"
 
@@ -219,27 +220,32 @@ class FusedRowUpdater final : public RowUpdater {
 };
 
 // The optimizer's CPU row kernel, which forms each row's gradient from the chunk's logits'
-// gradient and the features as it passes over the row: the rows' gradient never in memory.
+// gradient and the features as it passes over the row: the rows' gradient never in memory. With
+// bfloat16 GEMMs on a CPU that has bf16 pair products, the features stay bfloat16 and the kernel
+// forms a block of rows' gradients by them; else they are widened to float32 once a step.
 class CpuProductRowUpdater final : public RowUpdater {
  public:
   CpuProductRowUpdater(const ShardedSoftmaxOptions& options, ShardOptimizer& optimizer,
                        torch::Tensor& weight, const PhaseMarks& phases)
-      : options_(options), optimizer_(optimizer), weight_(weight), phases_(phases) {}
+      : options_(options),
+        optimizer_(optimizer),
+        weight_(weight),
+        phases_(phases),
+        features_dtype_(options.gemm_dtype == torch::kBFloat16 && cpu_has_bf16_products()
+                            ? torch::kBFloat16
+                            : torch::kFloat32) {}
 
   std::string describe() const override {
-    return str_format("{}, each row's gradient formed in its update (CPU)",
-                      optimizer_name(options_.optimizer.kind));
+    return str_format("{}, each row's gradient formed in its update (CPU, {})",
+                      optimizer_name(options_.optimizer.kind),
+                      features_dtype_ == torch::kBFloat16 ? "bf16 pair products" : "float32");
   }
   RowGradientStore gradient_store(int64_t) const override { return RowGradientStore::kNone; }
 
   void begin(const SoftmaxStep& step, const torch::Tensor& factor,
              const GradientScale& g) override {
     optimizer_.begin_step();
-    // bf16 features stay bf16 for the row loop's pair products; others are widened.
-    const torch::Tensor features = row_features(step, factor, options_.gemm_dtype);
-    features_ =
-        (features.scalar_type() == torch::kBFloat16 ? features : features.to(torch::kFloat32))
-            .contiguous();
+    features_ = row_features(step, factor, options_.gemm_dtype).to(features_dtype_).contiguous();
     grad_of_ = row_gradient_of_step(step, options_.margin.params().normalized);
     multiplier_ = g.multiplier;
   }
@@ -262,6 +268,7 @@ class CpuProductRowUpdater final : public RowUpdater {
   ShardOptimizer& optimizer_;
   torch::Tensor& weight_;
   const PhaseMarks& phases_;
+  const torch::ScalarType features_dtype_;
   torch::Tensor features_;
   RowGradient grad_of_ = RowGradient::kRow;
   torch::Tensor multiplier_;

@@ -167,6 +167,10 @@ std::string ShardedMarginSoftmax::kernels() const {
   return logits_->describe() + "; rows: " + updater_->describe();
 }
 
+std::string ShardedMarginSoftmax::kept_for_backward() const {
+  return last_plan_.cache ? logits_->kept_for_backward(last_plan_) : "recompute in backward";
+}
+
 bool ShardedMarginSoftmax::fused() const {
   return logits_->logits() == Logits::kInRegisters;
 }

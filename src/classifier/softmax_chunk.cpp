@@ -34,25 +34,6 @@ namespace myriad {
 
 namespace {
 
-// The sum of squares of a row of `dim` elements, in interleaved partial sums that the compiler
-// keeps in vector registers.
-template <typename T>
-MYRIAD_INLINE_LOOP float row_squares(const T* row, int64_t dim) {
-  constexpr int kLanes = 8;
-  float lanes[kLanes] = {};
-  int64_t k = 0;
-  for (; k + kLanes <= dim; k += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const float v = static_cast<float>(row[k + j]);
-      lanes[j] += v * v;
-    }
-  }
-  for (; k < dim; ++k) lanes[0] += static_cast<float>(row[k]) * static_cast<float>(row[k]);
-  float squares = 0.0f;
-  for (const float lane : lanes) squares += lane;
-  return squares;
-}
-
 // Calls f with a null pointer of the C++ type of `dtype`: float32, bfloat16 or float16.
 template <class F>
 void with_type(torch::ScalarType dtype, F&& f) {
@@ -191,7 +172,9 @@ void merge_tile_stats(torch::Tensor& tile_max, torch::Tensor& tile_sum, torch::T
 void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& row_scale,
                             const torch::Tensor& target_col, int64_t begin,
                             const MarginParams& params, torch::Tensor& row_max,
-                            torch::Tensor& row_sum, torch::Tensor& target_logit) {
+                            torch::Tensor& row_sum, torch::Tensor& target_logit,
+                            CpuKeptExponentials* kept) {
+  MYRIAD_CHECK(kept == nullptr || !dot.is_cuda(), "only the CPU softmax keeps its exponentials");
   torch::Tensor tile_max, tile_sum;
 #ifdef MYRIAD_WITH_CUDA
   if (dot.is_cuda()) {
@@ -206,7 +189,8 @@ void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& row_s
   }
 #endif
   if (!dot.is_cuda())
-    cpu_chunk_stats({dot, row_scale, target_col, begin, params}, tile_max, tile_sum, target_logit);
+    cpu_chunk_stats({dot, row_scale, target_col, begin, params}, tile_max, tile_sum, target_logit,
+                    kept);
   merge_tile_stats(tile_max, tile_sum, row_max, row_sum);
 }
 

@@ -9,6 +9,7 @@
 
 #include <torch/types.h>
 
+#include "cpu_softmax.h"
 #include "myriad/classifier/margin.h"
 
 namespace myriad {
@@ -27,11 +28,13 @@ torch::Tensor chunk_inv_norms(const torch::Tensor& weight, int64_t begin, int64_
 // Folds one chunk of logits `dot` [c, B] into running per-sample statistics: `row_max` and
 // `row_sum` (sum of exp(z - row_max)), and writes the target logit of samples whose target
 // class (`target_col` - begin) lies in the chunk into `target_logit`. The cosines are
-// dot * row_scale[j] when `row_scale` [c] is defined, else dot.
+// dot * row_scale[j] when `row_scale` [c] is defined, else dot. On the CPU, `kept` (its `exps`
+// allocated) keeps the chunk's exponentials for cpu_kept_grad.
 void accumulate_chunk_stats(const torch::Tensor& dot, const torch::Tensor& row_scale,
                             const torch::Tensor& target_col, int64_t begin,
                             const MarginParams& params, torch::Tensor& row_max,
-                            torch::Tensor& row_sum, torch::Tensor& target_logit);
+                            torch::Tensor& row_sum, torch::Tensor& target_logit,
+                            CpuKeptExponentials* kept = nullptr);
 
 // d loss / d cos for one chunk, [c, B]: coef * (softmax - one_hot) * dz/dcos, in `dtype`, times
 // row_scale[j] when it is defined (cosines read as in accumulate_chunk_stats). `coef` is a

@@ -40,6 +40,7 @@ struct SoftmaxStep {
   torch::Tensor row_max;      // [B] global max logit
   torch::Tensor row_inv_sum;  // [B] 1 / global sum of exp(z - max)
   std::vector<torch::Tensor> cached_dot;
+  std::vector<CpuKeptExponentials> cpu_kept;  // on the CPU, in place of cached_dot
   std::vector<torch::Tensor> cached_rows;
   KeptExponentials kept;      // where the plan keeps the exponentials
   torch::Tensor finite_rows;  // [B] bool, a part's: whether each sample's features are finite

@@ -221,7 +221,7 @@ expect O17 2 "--fused on and --naive exclude each other" \
   "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused on --naive
 expect O18 2 "--fused-update must be auto, on or off, got 'maybe'" \
   "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused-update maybe
-expect O19 2 "the fused weight update needs the fused classifier kernels, SGD and bfloat16 weights that the classifier updates \(this run: GEMMs and softmax loops on the CPU, SGD, Float weights\)" \
+expect O19 2 "the fused weight update needs the fused classifier kernels, SGD and bfloat16 weights that the classifier updates \(this run: GEMMs and softmax loops on the CPU( \(bf16 pair products\))?, SGD, Float weights\)" \
   "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused-update on
 expect O20 2 "--fused-update on and --naive exclude each other" \
   "$bin/myriad-bench" classifier --device cpu --num-classes 1K --batch-size 8 --fused-update on --naive
@@ -433,7 +433,7 @@ expect R10 2 "--cuda-graphs on needs GPUs" $(train --cuda-graphs on)
 expect R11 2 "--cuda-graphs on and --sync-bn exclude each other" $(train --cuda-graphs on --sync-bn)
 expect R12 2 "the fused classifier kernels need an H100 or H200 GPU, bf16 GEMMs and an embedding size that is a multiple of 8 up to 512 \(this run: GEMMs and softmax loops on the CPU" \
   env CUDA_VISIBLE_DEVICES= $(train --fused-classifier on)
-expect R16 2 "the fused weight update needs the fused classifier kernels, SGD and bfloat16 weights that the classifier updates \(this run: GEMMs and softmax loops on the CPU, SGD, BFloat16 weights\)" \
+expect R16 2 "the fused weight update needs the fused classifier kernels, SGD and bfloat16 weights that the classifier updates \(this run: GEMMs and softmax loops on the CPU( \(bf16 pair products\))?, SGD, BFloat16 weights\)" \
   env CUDA_VISIBLE_DEVICES= $(train --fused-update on --classifier-weight-dtype bf16)
 # Two ranks on a host of one GPU (the test's override stands in for the GPU): refused before NCCL.
 expect R17 2 "$(hostname) runs 2 ranks \(0-1\) but they see 1 GPU .*ranks 0-1 on fault-gpu-.* would share one GPU, which NCCL refuses; start at most 1 rank on this host" \

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "classifier/cpu_bf16_products.h"
 #include "myriad/classifier/shard_optimizer.h"
 #include "myriad/util/error.h"
 #include "myriad/util/stochastic_round.h"
@@ -59,18 +60,38 @@ void expect_product_matches_multiplied(OptimizerKind kind, torch::ScalarType dz_
   EXPECT_TRUE(torch::equal(w_product[untouched], start[untouched])) << label;
 }
 
-// bf16 dz and x take the CPU's bf16 pair products where it has them; a float32 side, the row
-// loop's float32 product.
+// Float32 features take the row loop's float32 product, from a float32 or bfloat16 dz; bfloat16
+// ones the CPU's bf16 pair products, where it has them.
 TEST(ShardOptimizerCpu, RowGradientFormedInTheLoopMatchesTheMultipliedOne) {
   const auto f32 = torch::kFloat32, bf16 = torch::kBFloat16;
   expect_product_matches_multiplied(OptimizerKind::kSgd, f32, f32, RowGradient::kRow, false);
   expect_product_matches_multiplied(OptimizerKind::kSgd, bf16, f32, RowGradient::kUnitRowOverNorm,
                                     true);
   expect_product_matches_multiplied(OptimizerKind::kAdamW, bf16, f32, RowGradient::kUnitRow, false);
+  if (!cpu_has_bf16_products()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
   expect_product_matches_multiplied(OptimizerKind::kSgd, bf16, bf16, RowGradient::kUnitRowOverNorm,
                                     true);
   expect_product_matches_multiplied(OptimizerKind::kAdamW, bf16, bf16, RowGradient::kRow, false);
-  expect_product_matches_multiplied(OptimizerKind::kSgd, f32, bf16, RowGradient::kRow, false);
+}
+
+// bfloat16 features with a float32 logits' gradient (or on a CPU without pair products) have no
+// path, and say why.
+TEST(ShardOptimizerCpu, Bf16FeaturesNeedPairProducts) {
+  OptimizerOptions o;
+  ShardOptimizer optimizer(o, 4, 8, torch::kCPU, 0, 1);
+  optimizer.begin_step();
+  torch::Tensor w = torch::zeros({4, 8});
+  const torch::ScalarType dz_dtype = cpu_has_bf16_products() ? torch::kFloat32 : torch::kBFloat16;
+  try {
+    optimizer.update_rows_from_product(w, torch::Tensor(), 0, 4, torch::zeros({4, 3}, dz_dtype),
+                                       torch::zeros({3, 8}, torch::kBFloat16), RowGradient::kRow,
+                                       torch::Tensor());
+    FAIL() << "bfloat16 features were taken without pair products";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bfloat16 features take the CPU's bf16 pair products"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ShardOptimizerCpu, ProductOfTheWrongShapeIsRefused) {

@@ -152,6 +152,9 @@ class ShardedMarginSoftmax {
   // The two strategies of backward, chosen in the constructor, for the start-up line: which path
   // computes the logits and their gradient, then "; rows: " and what updates the rows.
   std::string kernels() const;
+  // What the latest forward kept for backward ("cached logits", "exponentials kept for backward
+  // (bf16)", ...), or "recompute in backward".
+  std::string kept_for_backward() const;
   // Times forward and backward phases ("classifier.*") into `timer` (null: no timing).
   void set_phase_timer(PhaseTimer* timer);
 

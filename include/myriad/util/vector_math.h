@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "myriad/util/cpu_clones.h"
+
 namespace myriad {
 
 inline uint32_t float_bits(float v) {
@@ -64,6 +66,63 @@ inline void store_rounded(c10::BFloat16* p, float v) {
 }
 inline void store_rounded(c10::Half* p, float v) {
   *p = c10::Half(v);
+}
+
+// Sixteen float32 lanes: one AVX-512 register, two or four in the narrower clones (cpu_clones.h).
+using SumLanes = float __attribute__((vector_size(64)));
+constexpr int kSumLanes = 16;
+
+// Elements [0, 16) of a row as float32 lanes.
+template <typename T>
+MYRIAD_INLINE_LOOP void load_lanes(SumLanes& lanes, const T* row) {
+  float v[kSumLanes];
+  for (int j = 0; j < kSumLanes; ++j) v[j] = static_cast<float>(row[j]);
+  std::memcpy(&lanes, v, sizeof lanes);
+}
+
+// The lanes' total: the upper half added onto the lower, four times (a fixed order).
+MYRIAD_INLINE_LOOP float lane_total(SumLanes& l) {
+  l += __builtin_shufflevector(l, l, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+  l += __builtin_shufflevector(l, l, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7);
+  l += __builtin_shufflevector(l, l, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  l += __builtin_shufflevector(l, l, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
+  return l[0];
+}
+
+// A row's sums of a.a and, where kDot, a.b, over `dim` elements, element k in lane k % 16. Partial
+// sums that GCC kept in a float array were scalarised, and a row's sums cost more than its update.
+struct RowSums {
+  float squares = 0.0f, dot = 0.0f;
+};
+
+template <bool kDot, typename A, typename B>
+MYRIAD_INLINE_LOOP RowSums sum_products(const A* a, const B* b, int64_t dim) {
+  SumLanes squares = {}, dot = {}, x, y;
+  int64_t k = 0;
+  for (; k + kSumLanes <= dim; k += kSumLanes) {
+    load_lanes(x, a + k);
+    squares += x * x;
+    if constexpr (kDot) {
+      load_lanes(y, b + k);
+      dot += x * y;
+    }
+  }
+  for (int j = 0; k + j < dim; ++j) {
+    const float v = static_cast<float>(a[k + j]);
+    squares[j] += v * v;
+    if constexpr (kDot) dot[j] += v * static_cast<float>(b[k + j]);
+  }
+  return {lane_total(squares), lane_total(dot)};
+}
+
+template <typename A, typename B>
+MYRIAD_INLINE_LOOP RowSums row_sums(const A* a, const B* b, int64_t dim) {
+  return sum_products<true>(a, b, dim);
+}
+
+template <typename A>
+MYRIAD_INLINE_LOOP float row_squares(const A* a, int64_t dim) {
+  return sum_products<false>(a, a, dim).squares;
 }
 
 }  // namespace myriad

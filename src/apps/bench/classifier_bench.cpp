@@ -85,7 +85,9 @@ class Subject {
 
   const ChunkPlan* plan() const { return sharded_ ? &sharded_->last_plan() : nullptr; }
   std::string kernels() const { return sharded_ ? sharded_->kernels() : std::string(); }
-  bool fused() const { return sharded_ && sharded_->fused(); }
+  std::string kept_for_backward() const {
+    return sharded_ ? sharded_->kept_for_backward() : std::string();
+  }
   void set_phase_timer(PhaseTimer* timer) {
     if (sharded_) sharded_->set_phase_timer(timer);
   }
@@ -228,8 +230,7 @@ struct StepResult {
   int64_t shard_rows = 0;
   int64_t global_batch = 0;
   std::optional<ChunkPlan> plan;  // myriad's classifier only
-  std::string kernels;
-  bool fused = false;
+  std::string kernels, kept_for_backward;
   RankSpread step_ms, rate, peak;
   Floor floor{};
 };
@@ -244,7 +245,7 @@ StepResult summarise(const ProcessContext& context, const Communicator& comm,
   r.global_batch = config.local_batch * comm.size();
   if (subject.plan() != nullptr) r.plan = *subject.plan();
   r.kernels = subject.kernels();
-  r.fused = subject.fused();
+  r.kept_for_backward = subject.kept_for_backward();
   r.step_ms = spread_over_ranks(per_step * 1e3, context);
   const double tflops = 6.0 * r.global_batch * o.embedding_size * r.shard_rows / (per_step * 1e12);
   r.rate = spread_over_ranks(tflops, context);
@@ -272,11 +273,8 @@ void print_configuration(const BenchConfig& config, const StepResult& r, int wor
       format_bytes(o.workspace_bytes).c_str(), device.str().c_str());
   if (r.plan) {
     std::printf("# plan: %s, %s, %lld chunk(s) of %lld classes\n", r.kernels.c_str(),
-                r.plan->kept_exponentials ? "exponentials kept for backward (bf16)"
-                : !r.plan->cache          ? "recompute in backward"
-                : r.fused                 ? "rows kept for backward"
-                                          : "cached logits",
-                static_cast<long long>(r.plan->chunks), static_cast<long long>(r.plan->chunk_rows));
+                r.kept_for_backward.c_str(), static_cast<long long>(r.plan->chunks),
+                static_cast<long long>(r.plan->chunk_rows));
   }
 }
 
