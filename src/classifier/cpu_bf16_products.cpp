@@ -283,4 +283,8 @@ void bf16_long_k(float*, const c10::BFloat16*, const c10::BFloat16*, int64_t, in
 
 #endif
 
+bool cpu_pair_products(c10::ScalarType gemm_dtype) {
+  return gemm_dtype == c10::ScalarType::BFloat16 && cpu_has_bf16_products();
+}
+
 }  // namespace myriad

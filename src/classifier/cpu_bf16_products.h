@@ -5,6 +5,7 @@
 // float32 lane). Both are shaped for a shard: many rows of classes against a small batch. Where
 // the CPU has no such instruction, mixed_gemm multiplies float32 copies instead.
 
+#include <c10/core/ScalarType.h>
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
@@ -13,6 +14,10 @@ namespace myriad {
 
 // Whether this CPU runs the products below.
 bool cpu_has_bf16_products();
+
+// Whether GEMMs of `gemm_dtype` take the products below on this CPU: the one choice that the
+// CPU's logits path, row updater and GEMMs share.
+bool cpu_pair_products(c10::ScalarType gemm_dtype);
 
 // out[rows, batch] = a[rows, dim] @ b[batch, dim]^T: each class row against every sample (the
 // logits). All row-major and contiguous; rows are spread over LibTorch's threads.

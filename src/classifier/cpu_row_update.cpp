@@ -188,7 +188,7 @@ void check_rows(const CpuRowUpdate& r, std::initializer_list<const torch::Tensor
       "got {} {}",
       r.weight.size(1), r.features.scalar_type(), r.features.sizes());
   MYRIAD_CHECK(!r.features.defined() || r.features.scalar_type() == torch::kFloat32 ||
-                   (r.grad.scalar_type() == torch::kBFloat16 && cpu_has_bf16_products()),
+                   cpu_pair_products(r.grad.scalar_type()),
                "bfloat16 features take the CPU's bf16 pair products: a bfloat16 logits' gradient "
                "on a CPU with AVX512-BF16, got a {} gradient{}",
                r.grad.scalar_type(), cpu_has_bf16_products() ? "" : " on a CPU without them");

@@ -24,7 +24,8 @@ int64_t tile_rows(int64_t batch) {
   return std::max<int64_t>(16, (int64_t{64} << 10) / std::max<int64_t>(batch, 1));
 }
 
-// What the loops read. A non-target logit is mult * clamp(cosine, lo, hi): s and [-1, 1] for a
+// What the loops read; `dot` is null for the kept exponentials' gradient, which reads no logits.
+// A non-target logit is mult * clamp(cosine, lo, hi): s and [-1, 1] for a
 // normalising margin, else 1 and no bounds, so one loop serves both. A sample's target, where it
 // lies in the chunk, is at row target_row[b] (else -1), with margin logit target_z[b] and
 // dz/dcos target_dz[b].
@@ -51,7 +52,7 @@ struct RowLoop {
   float lo, hi, mult;
 
   RowLoop(const Kernel& k, int64_t j)
-      : dot(k.dot + j * k.batch),
+      : dot(k.dot != nullptr ? k.dot + j * k.batch : nullptr),
         scale(k.scale(j)),
         row(static_cast<int32_t>(j)),
         target_row(k.target_row),
@@ -70,8 +71,9 @@ struct RowLoop {
   MYRIAD_INLINE_LOOP bool target(int64_t b) const { return target_row[b] == row; }
 };
 
-// Rows [first, last) into m (their largest logit per sample) and s (the sum of exp(z - m)); where
-// `kept` is not null, each exp(z - m) is also stored there.
+// Rows [first, last) into m (their largest logit per sample) and s (the sum of exp(z - m)); with
+// kKeep, each exp(z - m) is also stored in `kept`.
+template <bool kKeep>
 MYRIAD_INLINE_LOOP void stats_tile(const Kernel& k, int64_t first, int64_t last,
                                    float* __restrict__ m, float* __restrict__ s, float* kept) {
   const int64_t batch = k.batch;
@@ -83,15 +85,11 @@ MYRIAD_INLINE_LOOP void stats_tile(const Kernel& k, int64_t first, int64_t last,
   }
   for (int64_t j = first; j < last; ++j) {
     const RowLoop r(k, j);
-    if (kept == nullptr) {
-      for (int64_t b = 0; b < batch; ++b) s[b] += vector_exp(r.logit(b, r.target(b)) - m[b]);
-      continue;
-    }
-    float* __restrict__ e = kept + j * batch;
+    float* __restrict__ e = kKeep ? kept + j * batch : nullptr;
     for (int64_t b = 0; b < batch; ++b) {
       const float v = vector_exp(r.logit(b, r.target(b)) - m[b]);
       s[b] += v;
-      e[b] = v;
+      if constexpr (kKeep) e[b] = v;
     }
   }
 }
@@ -99,9 +97,14 @@ MYRIAD_INLINE_LOOP void stats_tile(const Kernel& k, int64_t first, int64_t last,
 MYRIAD_CPU_CLONES void stats_tiles(const Kernel& k, int64_t first_tile, int64_t last_tile,
                                    float* tile_max, float* tile_sum, float* kept) {
   for (int64_t t = first_tile; t < last_tile; ++t) {
-    const int64_t first = t * k.tile_rows;
-    stats_tile(k, first, std::min(k.rows, first + k.tile_rows), tile_max + t * k.batch,
-               tile_sum + t * k.batch, kept);
+    const int64_t first = t * k.tile_rows, last = std::min(k.rows, first + k.tile_rows);
+    float* m = tile_max + t * k.batch;
+    float* s = tile_sum + t * k.batch;
+    if (kept != nullptr) {
+      stats_tile<true>(k, first, last, m, s, kept);
+    } else {
+      stats_tile<false>(k, first, last, m, s, kept);
+    }
   }
 }
 
@@ -197,8 +200,7 @@ void check_chunk(const CpuChunkLogits& c) {
                c.row_scale.defined() ? c.row_scale.sizes() : torch::IntArrayRef());
 }
 
-// The loops' view of a chunk of `rows` x `batch` logits at `dot` (or of the exponentials kept in
-// their place, which only kept_grad_tile reads).
+// The loops' view of a chunk of `rows` x `batch` logits at `dot` (null for kept exponentials).
 Kernel kernel_of(const float* dot, const torch::Tensor& row_scale, int64_t rows, int64_t batch,
                  const CpuTargets& t, const MarginParams& params) {
   const bool normalized = params.normalized;
@@ -259,8 +261,7 @@ void cpu_chunk_stats(const CpuChunkLogits& chunk, torch::Tensor& tile_max, torch
   for (int64_t b = 0; b < k.batch; ++b)
     if (targets.row[b] >= 0) out[b] = targets.z[b];
   if (kept != nullptr) {
-    // The merge of the statistics rescales tile_max in place.
-    kept->tile_max = tile_max.clone();
+    kept->tile_max = tile_max;
     kept->row_scale = chunk.row_scale;
     kept->targets = std::move(targets);
   }
@@ -297,7 +298,7 @@ torch::Tensor cpu_kept_grad(CpuKeptExponentials& kept, const MarginParams& param
                kept.exps.scalar_type(), kept.exps.sizes());
   const int64_t rows = kept.exps.size(0), batch = kept.exps.size(1);
   float* e = kept.exps.data_ptr<float>();
-  const Kernel k = kernel_of(e, kept.row_scale, rows, batch, kept.targets, params);
+  const Kernel k = kernel_of(nullptr, kept.row_scale, rows, batch, kept.targets, params);
   check_statistics(row_max, row_inv_sum, batch);
   MYRIAD_CHECK(kept.tile_max.numel() == tiles_of(k) * batch &&
                    static_cast<int64_t>(kept.targets.row.size()) == batch,

@@ -32,8 +32,7 @@ struct CpuTargets {
 
 // What forward keeps of a chunk for backward in place of its logits, where the plan caches: each
 // logit's exp(z - the largest in its tile of rows), which backward turns into the gradient in
-// place with no exponential of its own. (Kept in bfloat16, the stores made the statistics' loop
-// slower than the exponentials it saved.)
+// place with no exponential of its own.
 struct CpuKeptExponentials {
   torch::Tensor exps;      // float32 [rows, batch]
   torch::Tensor tile_max;  // float32 [tiles, batch]

@@ -124,7 +124,7 @@ class CpuLogits final : public LogitsPath {
       : params_(params), gemm_dtype_(gemm_dtype), phases_(phases) {}
 
   std::string describe() const override {
-    return gemm_dtype_ == torch::kBFloat16 && cpu_has_bf16_products()
+    return cpu_pair_products(gemm_dtype_)
                ? "GEMMs and softmax loops on the CPU (bf16 pair products)"
                : "GEMMs and softmax loops on the CPU";
   }

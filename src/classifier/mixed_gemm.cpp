@@ -56,8 +56,7 @@ constexpr int64_t kCpuBlockRows = 4096;
 // over the classes), they are slices of the reduction, whose partial products `out` sums.
 void gemm_cpu(torch::Tensor& out, const torch::Tensor& a, bool trans_a, const torch::Tensor& b,
               bool trans_b, bool accumulate) {
-  if (a.scalar_type() == torch::kBFloat16 && out.scalar_type() == torch::kFloat32 &&
-      cpu_has_bf16_products()) {
+  if (cpu_pair_products(a.scalar_type()) && out.scalar_type() == torch::kFloat32) {
     const auto* pa = a.data_ptr<c10::BFloat16>();
     const auto* pb = b.data_ptr<c10::BFloat16>();
     if (!trans_a && trans_b && !accumulate) {

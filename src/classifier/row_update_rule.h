@@ -59,6 +59,11 @@ MYRIAD_HD inline float inverse_sqrt(float x) {
 #endif
 }
 
+// 1/|w| from the sum of the row's squares, at most 1e12: forward's row norms and the update's.
+MYRIAD_HD inline float inverse_norm(float squares) {
+  return inverse_sqrt(squares > kMinSquaredNorm ? squares : kMinSquaredNorm);
+}
+
 // dw for one element: the gradient with respect to the row itself. For grad = dL/d(w/|w|),
 // dw = grad/|w| - (w.grad) w/|w|^3; for grad = dL/d(w/|w|) / |w|, dw = grad - (w.grad) w/|w|^2.
 struct RowGradientOf {
@@ -76,7 +81,7 @@ MYRIAD_HD inline RowGradientOf row_gradient_of(float dot, float squares, RowGrad
   if (multiplier != nullptr) rg.gain = *multiplier;
   if (grad_of == RowGradient::kRow) return rg;
   dot *= rg.gain;
-  const float inv_norm = inverse_sqrt(squares > kMinSquaredNorm ? squares : kMinSquaredNorm);
+  const float inv_norm = inverse_norm(squares);
   if (grad_of == RowGradient::kUnitRow) {
     rg.gain *= inv_norm;
     rg.radial = dot * inv_norm * inv_norm * inv_norm;

@@ -231,9 +231,8 @@ class CpuProductRowUpdater final : public RowUpdater {
         optimizer_(optimizer),
         weight_(weight),
         phases_(phases),
-        features_dtype_(options.gemm_dtype == torch::kBFloat16 && cpu_has_bf16_products()
-                            ? torch::kBFloat16
-                            : torch::kFloat32) {}
+        features_dtype_(cpu_pair_products(options.gemm_dtype) ? torch::kBFloat16
+                                                              : torch::kFloat32) {}
 
   std::string describe() const override {
     return str_format("{}, each row's gradient formed in its update (CPU, {})",

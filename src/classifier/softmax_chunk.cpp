@@ -18,6 +18,7 @@
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 #include "myriad/util/vector_math.h"
+#include "row_update_rule.h"
 
 #ifdef MYRIAD_WITH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -49,6 +50,14 @@ void with_type(torch::ScalarType dtype, F&& f) {
   }
 }
 
+// Rows [first, last) of cpu_inv_norms; cloned, as the baseline's four-float loop spilled the
+// sixteen lanes of row_squares to the stack.
+template <typename T>
+MYRIAD_CPU_CLONES void inv_norm_range(const T* data, int64_t first, int64_t last, int64_t dim,
+                                      float* norms) {
+  for (int64_t i = first; i < last; ++i) norms[i] = inverse_norm(row_squares(data + i * dim, dim));
+}
+
 // The CPU's prepare_rows and its norms: one pass over each row, as the GPU's row kernels make.
 torch::Tensor cpu_inv_norms(const torch::Tensor& rows) {
   torch::Tensor out = torch::empty({rows.size(0)}, rows.options().dtype(torch::kFloat32));
@@ -58,8 +67,7 @@ torch::Tensor cpu_inv_norms(const torch::Tensor& rows) {
   with_type(r.scalar_type(), [&](auto* tag) {
     const auto* data = r.data_ptr<std::remove_pointer_t<decltype(tag)>>();
     at::parallel_for(0, r.size(0), 1024, [&](int64_t first, int64_t last) {
-      for (int64_t i = first; i < last; ++i)
-        norms[i] = 1.0f / std::sqrt(std::max(row_squares(data + i * dim, dim), 1e-24f));
+      inv_norm_range(data, first, last, dim, norms);
     });
   });
   return out;
@@ -155,12 +163,12 @@ torch::Tensor logit_bounds(const torch::Tensor& x, const torch::Tensor& inv_norm
 namespace {
 
 // Folds per-tile statistics [tiles, B] into the running ones: the chunk's max and sum first,
-// then both sums rescaled to the new maximum.
-void merge_tile_stats(torch::Tensor& tile_max, torch::Tensor& tile_sum, torch::Tensor& row_max,
-                      torch::Tensor& row_sum) {
+// then both sums rescaled to the new maximum. tile_max is left as it is (kept exponentials read
+// it in backward).
+void merge_tile_stats(const torch::Tensor& tile_max, torch::Tensor& tile_sum,
+                      torch::Tensor& row_max, torch::Tensor& row_sum) {
   const torch::Tensor chunk_max = std::get<0>(tile_max.max(0));
-  const torch::Tensor chunk_sum =
-      tile_sum.mul_(tile_max.sub_(chunk_max.unsqueeze(0)).exp_()).sum(0);
+  const torch::Tensor chunk_sum = tile_sum.mul_((tile_max - chunk_max.unsqueeze(0)).exp_()).sum(0);
   const torch::Tensor merged_max = torch::maximum(row_max, chunk_max);
   row_sum.mul_(row_max.sub_(merged_max).exp_())
       .add_(chunk_sum.mul_(chunk_max.sub_(merged_max).exp_()));

@@ -54,7 +54,7 @@ __device__ inline void add_squares(float& squares, const float (&v)[kWidth]) {
 }
 
 __device__ inline float row_inv_norm(float lane_squares) {
-  return rsqrtf(fmaxf(warp_sum(lane_squares), kMinSquaredNorm));
+  return inverse_norm(warp_sum(lane_squares));
 }
 
 // The first element of each of this lane's groups of kWidth.
