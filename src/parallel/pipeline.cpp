@@ -184,6 +184,10 @@ size_t PipelineEngine::item(int chunk, int m) const {
   return static_cast<size_t>(chunk * layout_.micro_batches + m);
 }
 
+int PipelineEngine::traced_chunk(int chunk) const {
+  return layout_.chunks > 1 ? chunk : -1;
+}
+
 StateDict PipelineEngine::stage_state() {
   StateDict state;
   for (auto& [name, tensor] : backbone_.state_dict()) {
@@ -273,7 +277,8 @@ std::vector<torch::Tensor> PipelineEngine::forward_micro_batch(int chunk, int m,
   phase("forward");
   MicroBatch& mb = micro_batches_[item(chunk, m)];
   Activations out;
-  const Timeline::Scope traced(timeline_, "forward", m);
+  const Timeline::Scope traced(timeline_, "forward", m, Timeline::Lane::kStage,
+                               traced_chunk(chunk));
   clock_->start();
   if (graphs_ && !graphs_->prepare(in, *step_sync_)) use_cuda_graphs(false);
   if (graphs_) {
@@ -344,7 +349,8 @@ torch::Tensor PipelineEngine::backward_micro_batch(int chunk, int m, const torch
       layout_.gives_embeddings(chunk) ? grad : from_wire(backbone_, grad);
   fault_stall("backward", layout_.rank());
   torch::Tensor input_grad;
-  const Timeline::Scope traced(timeline_, "backward", m);
+  const Timeline::Scope traced(timeline_, "backward", m, Timeline::Lane::kStage,
+                               traced_chunk(chunk));
   clock_->start();
   if (graphs_) {
     input_grad = graphs_->backward(m % graph_slots_, incoming, last_pass);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "myriad/comm/communicator.h"
@@ -114,6 +115,54 @@ std::vector<double> stage_ms(const std::vector<double>& seconds, int stages) {
   return ms;
 }
 
+// What a search for a stage cut takes: the blocks' costs, the stages and their micro-batches,
+// each (virtual) stage's memory, and whether it balances or checks the hand cut `given`.
+struct CutSearch {
+  const std::vector<BlockCost>& costs;
+  int stages;
+  int64_t micro_batches;
+  int chunks;
+  double memory;
+  bool balance;
+  std::vector<int64_t> given;
+};
+
+// A search's answer under `schedule`: its micro-batches in flight per stage, and the fastest cut
+// that fits (the hand cut, if it fits), or none.
+struct FittedCut {
+  PipelineSchedule schedule;
+  std::vector<int64_t> in_flight;
+  std::optional<StageCut> cut;
+};
+
+FittedCut fit_cut(const CutSearch& s, PipelineSchedule schedule) {
+  FittedCut f{schedule, micro_batches_in_flight(schedule, s.stages, s.micro_batches, s.chunks),
+              std::nullopt};
+  if (s.balance) {
+    f.cut = balance_stages(s.costs, f.in_flight, s.memory);
+    return f;
+  }
+  StageCut given = evaluate_cut(s.costs, s.given, f.in_flight);
+  if (*std::max_element(given.stage_bytes.begin(), given.stage_bytes.end()) <= s.memory)
+    f.cut = std::move(given);
+  return f;
+}
+
+// auto: GPipe, unless only 1F1B's fewer micro-batches in flight fit (and if neither does, the
+// answer under 1F1B, whose error says what it would need).
+FittedCut choose_cut(const TrainConfig& c, const CutSearch& s, PipelineSchedule schedule) {
+  FittedCut best = fit_cut(s, schedule);
+  if (best.cut || c.pipeline_schedule != ScheduleChoice::kAuto || c.micro_batches <= 1) return best;
+  best = fit_cut(s, PipelineSchedule::k1F1B);
+  if (best.cut) {
+    log_info(
+        "pipeline schedule 1f1b (--pipeline-schedule auto): with the activations of all {} "
+        "micro-batches held, as GPipe holds them, no cut fits in {} per GPU",
+        c.micro_batches, format_bytes(s.memory));
+  }
+  return best;
+}
+
 }  // namespace
 
 PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicator& mpi, int rank,
@@ -135,48 +184,31 @@ PipelinePlan plan_pipeline(const TrainConfig& c, Backbone& backbone, Communicato
 
   const std::vector<BlockCost> measured = block_costs(c, backbone, mpi, rank, device, autocast);
   const std::vector<BlockCost> replayed = replayed_costs(measured);
-  const std::vector<BlockCost>& costs = cuda_graphs_expected(c, device) ? replayed : measured;
   // Interleaved, each of a stage's v chunks may take a v-th of its memory: a bound on their sum
   // that the balancer's cut into consecutive pieces can check piece by piece.
-  const double memory = stage_memory(c, device, mpi) / chunks;
-  // The fastest cut that fits under `schedule` (the hand cut, if it fits), or none.
-  const bool balance = c.pipeline_split.empty() && stages > 1;
-  const auto fitting = [&](PipelineSchedule schedule) -> std::optional<StageCut> {
-    const std::vector<int64_t> in_flight =
-        micro_batches_in_flight(schedule, stages, c.micro_batches, chunks);
-    if (balance) return balance_stages(costs, in_flight, memory);
-    StageCut given = evaluate_cut(costs, plan.cut, in_flight);
-    const double most = *std::max_element(given.stage_bytes.begin(), given.stage_bytes.end());
-    return most <= memory ? std::optional<StageCut>(given) : std::nullopt;
-  };
-  std::optional<StageCut> best = fitting(plan.schedule);
-  // auto: GPipe, unless only 1F1B's fewer micro-batches in flight fit (and if neither does, the
-  // error below says what 1F1B would need).
-  if (!best && c.pipeline_schedule == ScheduleChoice::kAuto && c.micro_batches > 1) {
-    best = fitting(PipelineSchedule::k1F1B);
-    plan.schedule = PipelineSchedule::k1F1B;
-    if (best) {
-      log_info(
-          "pipeline schedule 1f1b (--pipeline-schedule auto): with the activations of all {} "
-          "micro-batches held, as GPipe holds them, no cut fits in {} per GPU",
-          c.micro_batches, format_bytes(memory));
-    }
-  }
-  const std::vector<int64_t> in_flight =
-      micro_batches_in_flight(plan.schedule, stages, c.micro_batches, chunks);
-  if (balance) {
+  const CutSearch search{cuda_graphs_expected(c, device) ? replayed : measured,
+                         stages,
+                         c.micro_batches,
+                         chunks,
+                         stage_memory(c, device, mpi) / chunks,
+                         c.pipeline_split.empty() && stages > 1,
+                         plan.cut};
+  const FittedCut best = choose_cut(c, search, plan.schedule);
+  plan.schedule = best.schedule;
+  if (search.balance) {
     MYRIAD_CHECK_COLLECTIVE(
-        best.has_value(),
+        best.cut.has_value(),
         "no cut of {}'s {} blocks into {} stages fits in {} per GPU, with the activations of {} "
         "micro-batches of {} samples held ({}): use more stages, a smaller --batch-size{}, or "
         "--activation-checkpointing",
-        c.backbone, blocks, stages * chunks, format_bytes(memory * chunks), in_flight.front(),
-        c.batch_size / c.micro_batches, schedule_name(plan.schedule),
+        c.backbone, blocks, stages * chunks, format_bytes(search.memory * chunks),
+        best.in_flight.front(), c.batch_size / c.micro_batches, schedule_name(plan.schedule),
         c.pipeline_schedule == ScheduleChoice::kGPipe && c.micro_batches > 1
             ? ", --pipeline-schedule 1f1b"
             : "");
-    plan.cut = best->cut;
+    plan.cut = best.cut->cut;
   }
+  const std::vector<int64_t>& in_flight = best.in_flight;
   // A cut's memory is the same under either cost: only its times differ.
   const StageCut eager = evaluate_cut(measured, plan.cut, in_flight);
   const StageCut replay = evaluate_cut(replayed, plan.cut, in_flight);

@@ -41,6 +41,7 @@ struct Timeline::Step {
 struct Timeline::Region {
   std::string name;
   int micro_batch = -1;
+  int chunk = -1;
   Lane lane = Lane::kStage;
   size_t step = 0;  // index into steps_
   Clock::time_point host_begin, host_end;
@@ -74,11 +75,12 @@ int64_t Timeline::steps() const {
   return static_cast<int64_t>(steps_.size());
 }
 
-size_t Timeline::open(const char* name, int micro_batch, Lane lane) {
+size_t Timeline::open(const char* name, int micro_batch, Lane lane, int chunk) {
   MYRIAD_CHECK(!steps_.empty(), "a timeline region '{}' began before any traced step", name);
   Region r;
   r.name = name;
   r.micro_batch = micro_batch;
+  r.chunk = chunk;
   r.lane = lane;
   r.step = steps_.size() - 1;
 #ifdef MYRIAD_WITH_CUDA
@@ -104,9 +106,9 @@ void Timeline::close(size_t index) {
   r.closed = true;
 }
 
-Timeline::Scope::Scope(Timeline* timeline, const char* name, int micro_batch, Lane lane)
+Timeline::Scope::Scope(Timeline* timeline, const char* name, int micro_batch, Lane lane, int chunk)
     : timeline_(timeline) {
-  if (timeline_ != nullptr) index_ = timeline_->open(name, micro_batch, lane);
+  if (timeline_ != nullptr) index_ = timeline_->open(name, micro_batch, lane, chunk);
 }
 
 Timeline::Scope::~Scope() {
@@ -123,16 +125,23 @@ nlohmann::json Timeline::events(int pid, const std::string& process) const {
   const auto add = [&](const Region& r, Lane lane, double begin_us, double end_us) {
     used[static_cast<size_t>(lane)] = true;
     nlohmann::json args = {{"step", steps_[r.step].step}};
-    if (r.micro_batch >= 0) args["micro_batch"] = r.micro_batch;
-    out.push_back(
-        {{"name", r.micro_batch >= 0 ? r.name + " " + std::to_string(r.micro_batch) : r.name},
-         {"cat", lane_name(lane)},
-         {"ph", "X"},
-         {"pid", pid},
-         {"tid", static_cast<int>(lane)},
-         {"ts", begin_us},
-         {"dur", std::max(0.0, end_us - begin_us)},
-         {"args", std::move(args)}});
+    std::string name = r.name;
+    if (r.micro_batch >= 0) {
+      args["micro_batch"] = r.micro_batch;
+      name += " " + std::to_string(r.micro_batch);
+    }
+    if (r.chunk >= 0) {
+      args["chunk"] = r.chunk;
+      name += " (chunk " + std::to_string(r.chunk) + ")";
+    }
+    out.push_back({{"name", std::move(name)},
+                   {"cat", lane_name(lane)},
+                   {"ph", "X"},
+                   {"pid", pid},
+                   {"tid", static_cast<int>(lane)},
+                   {"ts", begin_us},
+                   {"dur", std::max(0.0, end_us - begin_us)},
+                   {"args", std::move(args)}});
   };
   for (const Region& r : regions_) {
     if (!r.closed) continue;

@@ -2,7 +2,7 @@
 # myriad-bench backbone end to end, on the CPU at 2 ranks: the step is timed and set beside its
 # roofline; the CSV's kinds add up to the floor it prints, and FLOPs and bytes grow with the batch
 # as the census counts them; the backward split as ZB-H1 splits it gives one backward's gradients.
-# Bad options fail on every rank with one error line and no output.
+# Bad options, and a batch that does not fit, fail on every rank with one error line and no output.
 #   tests/e2e/backbone_bench.sh BIN_DIR
 source "$(dirname "$0")/common.sh"
 py=$(python_with csv)
@@ -83,6 +83,7 @@ bad_option() {
   [ "$code" -ne 0 ] || { echo "exited 0 with $*"; exit 1; }
   [ "$(grep -c "error:" <<<"$output")" -eq 1 ] || { echo "expected one error line for $*:"; echo "$output"; exit 1; }
   grep -q -- "$expected" <<<"$output" || { echo "the error for $* does not say '$expected':"; echo "$output"; exit 1; }
+  ! grep -q "MPI_ABORT" <<<"$output" || { echo "$* ended in MPI_Abort:"; echo "$output"; exit 1; }
 }
 bad_option "--precision" --precision fp8
 bad_option "fp16" --precision fp16
@@ -90,5 +91,8 @@ bad_option "unknown backbone 'nosuchnet'" --backbone nosuchnet
 bad_option "--channels-last must be auto, on or off" --channels-last maybe
 bad_option "must be positive" --steps 0
 bad_option "cannot create '$work/missing/k.csv'" --csv "$work/missing/k.csv"
+# Images that no allocator gives (6 TB): one line from both ranks, not one rank's MPI_Abort.
+bad_option "smallcnn at 2000000000 images per rank does not fit in memory on every rank (an allocation was refused): use a smaller --batch-size" \
+  --backbone smallcnn --input-shape 1x28x28 --batch-size 2000000000
 [ ! -e "$work/missing" ] || { echo "a bad --csv left output behind"; exit 1; }
 echo "backbone bench e2e: OK"

@@ -7,7 +7,7 @@
 #    stage, the last sending back to the first), 1F1B with P = 1 against GPipe, and 4 ranks with
 #    P = 2 against 2 ranks with P = 1;
 #  * the timeline (--timeline) of r18's runs: each stage's passes in its schedule's order, and after
-#    its neighbours' across the ranks' timelines;
+#    its neighbours' across the ranks' timelines; interleaved, each pass names its chunk;
 #  * evaluation through 2 stages, and through their 4 interleaved chunks, as one rank evaluates;
 #  * resume across P and W: a run stopped with P = 2 resumes with P = 1 (2 -> 1 stage, 4 -> 2
 #    ranks), one stopped with P = 1 resumes with P = 2 (1 -> 2 stages), and one with a hand cut
@@ -82,7 +82,8 @@ PY
 # after stage s's, each backward on stage s after stage s + 1's, read across the ranks' timelines
 # (lined up by a barrier; 50 ms for a rank that the scheduler of this oversubscribed machine runs
 # late after the barrier, against a step of over a second); the classifier once per micro-batch
-# (1F1B) or step (GPipe) on every rank.
+# (1F1B) or step (GPipe) on every rank. Interleaved, each pass names its chunk, and the checks are
+# of each pass once a step and after the virtual stage it depends on.
 timeline_check() { # RUN_DIR STAGES SCHEDULE
   "$py" - "$@" <<'PY'
 import sys, json
@@ -91,6 +92,33 @@ t = json.load(open(f"{run}/timeline.json"))
 assert t["otherData"] == {"first_step": 2, "steps": 2, "ranks": P}, t["otherData"]
 names = {e["pid"]: e["args"]["name"] for e in t["traceEvents"] if e["name"] == "process_name"}
 assert sorted(names) == list(range(P)) and all(f"stage {r} " in names[r] for r in range(P)), names
+if schedule == "interleaved":
+    # V = 2 chunks a stage: each pass names its chunk, runs once a step, and waits for the pass it
+    # depends on (virtual stage c P + s follows c P + s - 1 forward, precedes it backward).
+    V = 2
+    for step in (2, 3):
+        ev = [e for e in t["traceEvents"] if e["ph"] == "X" and e["args"]["step"] == step]
+        span = {}
+        for s in range(P):
+            mine = sorted((e for e in ev if e["pid"] == s and e["tid"] == 0), key=lambda e: e["ts"])
+            for a, b in zip(mine, mine[1:]):
+                assert b["ts"] >= a["ts"] + a["dur"], f"step {step}, stage {s}: {a['name']} overlaps {b['name']}"
+            for e in mine:
+                kind = e["name"].split()[0]
+                if kind not in ("forward", "backward"):
+                    continue
+                c, m = e["args"]["chunk"], e["args"]["micro_batch"]
+                assert e["name"] == f"{kind} {m} (chunk {c})", e["name"]
+                assert (kind, c * P + s, m) not in span, f"step {step}: {e['name']} twice on stage {s}"
+                span[(kind, c * P + s, m)] = (e["ts"], e["ts"] + e["dur"])
+        want = {(k, v, m) for k in ("forward", "backward") for v in range(V * P) for m in range(M)}
+        assert set(span) == want, f"step {step}: passes {sorted(set(span) ^ want)} missing or extra"
+        for v in range(V * P - 1):
+            for m in range(M):
+                assert span[("forward", v + 1, m)][0] >= span[("forward", v, m)][1] - tol, (step, v, m)
+                assert span[("backward", v, m)][0] >= span[("backward", v + 1, m)][1] - tol, (step, v, m)
+    print(f"timeline, P = {P}, interleaved: every chunk's passes once, named, after those they need")
+    sys.exit(0)
 def order(s):
     if schedule == "gpipe":
         return [("forward", m) for m in range(M)] + [("backward", m) for m in reversed(range(M))]
@@ -133,8 +161,7 @@ for case in "r18 3x32x32" "vit_t 3x18x18"; do
       run="$work/$net-p$stages-$schedule"
       what="$net, $stages ranks with P = $stages ($schedule) against 1 rank (gpipe)"
       timeline=()
-      [ "$net" != r18 ] || [ "$schedule" = interleaved ] ||
-        timeline=(--profile-steps 2:3 --timeline "$run/timeline.json")
+      [ "$net" != r18 ] || timeline=(--profile-steps 2:3 --timeline "$run/timeline.json")
       train "$stages" "$net" "$shape" "$run" --checkpoint-every 3 --pipeline-stages "$stages" \
         --pipeline-schedule "$schedule" "${timeline[@]}"
       same_losses "$work/$net-p1" "$run" "$what" 1e-5

@@ -162,6 +162,8 @@ class PipelineEngine {
   Activations local_input(int m) const;
   // Where micro-batch m of `chunk` is kept in the step's per-micro-batch state.
   size_t item(int chunk, int m) const;
+  // The chunk that the timeline names for a pass: -1 where a stage is one chunk.
+  int traced_chunk(int chunk) const;
   // Whether state-dict entry `name` lies in this stage's blocks.
   bool holds(const std::string& name) const;
   Activations received_input(std::vector<torch::Tensor> got) const;

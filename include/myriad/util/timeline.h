@@ -37,7 +37,9 @@ class Timeline {
   // tracing) records nothing.
   class Scope {
    public:
-    Scope(Timeline* timeline, const char* name, int micro_batch = -1, Lane lane = Lane::kStage);
+    // `chunk`: the model chunk of an interleaved stage whose pass it is (-1: the stage is one).
+    Scope(Timeline* timeline, const char* name, int micro_batch = -1, Lane lane = Lane::kStage,
+          int chunk = -1);
     ~Scope();
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -57,7 +59,7 @@ class Timeline {
   struct Region;
   struct Step;
 
-  size_t open(const char* name, int micro_batch, Lane lane);
+  size_t open(const char* name, int micro_batch, Lane lane, int chunk);
   void close(size_t index);
 
   torch::Device device_;

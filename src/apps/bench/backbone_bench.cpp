@@ -268,12 +268,19 @@ int run_backbone_bench(ProcessContext& context, int argc, char** argv) {
   const torch::Device device = context.select_device(parse_device_preference(b.device));
   const Precision precision = resolve_precision(b.precision, device);
   const Ceilings ceilings = measure_ceilings(device, compute_dtype(precision));
-  Subject subject(b, device, precision);
-  // One forward's graph, as the timed steps build it.
-  const std::vector<KindFloor> kinds = roofline(layer_census(subject.forward()), ceilings);
-  const Timing t = time_subject(context, subject, b, device);
+  std::unique_ptr<Subject> subject;
+  std::vector<KindFloor> kinds;
+  const std::string what = str_format("{} at {} images per rank", b.net.name, b.batch);
+  fits_on_every_rank(context, what, "use a smaller --batch-size", [&] {
+    subject = std::make_unique<Subject>(b, device, precision);
+    // One forward's graph, as the timed steps build it.
+    kinds = roofline(layer_census(subject->forward()), ceilings);
+    subject->step();
+    synchronize_device(device);
+  });
+  const Timing t = time_subject(context, *subject, b, device);
   if (context.rank() == 0) {
-    report(b, precision, subject, t, ceilings, kinds, context.size(), device);
+    report(b, precision, *subject, t, ceilings, kinds, context.size(), device);
     if (!b.csv.empty()) write_csv(b.csv, kinds, t.step_ms.avg);
   }
   return kExitOk;

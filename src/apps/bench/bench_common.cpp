@@ -1,5 +1,9 @@
 #include "bench_common.h"
 
+#include <new>
+
+#include "myriad/util/error.h"
+
 namespace myriad {
 
 namespace {
@@ -44,6 +48,27 @@ RankSpread spread_over_ranks(double value, const ProcessContext& context) {
   MYRIAD_CHECK_MPI(MPI_Allreduce(&value, &s.avg, 1, MPI_DOUBLE, MPI_SUM, context.world()));
   s.avg /= context.size();
   return s;
+}
+
+bool is_out_of_memory(const std::exception& e) {
+  const std::string what = e.what();
+  return dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+         what.find("out of memory") != std::string::npos ||
+         what.find("can't allocate memory") != std::string::npos;
+}
+
+void fits_on_every_rank(const ProcessContext& context, const std::string& what,
+                        const std::string& remedy, const std::function<void()>& work) {
+  bool fits = true;
+  try {
+    work();
+  } catch (const std::exception& e) {
+    if (!is_out_of_memory(e)) throw;
+    fits = false;
+  }
+  MYRIAD_CHECK_COLLECTIVE(context.all_true(fits),
+                          "{} does not fit in memory on every rank (an allocation was refused): {}",
+                          what, remedy);
 }
 
 }  // namespace myriad

@@ -6,6 +6,9 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <exception>
+#include <functional>
+#include <string>
 
 #include "myriad/comm/process_context.h"
 #include "myriad/model/roofline.h"
@@ -22,6 +25,15 @@ struct RankSpread {
 
 // Collective: every rank must call it, in the same order as the others.
 RankSpread spread_over_ranks(double value, const ProcessContext& context);
+
+// Whether `e` is an allocator's refusal: CUDA's out of memory, or the CPU allocator's.
+bool is_out_of_memory(const std::exception& e);
+
+// Runs `work` on every rank (collective). Where an allocation fails on any rank, every rank ends
+// with one error line that names `what` and the `remedy`, instead of the job ending in one rank's
+// MPI_Abort.
+void fits_on_every_rank(const ProcessContext& context, const std::string& what,
+                        const std::string& remedy, const std::function<void()>& work);
 
 // What this device can do at best: the matrix-product rate in `gemm_dtype` and the bandwidth of
 // a large copy. Measured before the benchmarked work takes its memory; the cached memory is then

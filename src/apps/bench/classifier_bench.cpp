@@ -99,10 +99,6 @@ class Subject {
   torch::Tensor features_, labels_;
 };
 
-bool is_out_of_memory(const std::exception& e) {
-  return std::string(e.what()).find("out of memory") != std::string::npos;
-}
-
 // The largest class count whose shards, optimizer state and workspace fit on every rank: a
 // prediction from the persistent bytes per class, then tries that allocate for real, shrinking
 // by 5% until all ranks succeed (agreeing through MPI before any collective runs).
