@@ -91,8 +91,9 @@ bad_option "unknown backbone 'nosuchnet'" --backbone nosuchnet
 bad_option "--channels-last must be auto, on or off" --channels-last maybe
 bad_option "must be positive" --steps 0
 bad_option "cannot create '$work/missing/k.csv'" --csv "$work/missing/k.csv"
-# Images that no allocator gives (6 TB): one line from both ranks, not one rank's MPI_Abort.
-bad_option "smallcnn at 2000000000 images per rank does not fit in memory on every rank (an allocation was refused): use a smaller --batch-size" \
-  --backbone smallcnn --input-shape 1x28x28 --batch-size 2000000000
+# Images beyond any address space (300 PB), so that a kernel that overcommits refuses them too
+# (6 TB was given, and filled until killed): one line from both ranks, not one rank's MPI_Abort.
+bad_option "smallcnn at 100000000000000 images per rank does not fit in memory on every rank (an allocation was refused): use a smaller --batch-size" \
+  --backbone smallcnn --input-shape 1x28x28 --batch-size 100000000000000
 [ ! -e "$work/missing" ] || { echo "a bad --csv left output behind"; exit 1; }
 echo "backbone bench e2e: OK"
