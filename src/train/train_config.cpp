@@ -166,6 +166,7 @@ po::options_description train_options(TrainConfig& c) {
       ("eval-batch-size", count_option(&c.eval_batch_size), "samples per rank and evaluation batch")
       ("seed", po::value(&c.seed)->default_value(0), "seed of initialisation, sampling and augmentation")
       ("deterministic", po::bool_switch(&c.deterministic), "deterministic cuDNN and cuBLAS: a run repeats bit for bit on the same GPUs and ranks (slower)")
+      ("cudnn-benchmark", po::value<std::string>()->default_value(name_of(c.cudnn_benchmark)), "on: cuDNN times the engines of each convolution shape once, in the first step, and keeps the fastest (GPUs; not with --deterministic); auto: on GPUs unless --deterministic; off: cuDNN's heuristics choose")
       ("threads", po::value(&c.threads)->default_value(0), "CPU threads per rank for LibTorch (0: cores over ranks on the node)")
       ("workers", po::value(&c.workers)->default_value(c.workers), "data loader threads per rank")
       ("prefetch", po::value(&c.prefetch)->default_value(c.prefetch), "batches the loader prepares ahead")
@@ -293,6 +294,10 @@ void finish_training_options(const po::variables_map& values, TrainConfig& c) {
   require(c.classifier_workspace > 0, "--classifier-workspace must be positive");
   c.fused_classifier = choice(values, "fused-classifier", kToggles);
   c.fused_update = choice(values, "fused-update", kToggles);
+  c.cudnn_benchmark = choice(values, "cudnn-benchmark", kToggles);
+  require(c.cudnn_benchmark != Toggle::kOn || !c.deterministic,
+          "--cudnn-benchmark on and --deterministic exclude each other (the timed engines need "
+          "not repeat bit for bit)");
   c.lr_schedule = choice(values, "lr-schedule", kLrSchedules);
   require(c.poly_power > 0.0, "--poly-power must be positive");
   require(c.lr_gamma > 0.0, "--lr-gamma must be positive");
@@ -454,6 +459,20 @@ Precision resolve_precision(Precision precision, const torch::Device& device) {
   MYRIAD_CHECK_COLLECTIVE(precision != Precision::kFp16 || device.is_cuda(),
                           "--precision fp16 needs GPUs");
   return resolve_precision(precision, has_fast_bfloat16(device));
+}
+
+const char* choose_algorithms(bool deterministic, Toggle cudnn_benchmark,
+                              const torch::Device& device) {
+  MYRIAD_CHECK_COLLECTIVE(cudnn_benchmark != Toggle::kOn || device.is_cuda(),
+                          "--cudnn-benchmark on needs GPUs");
+  if (deterministic) {
+    use_deterministic_algorithms();
+    return "deterministic algorithms";
+  }
+  const bool timed = device.is_cuda() && cudnn_benchmark != Toggle::kOff;
+  time_cudnn_engines(timed);
+  if (!device.is_cuda()) return "oneDNN's convolutions";
+  return timed ? "cuDNN's engines timed per shape" : "cuDNN's heuristic engines";
 }
 
 torch::ScalarType compute_dtype(Precision precision) {

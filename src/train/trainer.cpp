@@ -76,7 +76,6 @@ TrainConfig resolved_config(const TrainConfig& config, const torch::Device& devi
       "--profile-steps needs GPUs (it drives the CUDA profiler), or --timeline");
   MYRIAD_CHECK_COLLECTIVE(c.cuda_graphs != Toggle::kOn || device.is_cuda(),
                           "--cuda-graphs on needs GPUs");
-  if (c.deterministic) use_deterministic_algorithms();
   return c;
 }
 
@@ -185,8 +184,9 @@ class Run {
 
   ProcessContext& context_;
   torch::Device device_;
-  TrainConfig c_;            // as given, with --precision resolved for the device
-  bool precision_was_auto_;  // so the start-up line can say that it was resolved
+  TrainConfig c_;             // as given, with --precision resolved for the device
+  bool precision_was_auto_;   // so the start-up line can say that it was resolved
+  const char* conv_engines_;  // how cuDNN picks each convolution's engine (choose_algorithms)
   std::string config_ini_;
   CommFactory comms_;
   Communicator& comm_;
@@ -220,6 +220,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       device_(context.select_device(config.device)),
       c_(resolved_config(config, device_)),
       precision_was_auto_(config.precision == Precision::kAuto),
+      conv_engines_(choose_algorithms(c_.deterministic, c_.cudnn_benchmark, device_)),
       config_ini_(std::move(config_ini)),
       comms_(context),
       comm_(comms_.for_device(device_)),
@@ -380,11 +381,11 @@ void Run::log_start() {
   const std::string placement = context_.placement(device_);
   log_info(
       "myriad-train: {}; {}{} (backbone {}, {:.1f}M parameters, {:.2f}G multiply-adds per image, "
-      "{}, batch norm in {}{}, {} gradient buckets{}), {} classes ({} per rank, {}), {}",
+      "{}, batch norm in {}, {}{}, {} gradient buckets{}), {} classes ({} per rank, {}), {}",
       placement, to_string(c_.precision), precision_was_auto_ ? " (--precision auto)" : "",
       c_.backbone, backbone_params / 1e6, backbone.multiply_adds() / 1e9,
       backbone.channels_last() ? "channels-last" : "NCHW",
-      batch_norm_kernels(device_, c_.sync_bn, backbone.channels_last()),
+      batch_norm_kernels(device_, c_.sync_bn, backbone.channels_last()), conv_engines_,
       graphs_.describe().empty() ? "" : ", " + graphs_.describe(), step_.sync().bucket_count(),
       c_.grad_comm_dtype == torch::kFloat32
           ? ""

@@ -154,4 +154,8 @@ void use_deterministic_algorithms() {
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
 }
 
+void time_cudnn_engines(bool timed) {
+  at::globalContext().setBenchmarkCuDNN(timed);
+}
+
 }  // namespace myriad

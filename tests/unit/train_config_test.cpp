@@ -1,4 +1,6 @@
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <cmath>
 #include <filesystem>
@@ -185,6 +187,9 @@ std::vector<ChoiceOption> choice_options() {
       {"fused-update",
        {"auto", "on", "off"},
        [](const TrainConfig& c) { return to_string(c.fused_update); }},
+      {"cudnn-benchmark",
+       {"auto", "on", "off"},
+       [](const TrainConfig& c) { return to_string(c.cudnn_benchmark); }},
   };
 }
 
@@ -223,6 +228,7 @@ TEST(TrainConfig, BadChoicesNameTheOption) {
       {"classifier-weight-dtype", "--classifier-weight-dtype must be fp32 or bf16"},
       {"fused-classifier", "--fused-classifier must be auto, on or off, got 'x'"},
       {"fused-update", "--fused-update must be auto, on or off, got 'x'"},
+      {"cudnn-benchmark", "--cudnn-benchmark must be auto, on or off, got 'x'"},
   };
   ASSERT_EQ(expected.size(), choice_options().size());
   for (const ChoiceOption& o : choice_options()) {
@@ -260,6 +266,34 @@ TEST(TrainConfig, PrecisionAutoIsFp32OnTheCpu) {
   // The GPUs of the step model compute in bfloat16 at full speed.
   EXPECT_EQ(resolve_precision(Precision::kAuto, /*fast_bfloat16=*/true), Precision::kBf16);
   EXPECT_EQ(resolve_precision(Precision::kFp16, /*fast_bfloat16=*/true), Precision::kFp16);
+}
+
+// --cudnn-benchmark sets cuDNN's benchmark mode where it can run (GPUs, not --deterministic), and
+// is an error where it was asked for and cannot.
+TEST(TrainConfig, CudnnBenchmarkTimesEnginesOnGpusOnly) {
+  const bool before = at::globalContext().benchmarkCuDNN();
+  EXPECT_EQ(parse({}).cudnn_benchmark, Toggle::kAuto);
+  try {
+    parse({"--cudnn-benchmark", "on", "--deterministic"});
+    ADD_FAILURE() << "--cudnn-benchmark on --deterministic was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(e.message(),
+              "--cudnn-benchmark on and --deterministic exclude each other (the timed engines "
+              "need not repeat bit for bit)");
+  }
+  EXPECT_THROW(choose_algorithms(false, Toggle::kOn, torch::kCPU), Error);
+  for (const Toggle toggle : {Toggle::kAuto, Toggle::kOff}) {
+    EXPECT_STREQ(choose_algorithms(false, toggle, torch::kCPU), "oneDNN's convolutions");
+    EXPECT_FALSE(at::globalContext().benchmarkCuDNN());
+  }
+  if (torch::cuda::is_available()) {
+    EXPECT_STREQ(choose_algorithms(false, Toggle::kAuto, torch::kCUDA),
+                 "cuDNN's engines timed per shape");
+    EXPECT_TRUE(at::globalContext().benchmarkCuDNN());
+    EXPECT_STREQ(choose_algorithms(false, Toggle::kOff, torch::kCUDA), "cuDNN's heuristic engines");
+    EXPECT_FALSE(at::globalContext().benchmarkCuDNN());
+  }
+  time_cudnn_engines(before);
 }
 
 TEST(TrainConfig, PrecisionsComputeInTheirDtype) {

@@ -23,7 +23,8 @@ namespace myriad {
 // --precision. kAuto is decided per device (resolve_precision); a run computes in one of the
 // others.
 enum class Precision { kAuto, kFp32, kBf16, kFp16 };
-// A layout or mechanism that auto turns on where it pays: --channels-last, --cuda-graphs.
+// A layout or mechanism that auto turns on where it pays: --channels-last, --cuda-graphs,
+// --cudnn-benchmark.
 enum class Toggle { kAuto, kOn, kOff };
 // --pipeline-schedule: one of PipelineSchedule, or kAuto for plan_pipeline's choice.
 enum class ScheduleChoice { kAuto, kGPipe, k1F1B, kInterleaved };
@@ -58,7 +59,9 @@ struct TrainConfig {
   // The backbone's micro-batches as CUDA graphs (StageGraphs).
   Toggle cuda_graphs = Toggle::kAuto;
   Toggle channels_last = Toggle::kAuto;  // auto: on GPUs
-  int64_t num_classes = 0;               // 0: from the training data's num_classes attribute
+  // cuDNN's engine for each convolution timed once per shape; auto: on GPUs unless --deterministic.
+  Toggle cudnn_benchmark = Toggle::kAuto;
+  int64_t num_classes = 0;  // 0: from the training data's num_classes attribute
   int64_t synthetic_size = 0;
   int64_t batch_size = 128;  // per replica: per rank with one pipeline stage
   int micro_batches = 1;
@@ -147,6 +150,13 @@ Precision resolve_precision(Precision precision, bool fast_bfloat16);
 // --precision on `device`: auto is bf16 on GPUs that compute in it at full speed, fp32 elsewhere.
 // fp16, whose dynamic loss scaling runs on GPUs only, is an error on the CPU.
 Precision resolve_precision(Precision precision, const torch::Device& device);
+
+// Sets cuDNN's and cuBLAS's algorithms for `device` (collective checks): the deterministic ones,
+// or each convolution's engine timed once per shape (--cudnn-benchmark), or cuDNN's heuristics.
+// Call it before the first convolution. Returns how the convolutions' algorithms are chosen, for
+// the start-up line.
+const char* choose_algorithms(bool deterministic, Toggle cudnn_benchmark,
+                              const torch::Device& device);
 // The dtype a resolved precision computes in: what its GEMMs take.
 torch::ScalarType compute_dtype(Precision precision);
 // The autocast dtype of a resolved precision: none for fp32.

@@ -58,4 +58,8 @@ void set_torch_threads(int requested, int ranks_on_host);
 // that a run repeats bit for bit on the same GPUs. Call it before the first GEMM.
 void use_deterministic_algorithms();
 
+// cuDNN times the candidate engines of each convolution shape once and keeps the fastest (its
+// benchmark mode) where `timed`; else it takes its heuristics' first choice.
+void time_cudnn_engines(bool timed);
+
 }  // namespace myriad

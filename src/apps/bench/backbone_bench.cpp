@@ -37,6 +37,7 @@ struct BackboneBenchOptions {
   int64_t batch = 256;
   Precision precision = Precision::kAuto;
   Toggle channels_last = Toggle::kAuto;
+  Toggle cudnn_benchmark = Toggle::kAuto;
   std::string device = "auto";
   std::string csv;
   int steps = 20, warmup = 5;
@@ -47,7 +48,7 @@ struct BackboneBenchOptions {
 bool parse_backbone_options(const ProcessContext& context, int argc, char** argv,
                             BackboneBenchOptions& b) {
   po::options_description options("backbone options");
-  std::string shape_text, precision_text, layout_text;
+  std::string shape_text, precision_text, layout_text, benchmark_text;
   // clang-format off
   options.add_options()
       ("backbone", po::value(&b.net.name)->default_value("iresnet50"), "the network (myriad-train's names)")
@@ -56,6 +57,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
       ("batch-size", count_option(&b.batch), "images per rank")
       ("precision", po::value(&precision_text)->default_value("auto"), "auto (bf16 on GPUs that compute in it at full speed, else fp32), fp32, bf16 or fp16, as myriad-train")
       ("channels-last", po::value(&layout_text)->default_value("auto"), "convolutions in channels-last (NHWC) layout: auto (on GPUs), on or off, as myriad-train")
+      ("cudnn-benchmark", po::value(&benchmark_text)->default_value("auto"), "cuDNN times each convolution shape's engines once and keeps the fastest: auto (on GPUs), on or off, as myriad-train")
       ("steps", po::value(&b.steps)->default_value(b.steps), "timed steps")
       ("warmup", po::value(&b.warmup)->default_value(b.warmup), "untimed steps first")
       ("csv", po::value(&b.csv), "also write the roofline per layer kind to this CSV file (rank 0)")
@@ -76,6 +78,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
   b.precision = parse_precision(
       precision_text, {Precision::kAuto, Precision::kFp32, Precision::kBf16, Precision::kFp16});
   b.channels_last = parse_toggle("channels-last", layout_text);
+  b.cudnn_benchmark = parse_toggle("cudnn-benchmark", benchmark_text);
   return true;
 }
 
@@ -218,16 +221,16 @@ void write_csv(const std::string& path, const std::vector<KindFloor>& kinds, dou
 
 void report(const BackboneBenchOptions& b, Precision precision, const Subject& subject,
             const Timing& t, const Ceilings& ceilings, const std::vector<KindFloor>& kinds,
-            int world, const torch::Device& device) {
+            int world, const torch::Device& device, const char* algorithms) {
   const InputShape& s = b.net.input;
   const Backbone& net = subject.backbone();
   std::printf(
       "# backbone %s: %lld images of %lldx%lldx%lld per rank, %s, %s, device %s, %d rank(s), "
-      "batch norm in %s\n",
+      "batch norm in %s, %s\n",
       b.net.name.c_str(), static_cast<long long>(b.batch), static_cast<long long>(s.channels),
       static_cast<long long>(s.height), static_cast<long long>(s.width), to_string(precision),
       net.channels_last() ? "channels-last" : "NCHW", device.str().c_str(), world,
-      batch_norm_kernels(device, false, net.channels_last()));
+      batch_norm_kernels(device, false, net.channels_last()), algorithms);
   std::printf("ceilings measured: %s GEMM %.4g TFLOP/s, memory %.4g GB/s\n",
               c10::toString(compute_dtype(precision)), ceilings.gemm_tflops,
               ceilings.memory_bandwidth / 1e9);
@@ -267,6 +270,7 @@ int run_backbone_bench(ProcessContext& context, int argc, char** argv) {
     throw UsageError("--csv: cannot create '" + b.csv + "' (no such folder, or not writable)");
   const torch::Device device = context.select_device(parse_device_preference(b.device));
   const Precision precision = resolve_precision(b.precision, device);
+  const char* algorithms = choose_algorithms(false, b.cudnn_benchmark, device);
   const Ceilings ceilings = measure_ceilings(device, compute_dtype(precision));
   std::unique_ptr<Subject> subject;
   std::vector<KindFloor> kinds;
@@ -280,7 +284,7 @@ int run_backbone_bench(ProcessContext& context, int argc, char** argv) {
   });
   const Timing t = time_subject(context, *subject, b, device);
   if (context.rank() == 0) {
-    report(b, precision, *subject, t, ceilings, kinds, context.size(), device);
+    report(b, precision, *subject, t, ceilings, kinds, context.size(), device, algorithms);
     if (!b.csv.empty()) write_csv(b.csv, kinds, t.step_ms.avg);
   }
   return kExitOk;
