@@ -129,51 +129,12 @@ void AsyncCheckpointer::publish() {
   }
   const Pending p = std::move(*pending_);
   pending_.reset();
-  const std::string what = str_format("checkpoint at step {}", p.step);
-  nlohmann::json files = nlohmann::json::object();
-  for (const auto& [name, entry] : mine.files)
-    files[name] = {{"bytes", entry.bytes}, {"crc32", crc32_hex(entry.crc32)}};
-  const nlohmann::json report = {{"error", mine.error},
-                                 {"files", files},
-                                 {"blocked", p.blocked_seconds + mine.device_copy_seconds},
-                                 {"write", mine.write_seconds},
-                                 {"sync", mine.sync_seconds},
-                                 {"checksum", mine.checksum_seconds}};
-  Manifest manifest = p.manifest;
-  double blocked = 0, write = 0;
-  int64_t bytes = 0;
+  Published published;
   try {
-    // One gather: whether every rank's files are durable, and what they are.
-    std::vector<nlohmann::json> parts;
-    std::vector<std::string> errors;
-    for (const std::string& reported : context_.all_gather_strings(report.dump())) {
-      parts.push_back(nlohmann::json::parse(reported));
-      errors.push_back(parts.back()["error"].get<std::string>());
-    }
-    raise_first_failure(errors, what);
-    for (const nlohmann::json& part : parts) {
-      for (const auto& [name, entry] :
-           file_entries_from_json(part["files"], "a rank's file list")) {
-        manifest.files[name] = entry;
-        bytes += entry.bytes;
-      }
-      blocked = std::max(blocked, part["blocked"].get<double>());
-      write = std::max(write, part["write"].get<double>());
-    }
+    published = gather_files(p, mine);
     fault_point("manifest", p.step);
-    on_every_rank(context_, what, [&] {
-      if (context_.rank() != 0) return;
-      manifest.created = utc_text(unix_seconds());
-      write_file_atomically((fs::path(p.temporary) / kManifestFile).string(),
-                            manifest.to_json().dump(2) + "\n");
-      sync_path(p.temporary);
-      // The last pruning is done before anything is renamed.
-      if (pruning_.valid()) pruning_.get();
-      store_.publish(p.temporary, p.step);
-      // Deleting tens of gigabytes takes seconds: not on training's time.
-      pruning_ = std::async(
-          std::launch::async,
-          [store = store_, step = p.step, keep = options_.keep] { store.prune(step, keep); });
+    on_every_rank(context_, str_format("checkpoint at step {}", p.step), [&] {
+      if (context_.rank() == 0) write_manifest_and_rename(p, published.manifest);
     });
   } catch (const Error&) {
     // Every rank is past its writes: nothing more goes into the temporary directory, and the
@@ -184,19 +145,70 @@ void AsyncCheckpointer::publish() {
   const double durable = seconds_since(p.start);
   // A synchronous save holds training until now; an asynchronous one for the save before it, its
   // snapshot (on the host and on the device), and this publication.
-  blocked = options_.sync ? durable : blocked + seconds_since(start);
+  published.blocked = options_.sync ? durable : published.blocked + seconds_since(start);
+  report_published(p, mine, published, durable);
+}
+
+AsyncCheckpointer::Published AsyncCheckpointer::gather_files(const Pending& p,
+                                                             const SnapshotOutcome& mine) const {
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& [name, entry] : mine.files)
+    files[name] = {{"bytes", entry.bytes}, {"crc32", crc32_hex(entry.crc32)}};
+  const nlohmann::json report = {{"error", mine.error},
+                                 {"files", files},
+                                 {"blocked", p.blocked_seconds + mine.device_copy_seconds},
+                                 {"write", mine.write_seconds},
+                                 {"sync", mine.sync_seconds},
+                                 {"checksum", mine.checksum_seconds}};
+  // One gather: whether every rank's files are durable, and what they are.
+  std::vector<nlohmann::json> parts;
+  std::vector<std::string> errors;
+  for (const std::string& reported : context_.all_gather_strings(report.dump())) {
+    parts.push_back(nlohmann::json::parse(reported));
+    errors.push_back(parts.back()["error"].get<std::string>());
+  }
+  raise_first_failure(errors, str_format("checkpoint at step {}", p.step));
+  Published published{p.manifest};
+  for (const nlohmann::json& part : parts) {
+    for (const auto& [name, entry] : file_entries_from_json(part["files"], "a rank's file list")) {
+      published.manifest.files[name] = entry;
+      published.bytes += entry.bytes;
+    }
+    published.blocked = std::max(published.blocked, part["blocked"].get<double>());
+    published.write = std::max(published.write, part["write"].get<double>());
+  }
+  return published;
+}
+
+void AsyncCheckpointer::write_manifest_and_rename(const Pending& p, Manifest& manifest) {
+  manifest.created = utc_text(unix_seconds());
+  write_file_atomically((fs::path(p.temporary) / kManifestFile).string(),
+                        manifest.to_json().dump(2) + "\n");
+  sync_path(p.temporary);
+  // The last pruning is done before anything is renamed.
+  if (pruning_.valid()) pruning_.get();
+  store_.publish(p.temporary, p.step);
+  // Deleting tens of gigabytes takes seconds: not on training's time.
+  pruning_ = std::async(std::launch::async, [store = store_, step = p.step, keep = options_.keep] {
+    store.prune(step, keep);
+  });
+}
+
+void AsyncCheckpointer::report_published(const Pending& p, const SnapshotOutcome& mine,
+                                         const Published& published, double durable) const {
+  const double bytes = static_cast<double>(published.bytes), write = published.write;
   log_info(
       "checkpoint at step {} published in {}: {}, training blocked {:.2f} s, written in {:.1f} s "
       "({:.2f} GB/s), durable after {:.1f} s (rank 0: fsync {:.1f} s, checksum {:.1f} s){}",
-      p.step, store_.directory_for(p.step), format_bytes(static_cast<double>(bytes)), blocked,
-      write, write > 0 ? bytes / write / 1e9 : 0.0, durable, mine.sync_seconds,
-      mine.checksum_seconds, options_.sync ? " [--checkpoint-sync]" : "");
+      p.step, store_.directory_for(p.step), format_bytes(bytes), published.blocked, write,
+      write > 0 ? bytes / write / 1e9 : 0.0, durable, mine.sync_seconds, mine.checksum_seconds,
+      options_.sync ? " [--checkpoint-sync]" : "");
   if (record_ && context_.rank() == 0) {
     record_({{"kind", "checkpoint"},
              {"step", p.step},
              {"async", !options_.sync},
-             {"bytes", bytes},
-             {"blocked_seconds", blocked},
+             {"bytes", published.bytes},
+             {"blocked_seconds", published.blocked},
              {"write_seconds", write},
              {"durable_seconds", durable}});
   }

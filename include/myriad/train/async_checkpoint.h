@@ -69,7 +69,19 @@ class AsyncCheckpointer : public StepObserver {
     // Training's wait in save(): for the previous save, and for this one's snapshot.
     double blocked_seconds = 0;
   };
+  // What every rank wrote, gathered: the manifest with all files, their bytes, and the slowest
+  // rank's blocked and write seconds.
+  struct Published {
+    Manifest manifest;
+    int64_t bytes = 0;
+    double blocked = 0, write = 0;
+  };
   void publish();
+  Published gather_files(const Pending& p, const SnapshotOutcome& mine) const;
+  // Rank 0: the manifest written and synced, the directory renamed into place, old ones pruned.
+  void write_manifest_and_rename(const Pending& p, Manifest& manifest);
+  void report_published(const Pending& p, const SnapshotOutcome& mine, const Published& published,
+                        double durable) const;
 
   const ProcessContext& context_;
   CheckpointStore store_;
