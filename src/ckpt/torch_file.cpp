@@ -122,81 +122,110 @@ class File {
   uint64_t size_ = 0;
 };
 
-// The archive's entries by name. torch.save stores every record uncompressed; compressed or
-// encrypted entries are listed, and refused if read (read_entry), never decompressed.
-std::map<std::string, Entry> read_directory(const File& file, const std::string& what) {
+// Where the end of central directory record starts in `tail`: the last signature, since a
+// comment may follow the record.
+size_t find_end_of_directory(const Fields& tail, const std::string& what) {
+  for (size_t at = tail.size() - 22 + 1; at-- > 0;) {
+    if (tail.get(at, 4) == kEndOfDirectory) return at;
+  }
+  MYRIAD_THROW("{} is not a zip archive: no end of central directory", what);
+}
+
+// The central directory's entry count, size and offset.
+struct Directory {
+  uint64_t count = 0;
+  uint64_t size = 0;
+  uint64_t offset = 0;
+};
+
+// The directory as the end record states it, or its ZIP64 record where a field overflowed.
+Directory locate_directory(const File& file, const std::string& what) {
   MYRIAD_CHECK(file.size() >= 22, "{} is not a torch.save file: {} bytes", what, file.size());
   const uint64_t tail_start = file.size() > 65557 ? file.size() - 65557 : 0;
   const Fields tail(file.read(tail_start, file.size() - tail_start), what);
-  size_t end = std::string::npos;
-  for (size_t at = tail.size() - 22 + 1; at-- > 0;) {
-    if (tail.get(at, 4) == kEndOfDirectory) {
-      end = at;
-      break;
-    }
-  }
-  MYRIAD_CHECK(end != std::string::npos, "{} is not a zip archive: no end of central directory",
-               what);
-  uint64_t count = tail.get(end + 10, 2);
-  uint64_t directory_size = tail.get(end + 12, 4);
-  uint64_t directory_offset = tail.get(end + 16, 4);
-  if (count == 0xFFFF || directory_size == 0xFFFFFFFF || directory_offset == 0xFFFFFFFF) {
+  const size_t end = find_end_of_directory(tail, what);
+  Directory d{tail.get(end + 10, 2), tail.get(end + 12, 4), tail.get(end + 16, 4)};
+  if (d.count == 0xFFFF || d.size == 0xFFFFFFFF || d.offset == 0xFFFFFFFF) {
     MYRIAD_CHECK(end >= 20 && tail.get(end - 20, 4) == kZip64Locator,
                  "{} is corrupt: a ZIP64 archive without its locator", what);
     const Fields zip64(file.read(tail.get(end - 20 + 8, 8), 56), what);
     MYRIAD_CHECK(zip64.get(0, 4) == kZip64End, "{} is corrupt: no ZIP64 end of directory", what);
-    count = zip64.get(32, 8);
-    directory_size = zip64.get(40, 8);
-    directory_offset = zip64.get(48, 8);
+    d = {zip64.get(32, 8), zip64.get(40, 8), zip64.get(48, 8)};
   }
+  return d;
+}
+
+// ZIP64 sizes and offset, for the fields that overflowed, from the extra fields in
+// [begin, end) of the directory.
+void read_zip64_extra(const Fields& directory, size_t begin, size_t end, uint64_t& size,
+                      uint64_t& compressed, uint64_t& local) {
+  for (size_t x = begin; x + 4 <= end;) {
+    const uint64_t id = directory.get(x, 2), length = directory.get(x + 2, 2);
+    size_t field = x + 4;
+    if (id == 0x0001) {
+      if (size == 0xFFFFFFFF) {
+        size = directory.get(field, 8);
+        field += 8;
+      }
+      if (compressed == 0xFFFFFFFF) {
+        compressed = directory.get(field, 8);
+        field += 8;
+      }
+      if (local == 0xFFFFFFFF) local = directory.get(field, 8);
+    }
+    x += 4 + length;
+  }
+}
+
+// Where entry `e`'s bytes start: past its local header at `local`, whose name and extra field
+// need not match the directory's.
+void locate_data(const File& file, uint64_t local, Entry& e, const std::string& what) {
+  const Fields header(file.read(local, 30), what);
+  MYRIAD_CHECK(header.get(0, 4) == kLocalHeader, "{} is corrupt: entry '{}' has no local header",
+               what, e.name);
+  e.data = local + 30 + header.get(26, 2) + header.get(28, 2);
+  MYRIAD_CHECK(e.data <= file.size() && e.size <= file.size() - e.data,
+               "{} is corrupt: entry '{}' runs past the end of the file", what, e.name);
+}
+
+// Entry `k` of the directory, whose record starts at byte `at` of it; `at` moves past it.
+Entry read_directory_entry(const File& file, const Fields& directory, size_t& at, uint64_t k,
+                           const std::string& what) {
+  MYRIAD_CHECK(directory.get(at, 4) == kCentralHeader,
+               "{} is corrupt: entry {} of its zip directory has no signature", what, k);
+  const uint64_t flags = directory.get(at + 8, 2);
+  const uint64_t method = directory.get(at + 10, 2);
+  Entry e;
+  e.crc = static_cast<uint32_t>(directory.get(at + 16, 4));
+  uint64_t compressed = directory.get(at + 20, 4);
+  e.size = directory.get(at + 24, 4);
+  const size_t name_length = directory.get(at + 28, 2);
+  const size_t extra_length = directory.get(at + 30, 2);
+  const size_t comment_length = directory.get(at + 32, 2);
+  uint64_t local = directory.get(at + 42, 4);
+  e.name = directory.text(at + 46, name_length);
+  const size_t extra = at + 46 + name_length;
+  read_zip64_extra(directory, extra, extra + extra_length, e.size, compressed, local);
+  e.stored = (flags & 1) == 0 && method == 0 && compressed == e.size;
+  e.size = compressed;
+  locate_data(file, local, e, what);
+  at = extra + extra_length + comment_length;
+  return e;
+}
+
+// The archive's entries by name. torch.save stores every record uncompressed; compressed or
+// encrypted entries are listed, and refused if read (read_entry), never decompressed.
+std::map<std::string, Entry> read_directory(const File& file, const std::string& what) {
+  const Directory d = locate_directory(file, what);
   // Each entry takes at least 46 bytes of the directory.
-  MYRIAD_CHECK(count <= directory_size / 46 + 1, "{} is corrupt: {} entries in a directory of {}",
-               what, count, directory_size);
-  const Fields directory(file.read(directory_offset, directory_size), what);
+  MYRIAD_CHECK(d.count <= d.size / 46 + 1, "{} is corrupt: {} entries in a directory of {}", what,
+               d.count, d.size);
+  const Fields directory(file.read(d.offset, d.size), what);
   std::map<std::string, Entry> entries;
   size_t at = 0;
-  for (uint64_t k = 0; k < count; ++k) {
-    MYRIAD_CHECK(directory.get(at, 4) == kCentralHeader,
-                 "{} is corrupt: entry {} of its zip directory has no signature", what, k);
-    const uint64_t flags = directory.get(at + 8, 2);
-    const uint64_t method = directory.get(at + 10, 2);
-    Entry e;
-    e.crc = static_cast<uint32_t>(directory.get(at + 16, 4));
-    uint64_t compressed = directory.get(at + 20, 4);
-    e.size = directory.get(at + 24, 4);
-    const size_t name_length = directory.get(at + 28, 2);
-    const size_t extra_length = directory.get(at + 30, 2);
-    const size_t comment_length = directory.get(at + 32, 2);
-    uint64_t local = directory.get(at + 42, 4);
-    const std::string name = directory.text(at + 46, name_length);
-    // ZIP64 sizes and offset, for the fields that overflowed.
-    for (size_t x = at + 46 + name_length; x + 4 <= at + 46 + name_length + extra_length;) {
-      const uint64_t id = directory.get(x, 2), length = directory.get(x + 2, 2);
-      size_t field = x + 4;
-      if (id == 0x0001) {
-        if (e.size == 0xFFFFFFFF) {
-          e.size = directory.get(field, 8);
-          field += 8;
-        }
-        if (compressed == 0xFFFFFFFF) {
-          compressed = directory.get(field, 8);
-          field += 8;
-        }
-        if (local == 0xFFFFFFFF) local = directory.get(field, 8);
-      }
-      x += 4 + length;
-    }
-    e.name = name;
-    e.stored = (flags & 1) == 0 && method == 0 && compressed == e.size;
-    e.size = compressed;
-    const Fields header(file.read(local, 30), what);
-    MYRIAD_CHECK(header.get(0, 4) == kLocalHeader, "{} is corrupt: entry '{}' has no local header",
-                 what, name);
-    e.data = local + 30 + header.get(26, 2) + header.get(28, 2);
-    MYRIAD_CHECK(e.data <= file.size() && e.size <= file.size() - e.data,
-                 "{} is corrupt: entry '{}' runs past the end of the file", what, name);
-    entries[name] = e;
-    at += 46 + name_length + extra_length + comment_length;
+  for (uint64_t k = 0; k < d.count; ++k) {
+    const Entry e = read_directory_entry(file, directory, at, k, what);
+    entries[e.name] = e;
   }
   return entries;
 }

@@ -46,80 +46,115 @@ void ProgressReport::log_done() const {
   log_info("done: {} steps in {}", total_steps_, duration_text(seconds_since(run_start_)));
 }
 
+// A log window's figures, with its times per step.
+struct ProgressReport::Window {
+  double loss = 0.0;
+  double elapsed = 0.0;  // seconds
+  double samples_per_sec = 0.0;
+  double step_ms = 0.0, data_ms = 0.0;
+  double forward_ms = 0.0, backward_ms = 0.0, communication_ms = 0.0, optimizer_ms = 0.0;
+  GradientSyncStats sync;
+  double hidden = 0.0;  // the share of the all-reduce's time not exposed
+  double eta = 0.0;     // seconds
+  double tflops = 0.0;
+  std::vector<int64_t> peaks;  // bytes, by rank
+  int64_t memory = 0;          // the most of any rank
+};
+
 void ProgressReport::write(const StepEnd& e) {
-  const int64_t step = e.step, epoch = e.epoch;
-  const double lr = e.lr;
-  const double loss_value = e.loss.item<double>();
-  const double elapsed = seconds_since(window_start_);
-  const double samples_per_sec = window_steps_ * s_.config.batch_size * s_.replicas / elapsed;
+  const Window w = measure(e);
+  log_line(e, w);
+  const nlohmann::json pipeline = pipeline_record(w.elapsed / window_steps_);
+  const nlohmann::json loss_scale = loss_scale_record();
+  write_metrics(e, w, pipeline, loss_scale);
+  window_start_ = std::chrono::steady_clock::now();
+  window_steps_ = 0;
+  window_data_seconds_ = 0.0;
+}
+
+ProgressReport::Window ProgressReport::measure(const StepEnd& e) {
+  Window w;
+  w.loss = e.loss.item<double>();
+  w.elapsed = seconds_since(window_start_);
+  w.samples_per_sec = window_steps_ * s_.config.batch_size * s_.replicas / w.elapsed;
   std::map<std::string, double> phases = s_.timer.totals();
   s_.timer.reset();
-  const GradientSyncStats sync = s_.sync.last_stats();
-  const double step_ms = 1e3 * elapsed / window_steps_;
-  const double data_ms = 1e3 * window_data_seconds_ / window_steps_;
-  for (auto& [name, ms] : phases) ms /= window_steps_;
-  const double hidden =
-      sync.all_reduce_ms > 0 ? std::max(0.0, 1.0 - sync.exposed_ms / sync.all_reduce_ms) : 1.0;
-  const double eta = (total_steps_ - step - 1) * elapsed / window_steps_;
+  w.sync = s_.sync.last_stats();
+  w.step_ms = 1e3 * w.elapsed / window_steps_;
+  w.data_ms = 1e3 * window_data_seconds_ / window_steps_;
+  w.forward_ms = phases["forward"] / window_steps_;
+  w.backward_ms = phases["backward"] / window_steps_;
+  w.communication_ms = phases["communication"] / window_steps_;
+  w.optimizer_ms = phases["optimizer"] / window_steps_;
+  w.hidden = w.sync.all_reduce_ms > 0
+                 ? std::max(0.0, 1.0 - w.sync.exposed_ms / w.sync.all_reduce_ms)
+                 : 1.0;
+  w.eta = (total_steps_ - e.step - 1) * w.elapsed / window_steps_;
   // The backbone's rate per GPU, counted as 2 x multiply-adds and training as 3 x forward.
-  const double tflops = 6.0 * s_.backbone_multiply_adds * samples_per_sec / s_.world / 1e12;
+  w.tflops = 6.0 * s_.backbone_multiply_adds * w.samples_per_sec / s_.world / 1e12;
   // Every rank's peak: a pipeline's stages hold different blocks, so rank 0's says little. CUDA
   // graphs keep their activations in pools of their own, where they count as free between
   // replays: what the allocator holds is then the figure that runs out.
-  const std::vector<int64_t> peaks =
+  w.peaks =
       s_.comm.all_gather_counts(s_.engine.cuda_graphs() ? peak_reserved_device_memory(s_.device)
                                                         : peak_device_memory(s_.device));
-  const int64_t memory = *std::max_element(peaks.begin(), peaks.end());
+  w.memory = *std::max_element(w.peaks.begin(), w.peaks.end());
+  return w;
+}
+
+void ProgressReport::log_line(const StepEnd& e, const Window& w) const {
   log_info(
       "step {}/{} epoch {} loss {:.4f} lr {:.4g} | {:.1f} samples/s | {:.1f} ms/step: data {:.1f}, "
       "forward "
       "{:.1f}, backward {:.1f}, communication {:.1f} ({:.0f}% of {:.1f} ms hidden), optimizer "
       "{:.1f} | backbone {:.1f} TFLOP/s per GPU{} | ETA {}",
-      step + 1, total_steps_, epoch, loss_value, lr, samples_per_sec, step_ms, data_ms,
-      phases["forward"], phases["backward"], phases["communication"], 100.0 * hidden,
-      sync.all_reduce_ms, phases["optimizer"], tflops,
-      memory > 0 ? " | peak memory " + format_bytes(static_cast<double>(memory)) +
-                       (peaks.size() > 1 ? " (the most of any rank)" : "")
-                 : "",
-      duration_text(eta));
-  const nlohmann::json pipeline = pipeline_record(elapsed / window_steps_);
-  // fp16: the steps that the device skipped, counted there and read here, with the loss.
-  nlohmann::json loss_scale = nullptr;
-  if (s_.config.precision == Precision::kFp16) {
-    const DynamicLossScaler::Report report = s_.scaler.take_report();
-    if (report.skipped_steps > 0)
-      log_warn(
-          "{} of the last {} steps had non-finite gradients, and every rank skipped them; "
-          "the loss scale is now {}",
-          report.skipped_steps, window_steps_, report.scale);
-    loss_scale = {{"scale", report.scale}, {"skipped_steps", report.skipped_steps}};
-  }
+      e.step + 1, total_steps_, e.epoch, w.loss, e.lr, w.samples_per_sec, w.step_ms, w.data_ms,
+      w.forward_ms, w.backward_ms, w.communication_ms, 100.0 * w.hidden, w.sync.all_reduce_ms,
+      w.optimizer_ms, w.tflops,
+      w.memory > 0 ? " | peak memory " + format_bytes(static_cast<double>(w.memory)) +
+                         (w.peaks.size() > 1 ? " (the most of any rank)" : "")
+                   : "",
+      duration_text(w.eta));
+}
+
+// fp16: the steps that the device skipped, counted there and read here, with the loss.
+nlohmann::json ProgressReport::loss_scale_record() {
+  if (s_.config.precision != Precision::kFp16) return nullptr;
+  const DynamicLossScaler::Report report = s_.scaler.take_report();
+  if (report.skipped_steps > 0)
+    log_warn(
+        "{} of the last {} steps had non-finite gradients, and every rank skipped them; "
+        "the loss scale is now {}",
+        report.skipped_steps, window_steps_, report.scale);
+  return {{"scale", report.scale}, {"skipped_steps", report.skipped_steps}};
+}
+
+void ProgressReport::write_metrics(const StepEnd& e, const Window& w,
+                                   const nlohmann::json& pipeline,
+                                   const nlohmann::json& loss_scale) const {
   s_.metrics.write({{"kind", "train"},
-                    {"step", step + 1},
-                    {"epoch", epoch},
-                    {"loss", loss_value},
-                    {"lr", lr},
-                    {"samples_per_sec", samples_per_sec},
-                    {"step_ms", step_ms},
+                    {"step", e.step + 1},
+                    {"epoch", e.epoch},
+                    {"loss", w.loss},
+                    {"lr", e.lr},
+                    {"samples_per_sec", w.samples_per_sec},
+                    {"step_ms", w.step_ms},
                     {"time_ms",
-                     {{"data", data_ms},
-                      {"forward", phases["forward"]},
-                      {"backward", phases["backward"]},
-                      {"communication", phases["communication"]},
-                      {"optimizer", phases["optimizer"]}}},
-                    {"all_reduce_ms", sync.all_reduce_ms},
-                    {"communication_hidden", hidden},
-                    {"backbone_tflops_per_gpu", tflops},
-                    {"eta_sec", eta},
-                    {"peak_memory_bytes", memory},
-                    {"peak_memory_bytes_per_rank", peaks},
+                     {{"data", w.data_ms},
+                      {"forward", w.forward_ms},
+                      {"backward", w.backward_ms},
+                      {"communication", w.communication_ms},
+                      {"optimizer", w.optimizer_ms}}},
+                    {"all_reduce_ms", w.sync.all_reduce_ms},
+                    {"communication_hidden", w.hidden},
+                    {"backbone_tflops_per_gpu", w.tflops},
+                    {"eta_sec", w.eta},
+                    {"peak_memory_bytes", w.memory},
+                    {"peak_memory_bytes_per_rank", w.peaks},
                     {"pipeline", pipeline},
                     {"loss_scale", loss_scale},
-                    {"stragglers", s_.stragglers.report(step + 1)},
+                    {"stragglers", s_.stragglers.report(e.step + 1)},
                     {"elapsed_sec", seconds_since(run_start_)}});
-  window_start_ = std::chrono::steady_clock::now();
-  window_steps_ = 0;
-  window_data_seconds_ = 0.0;
 }
 
 // With several stages or micro-batches: what each stage computed (busy, not waiting), the bubble

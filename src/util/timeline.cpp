@@ -1,5 +1,9 @@
 #include "myriad/util/timeline.h"
 
+#include <algorithm>
+#include <string>
+#include <utility>
+
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
 
@@ -28,6 +32,42 @@ double microseconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double, std::micro>(d).count();
 }
 
+// The metadata events that name process `pid` and place it by its id.
+void add_process_metadata(nlohmann::json& out, int pid, const std::string& process) {
+  out.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", process}}}});
+  out.push_back(
+      {{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+}
+
+// A region's event (its name and args) made complete ("X"): on `lane` of process `pid`, from
+// `begin_us` to `end_us` (no earlier than it begins).
+nlohmann::json complete_event(nlohmann::json event, int pid, Timeline::Lane lane, double begin_us,
+                              double end_us) {
+  event["cat"] = lane_name(lane);
+  event["ph"] = "X";
+  event["pid"] = pid;
+  event["tid"] = static_cast<int>(lane);
+  event["ts"] = begin_us;
+  event["dur"] = std::max(0.0, end_us - begin_us);
+  return event;
+}
+
+// The metadata events that name a lane of process `pid` and place it by its number.
+void add_lane_metadata(nlohmann::json& out, int pid, Timeline::Lane lane) {
+  const int tid = static_cast<int>(lane);
+  out.push_back({{"name", "thread_name"},
+                 {"ph", "M"},
+                 {"pid", pid},
+                 {"tid", tid},
+                 {"args", {{"name", lane_name(lane)}}}});
+  out.push_back({{"name", "thread_sort_index"},
+                 {"ph", "M"},
+                 {"pid", pid},
+                 {"tid", tid},
+                 {"args", {{"sort_index", tid}}}});
+}
+
 }  // namespace
 
 struct Timeline::Step {
@@ -49,7 +89,25 @@ struct Timeline::Region {
 #ifdef MYRIAD_WITH_CUDA
   std::shared_ptr<at::cuda::CUDAEvent> begin, end;
 #endif
+
+  // Its event's name and args, of traced step `traced_step`: the name gains the micro-batch and
+  // chunk, which the args also give.
+  nlohmann::json event_of(int64_t traced_step) const;
 };
+
+nlohmann::json Timeline::Region::event_of(int64_t traced_step) const {
+  nlohmann::json args = {{"step", traced_step}};
+  std::string event_name = name;
+  if (micro_batch >= 0) {
+    args["micro_batch"] = micro_batch;
+    event_name += " " + std::to_string(micro_batch);
+  }
+  if (chunk >= 0) {
+    args["chunk"] = chunk;
+    event_name += " (chunk " + std::to_string(chunk) + ")";
+  }
+  return {{"name", std::move(event_name)}, {"args", std::move(args)}};
+}
 
 Timeline::Timeline(const torch::Device& device) : device_(device) {}
 
@@ -117,31 +175,11 @@ Timeline::Scope::~Scope() {
 
 nlohmann::json Timeline::events(int pid, const std::string& process) const {
   nlohmann::json out = nlohmann::json::array();
-  out.push_back(
-      {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", process}}}});
-  out.push_back(
-      {{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+  add_process_metadata(out, pid, process);
   std::vector<bool> used(3, false);
   const auto add = [&](const Region& r, Lane lane, double begin_us, double end_us) {
     used[static_cast<size_t>(lane)] = true;
-    nlohmann::json args = {{"step", steps_[r.step].step}};
-    std::string name = r.name;
-    if (r.micro_batch >= 0) {
-      args["micro_batch"] = r.micro_batch;
-      name += " " + std::to_string(r.micro_batch);
-    }
-    if (r.chunk >= 0) {
-      args["chunk"] = r.chunk;
-      name += " (chunk " + std::to_string(r.chunk) + ")";
-    }
-    out.push_back({{"name", std::move(name)},
-                   {"cat", lane_name(lane)},
-                   {"ph", "X"},
-                   {"pid", pid},
-                   {"tid", static_cast<int>(lane)},
-                   {"ts", begin_us},
-                   {"dur", std::max(0.0, end_us - begin_us)},
-                   {"args", std::move(args)}});
+    out.push_back(complete_event(r.event_of(steps_[r.step].step), pid, lane, begin_us, end_us));
   };
   for (const Region& r : regions_) {
     if (!r.closed) continue;
@@ -162,18 +200,7 @@ nlohmann::json Timeline::events(int pid, const std::string& process) const {
     add(r, r.lane, host_begin, host_end);
   }
   for (size_t lane = 0; lane < used.size(); ++lane) {
-    if (!used[lane]) continue;
-    const int tid = static_cast<int>(lane);
-    out.push_back({{"name", "thread_name"},
-                   {"ph", "M"},
-                   {"pid", pid},
-                   {"tid", tid},
-                   {"args", {{"name", lane_name(static_cast<Lane>(lane))}}}});
-    out.push_back({{"name", "thread_sort_index"},
-                   {"ph", "M"},
-                   {"pid", pid},
-                   {"tid", tid},
-                   {"args", {{"sort_index", tid}}}});
+    if (used[lane]) add_lane_metadata(out, pid, static_cast<Lane>(lane));
   }
   return out;
 }

@@ -63,6 +63,17 @@ class ProgressReport : public StepObserver {
   // With several stages or micro-batches: the pipeline's part of the line and the record.
   nlohmann::json pipeline_record(double step_seconds);
   void write(const StepEnd& e);
+  // The window's figures, defined with the report.
+  struct Window;
+  // Measures the window ending at `e`; collective (every rank's peak memory).
+  Window measure(const StepEnd& e);
+  // The line rank 0 logs for the window.
+  void log_line(const StepEnd& e, const Window& w) const;
+  // fp16: the loss scale, and the steps skipped in the window (warned about); null otherwise.
+  nlohmann::json loss_scale_record();
+  // The window's metrics record.
+  void write_metrics(const StepEnd& e, const Window& w, const nlohmann::json& pipeline,
+                     const nlohmann::json& loss_scale) const;
 
   Sources s_;
   int64_t total_steps_ = 0;

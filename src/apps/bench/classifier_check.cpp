@@ -4,6 +4,8 @@
 // and the gathered gradients. Users compare them with any other implementation.
 
 #include <numeric>
+#include <string>
+#include <vector>
 
 #include "bench_commands.h"
 #include "myriad/classifier/margin_config.h"
@@ -19,6 +21,84 @@
 #include "myriad/util/log.h"
 
 namespace myriad {
+
+namespace {
+
+// A case as this rank holds it: its balanced slice of the rows and its class shard.
+struct CheckCase {
+  torch::Tensor features, labels, weight;
+  std::vector<int64_t> rows;  // every rank's count, for the gather
+  int64_t n = 0, classes = 0, dim = 0;
+};
+
+// The loss, and the gradients gathered on rank 0 (undefined elsewhere).
+struct CheckResult {
+  torch::Tensor loss, grad_features, grad_weight;
+};
+
+// Reads this rank's part of the case, checking the shapes agree.
+CheckCase read_case(const std::string& input, const Communicator& comm) {
+  Hdf5File file(input, Hdf5File::Mode::kRead);
+  for (const char* name : {"features", "labels", "weight"}) {
+    MYRIAD_CHECK(file.has(name), "'{}' has no dataset '{}'", input, name);
+  }
+  const std::vector<int64_t> f = file.shape("features"), l = file.shape("labels"),
+                             w = file.shape("weight");
+  MYRIAD_CHECK(f.size() == 2 && l.size() == 1 && w.size() == 2 && f[0] == l[0] && f[1] == w[1],
+               "'{}': expected features [N, D], labels [N] and weight [C, D]", input);
+  CheckCase c;
+  c.n = f[0];
+  c.dim = f[1];
+  c.classes = w[0];
+  c.rows = balanced_counts(c.n, comm.size());
+  const int64_t begin = std::accumulate(c.rows.begin(), c.rows.begin() + comm.rank(), int64_t{0});
+  c.features = file.read_rows("features", begin, c.rows[comm.rank()]).to(torch::kFloat32);
+  c.labels = file.read_rows("labels", begin, c.rows[comm.rank()]).to(torch::kInt64);
+  const ClassPartition part(c.classes, comm.size());
+  c.weight = file.read_rows("weight", part.offset(comm.rank()), part.size(comm.rank()))
+                 .to(torch::kFloat32);
+  return c;
+}
+
+// One forward and backward of the sharded classifier, with the case's weight as its own.
+// Collective.
+CheckResult forward_backward(Communicator& comm, const CheckCase& c, const MarginConfig& margin,
+                             const torch::Device& device) {
+  ShardedSoftmaxOptions o;
+  o.num_classes = c.classes;
+  o.embedding_size = c.dim;
+  o.margin = margin;
+  o.update = WeightUpdate::kAccumulateGrad;
+  ShardedMarginSoftmax classifier(comm, o, device);
+  classifier.weight().copy_(c.weight);
+  torch::Tensor x = c.features.to(device).requires_grad_(true);
+  CheckResult result;
+  result.loss = classifier.forward(x, c.labels.to(device));
+  result.loss.backward();
+  result.grad_features = comm.gather(x.grad().contiguous(), c.rows, 0);
+  result.grad_weight = comm.gather(classifier.weight_grad(), classifier.partition().sizes(), 0);
+  return result;
+}
+
+// Rank 0's output, which appears whole or not at all, and the line that sums it up.
+void write_result(const std::string& output, const CheckCase& c, const CheckResult& result,
+                  const MarginConfig& margin, int world_size) {
+  AtomicOutput out(output);
+  {
+    Hdf5File file(out.temporary_path(), Hdf5File::Mode::kCreate);
+    file.write("loss", result.loss.detach().cpu());
+    file.write("grad_features", result.grad_features.cpu());
+    file.write("grad_weight", result.grad_weight.cpu());
+    file.set_attribute("/", "margin", margin.describe());
+    file.set_attribute("/", "world_size", static_cast<int64_t>(world_size));
+  }
+  out.commit();
+  log_info(
+      "classifier-check: {} samples, {} classes, D={}, {} on {} rank(s): loss {:.9f}; wrote {}",
+      c.n, c.classes, c.dim, margin.describe(), world_size, result.loss.item<double>(), output);
+}
+
+}  // namespace
 
 int run_classifier_check(ProcessContext& context, int argc, char** argv) {
   po::options_description options("classifier-check options");
@@ -42,59 +122,10 @@ int run_classifier_check(ProcessContext& context, int argc, char** argv) {
   CommFactory comms(context);
   Communicator& comm = comms.for_device(device);
 
-  torch::Tensor features, labels, weight;
-  std::vector<int64_t> rows;
-  int64_t n = 0, classes = 0, dim = 0;
-  on_every_rank(context, str_format("reading '{}'", input), [&] {
-    Hdf5File file(input, Hdf5File::Mode::kRead);
-    for (const char* name : {"features", "labels", "weight"}) {
-      MYRIAD_CHECK(file.has(name), "'{}' has no dataset '{}'", input, name);
-    }
-    const std::vector<int64_t> f = file.shape("features"), l = file.shape("labels"),
-                               w = file.shape("weight");
-    MYRIAD_CHECK(f.size() == 2 && l.size() == 1 && w.size() == 2 && f[0] == l[0] && f[1] == w[1],
-                 "'{}': expected features [N, D], labels [N] and weight [C, D]", input);
-    n = f[0];
-    dim = f[1];
-    classes = w[0];
-    rows = balanced_counts(n, comm.size());
-    const int64_t begin = std::accumulate(rows.begin(), rows.begin() + comm.rank(), int64_t{0});
-    features = file.read_rows("features", begin, rows[comm.rank()]).to(torch::kFloat32);
-    labels = file.read_rows("labels", begin, rows[comm.rank()]).to(torch::kInt64);
-    const ClassPartition part(classes, comm.size());
-    weight = file.read_rows("weight", part.offset(comm.rank()), part.size(comm.rank()))
-                 .to(torch::kFloat32);
-  });
-
-  ShardedSoftmaxOptions o;
-  o.num_classes = classes;
-  o.embedding_size = dim;
-  o.margin = margin;
-  o.update = WeightUpdate::kAccumulateGrad;
-  ShardedMarginSoftmax classifier(comm, o, device);
-  classifier.weight().copy_(weight);
-  torch::Tensor x = features.to(device).requires_grad_(true);
-  torch::Tensor loss = classifier.forward(x, labels.to(device));
-  loss.backward();
-
-  const torch::Tensor grad_features = comm.gather(x.grad().contiguous(), rows, 0);
-  const torch::Tensor grad_weight =
-      comm.gather(classifier.weight_grad(), classifier.partition().sizes(), 0);
-  if (context.rank() == 0) {
-    AtomicOutput out(output);
-    {
-      Hdf5File file(out.temporary_path(), Hdf5File::Mode::kCreate);
-      file.write("loss", loss.detach().cpu());
-      file.write("grad_features", grad_features.cpu());
-      file.write("grad_weight", grad_weight.cpu());
-      file.set_attribute("/", "margin", margin.describe());
-      file.set_attribute("/", "world_size", static_cast<int64_t>(comm.size()));
-    }
-    out.commit();
-    log_info(
-        "classifier-check: {} samples, {} classes, D={}, {} on {} rank(s): loss {:.9f}; wrote {}",
-        n, classes, dim, margin.describe(), comm.size(), loss.item<double>(), output);
-  }
+  CheckCase c;
+  on_every_rank(context, str_format("reading '{}'", input), [&] { c = read_case(input, comm); });
+  const CheckResult result = forward_backward(comm, c, margin, device);
+  if (context.rank() == 0) write_result(output, c, result, margin, comm.size());
   comm.barrier();
   return kExitOk;
 }
