@@ -101,7 +101,7 @@ torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
   if (is_training() && sync != nullptr) {
     return SyncBatchNormFunction::apply(x, weight, bias, this, eps_, momentum_);
   }
-  if (runs_own_kernels(x)) return own_kernels(x, torch::Tensor(), torch::Tensor());
+  if (runs_own_kernels(x)) return own_kernels(x, torch::Tensor(), torch::Tensor(), false)[0];
   if (is_training() && recomputing_activations()) {
     // The first pass of this batch updated the running statistics already.
     return torch::batch_norm(x, weight, bias, {}, {}, true, momentum_, eps_,

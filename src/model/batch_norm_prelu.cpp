@@ -42,6 +42,11 @@ cuda::BatchNormPReLUParams params_of(const torch::Tensor& mean, const torch::Ten
           alpha.numel() > 1 ? 1 : 0};
 }
 
+// A gradient in x's dtype and layout, as the kernels read it.
+torch::Tensor in_layout_of(const torch::Tensor& x, const torch::Tensor& grad) {
+  return grad.to(x.scalar_type()).contiguous(channels_fastest(x));
+}
+
 cudaStream_t stream_of(const torch::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
@@ -50,12 +55,13 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
  public:
   // alpha empty: batch norm alone; residual empty: nothing added (else of the input's dtype and
   // shape). running_mean and running_var are updated unless empty (a recomputation). Empty rather
-  // than undefined: autograd records every input's device.
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
-                               const torch::Tensor& gamma, const torch::Tensor& beta,
-                               const torch::Tensor& alpha, const torch::Tensor& residual,
-                               torch::Tensor running_mean, torch::Tensor running_var,
-                               double momentum, double eps) {
+  // than undefined: autograd records every input's device. Returns y, and where `fork` the input
+  // again, for a second use of it whose gradient backward adds into the input's.
+  static torch::autograd::variable_list forward(
+      torch::autograd::AutogradContext* ctx, const torch::Tensor& input, const torch::Tensor& gamma,
+      const torch::Tensor& beta, const torch::Tensor& alpha, const torch::Tensor& residual,
+      torch::Tensor running_mean, torch::Tensor running_var, double momentum, double eps,
+      bool fork) {
     // The input's dtype throughout; the statistics and parameters in float32.
     const NoAutocast no_autocast;
     const torch::Tensor x = input.contiguous(channels_fastest(input));
@@ -84,7 +90,10 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
         params_of(mean, invstd, g, b, a), stream_of(x)));
     ctx->saved_data["residual"] = r.numel() > 0;
     ctx->save_for_backward({x, mean, invstd, g, b, a});
-    return y;
+    if (!fork) return {y};
+    // An unused second use's gradient stays undefined rather than a tensor of zeros to add.
+    ctx->set_materialize_grads(false);
+    return {y, input};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -92,7 +101,9 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];
     const torch::Tensor& alpha = saved[5];
-    const torch::Tensor dy = grads[0].to(x.scalar_type()).contiguous(channels_fastest(x));
+    const torch::Tensor dy = in_layout_of(x, grads[0].defined() ? grads[0] : torch::zeros_like(x));
+    const torch::Tensor dbranch =
+        grads.size() > 1 && grads[1].defined() ? in_layout_of(x, grads[1]) : torch::Tensor();
     const int64_t channels = x.size(1), rows = x.numel() / std::max<int64_t>(channels, 1);
     const cuda::BatchNormPReLUParams p = params_of(saved[1], saved[2], saved[3], saved[4], alpha);
     const cuda::ElementType type = element_type(x.scalar_type());
@@ -103,9 +114,9 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
         x.data_ptr(), dy.data_ptr(), type, rows, channels, p, partials.data_ptr<float>(),
         sums.data_ptr<float>(), stream_of(x)));
     torch::Tensor dx = torch::empty_like(x);
-    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_input(x.data_ptr(), dy.data_ptr(),
-                                                            dx.data_ptr(), type, rows, channels, p,
-                                                            sums.data_ptr<float>(), stream_of(x)));
+    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_input(
+        x.data_ptr(), dy.data_ptr(), dbranch.defined() ? dbranch.data_ptr() : nullptr,
+        dx.data_ptr(), type, rows, channels, p, sums.data_ptr<float>(), stream_of(x)));
     const torch::Tensor dalpha = alpha.numel() == 0   ? torch::Tensor()
                                  : alpha.numel() == 1 ? sums[2].sum().reshape({1})
                                                       : sums[2];
@@ -116,6 +127,7 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
             sums[0],
             dalpha,
             dresidual,
+            torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
@@ -157,8 +169,10 @@ bool BatchNormImpl::runs_own_kernels(const torch::Tensor& x) const {
          x.size(1) == weight.size(0) && x.numel() > x.size(1);
 }
 
-torch::Tensor BatchNormImpl::own_kernels(const torch::Tensor& x, const torch::Tensor& prelu_weight,
-                                         const torch::Tensor& residual) {
+torch::autograd::variable_list BatchNormImpl::own_kernels(const torch::Tensor& x,
+                                                          const torch::Tensor& prelu_weight,
+                                                          const torch::Tensor& residual,
+                                                          bool fork) {
 #ifdef MYRIAD_WITH_CUDA
   const bool recompute = recomputing_activations();
   if (!recompute) {
@@ -171,11 +185,12 @@ torch::Tensor BatchNormImpl::own_kernels(const torch::Tensor& x, const torch::Te
   return BatchNormPReLUFunction::apply(
       x, weight, bias, prelu_weight.defined() ? prelu_weight : none,
       residual.defined() ? residual : none, recompute ? none : running_mean,
-      recompute ? none : running_var, momentum_, eps_);
+      recompute ? none : running_var, momentum_, eps_, fork);
 #else
   (void)x;
   (void)prelu_weight;
   (void)residual;
+  (void)fork;
   MYRIAD_THROW("batch norm's own kernels need a CUDA build");
 #endif
 }
@@ -183,7 +198,7 @@ torch::Tensor BatchNormImpl::own_kernels(const torch::Tensor& x, const torch::Te
 torch::Tensor BatchNormImpl::forward_prelu(const torch::Tensor& x,
                                            const torch::Tensor& prelu_weight) {
   if (runs_own_kernels(x) && (prelu_weight.numel() == 1 || prelu_weight.numel() == x.size(1))) {
-    return own_kernels(x, prelu_weight, torch::Tensor());
+    return own_kernels(x, prelu_weight, torch::Tensor(), false)[0];
   }
   return torch::prelu(forward(x), prelu_weight);
 }
@@ -191,9 +206,18 @@ torch::Tensor BatchNormImpl::forward_prelu(const torch::Tensor& x,
 torch::Tensor BatchNormImpl::forward_add(const torch::Tensor& x, const torch::Tensor& residual) {
   if (runs_own_kernels(x) && residual.scalar_type() == x.scalar_type() &&
       residual.sizes() == x.sizes() && residual.device() == x.device()) {
-    return own_kernels(x, torch::Tensor(), residual);
+    return own_kernels(x, torch::Tensor(), residual, false)[0];
   }
   return forward(x) + residual;
+}
+
+std::pair<torch::Tensor, torch::Tensor> BatchNormImpl::forward_fork(const torch::Tensor& x) {
+  if (runs_own_kernels(x)) {
+    const torch::autograd::variable_list outputs =
+        own_kernels(x, torch::Tensor(), torch::Tensor(), true);
+    return {outputs[0], outputs[1]};
+  }
+  return {forward(x), x};
 }
 
 }  // namespace myriad

@@ -46,8 +46,10 @@ class BasicBlockImpl : public torch::nn::Module, public OnnxModule {
   int64_t multiply_adds() const { return multiply_adds_; }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    const torch::Tensor out = conv2_(bn2_->forward_prelu(conv1_(bn1_(x)), prelu_->weight));
-    return bn3_->forward_add(out, downsample_ ? downsample_->forward(x) : x);
+    // x feeds bn1 and the shortcut: bn1's backward adds the shortcut's gradient.
+    const auto [normalised, shortcut] = bn1_->forward_fork(x);
+    const torch::Tensor out = conv2_(bn2_->forward_prelu(conv1_(normalised), prelu_->weight));
+    return bn3_->forward_add(out, downsample_ ? downsample_->forward(shortcut) : shortcut);
   }
 
   std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const override {
@@ -136,8 +138,8 @@ Activations IResNet::forward_block(int64_t block, Activations in) {
 
 std::string IResNet::to_onnx(OnnxGraph& g, const std::string& x) const {
   namespace layers = onnx_layers;
-  std::string y = layers::prelu(g, layers::conv(g, x, *conv1_, "conv1", bn1_.get()),
-                                prelu_->weight, "prelu");
+  std::string y =
+      layers::prelu(g, layers::conv(g, x, *conv1_, "conv1", bn1_.get()), prelu_->weight, "prelu");
   for (int stage = 0; stage < 4; ++stage) {
     const auto blocks = layers_[stage]->children();
     for (size_t b = 0; b < blocks.size(); ++b) {

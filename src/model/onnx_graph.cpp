@@ -139,11 +139,8 @@ bool OnnxGraph::needs_external_data() const {
   return initializer_bytes() > kInlineLimit;
 }
 
-void OnnxGraph::write(const std::string& path, const std::string& data_path,
-                      const std::string& data_location) const {
-  MYRIAD_CHECK(!output_name_.empty(), "ONNX graph without an output");
-  const bool external = needs_external_data();
-  ProtoMessage graph;  // everything but the initializers' payloads
+ProtoMessage OnnxGraph::graph_without_initializers() const {
+  ProtoMessage graph;
   for (const Node& n : nodes_) {
     ProtoMessage node;
     for (const std::string& in : n.inputs) node.add_bytes(field::kNodeInput, in);
@@ -157,76 +154,101 @@ void OnnxGraph::write(const std::string& path, const std::string& data_path,
   graph.add_bytes(field::kGraphName, "myriad");
   graph.add_message(field::kGraphInput, value_info(input_name_, input_shape_));
   graph.add_message(field::kGraphOutput, value_info(output_name_, output_shape_));
+  return graph;
+}
 
-  // Each initializer: its header here, then its raw bytes (inline) or their place in data_path.
-  // Small ones (shapes, axes) stay inline even then, as onnx's own converter keeps them: shape
-  // inference reads a Reshape's shape from the model and cannot follow it into external data.
-  std::vector<ProtoMessage> headers;
-  std::vector<bool> outside;
-  uint64_t graph_size = graph.size();
-  int64_t offset = 0;
-  for (const Initializer& i : initializers_) {
-    ProtoMessage t;
-    t.add_packed_ints(field::kTensorDims, i.value.sizes().vec());
-    t.add_int(field::kTensorDataType, i.value.scalar_type() == torch::kFloat32 ? kFloat : kInt64);
-    t.add_bytes(field::kTensorName, i.name);
-    const int64_t bytes = i.value.nbytes();
-    uint64_t size = t.size();
-    outside.push_back(external && bytes >= kExternalMinBytes);
-    if (outside.back()) {
-      const std::pair<const char*, std::string> entries[] = {{"location", data_location},
-                                                             {"offset", std::to_string(offset)},
-                                                             {"length", std::to_string(bytes)}};
-      for (const auto& [key, value] : entries) {
-        ProtoMessage entry;
-        entry.add_bytes(field::kEntryKey, key);
-        entry.add_bytes(field::kEntryValue, value);
-        t.add_message(field::kTensorExternalData, entry);
-      }
-      t.add_int(field::kTensorDataLocation, kExternal);
-      size = t.size();
-      offset += bytes;
-    } else {
-      t.add_length_prefix(field::kTensorRawData, static_cast<uint64_t>(bytes));
-      size = t.size() + static_cast<uint64_t>(bytes);
-    }
-    graph_size += ProtoMessage::length_prefix_size(field::kGraphInitializer, size) + size;
-    headers.push_back(std::move(t));
+// Each initializer: its header, then its raw bytes (inline) or their place in the data file.
+// Small ones (shapes, axes) stay inline even then, as onnx's own converter keeps them: shape
+// inference reads a Reshape's shape from the model and cannot follow it into external data.
+OnnxGraph::InitializerHeader OnnxGraph::header_of(const Initializer& i, bool external,
+                                                  const std::string& data_location,
+                                                  int64_t& offset) {
+  InitializerHeader h;
+  ProtoMessage& t = h.message;
+  t.add_packed_ints(field::kTensorDims, i.value.sizes().vec());
+  t.add_int(field::kTensorDataType, i.value.scalar_type() == torch::kFloat32 ? kFloat : kInt64);
+  t.add_bytes(field::kTensorName, i.name);
+  const int64_t bytes = i.value.nbytes();
+  h.outside = external && bytes >= kExternalMinBytes;
+  if (!h.outside) {
+    t.add_length_prefix(field::kTensorRawData, static_cast<uint64_t>(bytes));
+    h.size = t.size() + static_cast<uint64_t>(bytes);
+    return h;
   }
+  const std::pair<const char*, std::string> entries[] = {{"location", data_location},
+                                                         {"offset", std::to_string(offset)},
+                                                         {"length", std::to_string(bytes)}};
+  for (const auto& [key, value] : entries) {
+    ProtoMessage entry;
+    entry.add_bytes(field::kEntryKey, key);
+    entry.add_bytes(field::kEntryValue, value);
+    t.add_message(field::kTensorExternalData, entry);
+  }
+  t.add_int(field::kTensorDataLocation, kExternal);
+  h.size = t.size();
+  offset += bytes;
+  return h;
+}
+
+namespace {
+
+// The model's fields before its graph, whose length prefix (graph_size bytes) ends them.
+ProtoMessage model_head(uint64_t graph_size) {
   ProtoMessage model;
   model.add_int(field::kModelIrVersion, kIrVersion);
   model.add_bytes(field::kModelProducerName, "myriad");
   model.add_bytes(field::kModelProducerVersion, "1");
   ProtoMessage opset;
-  opset.add_int(field::kOpsetVersion, kOnnxOpset);
+  opset.add_int(field::kOpsetVersion, OnnxGraph::kOnnxOpset);
   model.add_message(field::kModelOpsetImport, opset);
   model.add_length_prefix(field::kModelGraph, graph_size);
+  return model;
+}
 
+std::ofstream create(const std::string& path) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   MYRIAD_CHECK(out.good(), "cannot create '{}': {}", path, std::strerror(errno));
-  std::ofstream data;
-  if (external) {
-    data.open(data_path, std::ios::binary | std::ios::trunc);
-    MYRIAD_CHECK(data.good(), "cannot create '{}': {}", data_path, std::strerror(errno));
+  return out;
+}
+
+void finish(std::ofstream& out, const std::string& path) {
+  out.flush();
+  MYRIAD_CHECK(out.good(), "cannot write '{}'", path);
+}
+
+}  // namespace
+
+void OnnxGraph::write(const std::string& path, const std::string& data_path,
+                      const std::string& data_location) const {
+  MYRIAD_CHECK(!output_name_.empty(), "ONNX graph without an output");
+  const bool external = needs_external_data();
+  const ProtoMessage graph = graph_without_initializers();
+  std::vector<InitializerHeader> headers;
+  uint64_t graph_size = graph.size();
+  int64_t offset = 0;
+  for (const Initializer& i : initializers_) {
+    headers.push_back(header_of(i, external, data_location, offset));
+    graph_size += ProtoMessage::length_prefix_size(field::kGraphInitializer, headers.back().size) +
+                  headers.back().size;
   }
+  const ProtoMessage model = model_head(graph_size);
+  std::ofstream out = create(path);
+  std::ofstream data;
+  if (external) data = create(data_path);
   write_bytes(out, model.bytes().data(), model.size());
   write_bytes(out, graph.bytes().data(), graph.size());
   for (size_t k = 0; k < initializers_.size(); ++k) {
-    const torch::Tensor& value = initializers_[k].value;
-    const uint64_t size = headers[k].size() + (outside[k] ? 0 : value.nbytes());
+    const InitializerHeader& h = headers[k];
     ProtoMessage prefix;
-    prefix.add_length_prefix(field::kGraphInitializer, size);
+    prefix.add_length_prefix(field::kGraphInitializer, h.size);
     write_bytes(out, prefix.bytes().data(), prefix.size());
-    write_bytes(out, headers[k].bytes().data(), headers[k].size());
+    write_bytes(out, h.message.bytes().data(), h.message.size());
     // Raw data is little-endian, as the tensors are on the machines myriad runs on.
-    write_bytes(outside[k] ? data : out, value.data_ptr(), value.nbytes());
+    const torch::Tensor& value = initializers_[k].value;
+    write_bytes(h.outside ? data : out, value.data_ptr(), value.nbytes());
   }
-  out.flush();
-  MYRIAD_CHECK(out.good(), "cannot write '{}'", path);
-  if (external) {
-    data.flush();
-    MYRIAD_CHECK(data.good(), "cannot write '{}'", data_path);
-  }
+  finish(out, path);
+  if (external) finish(data, data_path);
 }
 
 namespace onnx_layers {

@@ -151,7 +151,11 @@ LayerCost cost_of(const Node& node) {
       cost.bytes = 2.0 * sum_bytes(outputs, inputs);
       break;
     case LayerKind::kBatchNormPrelu:
-      cost.bytes = 2.0 * sum_bytes(outputs, {});
+      // The output written, then read backward. An output after the first is forward_fork's
+      // second use of the input, a view: only its gradient is read, in the pass that writes the
+      // input's.
+      for (size_t i = 0; i < outputs.size(); ++i)
+        cost.bytes += (i == 0 ? 2.0 : 1.0) * outputs[i].bytes();
       for (size_t i = 0; i < inputs.size(); ++i)
         cost.bytes += (i == 0 ? 3.0 : 1.0) * (inputs[i] ? inputs[i]->bytes() : 0.0);
       break;

@@ -105,6 +105,87 @@ std::optional<double> chained_launch_seconds(Backbone& backbone, const Activatio
   }
 }
 
+// Profiling trains nothing: the buffers (batch-norm statistics) are put back afterwards, and
+// every tensor moved to the device goes back where it was.
+class BackboneState {
+ public:
+  explicit BackboneState(Backbone& backbone) : backbone_(backbone) {
+    for (const auto& b : backbone.named_buffers())
+      buffers_.emplace_back(b.value(), b.value().clone());
+    for (auto& [name, tensor] : backbone.state_dict()) homes_.emplace(name, tensor.device());
+  }
+
+  void restore() const {
+    for (const torch::Tensor& p : backbone_.parameters()) p.mutable_grad().reset();
+    torch::NoGradGuard no_grad;
+    for (auto& [buffer, saved] : buffers_) buffer.copy_(saved);
+    for (auto& [name, tensor] : backbone_.state_dict()) {
+      const torch::Device home = homes_.at(name);
+      if (tensor.device() != home) tensor.set_data(tensor.to(home));
+    }
+  }
+
+ private:
+  Backbone& backbone_;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers_;
+  std::map<std::string, torch::Device> homes_;
+};
+
+// Block b's costs from its input `in`; `in` becomes its output, the next block's input.
+BlockCost profile_block(Backbone& backbone, int64_t b, Activations& in, const torch::Device& device,
+                        std::optional<torch::ScalarType> autocast, double state_factor,
+                        int repeats) {
+  move_blocks(backbone, b, b + 1, device);
+  const auto run = [&](bool keep_graph) {
+    Activations x = in;
+    if (b > 0) x.x = in.x.detach().requires_grad_(true);
+    // As a stage runs it: with activation checkpointing a middle block keeps only its input
+    // and computes its forward again in backward.
+    Activations out;
+    {
+      const AutocastGuard guard(device, autocast);
+      out = backbone.forward_blocks(x, b, b + 1);
+    }
+    if (keep_graph) return out;
+    out.x.backward(torch::ones_like(out.x));
+    return out;
+  };
+  run(false);  // warm-up: kernels chosen (cuDNN's engines timed), memory pools grown
+  wait_for(device);
+  // The host's launches alone, then with the device's work waited for: the first is what an
+  // eager stage's host spends on the block, the second stands for the device's time where no
+  // graph can time it.
+  BlockCost cost;
+  const auto start = Clock::now();
+  for (int r = 0; r < repeats; ++r) run(false);
+  cost.launch_seconds = seconds_since(start) / repeats;
+  wait_for(device);
+  cost.device_seconds = seconds_since(start) / repeats;
+  Activations out;
+#ifdef MYRIAD_WITH_CUDA
+  if (device.is_cuda()) {
+    cost.device_seconds = replay_seconds([&] { run(false); }, repeats, cost.device_seconds, device);
+    // What forward keeps for backward: allocated memory with the graph alive, against without.
+    const int64_t before = allocated_device_memory(device);
+    out = run(true);
+    wait_for(device);
+    cost.activation_bytes = static_cast<double>(allocated_device_memory(device) - before);
+  }
+#endif
+  if (!out.x.defined()) {
+    out = run(true);
+    cost.activation_bytes = static_cast<double>(tensor_bytes(out.x));
+  }
+  for (const auto& [name, tensor] : backbone.state_dict()) {
+    if (backbone.block_of(name) != b) continue;
+    cost.state_bytes +=
+        static_cast<double>(tensor_bytes(tensor)) * (tensor.requires_grad() ? state_factor : 1.0);
+  }
+  in = {out.x.detach(), out.keys, out.restore};
+  for (const torch::Tensor& p : backbone.parameters()) p.mutable_grad().reset();
+  return cost;
+}
+
 }  // namespace
 
 std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sample,
@@ -112,91 +193,28 @@ std::vector<BlockCost> profile_blocks(Backbone& backbone, const Activations& sam
                                       std::optional<torch::ScalarType> autocast,
                                       double state_factor) {
   constexpr int kRepeats = 3;
-  // Profiling trains nothing: buffers (batch-norm statistics) are put back afterwards.
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;
-  for (const auto& b : backbone.named_buffers()) buffers.emplace_back(b.value(), b.value().clone());
-  std::map<std::string, torch::Device> homes;
-  for (auto& [name, tensor] : backbone.state_dict()) homes.emplace(name, tensor.device());
-
-  std::vector<BlockCost> costs(static_cast<size_t>(backbone.num_blocks()));
+  const BackboneState saved(backbone);
+  std::vector<BlockCost> costs;
   const Activations input{backbone.in_layout(sample.x.to(device)),
                           sample.keys.defined() ? sample.keys.to(device) : sample.keys,
                           sample.restore};
   Activations in = input;
-  for (int64_t b = 0; b < backbone.num_blocks(); ++b) {
-    move_blocks(backbone, b, b + 1, device);
-    const auto run = [&](bool keep_graph) {
-      Activations x = in;
-      if (b > 0) x.x = in.x.detach().requires_grad_(true);
-      // As a stage runs it: with activation checkpointing a middle block keeps only its input
-      // and computes its forward again in backward.
-      Activations out;
-      {
-        const AutocastGuard guard(device, autocast);
-        out = backbone.forward_blocks(x, b, b + 1);
-      }
-      if (keep_graph) return out;
-      out.x.backward(torch::ones_like(out.x));
-      return out;
-    };
-    run(false);  // warm-up: kernels chosen, memory pools grown
-    wait_for(device);
-    // The host's launches alone, then with the device's work waited for: the first is what an
-    // eager stage's host spends on the block, the second stands for the device's time where no
-    // graph can time it.
-    const auto start = Clock::now();
-    for (int r = 0; r < kRepeats; ++r) run(false);
-    BlockCost& cost = costs[static_cast<size_t>(b)];
-    cost.launch_seconds = seconds_since(start) / kRepeats;
-    wait_for(device);
-    cost.device_seconds = seconds_since(start) / kRepeats;
-    Activations out;
-#ifdef MYRIAD_WITH_CUDA
-    if (device.is_cuda()) {
-      cost.device_seconds =
-          replay_seconds([&] { run(false); }, kRepeats, cost.device_seconds, device);
-      // What forward keeps for backward: allocated memory with the graph alive, against without.
-      const int64_t before = allocated_device_memory(device);
-      out = run(true);
-      wait_for(device);
-      cost.activation_bytes = static_cast<double>(allocated_device_memory(device) - before);
-    }
-#endif
-    if (!out.x.defined()) {
-      out = run(true);
-      cost.activation_bytes = static_cast<double>(tensor_bytes(out.x));
-    }
-    for (const auto& [name, tensor] : backbone.state_dict()) {
-      if (backbone.block_of(name) != b) continue;
-      cost.state_bytes +=
-          static_cast<double>(tensor_bytes(tensor)) * (tensor.requires_grad() ? state_factor : 1.0);
-    }
-    in = {out.x.detach(), out.keys, out.restore};
-    for (const torch::Tensor& p : backbone.parameters()) p.mutable_grad().reset();
-  }
+  for (int64_t b = 0; b < backbone.num_blocks(); ++b)
+    costs.push_back(profile_block(backbone, b, in, device, autocast, state_factor, kRepeats));
   // Every block is on the device now.
-  if (const std::optional<double> chain =
-          chained_launch_seconds(backbone, input, device, autocast, kRepeats)) {
-    double alone = 0.0;
-    for (const BlockCost& cost : costs) alone += cost.launch_seconds;
-    log_info(
-        "pipeline profile: the whole backbone launched in {:.2f} ms, its blocks alone in "
-        "{:.2f} ms",
-        1e3 * *chain, 1e3 * alone);
-    costs = chained_launches(std::move(costs), *chain);
-    // On the CPU the host is the device: its blocks take what the chain says there too.
-    if (!device.is_cuda()) {
-      for (BlockCost& cost : costs) cost.device_seconds = cost.launch_seconds;
-    }
-  }
-  for (const torch::Tensor& p : backbone.parameters()) p.mutable_grad().reset();
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& [buffer, saved] : buffers) buffer.copy_(saved);
-    for (auto& [name, tensor] : backbone.state_dict()) {
-      const torch::Device home = homes.at(name);
-      if (tensor.device() != home) tensor.set_data(tensor.to(home));
-    }
+  const std::optional<double> chain =
+      chained_launch_seconds(backbone, input, device, autocast, kRepeats);
+  saved.restore();
+  if (!chain) return costs;
+  double alone = 0.0;
+  for (const BlockCost& cost : costs) alone += cost.launch_seconds;
+  log_info(
+      "pipeline profile: the whole backbone launched in {:.2f} ms, its blocks alone in {:.2f} ms",
+      1e3 * *chain, 1e3 * alone);
+  costs = chained_launches(std::move(costs), *chain);
+  // On the CPU the host is the device: its blocks take what the chain says there too.
+  if (!device.is_cuda()) {
+    for (BlockCost& cost : costs) cost.device_seconds = cost.launch_seconds;
   }
   return costs;
 }

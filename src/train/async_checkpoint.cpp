@@ -129,11 +129,12 @@ void AsyncCheckpointer::publish() {
   }
   const Pending p = std::move(*pending_);
   pending_.reset();
+  const std::string what = str_format("checkpoint at step {}", p.step);
   Published published;
   try {
-    published = gather_files(p, mine);
+    published = gather_files(p, mine, what);
     fault_point("manifest", p.step);
-    on_every_rank(context_, str_format("checkpoint at step {}", p.step), [&] {
+    on_every_rank(context_, what, [&] {
       if (context_.rank() == 0) write_manifest_and_rename(p, published.manifest);
     });
   } catch (const Error&) {
@@ -150,7 +151,8 @@ void AsyncCheckpointer::publish() {
 }
 
 AsyncCheckpointer::Published AsyncCheckpointer::gather_files(const Pending& p,
-                                                             const SnapshotOutcome& mine) const {
+                                                             const SnapshotOutcome& mine,
+                                                             const std::string& what) const {
   nlohmann::json files = nlohmann::json::object();
   for (const auto& [name, entry] : mine.files)
     files[name] = {{"bytes", entry.bytes}, {"crc32", crc32_hex(entry.crc32)}};
@@ -167,7 +169,7 @@ AsyncCheckpointer::Published AsyncCheckpointer::gather_files(const Pending& p,
     parts.push_back(nlohmann::json::parse(reported));
     errors.push_back(parts.back()["error"].get<std::string>());
   }
-  raise_first_failure(errors, str_format("checkpoint at step {}", p.step));
+  raise_first_failure(errors, what);
   Published published{p.manifest};
   for (const nlohmann::json& part : parts) {
     for (const auto& [name, entry] : file_entries_from_json(part["files"], "a rank's file list")) {

@@ -64,10 +64,11 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
   return s;
 }
 
-StepCost predict_step(const StepShape& s, const StepRates& rates) {
-  StepCost c;
-  const int64_t batch = s.ranks * s.batch_per_rank;
-  const double b = static_cast<double>(batch);
+namespace {
+
+// The classifier shard's chunk plan, FLOPs and bytes, and their times at `rates`.
+void predict_classifier(const StepShape& s, const StepRates& rates, StepCost& c) {
+  const double b = static_cast<double>(s.ranks * s.batch_per_rank);
   const double d = static_cast<double>(s.embedding_size);
   const double g = static_cast<double>(s.gemm_bytes);
   const int64_t shard = (s.num_classes + s.ranks - 1) / s.ranks;
@@ -77,8 +78,9 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   const bool fused = s.classifier_logits == Logits::kInRegisters;
   const RowGradientStore row_gradient =
       s.classifier_update_fused ? RowGradientStore::kNone : s.classifier_row_gradient;
-  c.plan = plan_chunks(c.class_rows, batch, s.embedding_size, s.gemm_bytes, s.classifier_rows,
-                       s.classifier_workspace, s.classifier_logits, row_gradient);
+  c.plan =
+      plan_chunks(c.class_rows, s.ranks * s.batch_per_rank, s.embedding_size, s.gemm_bytes,
+                  s.classifier_rows, s.classifier_workspace, s.classifier_logits, row_gradient);
   const double passes = c.plan.cache ? 1.0 : 2.0;  // over the rows, and over the logits
 
   // The fused kernels compute the logits in forward and again in backward, unless their cached
@@ -103,8 +105,13 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   c.classifier_traffic = rows * b * per_logit + rows * d * per_weight;
   c.classifier_gemm = c.classifier_flops / rates.gemm_flops;
   c.classifier_memory = c.classifier_traffic / rates.memory_bandwidth;
-  c.backbone = s.backbone_seconds;
+}
 
+// The backbone's gradient all-reduce (in buckets, the last one exposed unless measured) and the
+// classifier's feature and statistics collectives.
+void predict_communication(const StepShape& s, const StepRates& rates, StepCost& c) {
+  const double b = static_cast<double>(s.ranks * s.batch_per_rank);
+  const double d = static_cast<double>(s.embedding_size);
   const double params = static_cast<double>(s.backbone_params);
   c.grad_all_reduce_bytes = params * static_cast<double>(s.grad_comm_bytes);
   const double reduce = all_reduce_bus_factor(s.ranks);
@@ -132,12 +139,19 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
   c.stats_comm =
       collective_seconds(b * 4.0, reduce, rates.all_reduce_busbw, rates.collective_latency) +
       collective_seconds(b * 8.0, reduce, rates.all_reduce_busbw, rates.collective_latency);
-  c.step = c.backbone + c.classifier() + c.communication();
+}
 
-  c.classifier_weight_memory =
-      static_cast<double>(shard) * d * static_cast<double>(s.classifier_weight_bytes);
-  c.classifier_state_memory = static_cast<double>(shard) * d *
-                              static_cast<double>(s.classifier_states * s.classifier_state_bytes);
+// What each rank holds: the classifier's shard and state, its workspace, the backbone's state and
+// the activations.
+void predict_memory(const StepShape& s, StepCost& c) {
+  const int64_t batch = s.ranks * s.batch_per_rank;
+  const double b = static_cast<double>(batch);
+  const double d = static_cast<double>(s.embedding_size);
+  const double g = static_cast<double>(s.gemm_bytes);
+  const double shard = static_cast<double>((s.num_classes + s.ranks - 1) / s.ranks);
+  c.classifier_weight_memory = shard * d * static_cast<double>(s.classifier_weight_bytes);
+  c.classifier_state_memory =
+      shard * d * static_cast<double>(s.classifier_states * s.classifier_state_bytes);
   // What a chunk's rows hold at the peak, as measured (docs/benchmarks.md: 24.9 and 42.0 GiB on
   // 2 H200s at C = 8M): logits and GEMM rows, and the logits' gradient;
   // plan_chunks budgets the rows' gradient too where the update is not fused. Then the
@@ -150,11 +164,23 @@ StepCost predict_step(const StepShape& s, const StepRates& rates) {
       static_cast<double>(c.plan.chunk_rows) * per_row + b * d * (8.0 + g) + b * 8.0;
   // Weights and gradients (their buckets) in float32, the optimizer state, and a compressed copy
   // of the buckets when the all-reduce is narrower than float32.
-  c.backbone_state_memory = params * 4.0 * static_cast<double>(2 + s.backbone_states) +
-                            (s.grad_comm_bytes < 4 ? c.grad_all_reduce_bytes : 0.0);
+  c.backbone_state_memory =
+      static_cast<double>(s.backbone_params) * 4.0 * static_cast<double>(2 + s.backbone_states) +
+      (s.grad_comm_bytes < 4 ? c.grad_all_reduce_bytes : 0.0);
   c.activation_memory = s.activation_bytes;
   c.total_memory = c.classifier_weight_memory + c.classifier_state_memory + c.workspace_memory +
                    c.backbone_state_memory + c.activation_memory;
+}
+
+}  // namespace
+
+StepCost predict_step(const StepShape& s, const StepRates& rates) {
+  StepCost c;
+  c.backbone = s.backbone_seconds;
+  predict_classifier(s, rates, c);
+  predict_communication(s, rates, c);
+  c.step = c.backbone + c.classifier() + c.communication();
+  predict_memory(s, c);
   return c;
 }
 

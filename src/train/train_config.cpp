@@ -461,18 +461,13 @@ Precision resolve_precision(Precision precision, const torch::Device& device) {
   return resolve_precision(precision, has_fast_bfloat16(device));
 }
 
-const char* choose_algorithms(bool deterministic, Toggle cudnn_benchmark,
-                              const torch::Device& device) {
+ConvolutionEngines convolution_engines(bool deterministic, Toggle cudnn_benchmark,
+                                       const torch::Device& device) {
   MYRIAD_CHECK_COLLECTIVE(cudnn_benchmark != Toggle::kOn || device.is_cuda(),
                           "--cudnn-benchmark on needs GPUs");
-  if (deterministic) {
-    use_deterministic_algorithms();
-    return "deterministic algorithms";
-  }
-  const bool timed = device.is_cuda() && cudnn_benchmark != Toggle::kOff;
-  time_cudnn_engines(timed);
-  if (!device.is_cuda()) return "oneDNN's convolutions";
-  return timed ? "cuDNN's engines timed per shape" : "cuDNN's heuristic engines";
+  if (deterministic) return ConvolutionEngines::kDeterministic;
+  return device.is_cuda() && cudnn_benchmark != Toggle::kOff ? ConvolutionEngines::kTimed
+                                                             : ConvolutionEngines::kHeuristic;
 }
 
 torch::ScalarType compute_dtype(Precision precision) {

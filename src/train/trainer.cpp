@@ -186,7 +186,7 @@ class Run {
   torch::Device device_;
   TrainConfig c_;             // as given, with --precision resolved for the device
   bool precision_was_auto_;   // so the start-up line can say that it was resolved
-  const char* conv_engines_;  // how cuDNN picks each convolution's engine (choose_algorithms)
+  const char* conv_engines_;  // how cuDNN picks each convolution's engine (use_convolution_engines)
   std::string config_ini_;
   CommFactory comms_;
   Communicator& comm_;
@@ -220,7 +220,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       device_(context.select_device(config.device)),
       c_(resolved_config(config, device_)),
       precision_was_auto_(config.precision == Precision::kAuto),
-      conv_engines_(choose_algorithms(c_.deterministic, c_.cudnn_benchmark, device_)),
+      conv_engines_(use_convolution_engines(
+          convolution_engines(c_.deterministic, c_.cudnn_benchmark, device_), device_)),
       config_ini_(std::move(config_ini)),
       comms_(context),
       comm_(comms_.for_device(device_)),

@@ -169,10 +169,12 @@ std::vector<SnapshotFile> checkpoint_files(const ProcessContext& context,
   return files;
 }
 
-void load_checkpoint(const ProcessContext& context, const std::string& directory,
-                     TrainingState& state) {
-  const auto start = std::chrono::steady_clock::now();
-  ShardedMarginSoftmax& classifier = *state.classifier;
+namespace {
+
+// The manifest, once every rank has verified the files it will read (the replicated state and
+// the shards holding its rows [first, first + rows)) and that it holds this run's classifier.
+Manifest verified_manifest(const ProcessContext& context, const std::string& directory,
+                           const ShardedMarginSoftmax& classifier) {
   const ClassPartition& partition = classifier.partition();
   const int64_t first = partition.offset(context.rank());
   const int64_t rows = partition.size(context.rank());
@@ -180,8 +182,6 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
   on_every_rank<CheckpointInvalid>(
       context, str_format("verifying checkpoint '{}'", directory), [&] {
         manifest = read_manifest(directory);
-        // Each rank verifies what it will read: the replicated state and the shards holding its
-        // rows.
         std::vector<std::string> needed = {kReplicatedFile};
         for (const ShardEntry& s : manifest.shards) {
           if (s.class_offset < first + rows && first < s.class_offset + s.rows)
@@ -195,7 +195,11 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
       "checkpoint '{}' holds a classifier of {} classes x {}, this run has {} x {}", directory,
       manifest.num_classes, manifest.embedding_size, partition.num_classes(),
       classifier.options().embedding_size);
-  const torch::Device device = classifier.device();
+  return manifest;
+}
+
+// The backbone, its optimizer, the step counters and the loss scale.
+void load_replicated(const std::string& directory, const Manifest& manifest, TrainingState& state) {
   const Hdf5File replicated((fs::path(directory) / kReplicatedFile).string(),
                             Hdf5File::Mode::kRead);
   state.backbone->load_state_dict(read_backbone_state(replicated),
@@ -203,6 +207,7 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
   read_optimizer(replicated, *state.optimizer, *state.backbone);
   state.step = manifest.step;
   state.position = manifest.position;
+  ShardedMarginSoftmax& classifier = *state.classifier;
   classifier.set_steps(replicated.int_attribute("/", "classifier_steps").value_or(0));
   classifier.optimizer().set_step(
       replicated.int_attribute("/", "classifier_optimizer_steps").value_or(0));
@@ -211,12 +216,19 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
         replicated.float_attribute("/", "loss_scale").value_or(state.scaler->scale_value()),
         replicated.int_attribute("/", "loss_scale_clean_steps").value_or(0));
   }
+}
 
-  // This rank's class rows, from whichever old shards hold them.
+// This rank's class rows of the weight and its optimizer state, from whichever old shards hold
+// them.
+void load_class_rows(const ProcessContext& context, const std::string& directory,
+                     const Manifest& manifest, ShardedMarginSoftmax& classifier) {
+  const int64_t first = classifier.partition().offset(context.rank());
+  const int64_t rows = classifier.partition().size(context.rank());
   std::vector<std::pair<std::string, torch::Tensor*>> targets = {{"weight", &classifier.weight()}};
   for (const auto& [name, tensor] : classifier.optimizer().state()) {
     targets.emplace_back("state/" + name, tensor);
   }
+  const bool pinned = classifier.device().is_cuda();
   on_every_rank(context, str_format("loading the classifier from '{}'", directory), [&] {
     torch::NoGradGuard no_grad;
     for (auto& [name, tensor] : targets) {
@@ -225,11 +237,15 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
           [&](int64_t at, const torch::Tensor& block) {
             tensor->slice(0, at, at + block.size(0)).copy_(block);
           },
-          /*pinned=*/device.is_cuda());
+          pinned);
     }
   });
-  // Random state continues only where the same ranks saved it (a resharded checkpoint has none);
-  // otherwise it is reseeded.
+}
+
+// Random state continues only where the same ranks saved it (a resharded checkpoint has none);
+// otherwise it is reseeded.
+void load_random_state(const ProcessContext& context, const std::string& directory,
+                       const Manifest& manifest, const TrainingState& state) {
   torch::Tensor rng;
   if (manifest.world_size == context.size()) {
     const Hdf5File own((fs::path(directory) / shard_file_name(context.rank())).string(),
@@ -237,18 +253,28 @@ void load_checkpoint(const ProcessContext& context, const std::string& directory
     if (own.has("rng")) rng = own.read("rng");
   }
   if (context.all_true(rng.defined())) {
-    set_rng_state(device, rng);
-  } else {
-    log_info(
-        "resuming {} ranks from a checkpoint of {}: classifier rows resharded, random state "
-        "reseeded",
-        context.size(), manifest.world_size);
-    torch::manual_seed(static_cast<uint64_t>(state.step) * 1000003u +
-                       static_cast<uint64_t>(context.rank()));
+    set_rng_state(state.classifier->device(), rng);
+    return;
   }
-  const double seconds = seconds_since(start);
+  log_info(
+      "resuming {} ranks from a checkpoint of {}: classifier rows resharded, random state "
+      "reseeded",
+      context.size(), manifest.world_size);
+  torch::manual_seed(static_cast<uint64_t>(state.step) * 1000003u +
+                     static_cast<uint64_t>(context.rank()));
+}
+
+}  // namespace
+
+void load_checkpoint(const ProcessContext& context, const std::string& directory,
+                     TrainingState& state) {
+  const auto start = std::chrono::steady_clock::now();
+  const Manifest manifest = verified_manifest(context, directory, *state.classifier);
+  load_replicated(directory, manifest, state);
+  load_class_rows(context, directory, manifest, *state.classifier);
+  load_random_state(context, directory, manifest, state);
   log_info("resumed from {} (step {}, epoch {}) in {:.1f} s", directory, state.step,
-           state.position.epoch, seconds);
+           state.position.epoch, seconds_since(start));
 }
 
 std::optional<std::string> resume_training(const ProcessContext& context, const std::string& resume,

@@ -154,8 +154,15 @@ void use_deterministic_algorithms() {
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
 }
 
-void time_cudnn_engines(bool timed) {
+const char* use_convolution_engines(ConvolutionEngines engines, const torch::Device& device) {
+  if (engines == ConvolutionEngines::kDeterministic) {
+    use_deterministic_algorithms();
+    return "deterministic algorithms";
+  }
+  const bool timed = engines == ConvolutionEngines::kTimed;
   at::globalContext().setBenchmarkCuDNN(timed);
+  if (!device.is_cuda()) return "oneDNN's convolutions";
+  return timed ? "cuDNN's engines timed per shape" : "cuDNN's heuristic engines";
 }
 
 }  // namespace myriad

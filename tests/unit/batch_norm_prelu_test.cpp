@@ -1,6 +1,7 @@
-// BatchNormImpl::forward, forward_prelu and forward_add against batch norm (and PReLU, or a
-// residual's add) composed by LibTorch in float64 on the CPU: the output, the gradients of the
-// input, of the residual and of the parameters, and the running statistics. On a GPU the
+// BatchNormImpl::forward, forward_prelu, forward_add and forward_fork against batch norm (and
+// PReLU, or a residual's add, or a second use of the input) composed by LibTorch in float64 on the
+// CPU: the output, the gradients of the input, of the residual and of the parameters, and the
+// running statistics. On a GPU the
 // channels-last maps and [N, C] matrices take myriad's kernels (checked by the autograd node), in
 // float32 and bfloat16; everything else, and the CPU, takes LibTorch's batch norm.
 
@@ -9,6 +10,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "myriad/model/batch_norm.h"
 #include "myriad/util/autocast.h"
@@ -24,6 +26,7 @@ struct Case {
   bool shared_slope;      // one PReLU slope for every channel
   bool prelu = true;      // false: batch norm alone (forward)
   bool residual = false;  // batch norm plus a residual (forward_add), without PReLU
+  bool fork = false;      // batch norm alone, its input used again (forward_fork)
 };
 
 void expect_matches_composition(const torch::Device& device, torch::ScalarType dtype, const Case& c,
@@ -59,15 +62,19 @@ void expect_matches_composition(const torch::Device& device, torch::ScalarType d
   }
   x.requires_grad_(true);
   residual.requires_grad_(true);
-  torch::Tensor y;
+  torch::Tensor y, second_use;
   {
     // Half precision as the trainer runs it: under autocast, where the composition's PReLU takes
     // float32.
     std::optional<AutocastGuard> autocast;
     if (dtype != torch::kFloat32) autocast.emplace(device, dtype);
-    y = c.residual ? bn->forward_add(x, residual)
-        : c.prelu  ? bn->forward_prelu(x, slope)
-                   : bn->forward(x);
+    if (c.fork) {
+      std::tie(y, second_use) = bn->forward_fork(x);
+    } else {
+      y = c.residual ? bn->forward_add(x, residual)
+          : c.prelu  ? bn->forward_prelu(x, slope)
+                     : bn->forward(x);
+    }
   }
   const std::string node = y.grad_fn() ? y.grad_fn()->name() : "";
   EXPECT_EQ(node.find("BatchNormPReLU") != std::string::npos, fused) << node;
@@ -75,7 +82,14 @@ void expect_matches_composition(const torch::Device& device, torch::ScalarType d
   if (c.shape.size() == 4) {
     EXPECT_EQ(batch_norm_runs_own_kernels(device, false, c.channels_last), fused);
   }
-  y.backward(g64.to(device, y.scalar_type()));
+  // The second use's gradient: the residual's values, which the reference adds to the input's.
+  if (c.fork) {
+    EXPECT_TRUE(torch::equal(second_use, x));
+    torch::autograd::backward({y, second_use},
+                              {g64.to(device, y.scalar_type()), residual.detach()});
+  } else {
+    y.backward(g64.to(device, y.scalar_type()));
+  }
 
   const torch::Tensor rx = x64.to(dtype).to(torch::kFloat64).requires_grad_(true);
   const torch::Tensor rgamma = gamma.clone().requires_grad_(true);
@@ -86,7 +100,11 @@ void expect_matches_composition(const torch::Device& device, torch::ScalarType d
       torch::batch_norm(rx, rgamma, rbeta, rmean, rvar, true, 0.1, 1e-5, false);
   const torch::Tensor rresidual = r64.to(dtype).to(torch::kFloat64).requires_grad_(true);
   const torch::Tensor ry = c.residual ? rbn + rresidual : c.prelu ? torch::prelu(rbn, ralpha) : rbn;
-  ry.backward(g64.to(dtype).to(torch::kFloat64));
+  if (c.fork) {
+    torch::autograd::backward({ry, rx}, {g64.to(dtype).to(torch::kFloat64), rresidual.detach()});
+  } else {
+    ry.backward(g64.to(dtype).to(torch::kFloat64));
+  }
 
   EXPECT_LE(relative_error(y, ry), tolerance) << "output";
   EXPECT_LE(relative_error(x.grad(), rx.grad()), tolerance) << "input's gradient";
@@ -95,7 +113,7 @@ void expect_matches_composition(const torch::Device& device, torch::ScalarType d
   if (c.residual) {
     EXPECT_LE(relative_error(residual.grad(), rresidual.grad()), tolerance)
         << "residual's gradient";
-  } else if (c.prelu) {
+  } else if (c.prelu && !c.fork) {
     EXPECT_LE(relative_error(slope.grad(), ralpha.grad()), tolerance) << "slope's gradient";
   }
   EXPECT_LE(relative_error(bn->running_mean, rmean), 1e-5) << "running mean";
@@ -116,12 +134,17 @@ const Case kCases[] = {{{8, 64, 7, 5}, true, false},
                        {{8, 64, 7, 5}, true, false, false, true},
                        {{6, 32}, false, false, false, true},
                        {{4, 24, 3, 3}, false, false, false, true},
-                       {{3, 12, 5, 5}, true, false, false, true}};
+                       {{3, 12, 5, 5}, true, false, false, true},
+                       {{8, 64, 7, 5}, true, false, false, false, true},
+                       {{6, 32}, false, false, false, false, true},
+                       {{4, 24, 3, 3}, false, false, false, false, true},
+                       {{3, 12, 5, 5}, true, false, false, false, true}};
 
 std::string describe(const Case& c) {
-  return str_format("{}{}{}{}{}", c10::IntArrayRef(c.shape),
+  return str_format("{}{}{}{}{}{}", c10::IntArrayRef(c.shape),
                     c.channels_last ? " channels-last" : "", c.shared_slope ? ", one slope" : "",
-                    c.prelu ? "" : ", no PReLU", c.residual ? ", plus a residual" : "");
+                    c.prelu ? "" : ", no PReLU", c.residual ? ", plus a residual" : "",
+                    c.fork ? ", its input used again" : "");
 }
 
 TEST(BatchNormPReLU, ComposesOnTheCpu) {

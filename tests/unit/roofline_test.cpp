@@ -7,6 +7,7 @@
 #include <map>
 
 #include "myriad/model/backbone.h"
+#include "myriad/model/batch_norm.h"
 
 namespace myriad {
 namespace {
@@ -62,6 +63,25 @@ TEST(Roofline, CensusOfAGraphCountedByHand) {
   EXPECT_DOUBLE_EQ(mm.bytes, 3.0 * 4 * (768 + 3840 + 20));
   // 20 float32 in, 20 float64 out, twice.
   EXPECT_DOUBLE_EQ(kinds.at(LayerKind::kCast)[0].bytes, 2.0 * (20 * 4 + 20 * 8));
+}
+
+// forward_fork's second output is a view of the input: its gradient is read once, in the pass
+// that writes the input's, and nothing of it moves forward.
+TEST(Roofline, ASecondUseOfABatchNormsInputCountsItsGradientOnce) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU: batch norm's own kernels run there";
+  BatchNorm bn(64);
+  bn->to(torch::kCUDA);
+  const torch::Tensor x = torch::randn({8, 64, 7, 5}, torch::kCUDA)
+                              .contiguous(torch::MemoryFormat::ChannelsLast)
+                              .requires_grad_(true);
+  const auto [y, second_use] = bn->forward_fork(x);
+  const auto kinds = by_kind(layer_census(y + second_use));
+  ASSERT_EQ(kinds.at(LayerKind::kBatchNormPrelu).size(), 1u);
+  const LayerCost& norm = kinds.at(LayerKind::kBatchNormPrelu)[0];
+  EXPECT_NE(norm.op.find("BatchNormPReLU"), std::string::npos) << norm.op;
+  // Float32: the output twice, the second use's gradient once, x three times, gamma and beta once.
+  const double n = 8 * 64 * 7 * 5;
+  EXPECT_DOUBLE_EQ(norm.bytes, 4 * (2.0 * n + 1.0 * n + 3.0 * n + 64 + 64));
 }
 
 TEST(Roofline, InputsWithoutGradientsAreNotCounted) {

@@ -281,19 +281,28 @@ TEST(TrainConfig, CudnnBenchmarkTimesEnginesOnGpusOnly) {
               "--cudnn-benchmark on and --deterministic exclude each other (the timed engines "
               "need not repeat bit for bit)");
   }
-  EXPECT_THROW(choose_algorithms(false, Toggle::kOn, torch::kCPU), Error);
+  EXPECT_THROW(convolution_engines(false, Toggle::kOn, torch::kCPU), Error);
+  for (const Toggle toggle : {Toggle::kAuto, Toggle::kOn, Toggle::kOff}) {
+    EXPECT_EQ(convolution_engines(true, toggle, torch::kCUDA), ConvolutionEngines::kDeterministic);
+  }
+  EXPECT_EQ(convolution_engines(false, Toggle::kAuto, torch::kCUDA), ConvolutionEngines::kTimed);
+  EXPECT_EQ(convolution_engines(false, Toggle::kOn, torch::kCUDA), ConvolutionEngines::kTimed);
+  EXPECT_EQ(convolution_engines(false, Toggle::kOff, torch::kCUDA), ConvolutionEngines::kHeuristic);
   for (const Toggle toggle : {Toggle::kAuto, Toggle::kOff}) {
-    EXPECT_STREQ(choose_algorithms(false, toggle, torch::kCPU), "oneDNN's convolutions");
+    const ConvolutionEngines engines = convolution_engines(false, toggle, torch::kCPU);
+    EXPECT_EQ(engines, ConvolutionEngines::kHeuristic);
+    EXPECT_STREQ(use_convolution_engines(engines, torch::kCPU), "oneDNN's convolutions");
     EXPECT_FALSE(at::globalContext().benchmarkCuDNN());
   }
   if (torch::cuda::is_available()) {
-    EXPECT_STREQ(choose_algorithms(false, Toggle::kAuto, torch::kCUDA),
+    EXPECT_STREQ(use_convolution_engines(ConvolutionEngines::kTimed, torch::kCUDA),
                  "cuDNN's engines timed per shape");
     EXPECT_TRUE(at::globalContext().benchmarkCuDNN());
-    EXPECT_STREQ(choose_algorithms(false, Toggle::kOff, torch::kCUDA), "cuDNN's heuristic engines");
+    EXPECT_STREQ(use_convolution_engines(ConvolutionEngines::kHeuristic, torch::kCUDA),
+                 "cuDNN's heuristic engines");
     EXPECT_FALSE(at::globalContext().benchmarkCuDNN());
   }
-  time_cudnn_engines(before);
+  at::globalContext().setBenchmarkCuDNN(before);
 }
 
 TEST(TrainConfig, PrecisionsComputeInTheirDtype) {

@@ -26,6 +26,10 @@ class BatchNormImpl : public torch::nn::Module {
   // forward(x) + residual, where forward runs its own kernels in the pass that writes the output
   // (a residual block's last batch norm): the sum's pass over memory is saved.
   torch::Tensor forward_add(const torch::Tensor& x, const torch::Tensor& residual);
+  // {forward(x), x} for a second use of x (a residual block's shortcut). Where forward runs its own
+  // kernels, the second use's gradient is added in the pass that writes x's: the sum of x's two
+  // gradients costs no pass of its own.
+  std::pair<torch::Tensor, torch::Tensor> forward_fork(const torch::Tensor& x);
 
   torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   Communicator* sync = nullptr;
@@ -35,9 +39,10 @@ class BatchNormImpl : public torch::nn::Module {
  private:
   bool runs_own_kernels(const torch::Tensor& x) const;
   // Batch norm, followed by PReLU unless prelu_weight is undefined, plus residual unless undefined,
-  // in our kernels.
-  torch::Tensor own_kernels(const torch::Tensor& x, const torch::Tensor& prelu_weight,
-                            const torch::Tensor& residual);
+  // in our kernels; where `fork`, x again (forward_fork).
+  torch::autograd::variable_list own_kernels(const torch::Tensor& x,
+                                             const torch::Tensor& prelu_weight,
+                                             const torch::Tensor& residual, bool fork);
 
   double eps_;
   double momentum_;

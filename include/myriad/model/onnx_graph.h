@@ -7,6 +7,8 @@
 #include <variant>
 #include <vector>
 
+#include "myriad/util/protobuf_writer.h"
+
 namespace myriad {
 
 class BatchNormImpl;
@@ -59,8 +61,19 @@ class OnnxGraph {
     std::string name;
     torch::Tensor value;  // contiguous float32 or int64 on the CPU
   };
+  // An initializer's TensorProto without its raw bytes; `size` counts them where they are inline.
+  struct InitializerHeader {
+    ProtoMessage message;
+    uint64_t size = 0;
+    bool outside = false;  // the bytes go to the data file
+  };
   std::string unique(const std::string& name);
   int64_t initializer_bytes() const;
+  // The nodes, the input and the output: the graph but for its initializers.
+  ProtoMessage graph_without_initializers() const;
+  // `offset` (into the data file) moves past the initializer's bytes where they go there.
+  static InitializerHeader header_of(const Initializer& i, bool external,
+                                     const std::string& data_location, int64_t& offset);
 
   std::string input_name_;
   std::vector<int64_t> input_shape_;
@@ -118,7 +131,8 @@ std::string sequential(OnnxGraph& g, const std::string& x, const torch::nn::Sequ
 class OnnxModule {
  public:
   virtual ~OnnxModule() = default;
-  virtual std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const = 0;
+  virtual std::string to_onnx(OnnxGraph& g, const std::string& x,
+                              const std::string& name) const = 0;
 };
 
 class Backbone;

@@ -77,7 +77,9 @@ class AsyncCheckpointer : public StepObserver {
     double blocked = 0, write = 0;
   };
   void publish();
-  Published gather_files(const Pending& p, const SnapshotOutcome& mine) const;
+  // Every rank's files, or the first rank's failure raised as `what`'s on every rank.
+  Published gather_files(const Pending& p, const SnapshotOutcome& mine,
+                         const std::string& what) const;
   // Rank 0: the manifest written and synced, the directory renamed into place, old ones pruned.
   void write_manifest_and_rename(const Pending& p, Manifest& manifest);
   void report_published(const Pending& p, const SnapshotOutcome& mine, const Published& published,

@@ -17,6 +17,7 @@
 #include "myriad/comm/device_selection.h"
 #include "myriad/model/backbone.h"
 #include "myriad/optim/lr_schedule.h"
+#include "myriad/util/device.h"
 
 namespace myriad {
 
@@ -151,12 +152,11 @@ Precision resolve_precision(Precision precision, bool fast_bfloat16);
 // fp16, whose dynamic loss scaling runs on GPUs only, is an error on the CPU.
 Precision resolve_precision(Precision precision, const torch::Device& device);
 
-// Sets cuDNN's and cuBLAS's algorithms for `device` (collective checks): the deterministic ones,
-// or each convolution's engine timed once per shape (--cudnn-benchmark), or cuDNN's heuristics.
-// Call it before the first convolution. Returns how the convolutions' algorithms are chosen, for
-// the start-up line.
-const char* choose_algorithms(bool deterministic, Toggle cudnn_benchmark,
-                              const torch::Device& device);
+// How `device`'s convolutions pick their algorithms under --deterministic and --cudnn-benchmark
+// (use_convolution_engines sets it): timed per shape on GPUs unless off or deterministic. `on`
+// without GPUs is an error (collective check).
+ConvolutionEngines convolution_engines(bool deterministic, Toggle cudnn_benchmark,
+                                       const torch::Device& device);
 // The dtype a resolved precision computes in: what its GEMMs take.
 torch::ScalarType compute_dtype(Precision precision);
 // The autocast dtype of a resolved precision: none for fp32.

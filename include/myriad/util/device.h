@@ -58,8 +58,13 @@ void set_torch_threads(int requested, int ranks_on_host);
 // that a run repeats bit for bit on the same GPUs. Call it before the first GEMM.
 void use_deterministic_algorithms();
 
-// cuDNN times the candidate engines of each convolution shape once and keeps the fastest (its
-// benchmark mode) where `timed`; else it takes its heuristics' first choice.
-void time_cudnn_engines(bool timed);
+// How convolutions pick their algorithms: cuDNN's and cuBLAS's deterministic modes
+// (use_deterministic_algorithms); cuDNN times the candidate engines of each convolution shape once
+// and keeps the fastest (its benchmark mode); or cuDNN takes its heuristics' first choice.
+enum class ConvolutionEngines { kDeterministic, kTimed, kHeuristic };
+
+// Sets LibTorch's global modes for `engines`, before the first convolution. Returns how `device`'s
+// convolutions pick their algorithms, for start-up lines.
+const char* use_convolution_engines(ConvolutionEngines engines, const torch::Device& device);
 
 }  // namespace myriad

@@ -270,7 +270,8 @@ int run_backbone_bench(ProcessContext& context, int argc, char** argv) {
     throw UsageError("--csv: cannot create '" + b.csv + "' (no such folder, or not writable)");
   const torch::Device device = context.select_device(parse_device_preference(b.device));
   const Precision precision = resolve_precision(b.precision, device);
-  const char* algorithms = choose_algorithms(false, b.cudnn_benchmark, device);
+  const char* algorithms =
+      use_convolution_engines(convolution_engines(false, b.cudnn_benchmark, device), device);
   const Ceilings ceilings = measure_ceilings(device, compute_dtype(precision));
   std::unique_ptr<Subject> subject;
   std::vector<KindFloor> kinds;

@@ -78,7 +78,8 @@ int run(ProcessContext& context, int argc, char** argv) {
   const torch::Device device = context.use_device(config.device, plan);
   config.precision = resolve_precision(config.precision, device);
   // The blocks' timings predict training's step: the same convolution engines.
-  choose_algorithms(config.deterministic, config.cudnn_benchmark, device);
+  use_convolution_engines(convolution_engines(config.deterministic, config.cudnn_benchmark, device),
+                          device);
   const int64_t message = o.message_size == "auto"
                               ? (device.is_cuda() ? int64_t{64} << 20 : int64_t{4} << 20)
                               : parse_byte_size(o.message_size);

@@ -113,21 +113,34 @@ __device__ inline void write_block_sums(float (&s)[J][V], const Lane& l, int64_t
   }
 }
 
-// Σ_b partials[b width + i] over the row blocks, by one warp: each lane adds every 32nd block in
-// order, then the lanes' sums meet in a fixed butterfly (the same bits in every lane and at every
-// run). One thread per column walking all blocks was latency-bound: about 57 us a launch at 529
-// blocks on an H100.
-__device__ inline float sum_column(const float* __restrict__ partials, int64_t blocks,
-                                   int64_t width, int64_t i) {
-  float s = 0.0f;
-  for (int64_t b = threadIdx.x % 32; b < blocks; b += 32) s += partials[b * width + i];
-  for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
-  return s;
-}
-
-// The column that this thread's warp sums.
-__device__ inline int64_t warp_column() {
-  return (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+// Σ_b partials[b width + column[j]] over the row blocks for J columns, by the whole block (kThreads
+// threads): each thread adds every kThreads-th block in order, the lanes' sums meet in a fixed
+// butterfly, and the warps' in order through shared memory; the same bits at every run. Thread 0
+// gets the sums. A warp per column kept 4 loads in flight a lane over 17-33 blocks, bound by their
+// latency; here a thread has 2-4 blocks, all its loads issued together.
+template <int J>
+__device__ inline void sum_columns(const float* __restrict__ partials, int64_t blocks,
+                                   int64_t width, const int64_t (&column)[J], float (&out)[J]) {
+  __shared__ float warps[kThreads / 32][J];
+  float s[J] = {};
+#pragma unroll 4
+  for (int64_t b = threadIdx.x; b < blocks; b += kThreads) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) s[j] += partials[b * width + column[j]];
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    for (int offset = 16; offset > 0; offset /= 2)
+      s[j] += __shfl_xor_sync(0xffffffffu, s[j], offset);
+    if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32][j] = s[j];
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    out[j] = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) out[j] += warps[w][j];
+  }
 }
 
 // Per channel, sums of d = x - shift and of d², the shift being row 0's value: the same for every
@@ -157,17 +170,17 @@ __global__ void batch_norm_statistics_kernel(const T* __restrict__ x, int64_t ro
   write_block_sums(s, l, channels, partials);
 }
 
-// The statistics from the blocks' sums, a warp per channel; the running statistics updated.
+// The statistics from the blocks' sums, a block per channel; the running statistics updated.
 template <typename T>
 __global__ void batch_norm_statistics_finish_kernel(
     const T* __restrict__ x, const float* __restrict__ partials, int64_t blocks, int64_t rows,
     int64_t channels, float eps, float momentum, float* __restrict__ mean,
     float* __restrict__ invstd, float* __restrict__ running_mean, float* __restrict__ running_var) {
-  const int64_t c = warp_column();
-  if (c >= channels) return;  // the whole warp: c is the warp's
-  const float s1 = sum_column(partials, blocks, 2 * channels, c);
-  const float s2 = sum_column(partials, blocks, 2 * channels, channels + c);
-  if (threadIdx.x % 32 != 0) return;
+  const int64_t c = blockIdx.x;
+  float sums[2];
+  sum_columns<2>(partials, blocks, 2 * channels, {c, channels + c}, sums);
+  if (threadIdx.x != 0) return;
+  const float s1 = sums[0], s2 = sums[1];
   const float n = static_cast<float>(rows);
   const float offset = s1 / n;
   // Rounding can take the difference below 0; NaN stays NaN (fmaxf would hide it in running_var).
@@ -243,45 +256,73 @@ __global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x,
   write_block_sums(s, l, channels, partials);
 }
 
-// sums[i] = Σ_b partials[b][i] over the row blocks, a warp per column.
-__global__ void batch_norm_sum_partials_kernel(const float* __restrict__ partials, int64_t blocks,
-                                               int64_t width, float* __restrict__ sums) {
-  const int64_t i = warp_column();
-  if (i >= width) return;  // the whole warp: i is the warp's
-  const float s = sum_column(partials, blocks, width, i);
-  if (threadIdx.x % 32 == 0) sums[i] = s;
+// The backward sums' three columns of each channel over the row blocks, a block per channel.
+__global__ void batch_norm_backward_sums_kernel(const float* __restrict__ partials, int64_t blocks,
+                                                int64_t channels, float* __restrict__ sums) {
+  const int64_t c = blockIdx.x;
+  float s[3];
+  sum_columns<3>(partials, blocks, 3 * channels, {c, channels + c, 2 * channels + c}, s);
+  if (threadIdx.x != 0) return;
+#pragma unroll
+  for (int j = 0; j < 3; ++j) sums[j * channels + c] = s[j];
 }
 
+// x, dy, and the gradient that x's other branch adds to dx.
 template <typename T, int V>
-__global__ void batch_norm_prelu_backward_input_kernel(const T* __restrict__ x,
-                                                       const T* __restrict__ dy, T* __restrict__ dx,
-                                                       int64_t rows, int64_t channels,
-                                                       BatchNormPReLUParams p,
-                                                       const float* __restrict__ sums) {
+struct BackwardPacks {
+  Pack<T, V> x, dy, branch;
+};
+
+// One channel's input gradient as an affine map: with z = x scale + shift,
+// dx = gamma invstd (dz - Σ dz / rows - x̂ Σ dz x̂ / rows) = dz scale + x x_scale + offset. Five
+// constants a channel rather than seven leave the kernel with a branch's third input the registers
+// of two blocks per multiprocessor.
+struct InputGradient {
+  float scale, shift, alpha, x_scale, offset;
+};
+
+__device__ inline InputGradient input_gradient(const BatchNormPReLUParams& p, int64_t c,
+                                               float mean_dz, float mean_dz_xhat) {
+  const Channel ch = channel(p, c);
+  const float scale = ch.gamma * ch.a;
+  return {scale, ch.b * ch.gamma + ch.beta, ch.alpha, -scale * ch.a * mean_dz_xhat,
+          -scale * (mean_dz + ch.b * mean_dz_xhat)};
+}
+
+// dx from x and dy, plus the branch's gradient where kBranch: the sum of x's two gradients costs no
+// pass of its own.
+template <typename T, int V, bool kBranch>
+__global__ void __launch_bounds__(kThreads, 2)
+    batch_norm_prelu_backward_input_kernel(const T* __restrict__ x, const T* __restrict__ dy,
+                                           const T* __restrict__ dbranch, T* __restrict__ dx,
+                                           int64_t rows, int64_t channels, BatchNormPReLUParams p,
+                                           const float* __restrict__ sums) {
   const Lane l = lane<V>(channels);
   if (l.pack >= l.packs_per_row) return;
   const float inv_rows = 1.0f / static_cast<float>(rows);
-  Channel ch[V];
-  float mean_dz[V], mean_dz_xhat[V];
+  InputGradient g[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     const int64_t c = l.pack * V + k;
-    ch[k] = channel(p, c);
-    mean_dz[k] = sums[c] * inv_rows;
-    mean_dz_xhat[k] = sums[channels + c] * inv_rows;
+    g[k] = input_gradient(p, c, sums[c] * inv_rows, sums[channels + c] * inv_rows);
   }
   for_each_lane_row(
       l, rows,
       [&](int64_t i) {
-        return TwoPacks<T, V>{load_pack<V>(x + i * V), load_pack<V>(dy + i * V)};
+        BackwardPacks<T, V> in{load_pack<V>(x + i * V), load_pack<V>(dy + i * V), {}};
+        if constexpr (kBranch) in.branch = load_pack<V>(dbranch + i * V);
+        return in;
       },
-      [&](int64_t i, const TwoPacks<T, V>& in) {
+      [&](int64_t i, const BackwardPacks<T, V>& in) {
         Pack<T, V> out;
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const Backward b = backward_of(ch[k], to_float(in.x.e[k]), to_float(in.other.e[k]));
-          out.e[k] =
-              from_float<T>(ch[k].gamma * ch[k].a * (b.dz - mean_dz[k] - b.xhat * mean_dz_xhat[k]));
+          const float xv = to_float(in.x.e[k]), dyv = to_float(in.dy.e[k]);
+          const float z = xv * g[k].scale + g[k].shift;
+          const float dz = z > 0.0f ? dyv : g[k].alpha * dyv;
+          float v = dz * g[k].scale + xv * g[k].x_scale + g[k].offset;
+          if constexpr (kBranch) v += to_float(in.branch.e[k]);
+          out.e[k] = from_float<T>(v);
         }
         store_pack<V>(dx + i * V, out);
       });
@@ -370,11 +411,6 @@ cudaError_t dispatch(ElementType type, int64_t channels,
   });
 }
 
-// Blocks for a warp per column of `width`.
-unsigned column_blocks(int64_t width) {
-  return static_cast<unsigned>((width * 32 + kThreads - 1) / kThreads);
-}
-
 }  // namespace
 
 int64_t batch_norm_partials(int64_t channels) {
@@ -398,9 +434,10 @@ cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows,
       return e;
     kernel<<<l.grid, l.block, l.shared, stream>>>(static_cast<const T*>(x), rows, channels,
                                                   partials);
-    batch_norm_statistics_finish_kernel<T><<<column_blocks(channels), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), partials, l.grid.y, rows, channels, eps, momentum, mean, invstd,
-        running_mean, running_var);
+    batch_norm_statistics_finish_kernel<T>
+        <<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
+            static_cast<const T*>(x), partials, l.grid.y, rows, channels, eps, momentum, mean,
+            invstd, running_mean, running_var);
     return cudaGetLastError();
   });
 }
@@ -438,26 +475,27 @@ cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, Elem
       return e;
     kernel<<<l.grid, l.block, l.shared, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(dy), rows, channels, p, partials);
-    const int64_t width = 3 * channels;
-    batch_norm_sum_partials_kernel<<<column_blocks(width), kThreads, 0, stream>>>(
-        partials, l.grid.y, width, sums);
+    batch_norm_backward_sums_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
+        partials, l.grid.y, channels, sums);
     return cudaGetLastError();
   });
 }
 
-cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, void* dx,
-                                            ElementType type, int64_t rows, int64_t channels,
-                                            BatchNormPReLUParams p, const float* sums,
-                                            cudaStream_t stream) {
-  return dispatch(type, channels, {x, dy, dx}, [&](auto t, auto v) {
+cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, const void* dbranch,
+                                            void* dx, ElementType type, int64_t rows,
+                                            int64_t channels, BatchNormPReLUParams p,
+                                            const float* sums, cudaStream_t stream) {
+  return dispatch(type, channels, {x, dy, dbranch, dx}, [&](auto t, auto v) {
     using T = decltype(t);
     constexpr int V = decltype(v)::value;
     const int64_t packs_per_row = channels / V;
     if (packs_per_row == 0) return cudaSuccess;
     const Launch l = elementwise_launch(rows, packs_per_row);
-    batch_norm_prelu_backward_input_kernel<T, V>
-        <<<l.grid, l.block, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
-                                         static_cast<T*>(dx), rows, channels, p, sums);
+    const auto kernel = dbranch != nullptr ? batch_norm_prelu_backward_input_kernel<T, V, true>
+                                           : batch_norm_prelu_backward_input_kernel<T, V, false>;
+    kernel<<<l.grid, l.block, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
+                                           static_cast<const T*>(dbranch), static_cast<T*>(dx),
+                                           rows, channels, p, sums);
     return cudaGetLastError();
   });
 }

@@ -1,9 +1,9 @@
 #pragma once
 
 // Launchers of the batch norm (+ PReLU, + a residual) kernels (BatchNormImpl::forward,
-// forward_prelu and forward_add). Plain pointers and streams only, so that this header and the .cu
-// file compile without LibTorch. Each
-// returns cudaGetLastError() after its launches; callers check it.
+// forward_prelu, forward_add and forward_fork). Plain pointers and streams only, so that this
+// header and the .cu file compile without LibTorch. Each returns cudaGetLastError() after its
+// launches; callers check it.
 //
 // The data are `rows` x `channels` elements with the channel moving fastest: a channels-last
 // [N, C, H, W] map (rows = N H W) or an [N, C] matrix. Per channel c the kernels read mean[c] and
@@ -58,10 +58,11 @@ cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, Elem
                                              float* partials, float* sums, cudaStream_t stream);
 
 // dx = gamma invstd (dz - Σ dz / rows - x̂ Σ dz x̂ / rows), with the sums of
-// batch_norm_prelu_backward_reduce.
-cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, void* dx,
-                                            ElementType type, int64_t rows, int64_t channels,
-                                            BatchNormPReLUParams p, const float* sums,
-                                            cudaStream_t stream);
+// batch_norm_prelu_backward_reduce, plus dbranch (of x's type and layout) where it is not null:
+// the gradient of x's other use, where x also feeds a residual block's shortcut.
+cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, const void* dbranch,
+                                            void* dx, ElementType type, int64_t rows,
+                                            int64_t channels, BatchNormPReLUParams p,
+                                            const float* sums, cudaStream_t stream);
 
 }  // namespace myriad::cuda
