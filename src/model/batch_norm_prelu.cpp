@@ -152,7 +152,7 @@ bool batch_norm_runs_own_kernels(const torch::Device& device, bool synchronised,
 
 const char* batch_norm_kernels(const torch::Device& device, bool synchronised, bool channels_last) {
   return batch_norm_runs_own_kernels(device, synchronised, channels_last)
-             ? "myriad's kernels (with PReLU and residual adds)"
+             ? "myriad's kernels (with PReLU, residual adds and the shortcut's gradient)"
              : "LibTorch's";
 }
 

@@ -105,6 +105,10 @@ std::optional<double> chained_launch_seconds(Backbone& backbone, const Activatio
   }
 }
 
+void clear_gradients(Backbone& backbone) {
+  for (const torch::Tensor& p : backbone.parameters()) p.mutable_grad().reset();
+}
+
 // Profiling trains nothing: the buffers (batch-norm statistics) are put back afterwards, and
 // every tensor moved to the device goes back where it was.
 class BackboneState {
@@ -116,7 +120,7 @@ class BackboneState {
   }
 
   void restore() const {
-    for (const torch::Tensor& p : backbone_.parameters()) p.mutable_grad().reset();
+    clear_gradients(backbone_);
     torch::NoGradGuard no_grad;
     for (auto& [buffer, saved] : buffers_) buffer.copy_(saved);
     for (auto& [name, tensor] : backbone_.state_dict()) {
@@ -182,7 +186,7 @@ BlockCost profile_block(Backbone& backbone, int64_t b, Activations& in, const to
         static_cast<double>(tensor_bytes(tensor)) * (tensor.requires_grad() ? state_factor : 1.0);
   }
   in = {out.x.detach(), out.keys, out.restore};
-  for (const torch::Tensor& p : backbone.parameters()) p.mutable_grad().reset();
+  clear_gradients(backbone);
   return cost;
 }
 

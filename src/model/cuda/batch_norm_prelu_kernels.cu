@@ -275,8 +275,7 @@ struct BackwardPacks {
 
 // One channel's input gradient as an affine map: with z = x scale + shift,
 // dx = gamma invstd (dz - Σ dz / rows - x̂ Σ dz x̂ / rows) = dz scale + x x_scale + offset. Five
-// constants a channel rather than seven leave the kernel with a branch's third input the registers
-// of two blocks per multiprocessor.
+// constants a channel rather than seven leave registers for a branch's third input.
 struct InputGradient {
   float scale, shift, alpha, x_scale, offset;
 };

@@ -180,7 +180,7 @@ struct Consumer {
   // log2 e, and 1 / the row's sum of exponentials.
   float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, sum[4] = {0, 0, 0, 0};
   float coef = 0.0f;   // gradient: the incoming gradient over the batch size
-  float reference[4];  // keeping: each row's reference in z units times log2 e
+  float reference[4];  // forward: each row's reference in z units times log2 e
 
   static __device__ __forceinline__ int row_of(int q, int i) { return 2 * q + (i / 2) % 2; }
 
@@ -197,8 +197,10 @@ struct Consumer {
         m[r] = io.row_max[row[r]] * kLog2e;
         sum[r] = io.row_inv_sum[row[r]];
       }
-      if constexpr (kPass == Pass::kKeep)
-        reference[r] = (row[r] < batch ? io.reference[row[r]] : unit) * kLog2e;
+      // A normalising margin's reference is s, known to the statistics pass as well.
+      if constexpr (kPass != Pass::kGradient)
+        reference[r] =
+            (kPass == Pass::kKeep && row[r] < batch ? io.reference[row[r]] : unit) * kLog2e;
     }
     if (kGrad) coef = *io.coef;
   }
@@ -291,28 +293,13 @@ struct Consumer {
     return v;
   }
 
-  // Statistics: the margin on a target that falls here (rare: one tile of all per row), then the
-  // online max and sum of exponentials per row; with kKeep, the tile's exponentials as well.
+  // Statistics: the margin on a target that falls here, then the online max and sum of
+  // exponentials per row; with kKeep, the tile's exponentials as well.
   __device__ __forceinline__ void statistics(float (&acc)[2][64], int64_t tile, int64_t n) {
     const float* scale = scales(n);
     to_units(acc, tile, scale);
     if constexpr (kPass == Pass::kStatistics) release_scales();
-    int col[4];
-    bool mine = false;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) mine |= (col[r] = target_column(r, tile)) >= 0;
-    if (__any_sync(0xffffffff, mine)) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        if (col[r] < 0) continue;
-        float z, unused;
-        const float cos = element(acc, r, col[r], false, 0.0f);
-        margin_target(cos, params, &z, &unused);
-        io.target_logit[row[r]] = z;
-        if constexpr (kPass == Pass::kKeep) io.target_cos[row[r]] = cos;
-        element(acc, r, col[r], true, z / unit);
-      }
-    }
+    margin_targets(acc, tile);
     float top[4] = {m[0], m[1], m[2], m[3]};
 #pragma unroll
     for (int q = 0; q < 2; ++q)
@@ -322,32 +309,83 @@ struct Consumer {
     float shift[4], part[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int r = 0; r < 4; ++r) shift[r] = top[r] == -INFINITY ? 0.0f : top[r] * k;
+    const bool from_reference = sums_from_reference(shift);
+    if (from_reference) {
+      exponentials(acc);
 #pragma unroll
-    for (int q = 0; q < 2; ++q)
+      for (int q = 0; q < 2; ++q)
 #pragma unroll
-      for (int i = 0; i < 64; ++i)
-        part[row_of(q, i)] += exp2_approx(fmaf(acc[q][i], k, -shift[row_of(q, i)]));
+        for (int i = 0; i < 64; ++i) part[row_of(q, i)] += acc[q][i];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) part[r] *= exp2_approx(reference[r] - shift[r]);
+    } else {
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int i = 0; i < 64; ++i)
+          part[row_of(q, i)] += exp2_approx(fmaf(acc[q][i], k, -shift[row_of(q, i)]));
+    }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const float keep = m[r] == -INFINITY ? 0.0f : exp2_approx(m[r] * k - shift[r]);
       sum[r] = fmaf(sum[r], keep, part[r]);
       m[r] = top[r];
     }
-    if constexpr (kPass == Pass::kKeep) keep_exponentials(acc, tile, scale);
+    if constexpr (kPass == Pass::kKeep) {
+      if (!from_reference) exponentials(acc);
+      keep_exponentials(acc, tile, scale);
+    }
   }
 
-  // exp(z - r) / |w_j| for every logit of the tile (in v units, 2^(v unit log2 e - r log2 e)),
-  // written like the gradient. The reference r bounds every z off the target, so nothing
-  // overflows; what underflows lies more than 87 below r, which backward checks for every row
-  // (kKeptMaxDepth). A target's element is replaced in backward.
-  __device__ __forceinline__ void keep_exponentials(float (&acc)[2][64], int64_t tile,
-                                                    const float* scale) {
+  // The margin on each target that falls in this tile (rare: one tile of all per row), its logit
+  // written out and its element replaced.
+  __device__ __forceinline__ void margin_targets(float (&acc)[2][64], int64_t tile) {
+    int col[4];
+    bool mine = false;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) mine |= (col[r] = target_column(r, tile)) >= 0;
+    if (!__any_sync(0xffffffff, mine)) return;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      if (col[r] < 0) continue;
+      float z, unused;
+      const float cos = element(acc, r, col[r], false, 0.0f);
+      margin_target(cos, params, &z, &unused);
+      io.target_logit[row[r]] = z;
+      if constexpr (kPass == Pass::kKeep) io.target_cos[row[r]] = cos;
+      element(acc, r, col[r], true, z / unit);
+    }
+  }
+
+  // Whether this warp sums the tile from the exponentials against the reference, scaled to the
+  // running max: then keeping them costs no second exponential. Only a normalising margin's,
+  // whose reference both forward passes know, so their statistics agree bit for bit. What flushes
+  // to zero lies 126 below the reference (log2 units); within kSumDepth of it, that is 48 below
+  // the running max, under the sum's float rounding for up to 2^24 classes.
+  __device__ __forceinline__ bool sums_from_reference(const float (&shift)[4]) const {
+    constexpr float kSumDepth = 78.0f;
+    bool shallow = params.normalized;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) shallow = shallow && reference[r] - shift[r] <= kSumDepth;
+    return __all_sync(0xffffffff, shallow);
+  }
+
+  // exp(z - r) for every logit of the tile, in place (in v units, 2^(v unit log2 e - r log2 e)).
+  __device__ __forceinline__ void exponentials(float (&acc)[2][64]) const {
     const float k = unit * kLog2e;
 #pragma unroll
     for (int q = 0; q < 2; ++q)
 #pragma unroll
       for (int i = 0; i < 64; ++i)
         acc[q][i] = exp2_approx(fmaf(acc[q][i], k, -reference[row_of(q, i)]));
+  }
+
+  // The tile's exponentials (exponentials()) over |w_j|, written like the gradient. The reference
+  // r bounds every z off the target, so nothing overflows; what underflows lies more than 87
+  // below r, which backward checks for every row (kKeptMaxDepth). A target's element is replaced
+  // in backward.
+  __device__ __forceinline__ void keep_exponentials(float (&acc)[2][64], int64_t tile,
+                                                    const float* scale) {
     if (scale != nullptr)
       scale_columns(acc, [&](int c) { return *reinterpret_cast<const float2*>(scale + c); });
     release_scales();
