@@ -9,34 +9,17 @@
 # Defines NCCL_FOUND, NCCL_VERSION, NCCL_INCLUDE_DIRS, NCCL_LIBRARIES and the imported
 # target NCCL::NCCL.
 
+include(MyriadFindHelpers)
 set(_nccl_hints ${NCCL_ROOT} $ENV{NCCL_ROOT} $ENV{NCCL_HOME} ${CUDAToolkit_ROOT} $ENV{CUDA_HOME}
     $ENV{CUDA_PATH} /usr/local/cuda)
-
-find_program(_nccl_python NAMES python3 python)
-if(_nccl_python)
-  execute_process(
-    COMMAND ${_nccl_python} -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))"
-    OUTPUT_VARIABLE _nccl_wheel_dir
-    OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-  if(_nccl_wheel_dir)
-    list(APPEND _nccl_hints ${_nccl_wheel_dir})
-  endif()
-endif()
+myriad_wheel_dir(nvidia.nccl _nccl_wheel_dir)
+list(APPEND _nccl_hints ${_nccl_wheel_dir})
 
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)
 find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_nccl_hints}
              PATH_SUFFIXES lib lib64 lib/x86_64-linux-gnu)
-
-if(NCCL_INCLUDE_DIR AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h")
-  file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_version_lines
-       REGEX "^#define NCCL_(MAJOR|MINOR|PATCH)[ \t]+[0-9]+")
-  foreach(_part MAJOR MINOR PATCH)
-    string(REGEX MATCH "NCCL_${_part}[ \t]+([0-9]+)" _m "${_nccl_version_lines}")
-    set(_nccl_${_part} "${CMAKE_MATCH_1}")
-  endforeach()
-  if(NOT "${_nccl_MAJOR}" STREQUAL "")
-    set(NCCL_VERSION "${_nccl_MAJOR}.${_nccl_MINOR}.${_nccl_PATCH}")
-  endif()
+if(NCCL_INCLUDE_DIR)
+  myriad_header_version("${NCCL_INCLUDE_DIR}/nccl.h" NCCL NCCL_VERSION MAJOR MINOR PATCH)
 endif()
 
 include(FindPackageHandleStandardArgs)

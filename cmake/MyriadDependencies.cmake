@@ -54,6 +54,7 @@ if(MYRIAD_FUZZ)
   set(MYRIAD_FUZZ_FLAGS -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
       -fno-omit-frame-pointer -g)
   set(MYRIAD_WITH_CUDA OFF)
+  set(MYRIAD_CUDNN_GRAPH OFF)
   set(MYRIAD_NCCL_ENABLED OFF)
   set(MYRIAD_PCH OFF)
 else()
@@ -62,10 +63,15 @@ else()
   find_package(Boost 1.71 REQUIRED COMPONENTS program_options)
 
   set(MYRIAD_WITH_CUDA OFF)
+  set(MYRIAD_CUDNN_GRAPH OFF)
   if(TARGET torch_cuda)
     set(MYRIAD_WITH_CUDA ON)
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
+    # cuDNN's graph API forms batch norm's statistics in the convolutions' epilogues; without it
+    # the batch norms read their inputs once more for them.
+    find_package(CUDNN 9)
+    set(MYRIAD_CUDNN_GRAPH ${CUDNN_FOUND})
   endif()
 
   set(MYRIAD_NCCL_ENABLED OFF)

@@ -98,10 +98,17 @@ BatchNormImpl::BatchNormImpl(int64_t features, double eps, double momentum)
 }
 
 torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
+  return forward_output(ConvolutionOutput{x, torch::Tensor()});
+}
+
+torch::Tensor BatchNormImpl::forward_output(const ConvolutionOutput& conv) {
+  const torch::Tensor& x = conv.y;
   if (is_training() && sync != nullptr) {
     return SyncBatchNormFunction::apply(x, weight, bias, this, eps_, momentum_);
   }
-  if (runs_own_kernels(x)) return own_kernels(x, torch::Tensor(), torch::Tensor(), false)[0];
+  if (runs_own_kernels(x)) {
+    return own_kernels(x, conv.sums, torch::Tensor(), torch::Tensor(), false)[0];
+  }
   if (is_training() && recomputing_activations()) {
     // The first pass of this batch updated the running statistics already.
     return torch::batch_norm(x, weight, bias, {}, {}, true, momentum_, eps_,

@@ -53,15 +53,16 @@ cudaStream_t stream_of(const torch::Tensor& t) {
 
 class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFunction> {
  public:
+  // sums empty: the statistics pass forms the statistics (else [2, C]: Σ input, Σ input²);
   // alpha empty: batch norm alone; residual empty: nothing added (else of the input's dtype and
   // shape). running_mean and running_var are updated unless empty (a recomputation). Empty rather
   // than undefined: autograd records every input's device. Returns y, and where `fork` the input
   // again, for a second use of it whose gradient backward adds into the input's.
   static torch::autograd::variable_list forward(
-      torch::autograd::AutogradContext* ctx, const torch::Tensor& input, const torch::Tensor& gamma,
-      const torch::Tensor& beta, const torch::Tensor& alpha, const torch::Tensor& residual,
-      torch::Tensor running_mean, torch::Tensor running_var, double momentum, double eps,
-      bool fork) {
+      torch::autograd::AutogradContext* ctx, const torch::Tensor& input, const torch::Tensor& sums,
+      const torch::Tensor& gamma, const torch::Tensor& beta, const torch::Tensor& alpha,
+      const torch::Tensor& residual, torch::Tensor running_mean, torch::Tensor running_var,
+      double momentum, double eps, bool fork) {
     // The input's dtype throughout; the statistics and parameters in float32.
     const NoAutocast no_autocast;
     const torch::Tensor x = input.contiguous(channels_fastest(input));
@@ -71,13 +72,20 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     torch::Tensor mean = torch::empty({channels}, floats);
     torch::Tensor invstd = torch::empty({channels}, floats);
     {
-      const torch::Tensor partials = torch::empty({cuda::batch_norm_partials(channels)}, floats);
       const bool running = running_mean.numel() > 0;
-      MYRIAD_CHECK_CUDA(cuda::batch_norm_statistics(
-          x.data_ptr(), type, rows, channels, static_cast<float>(eps), static_cast<float>(momentum),
-          partials.data_ptr<float>(), mean.data_ptr<float>(), invstd.data_ptr<float>(),
-          running ? running_mean.data_ptr<float>() : nullptr,
-          running ? running_var.data_ptr<float>() : nullptr, stream_of(x)));
+      float* const running_m = running ? running_mean.data_ptr<float>() : nullptr;
+      float* const running_v = running ? running_var.data_ptr<float>() : nullptr;
+      const auto e = static_cast<float>(eps), m = static_cast<float>(momentum);
+      if (sums.numel() > 0) {
+        MYRIAD_CHECK_CUDA(cuda::batch_norm_statistics_from_sums(
+            sums.data_ptr<float>(), rows, channels, e, m, mean.data_ptr<float>(),
+            invstd.data_ptr<float>(), running_m, running_v, stream_of(x)));
+      } else {
+        const torch::Tensor partials = torch::empty({cuda::batch_norm_partials(channels)}, floats);
+        MYRIAD_CHECK_CUDA(cuda::batch_norm_statistics(
+            x.data_ptr(), type, rows, channels, e, m, partials.data_ptr<float>(),
+            mean.data_ptr<float>(), invstd.data_ptr<float>(), running_m, running_v, stream_of(x)));
+      }
     }
     const torch::Tensor g = gamma.to(torch::kFloat32).contiguous();
     const torch::Tensor b = beta.to(torch::kFloat32).contiguous();
@@ -123,6 +131,7 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     // The residual's gradient is the output's.
     const torch::Tensor dresidual = ctx->saved_data["residual"].toBool() ? dy : torch::Tensor();
     return {dx,
+            torch::Tensor(),
             sums[1],
             sums[0],
             dalpha,
@@ -170,6 +179,7 @@ bool BatchNormImpl::runs_own_kernels(const torch::Tensor& x) const {
 }
 
 torch::autograd::variable_list BatchNormImpl::own_kernels(const torch::Tensor& x,
+                                                          const torch::Tensor& sums,
                                                           const torch::Tensor& prelu_weight,
                                                           const torch::Tensor& residual,
                                                           bool fork) {
@@ -183,11 +193,12 @@ torch::autograd::variable_list BatchNormImpl::own_kernels(const torch::Tensor& x
   // the kernels.
   const torch::Tensor none = torch::empty({0}, running_mean.options());
   return BatchNormPReLUFunction::apply(
-      x, weight, bias, prelu_weight.defined() ? prelu_weight : none,
+      x, sums.defined() ? sums : none, weight, bias, prelu_weight.defined() ? prelu_weight : none,
       residual.defined() ? residual : none, recompute ? none : running_mean,
       recompute ? none : running_var, momentum_, eps_, fork);
 #else
   (void)x;
+  (void)sums;
   (void)prelu_weight;
   (void)residual;
   (void)fork;
@@ -197,16 +208,28 @@ torch::autograd::variable_list BatchNormImpl::own_kernels(const torch::Tensor& x
 
 torch::Tensor BatchNormImpl::forward_prelu(const torch::Tensor& x,
                                            const torch::Tensor& prelu_weight) {
+  return forward_prelu(ConvolutionOutput{x, torch::Tensor()}, prelu_weight);
+}
+
+torch::Tensor BatchNormImpl::forward_prelu(const ConvolutionOutput& conv,
+                                           const torch::Tensor& prelu_weight) {
+  const torch::Tensor& x = conv.y;
   if (runs_own_kernels(x) && (prelu_weight.numel() == 1 || prelu_weight.numel() == x.size(1))) {
-    return own_kernels(x, prelu_weight, torch::Tensor(), false)[0];
+    return own_kernels(x, conv.sums, prelu_weight, torch::Tensor(), false)[0];
   }
   return torch::prelu(forward(x), prelu_weight);
 }
 
 torch::Tensor BatchNormImpl::forward_add(const torch::Tensor& x, const torch::Tensor& residual) {
+  return forward_add(ConvolutionOutput{x, torch::Tensor()}, residual);
+}
+
+torch::Tensor BatchNormImpl::forward_add(const ConvolutionOutput& conv,
+                                         const torch::Tensor& residual) {
+  const torch::Tensor& x = conv.y;
   if (runs_own_kernels(x) && residual.scalar_type() == x.scalar_type() &&
       residual.sizes() == x.sizes() && residual.device() == x.device()) {
-    return own_kernels(x, torch::Tensor(), residual, false)[0];
+    return own_kernels(x, conv.sums, torch::Tensor(), residual, false)[0];
   }
   return forward(x) + residual;
 }
@@ -214,7 +237,7 @@ torch::Tensor BatchNormImpl::forward_add(const torch::Tensor& x, const torch::Te
 std::pair<torch::Tensor, torch::Tensor> BatchNormImpl::forward_fork(const torch::Tensor& x) {
   if (runs_own_kernels(x)) {
     const torch::autograd::variable_list outputs =
-        own_kernels(x, torch::Tensor(), torch::Tensor(), true);
+        own_kernels(x, torch::Tensor(), torch::Tensor(), torch::Tensor(), true);
     return {outputs[0], outputs[1]};
   }
   return {forward(x), x};

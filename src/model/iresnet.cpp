@@ -46,10 +46,13 @@ class BasicBlockImpl : public torch::nn::Module, public OnnxModule {
   int64_t multiply_adds() const { return multiply_adds_; }
 
   torch::Tensor forward(const torch::Tensor& x) {
-    // x feeds bn1 and the shortcut: bn1's backward adds the shortcut's gradient.
+    // x feeds bn1 and the shortcut: bn1's backward adds the shortcut's gradient. Each convolution
+    // hands its batch norm the output's sums where it formed them.
     const auto [normalised, shortcut] = bn1_->forward_fork(x);
-    const torch::Tensor out = conv2_(bn2_->forward_prelu(conv1_(normalised), prelu_->weight));
-    return bn3_->forward_add(out, downsample_ ? downsample_->forward(shortcut) : shortcut);
+    const torch::Tensor hidden =
+        bn2_->forward_prelu(bn2_->convolve(*conv1_, normalised), prelu_->weight);
+    const ConvolutionOutput out = bn3_->convolve(*conv2_, hidden);
+    return bn3_->forward_add(out, downsample_ ? project(shortcut) : shortcut);
   }
 
   std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const override {
@@ -64,6 +67,14 @@ class BasicBlockImpl : public torch::nn::Module, public OnnxModule {
   }
 
  private:
+  // The shortcut's projection: downsample's convolution and batch norm (registered as a
+  // Sequential, as insightface names their weights).
+  torch::Tensor project(const torch::Tensor& shortcut) {
+    auto& bn = *downsample_->ptr(1)->as<BatchNormImpl>();
+    return bn.forward_output(
+        bn.convolve(*downsample_->ptr(0)->as<torch::nn::Conv2dImpl>(), shortcut));
+  }
+
   BatchNorm bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr};
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
   torch::nn::PReLU prelu_{nullptr};
@@ -118,7 +129,7 @@ IResNet::IResNet(const BackboneOptions& options, const std::vector<int64_t>& blo
 
 Activations IResNet::forward_block(int64_t block, Activations in) {
   if (block == 0) {
-    in.x = bn1_->forward_prelu(conv1_(in.x), prelu_->weight);
+    in.x = bn1_->forward_prelu(bn1_->convolve(*conv1_, in.x), prelu_->weight);
     return in;
   }
   if (block + 1 == num_blocks()) {

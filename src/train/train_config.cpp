@@ -6,6 +6,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "myriad/model/batch_norm.h"
 #include "myriad/util/cli.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
@@ -167,6 +168,7 @@ po::options_description train_options(TrainConfig& c) {
       ("seed", po::value(&c.seed)->default_value(0), "seed of initialisation, sampling and augmentation")
       ("deterministic", po::bool_switch(&c.deterministic), "deterministic cuDNN and cuBLAS: a run repeats bit for bit on the same GPUs and ranks (slower)")
       ("cudnn-benchmark", po::value<std::string>()->default_value(name_of(c.cudnn_benchmark)), "on: cuDNN times the engines of each convolution shape once, in the first step, and keeps the fastest (GPUs; not with --deterministic); auto: on GPUs unless --deterministic; off: cuDNN's heuristics choose")
+      ("conv-statistics", po::value<std::string>()->default_value(name_of(c.conv_statistics)), "on: each convolution followed by a batch norm also forms its output's per-channel sums in cuDNN's epilogue, and the batch norm reads the output once less (GPUs, a build with cuDNN's graph API; not with --deterministic); auto: wherever it can; off: the batch norm's statistics pass")
       ("threads", po::value(&c.threads)->default_value(0), "CPU threads per rank for LibTorch (0: cores over ranks on the node)")
       ("workers", po::value(&c.workers)->default_value(c.workers), "data loader threads per rank")
       ("prefetch", po::value(&c.prefetch)->default_value(c.prefetch), "batches the loader prepares ahead")
@@ -298,6 +300,10 @@ void finish_training_options(const po::variables_map& values, TrainConfig& c) {
   require(c.cudnn_benchmark != Toggle::kOn || !c.deterministic,
           "--cudnn-benchmark on and --deterministic exclude each other (the timed engines need "
           "not repeat bit for bit)");
+  c.conv_statistics = choice(values, "conv-statistics", kToggles);
+  require(c.conv_statistics != Toggle::kOn || !c.deterministic,
+          "--conv-statistics on and --deterministic exclude each other (cuDNN's sums are not "
+          "added in a fixed order)");
   c.lr_schedule = choice(values, "lr-schedule", kLrSchedules);
   require(c.poly_power > 0.0, "--poly-power must be positive");
   require(c.lr_gamma > 0.0, "--lr-gamma must be positive");
@@ -468,6 +474,18 @@ ConvolutionEngines convolution_engines(bool deterministic, Toggle cudnn_benchmar
   if (deterministic) return ConvolutionEngines::kDeterministic;
   return device.is_cuda() && cudnn_benchmark != Toggle::kOff ? ConvolutionEngines::kTimed
                                                              : ConvolutionEngines::kHeuristic;
+}
+
+bool convolution_statistics(bool deterministic, Toggle conv_statistics,
+                            const torch::Device& device) {
+  if (conv_statistics == Toggle::kOn) {
+    MYRIAD_CHECK_COLLECTIVE(device.is_cuda(), "--conv-statistics on needs GPUs");
+    MYRIAD_CHECK_COLLECTIVE(convolution_statistics_built(),
+                            "--conv-statistics on needs a build with cuDNN's graph API (CMake "
+                            "found no cuDNN 9 headers and library: set CUDNN_ROOT)");
+  }
+  return conv_statistics != Toggle::kOff && !deterministic && device.is_cuda() &&
+         convolution_statistics_built();
 }
 
 torch::ScalarType compute_dtype(Precision precision) {

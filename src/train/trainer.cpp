@@ -187,6 +187,7 @@ class Run {
   TrainConfig c_;             // as given, with --precision resolved for the device
   bool precision_was_auto_;   // so the start-up line can say that it was resolved
   const char* conv_engines_;  // how cuDNN picks each convolution's engine (use_convolution_engines)
+  bool conv_statistics_;      // batch norms take statistics from convolutions (--conv-statistics)
   std::string config_ini_;
   CommFactory comms_;
   Communicator& comm_;
@@ -222,6 +223,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       precision_was_auto_(config.precision == Precision::kAuto),
       conv_engines_(use_convolution_engines(
           convolution_engines(c_.deterministic, c_.cudnn_benchmark, device_), device_)),
+      conv_statistics_(use_convolution_statistics(
+          convolution_statistics(c_.deterministic, c_.conv_statistics, device_))),
       config_ini_(std::move(config_ini)),
       comms_(context),
       comm_(comms_.for_device(device_)),
@@ -382,11 +385,12 @@ void Run::log_start() {
   const std::string placement = context_.placement(device_);
   log_info(
       "myriad-train: {}; {}{} (backbone {}, {:.1f}M parameters, {:.2f}G multiply-adds per image, "
-      "{}, batch norm in {}, {}{}, {} gradient buckets{}), {} classes ({} per rank, {}), {}",
+      "{}, batch norm in {}{}, {}{}, {} gradient buckets{}), {} classes ({} per rank, {}), {}",
       placement, to_string(c_.precision), precision_was_auto_ ? " (--precision auto)" : "",
       c_.backbone, backbone_params / 1e6, backbone.multiply_adds() / 1e9,
       backbone.channels_last() ? "channels-last" : "NCHW",
-      batch_norm_kernels(device_, c_.sync_bn, backbone.channels_last()), conv_engines_,
+      batch_norm_kernels(device_, c_.sync_bn, backbone.channels_last()),
+      conv_statistics_ ? " with statistics from cuDNN's convolutions" : "", conv_engines_,
       graphs_.describe().empty() ? "" : ", " + graphs_.describe(), step_.sync().bucket_count(),
       c_.grad_comm_dtype == torch::kFloat32
           ? ""

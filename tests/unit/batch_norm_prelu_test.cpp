@@ -188,5 +188,100 @@ TEST(BatchNormPReLU, FusedGradientsAreTheSameBitsEveryRun) {
   EXPECT_TRUE(torch::equal(runs[0], runs[1]));
 }
 
+// A convolution followed by batch norm and PReLU through BatchNormImpl::convolve, against the
+// same function composed by LibTorch in float64 on the CPU from the same rounded inputs. Returns
+// whether the convolution formed the sums (cuDNN had an engine for the shape).
+struct ConvCase {
+  int64_t channels, out_channels, kernel, stride, size;
+};
+
+bool expect_convolve_matches_composition(const torch::Device& device, torch::ScalarType dtype,
+                                         const ConvCase& c, double tolerance) {
+  torch::manual_seed(static_cast<uint64_t>(c.channels * 3 + c.stride));
+  const std::vector<int64_t> shape{8, c.channels, c.size, c.size};
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(c.channels, c.out_channels, c.kernel)
+                             .stride(c.stride)
+                             .padding(c.kernel / 2)
+                             .bias(false));
+  BatchNorm bn(c.out_channels, 1e-5);
+  const torch::Tensor w64 = conv->weight.detach().to(torch::kFloat64);
+  const torch::Tensor x64 = torch::randn(shape, torch::kFloat64) + 0.5;
+  const torch::Tensor slope = torch::full({c.out_channels}, 0.25, device).requires_grad_(true);
+  conv->to(device);
+  bn->to(device);
+  const torch::Tensor x = x64.to(device, torch::kFloat32)
+                              .contiguous(torch::MemoryFormat::ChannelsLast)
+                              .requires_grad_(true);
+  ConvolutionOutput out;
+  torch::Tensor y;
+  {
+    std::optional<AutocastGuard> autocast;
+    if (dtype != torch::kFloat32) autocast.emplace(device, dtype);
+    out = bn->convolve(*conv, x);
+    y = bn->forward_prelu(out, slope);
+  }
+  const torch::Tensor g64 = torch::randn(y.sizes(), torch::kFloat64);
+  y.backward(g64.to(device, y.scalar_type()));
+
+  // The reference sees the inputs as the convolution does: rounded to `dtype`.
+  const auto rounded = [&](const torch::Tensor& t) {
+    return t.to(dtype).to(torch::kFloat64).requires_grad_(true);
+  };
+  const torch::Tensor rx = rounded(x64), rw = rounded(w64);
+  const torch::Tensor rz = torch::conv2d(rx, rw, {}, c.stride, c.kernel / 2);
+  const torch::Tensor rmean = torch::zeros({c.out_channels}, torch::kFloat64);
+  const torch::Tensor rvar = torch::ones({c.out_channels}, torch::kFloat64);
+  const torch::Tensor rslope = torch::full({c.out_channels}, 0.25, torch::kFloat64);
+  const torch::Tensor ry =
+      torch::prelu(torch::batch_norm(rz, {}, {}, rmean, rvar, true, 0.1, 1e-5, false), rslope);
+  ry.backward(g64);
+  if (out.sums.defined()) {
+    const torch::Tensor z = out.y.detach().to(torch::kFloat64).cpu();
+    const torch::Tensor sums = out.sums.cpu().to(torch::kFloat64);
+    EXPECT_LE(relative_error(sums[0], z.sum({0, 2, 3})), 1e-3) << "Σ y";
+    EXPECT_LE(relative_error(sums[1], z.square().sum({0, 2, 3})), 1e-3) << "Σ y²";
+  }
+  EXPECT_LE(relative_error(y, ry), tolerance) << "output";
+  EXPECT_LE(relative_error(x.grad(), rx.grad()), tolerance) << "input's gradient";
+  EXPECT_LE(relative_error(conv->weight.grad(), rw.grad()), tolerance) << "weight's gradient";
+  EXPECT_LE(relative_error(bn->running_mean, rmean), tolerance) << "running mean";
+  EXPECT_LE(relative_error(bn->running_var, rvar), tolerance) << "running variance";
+  return out.sums.defined();
+}
+
+const ConvCase kConvCases[] = {
+    {64, 64, 3, 1, 14}, {64, 128, 3, 2, 14}, {64, 128, 1, 2, 14}, {16, 32, 3, 1, 28}};
+
+// Where the convolution cannot form the sums (the CPU, float32) it is the plain convolution.
+TEST(BatchNormPReLU, ConvolveIsThePlainConvolutionOnTheCpu) {
+  for (const ConvCase& c : kConvCases) {
+    EXPECT_FALSE(expect_convolve_matches_composition(torch::kCPU, torch::kFloat32, c, 1e-5));
+  }
+}
+
+// On GPUs with cuDNN's graph API the convolution writes its output's sums, and batch norm takes
+// its statistics from them: the same function, forward and backward, at half precision's
+// tolerance. Skipped where cuDNN has no engine for any of the shapes (the reason is printed).
+TEST(BatchNormPReLU, ConvolutionSumsGiveTheBatchNormsStatistics) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  if (!convolution_statistics_built()) GTEST_SKIP() << "built without cuDNN's graph API";
+  ASSERT_TRUE(use_convolution_statistics(true));
+  int fused = 0;
+  for (const torch::ScalarType dtype : {torch::kBFloat16, torch::kFloat16}) {
+    for (const ConvCase& c : kConvCases) {
+      SCOPED_TRACE(str_format("{} -> {}, {}x{} stride {}, {}", c.channels, c.out_channels, c.kernel,
+                              c.kernel, c.stride, c10::toString(dtype)));
+      fused += expect_convolve_matches_composition(torch::kCUDA, dtype, c, 2e-2);
+    }
+  }
+  std::printf("convolutions forming their sums: %s\n", convolution_statistics_state().c_str());
+  if (fused == 0) GTEST_SKIP() << "cuDNN formed no sums: " << convolution_statistics_state();
+  // Off, the same convolutions take the statistics pass.
+  use_convolution_statistics(false);
+  EXPECT_FALSE(
+      expect_convolve_matches_composition(torch::kCUDA, torch::kBFloat16, kConvCases[0], 2e-2));
+  use_convolution_statistics(true);
+}
+
 }  // namespace
 }  // namespace myriad::testing

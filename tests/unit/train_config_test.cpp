@@ -10,6 +10,7 @@
 #include <memory>
 #include <sstream>
 
+#include "myriad/model/batch_norm.h"
 #include "myriad/optim/lr_schedule.h"
 #include "myriad/train/train_config.h"
 #include "myriad/util/cli.h"
@@ -190,6 +191,9 @@ std::vector<ChoiceOption> choice_options() {
       {"cudnn-benchmark",
        {"auto", "on", "off"},
        [](const TrainConfig& c) { return to_string(c.cudnn_benchmark); }},
+      {"conv-statistics",
+       {"auto", "on", "off"},
+       [](const TrainConfig& c) { return to_string(c.conv_statistics); }},
   };
 }
 
@@ -229,6 +233,7 @@ TEST(TrainConfig, BadChoicesNameTheOption) {
       {"fused-classifier", "--fused-classifier must be auto, on or off, got 'x'"},
       {"fused-update", "--fused-update must be auto, on or off, got 'x'"},
       {"cudnn-benchmark", "--cudnn-benchmark must be auto, on or off, got 'x'"},
+      {"conv-statistics", "--conv-statistics must be auto, on or off, got 'x'"},
   };
   ASSERT_EQ(expected.size(), choice_options().size());
   for (const ChoiceOption& o : choice_options()) {
@@ -266,6 +271,38 @@ TEST(TrainConfig, PrecisionAutoIsFp32OnTheCpu) {
   // The GPUs of the step model compute in bfloat16 at full speed.
   EXPECT_EQ(resolve_precision(Precision::kAuto, /*fast_bfloat16=*/true), Precision::kBf16);
   EXPECT_EQ(resolve_precision(Precision::kFp16, /*fast_bfloat16=*/true), Precision::kFp16);
+}
+
+// --conv-statistics forms batch norm's statistics in the convolutions where it can (GPUs, a build
+// with cuDNN's graph API, not --deterministic), and is an error where it was asked for and cannot.
+TEST(TrainConfig, ConvStatisticsOnGpusOfBuildsWithCudnnsGraphOnly) {
+  EXPECT_EQ(parse({}).conv_statistics, Toggle::kAuto);
+  try {
+    parse({"--conv-statistics", "on", "--deterministic"});
+    ADD_FAILURE() << "--conv-statistics on --deterministic was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(e.message(),
+              "--conv-statistics on and --deterministic exclude each other (cuDNN's sums are not "
+              "added in a fixed order)");
+  }
+  try {
+    convolution_statistics(false, Toggle::kOn, torch::kCPU);
+    ADD_FAILURE() << "--conv-statistics on was accepted on the CPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.message(), "--conv-statistics on needs GPUs");
+  }
+  for (const Toggle toggle : {Toggle::kAuto, Toggle::kOff}) {
+    EXPECT_FALSE(convolution_statistics(false, toggle, torch::kCPU));
+    EXPECT_FALSE(convolution_statistics(true, toggle, torch::kCUDA));
+  }
+  EXPECT_FALSE(convolution_statistics(false, Toggle::kOff, torch::kCUDA));
+  EXPECT_EQ(convolution_statistics(false, Toggle::kAuto, torch::kCUDA),
+            convolution_statistics_built());
+  if (convolution_statistics_built()) {
+    EXPECT_TRUE(convolution_statistics(false, Toggle::kOn, torch::kCUDA));
+  } else {
+    EXPECT_THROW(convolution_statistics(false, Toggle::kOn, torch::kCUDA), Error);
+  }
 }
 
 // --cudnn-benchmark sets cuDNN's benchmark mode where it can run (GPUs, not --deterministic), and

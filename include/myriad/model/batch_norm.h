@@ -6,6 +6,12 @@ namespace myriad {
 
 class Communicator;
 
+// A convolution's output on its way to a batch norm (BatchNormImpl::convolve), with its
+// per-channel sums [2, C] float32 (Σ y, Σ y²) where the convolution formed them; else undefined.
+struct ConvolutionOutput {
+  torch::Tensor y, sums;
+};
+
 // Batch normalisation over dim 1 of [N, C] or [N, C, *] inputs, with the parameters and buffers
 // of LibTorch's BatchNorm (weight, bias, running_mean, running_var, num_batches_tracked), so
 // exported weights load into any framework. In training mode it normalises with the statistics of
@@ -19,13 +25,24 @@ class BatchNormImpl : public torch::nn::Module {
  public:
   explicit BatchNormImpl(int64_t features, double eps = 1e-5, double momentum = 0.1);
   torch::Tensor forward(const torch::Tensor& x);
+  // conv(x), the convolution whose output this batch norm normalises next. Where that runs the
+  // kernels below with 16-bit maps (autocast) and cuDNN's graph API has an engine for the shape,
+  // one cuDNN graph writes the output and its sums, and the forward methods taking the output skip
+  // their statistics pass. Not under --deterministic (cuDNN's sums are not ordered) nor where
+  // use_convolution_statistics(false).
+  ConvolutionOutput convolve(torch::nn::Conv2dImpl& conv, const torch::Tensor& x);
+  // forward(conv.y), with the statistics from conv.sums where they are defined. (Not an overload of
+  // forward: a Sequential holds batch norms.)
+  torch::Tensor forward_output(const ConvolutionOutput& conv);
   // torch::prelu(forward(x), prelu_weight), the PReLU's slope [C] or [1]. Where forward runs its
   // own kernels, the slope is applied in the same two passes each way, and only x is kept for
   // backward.
   torch::Tensor forward_prelu(const torch::Tensor& x, const torch::Tensor& prelu_weight);
+  torch::Tensor forward_prelu(const ConvolutionOutput& conv, const torch::Tensor& prelu_weight);
   // forward(x) + residual, where forward runs its own kernels in the pass that writes the output
   // (a residual block's last batch norm): the sum's pass over memory is saved.
   torch::Tensor forward_add(const torch::Tensor& x, const torch::Tensor& residual);
+  torch::Tensor forward_add(const ConvolutionOutput& conv, const torch::Tensor& residual);
   // {forward(x), x} for a second use of x (a residual block's shortcut). Where forward runs its own
   // kernels, the second use's gradient is added in the pass that writes x's: the sum of x's two
   // gradients costs no pass of its own.
@@ -39,8 +56,9 @@ class BatchNormImpl : public torch::nn::Module {
  private:
   bool runs_own_kernels(const torch::Tensor& x) const;
   // Batch norm, followed by PReLU unless prelu_weight is undefined, plus residual unless undefined,
-  // in our kernels; where `fork`, x again (forward_fork).
-  torch::autograd::variable_list own_kernels(const torch::Tensor& x,
+  // in our kernels, with the statistics from sums where they are defined; where `fork`, x again
+  // (forward_fork).
+  torch::autograd::variable_list own_kernels(const torch::Tensor& x, const torch::Tensor& sums,
                                              const torch::Tensor& prelu_weight,
                                              const torch::Tensor& residual, bool fork);
 
@@ -56,6 +74,15 @@ bool batch_norm_runs_own_kernels(const torch::Device& device, bool synchronised,
                                  bool channels_last);
 // Which kernels those are, for start-up lines.
 const char* batch_norm_kernels(const torch::Device& device, bool synchronised, bool channels_last);
+
+// Whether BatchNormImpl::convolve may form the statistics in cuDNN's graph (the default where the
+// build has cuDNN's graph API). Process-wide: --conv-statistics. Returns `enabled`.
+bool use_convolution_statistics(bool enabled);
+// Whether this build can: LibTorch with CUDA, and cuDNN's headers and library found.
+bool convolution_statistics_built();
+// Which convolutions formed the statistics, for start-up and summary lines: "off", "on" before the
+// first step, then "N of M shapes" with cuDNN's first refusal.
+std::string convolution_statistics_state();
 
 // Points every BatchNorm inside `module` at `comm` (null: per-rank statistics again).
 void set_batch_norm_sync(torch::nn::Module& module, Communicator* comm);

@@ -62,6 +62,9 @@ struct TrainConfig {
   Toggle channels_last = Toggle::kAuto;  // auto: on GPUs
   // cuDNN's engine for each convolution timed once per shape; auto: on GPUs unless --deterministic.
   Toggle cudnn_benchmark = Toggle::kAuto;
+  // Batch norm's statistics formed in the epilogues of the convolutions before them (cuDNN's graph
+  // API); auto: where the build has it, on GPUs, unless --deterministic.
+  Toggle conv_statistics = Toggle::kAuto;
   int64_t num_classes = 0;  // 0: from the training data's num_classes attribute
   int64_t synthetic_size = 0;
   int64_t batch_size = 128;  // per replica: per rank with one pipeline stage
@@ -157,6 +160,11 @@ Precision resolve_precision(Precision precision, const torch::Device& device);
 // without GPUs is an error (collective check).
 ConvolutionEngines convolution_engines(bool deterministic, Toggle cudnn_benchmark,
                                        const torch::Device& device);
+// Whether --conv-statistics forms batch norm's statistics in the convolutions
+// (use_convolution_statistics sets it): on GPUs of a build with cuDNN's graph API unless off or
+// deterministic. `on` where it cannot is an error that says why (collective check).
+bool convolution_statistics(bool deterministic, Toggle conv_statistics,
+                            const torch::Device& device);
 // The dtype a resolved precision computes in: what its GEMMs take.
 torch::ScalarType compute_dtype(Precision precision);
 // The autocast dtype of a resolved precision: none for fp32.

@@ -38,6 +38,7 @@ struct BackboneBenchOptions {
   Precision precision = Precision::kAuto;
   Toggle channels_last = Toggle::kAuto;
   Toggle cudnn_benchmark = Toggle::kAuto;
+  Toggle conv_statistics = Toggle::kAuto;
   std::string device = "auto";
   std::string csv;
   int steps = 20, warmup = 5;
@@ -48,7 +49,7 @@ struct BackboneBenchOptions {
 bool parse_backbone_options(const ProcessContext& context, int argc, char** argv,
                             BackboneBenchOptions& b) {
   po::options_description options("backbone options");
-  std::string shape_text, precision_text, layout_text, benchmark_text;
+  std::string shape_text, precision_text, layout_text, benchmark_text, statistics_text;
   // clang-format off
   options.add_options()
       ("backbone", po::value(&b.net.name)->default_value("iresnet50"), "the network (myriad-train's names)")
@@ -58,6 +59,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
       ("precision", po::value(&precision_text)->default_value("auto"), "auto (bf16 on GPUs that compute in it at full speed, else fp32), fp32, bf16 or fp16, as myriad-train")
       ("channels-last", po::value(&layout_text)->default_value("auto"), "convolutions in channels-last (NHWC) layout: auto (on GPUs), on or off, as myriad-train")
       ("cudnn-benchmark", po::value(&benchmark_text)->default_value("auto"), "cuDNN times each convolution shape's engines once and keeps the fastest: auto (on GPUs), on or off, as myriad-train")
+      ("conv-statistics", po::value(&statistics_text)->default_value("auto"), "batch norm's statistics formed in the epilogues of the convolutions before them (cuDNN's graph API): auto, on or off, as myriad-train")
       ("steps", po::value(&b.steps)->default_value(b.steps), "timed steps")
       ("warmup", po::value(&b.warmup)->default_value(b.warmup), "untimed steps first")
       ("csv", po::value(&b.csv), "also write the roofline per layer kind to this CSV file (rank 0)")
@@ -79,6 +81,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
       precision_text, {Precision::kAuto, Precision::kFp32, Precision::kBf16, Precision::kFp16});
   b.channels_last = parse_toggle("channels-last", layout_text);
   b.cudnn_benchmark = parse_toggle("cudnn-benchmark", benchmark_text);
+  b.conv_statistics = parse_toggle("conv-statistics", statistics_text);
   return true;
 }
 
@@ -226,11 +229,12 @@ void report(const BackboneBenchOptions& b, Precision precision, const Subject& s
   const Backbone& net = subject.backbone();
   std::printf(
       "# backbone %s: %lld images of %lldx%lldx%lld per rank, %s, %s, device %s, %d rank(s), "
-      "batch norm in %s, %s\n",
+      "batch norm in %s, statistics from the convolutions: %s, %s\n",
       b.net.name.c_str(), static_cast<long long>(b.batch), static_cast<long long>(s.channels),
       static_cast<long long>(s.height), static_cast<long long>(s.width), to_string(precision),
       net.channels_last() ? "channels-last" : "NCHW", device.str().c_str(), world,
-      batch_norm_kernels(device, false, net.channels_last()), algorithms);
+      batch_norm_kernels(device, false, net.channels_last()),
+      convolution_statistics_state().c_str(), algorithms);
   std::printf("ceilings measured: %s GEMM %.4g TFLOP/s, memory %.4g GB/s\n",
               c10::toString(compute_dtype(precision)), ceilings.gemm_tflops,
               ceilings.memory_bandwidth / 1e9);
@@ -272,6 +276,7 @@ int run_backbone_bench(ProcessContext& context, int argc, char** argv) {
   const Precision precision = resolve_precision(b.precision, device);
   const char* algorithms =
       use_convolution_engines(convolution_engines(false, b.cudnn_benchmark, device), device);
+  use_convolution_statistics(convolution_statistics(false, b.conv_statistics, device));
   const Ceilings ceilings = measure_ceilings(device, compute_dtype(precision));
   std::unique_ptr<Subject> subject;
   std::vector<KindFloor> kinds;

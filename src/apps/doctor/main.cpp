@@ -12,6 +12,7 @@
 #include "myriad/comm/entry.h"
 #include "myriad/comm/hang_watchdog.h"
 #include "myriad/comm/process_context.h"
+#include "myriad/model/batch_norm.h"
 #include "myriad/train/train_config.h"
 #include "myriad/util/cli.h"
 #include "myriad/util/device.h"
@@ -80,6 +81,8 @@ int run(ProcessContext& context, int argc, char** argv) {
   // The blocks' timings predict training's step: the same convolution engines.
   use_convolution_engines(convolution_engines(config.deterministic, config.cudnn_benchmark, device),
                           device);
+  use_convolution_statistics(
+      convolution_statistics(config.deterministic, config.conv_statistics, device));
   const int64_t message = o.message_size == "auto"
                               ? (device.is_cuda() ? int64_t{64} << 20 : int64_t{4} << 20)
                               : parse_byte_size(o.message_size);

@@ -195,6 +195,28 @@ __global__ void batch_norm_statistics_finish_kernel(
   }
 }
 
+// The statistics from sums formed elsewhere, a thread per channel.
+__global__ void batch_norm_statistics_from_sums_kernel(const float* __restrict__ sums, int64_t rows,
+                                                       int64_t channels, float eps, float momentum,
+                                                       float* __restrict__ mean,
+                                                       float* __restrict__ invstd,
+                                                       float* __restrict__ running_mean,
+                                                       float* __restrict__ running_var) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const double n = static_cast<double>(rows);
+  const double m = sums[c] / n;
+  const double diff = sums[channels + c] / n - m * m;
+  const double var = diff < 0.0 ? 0.0 : diff;
+  mean[c] = static_cast<float>(m);
+  invstd[c] = static_cast<float>(1.0 / sqrt(var + eps));
+  if (running_mean != nullptr) {
+    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * static_cast<float>(m);
+    running_var[c] =
+        (1.0f - momentum) * running_var[c] + momentum * static_cast<float>(var * n / (n - 1.0));
+  }
+}
+
 // y = PReLU(batch norm(x)) (+ residual): the residual's add costs no pass of its own.
 template <typename T, int V, bool kResidual>
 __global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x,
@@ -439,6 +461,16 @@ cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows,
             invstd, running_mean, running_var);
     return cudaGetLastError();
   });
+}
+
+cudaError_t batch_norm_statistics_from_sums(const float* sums, int64_t rows, int64_t channels,
+                                            float eps, float momentum, float* mean, float* invstd,
+                                            float* running_mean, float* running_var,
+                                            cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((channels + kThreads - 1) / kThreads);
+  batch_norm_statistics_from_sums_kernel<<<blocks, kThreads, 0, stream>>>(
+      sums, rows, channels, eps, momentum, mean, invstd, running_mean, running_var);
+  return cudaGetLastError();
 }
 
 cudaError_t batch_norm_prelu_forward(const void* x, const void* residual, void* y, ElementType type,

@@ -44,6 +44,14 @@ cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows,
                                   float* invstd, float* running_mean, float* running_var,
                                   cudaStream_t stream);
 
+// The same statistics (and running statistics) from per-channel sums that another kernel formed
+// as it wrote x (a convolution's epilogue): sums[c] = Σ x, sums[channels + c] = Σ x². The
+// variance is their difference of squares, taken in double precision. rows >= 2.
+cudaError_t batch_norm_statistics_from_sums(const float* sums, int64_t rows, int64_t channels,
+                                            float eps, float momentum, float* mean, float* invstd,
+                                            float* running_mean, float* running_var,
+                                            cudaStream_t stream);
+
 // y from x, plus `residual` (of x's type and layout) where it is not null.
 cudaError_t batch_norm_prelu_forward(const void* x, const void* residual, void* y, ElementType type,
                                      int64_t rows, int64_t channels, BatchNormPReLUParams p,
