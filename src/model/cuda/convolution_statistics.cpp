@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "myriad/util/check_cuda.h"
+#include "myriad/util/clock.h"
 #include "myriad/util/error.h"
 #include "myriad/util/format.h"
 #include "myriad/util/log.h"
@@ -229,7 +231,8 @@ namespace {
 // Finalised plans of the first configurations that cuDNN accepts: all of them up to kCandidates
 // where LibTorch times cuDNN's engines (its benchmark mode), else the first.
 std::vector<ConvolutionStatisticsPlan> candidate_plans(const ConvolutionShape& s) {
-  constexpr size_t kCandidates = 4;
+  // Each may compile kernels at run time: a few, not every configuration.
+  constexpr size_t kCandidates = 3;
   const cudnnHandle_t handle = handle_of(s.device);
   const Descriptor graph = operation_graph(s, handle);
   const size_t wanted = at::globalContext().benchmarkCuDNN() ? kCandidates : 1;
@@ -332,9 +335,12 @@ std::unique_ptr<ConvolutionStatisticsPlan> build_plan(const ConvolutionShape& s,
                                                       const torch::Tensor& w,
                                                       ConvolutionStatisticsReport& report) {
   try {
+    const auto start = std::chrono::steady_clock::now();
     std::vector<ConvolutionStatisticsPlan> plans = candidate_plans(s);
     const size_t best = fastest(plans, x, w);
     ++report.planned;
+    log_debug("the convolution {} forms its sums in cuDNN: {} plan(s) built and timed in {:.0f} ms",
+              s.to_string(), plans.size(), 1e3 * seconds_since(start));
     return std::make_unique<ConvolutionStatisticsPlan>(std::move(plans[best]));
   } catch (const Unsupported& e) {
     ++report.unplanned;
