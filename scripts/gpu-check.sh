@@ -18,7 +18,9 @@
 # PIPELINE_FROM select parts, see the section),
 # profile (scripts/profile-step.sh: one step of iresnet50 and of iresnet100 by kind of kernel
 # beside the backbone's roofline,
-# on two GPUs side by side where there are two) (default: all).
+# on two GPUs side by side where there are two), conv-statistics (myriad-bench backbone for
+# iresnet50 and iresnet100 with batch norm's statistics from cuDNN's convolutions off, then on)
+# (default: all).
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX, and to the GPU
 # checks that it matches (gpu.async_checkpoint.bf16, gpu.async_checkpoint.fp16, gpu.cuda_graphs,
@@ -33,7 +35,7 @@ deps_args=()
 tests=()
 tests_regex=""
 out=${OUT:-$repo/build/gpu-check}
-only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,ijb,train,checkpoint,deterministic,launch,preempt,backbones,pipeline,profile
+only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,ijb,train,checkpoint,deterministic,launch,preempt,backbones,pipeline,profile,conv-statistics
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
@@ -476,6 +478,19 @@ if wants profile; then
     note "one step of $net (scripts/profile-step.sh):"
     grep -A 11 "^one step:" "$out/profile-$net.txt" | tee -a "$summary"
     [ ! -f "$out/profile-$net/roofline.txt" ] || tee -a "$summary" <"$out/profile-$net/roofline.txt"
+  done
+fi
+if wants conv-statistics; then
+  # --conv-statistics off against auto on the same machine, one after the other (docs/benchmarks.md,
+  # "Batch norm's statistics from cuDNN's convolutions").
+  for net in iresnet50 iresnet100; do
+    for mode in off auto; do
+      "$bin/myriad-bench" backbone --backbone "$net" --batch-size 256 --device cuda \
+        --conv-statistics "$mode" >"$out/conv-statistics-$net-$mode.txt" 2>&1 || status=1
+      note "$net, --conv-statistics $mode:"
+      grep -E "^# backbone|^step:|^peak memory|^step floor" "$out/conv-statistics-$net-$mode.txt" |
+        tee -a "$summary"
+    done
   done
 fi
 note "gpu-check status: $status"
