@@ -5,6 +5,7 @@
 #include <torch/autograd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <optional>
 #include <variant>
 
@@ -78,7 +79,9 @@ std::optional<ConvolutionShape> shape_of(const torch::nn::Conv2dImpl& conv, cons
                      padding != nullptr && (*padding)->at(0) == (*padding)->at(1) &&
                      o.stride()->at(0) == o.stride()->at(1) && o.dilation()->at(0) == 1 &&
                      o.dilation()->at(1) == 1 && o.kernel_size()->at(0) == o.kernel_size()->at(1);
-  if (!plain || x.dim() != 4 || !x.is_contiguous(torch::MemoryFormat::ChannelsLast)) {
+  // The graph's tensors are declared 16-byte aligned: the sums' second row too.
+  if (!plain || o.out_channels() % 4 != 0 || x.dim() != 4 || x.size(1) != o.in_channels() ||
+      !x.is_contiguous(torch::MemoryFormat::ChannelsLast)) {
     return std::nullopt;
   }
   ConvolutionShape s;
@@ -102,17 +105,22 @@ ConvolutionOutput BatchNormImpl::convolve(torch::nn::Conv2dImpl& conv, const tor
 #ifdef MYRIAD_WITH_CUDNN_GRAPH
   // The dtype the convolution computes in: autocast's, else x's own.
   const torch::ScalarType dtype = active_autocast(x.device().type()).value_or(x.scalar_type());
-  const bool wanted = statistics_enabled && x.is_cuda() && sync == nullptr && is_training() &&
-                      (dtype == torch::kBFloat16 || dtype == torch::kHalf) &&
-                      conv.weight.size(0) == weight.size(0) &&
-                      !at::globalContext().deterministicCuDNN() &&
-                      batch_norm_runs_own_kernels(x.device(), false, true);
+  const bool wanted =
+      statistics_enabled && x.is_cuda() && sync == nullptr && is_training() &&
+      (dtype == torch::kBFloat16 || dtype == torch::kHalf) &&
+      conv.weight.size(0) == weight.size(0) && at::globalContext().userEnabledCuDNN() &&
+      !at::globalContext().deterministicCuDNN() && !at::globalContext().deterministicAlgorithms() &&
+      batch_norm_runs_own_kernels(x.device(), false, true);
   if (const std::optional<ConvolutionShape> shape =
           wanted ? shape_of(conv, x, dtype) : std::optional<ConvolutionShape>()) {
     const torch::Tensor xs = x.to(dtype);
     const torch::Tensor w = conv.weight.to(dtype).contiguous(torch::MemoryFormat::ChannelsLast);
-    if (const ConvolutionStatisticsPlan* plan =
-            convolution_statistics_plan(*shape, xs.detach(), w.detach())) {
+    // A view into a larger map may start off the 16 bytes that the graph declares.
+    const ConvolutionStatisticsPlan* plan =
+        reinterpret_cast<uintptr_t>(xs.data_ptr()) % 16 == 0
+            ? convolution_statistics_plan(*shape, xs.detach(), w.detach())
+            : nullptr;
+    if (plan != nullptr) {
       const torch::autograd::variable_list out =
           ConvolutionStatisticsFunction::apply(xs, w, plan, shape->stride, shape->padding);
       return {out[0], out[1]};

@@ -205,7 +205,9 @@ bool expect_convolve_matches_composition(const torch::Device& device, torch::Sca
                              .bias(false));
   BatchNorm bn(c.out_channels, 1e-5);
   const torch::Tensor w64 = conv->weight.detach().to(torch::kFloat64);
-  const torch::Tensor x64 = torch::randn(shape, torch::kFloat64) + 0.5;
+  // Off-centre maps: the convolution's outputs have means beside their spread, which the
+  // statistics from sums must keep apart.
+  const torch::Tensor x64 = torch::randn(shape, torch::kFloat64) + 2.0;
   const torch::Tensor slope = torch::full({c.out_channels}, 0.25, device).requires_grad_(true);
   conv->to(device);
   bn->to(device);

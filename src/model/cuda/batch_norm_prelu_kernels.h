@@ -46,7 +46,9 @@ cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows,
 
 // The same statistics (and running statistics) from per-channel sums that another kernel formed
 // as it wrote x (a convolution's epilogue): sums[c] = Σ x, sums[channels + c] = Σ x². The
-// variance is their difference of squares, taken in double precision. rows >= 2.
+// variance is their difference of squares, taken in double precision, as cuDNN's own batch-norm
+// fusions take it; unlike the shifted sums above, float32 sums lose the variance of a channel whose
+// mean is thousands of times its spread. rows >= 2.
 cudaError_t batch_norm_statistics_from_sums(const float* sums, int64_t rows, int64_t channels,
                                             float eps, float momentum, float* mean, float* invstd,
                                             float* running_mean, float* running_var,

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -123,8 +124,10 @@ Descriptor convolution(const ConvolutionShape& s) {
   return conv;
 }
 
-// The finalised operation graph: y = conv(x, w), then Σ y and Σ y² per channel.
-Descriptor operation_graph(const ConvolutionShape& s, cudnnHandle_t handle) {
+// The finalised operation graph: y = conv(x, w), then Σ y and Σ y² per channel, summed in
+// `precision`.
+Descriptor operation_graph(const ConvolutionShape& s, cudnnHandle_t handle,
+                           cudnnDataType_t precision) {
   const cudnnDataType_t io = s.dtype == torch::kHalf ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
   const Descriptor x = tensor(kX, io, s.batch, s.channels, s.height, s.width);
   const Descriptor w = tensor(kW, io, s.out_channels, s.channels, s.kernel, s.kernel);
@@ -142,7 +145,6 @@ Descriptor operation_graph(const ConvolutionShape& s, cudnnHandle_t handle) {
       .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, &beta);
   forward.finalize("convolution operation");
   const cudnnGenStatsMode_t mode = CUDNN_GENSTATS_SUM_SQSUM;
-  const cudnnDataType_t precision = CUDNN_DATA_FLOAT;
   Descriptor stats(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR);
   stats.set(CUDNN_ATTR_OPERATION_GENSTATS_MODE, CUDNN_TYPE_GENSTATS_MODE, &mode)
       .set(CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC, CUDNN_TYPE_DATA_TYPE, &precision)
@@ -193,34 +195,43 @@ class ConvolutionStatisticsPlan {
 
   const ConvolutionShape& shape() const { return shape_; }
 
-  // Sums must start at zero: GenStats may add into them.
+  // Sums must start at zero: GenStats may add into them. A failure is an Error, which building a
+  // plan takes as cuDNN's refusal and training as the end of the run.
   void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y,
            torch::Tensor& sums) const {
+    const c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(shape_.device));
     const torch::Tensor workspace =
         torch::empty({std::max<int64_t>(workspace_, 1)}, x.options().dtype(torch::kUInt8));
-    const std::array<int64_t, 5> uids{kX, kW, kY, kSum, kSumSquares};
-    const std::array<void*, 5> pointers{x.data_ptr(), w.data_ptr(), y.data_ptr(),
-                                        sums[0].data_ptr(), sums[1].data_ptr()};
-    void* space = workspace.data_ptr();
-    Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids.data(), 5)
-        .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, pointers.data(), 5)
-        .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &space);
-    pack.finalize("variant pack");
-    const cudnnHandle_t handle = handle_of(shape_.device);
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-    static std::mutex mutex;  // the handle's stream is shared state
-    const std::lock_guard<std::mutex> lock(mutex);
-    cudnnStatus_t status = cudnnSetStream(handle, stream);
-    if (status == CUDNN_STATUS_SUCCESS)
-      status = cudnnBackendExecute(handle, plan_.get(), pack.get());
-    if (status != CUDNN_STATUS_SUCCESS) {
-      MYRIAD_THROW("convolution with statistics ({}): {}", shape_.to_string(),
-                   cudnn_message(status, "execute"));
+    try {
+      execute(variant_pack(
+          {x.data_ptr(), w.data_ptr(), y.data_ptr(), sums[0].data_ptr(), sums[1].data_ptr()},
+          workspace.data_ptr()));
+    } catch (const Unsupported& e) {
+      MYRIAD_THROW("convolution with statistics ({}): {}", shape_.to_string(), e.what());
     }
   }
 
  private:
+  static Descriptor variant_pack(const std::array<void*, 5>& pointers, void* workspace) {
+    const std::array<int64_t, 5> uids{kX, kW, kY, kSum, kSumSquares};
+    Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids.data(), 5)
+        .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, pointers.data(), 5)
+        .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &workspace);
+    pack.finalize("variant pack");
+    return pack;
+  }
+
+  void execute(const Descriptor& pack) const {
+    const cudnnHandle_t handle = handle_of(shape_.device);
+    const cudaStream_t stream =
+        c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(shape_.device)).stream();
+    static std::mutex mutex;  // the handle's stream is shared state
+    const std::lock_guard<std::mutex> lock(mutex);
+    require(cudnnSetStream(handle, stream), "stream");
+    require(cudnnBackendExecute(handle, plan_.get(), pack.get()), "execute");
+  }
+
   ConvolutionShape shape_;
   Descriptor plan_;
   int64_t workspace_;
@@ -228,42 +239,58 @@ class ConvolutionStatisticsPlan {
 
 namespace {
 
-// Finalised plans of the first configurations that cuDNN accepts: all of them up to kCandidates
-// where LibTorch times cuDNN's engines (its benchmark mode), else the first.
-std::vector<ConvolutionStatisticsPlan> candidate_plans(const ConvolutionShape& s) {
-  // Each may compile kernels at run time: a few, not every configuration.
-  constexpr size_t kCandidates = 3;
+// Finalised plans of `graph`: the first `wanted` configurations that cuDNN's heuristics rank and
+// that finalise. Why none did goes to `refusal`.
+std::vector<ConvolutionStatisticsPlan> finalised_plans(const ConvolutionShape& s,
+                                                       const Descriptor& graph, size_t wanted,
+                                                       std::string& refusal) {
   const cudnnHandle_t handle = handle_of(s.device);
-  const Descriptor graph = operation_graph(s, handle);
-  const size_t wanted = at::globalContext().benchmarkCuDNN() ? kCandidates : 1;
   std::vector<ConvolutionStatisticsPlan> plans;
-  std::string last_refusal = "no engine configuration";
   for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    std::vector<Descriptor> configs;
     try {
-      configs = engine_configs(graph, mode);
-    } catch (const Unsupported& e) {
-      last_refusal = e.what();
-    }
-    for (Descriptor& config : configs) {
-      if (plans.size() == wanted) return plans;
-      Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle)
-          .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
-      const cudnnStatus_t status = cudnnBackendFinalize(plan.get());
-      if (status != CUDNN_STATUS_SUCCESS) {
-        last_refusal = cudnn_message(status, "execution plan");
-        continue;
+      for (Descriptor& config : engine_configs(graph, mode)) {
+        if (plans.size() == wanted) return plans;
+        try {
+          Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+          plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle)
+              .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config)
+              .finalize("execution plan");
+          int64_t workspace = 0, returned = 0;
+          require(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                           CUDNN_TYPE_INT64, 1, &returned, &workspace),
+                  "workspace size");
+          plans.emplace_back(s, std::move(plan), workspace);
+        } catch (const Unsupported& e) {
+          refusal = e.what();
+        }
       }
-      int64_t workspace = 0, returned = 0;
-      require(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                       CUDNN_TYPE_INT64, 1, &returned, &workspace),
-              "workspace size");
-      plans.emplace_back(s, std::move(plan), workspace);
+    } catch (const Unsupported& e) {
+      refusal = e.what();
     }
     if (!plans.empty()) return plans;
   }
-  throw Unsupported(last_refusal);
+  return plans;
+}
+
+// Plans of the shape's graph, its sums in float32 or else in the maps' own dtype (cuDNN's
+// frontend has asked for either): all of them up to kCandidates where LibTorch times cuDNN's
+// engines (its benchmark mode), else the first.
+std::vector<ConvolutionStatisticsPlan> candidate_plans(const ConvolutionShape& s) {
+  // Each may compile kernels at run time: a few, not every configuration.
+  constexpr size_t kCandidates = 3;
+  const size_t wanted = at::globalContext().benchmarkCuDNN() ? kCandidates : 1;
+  const cudnnDataType_t io = s.dtype == torch::kHalf ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
+  std::string refusal = "no engine configuration";
+  for (const cudnnDataType_t precision : {CUDNN_DATA_FLOAT, io}) {
+    try {
+      const Descriptor graph = operation_graph(s, handle_of(s.device), precision);
+      std::vector<ConvolutionStatisticsPlan> plans = finalised_plans(s, graph, wanted, refusal);
+      if (!plans.empty()) return plans;
+    } catch (const Unsupported& e) {
+      refusal = e.what();
+    }
+  }
+  throw Unsupported(refusal);
 }
 
 ConvolutionWithSums empty_outputs(const ConvolutionShape& s, const torch::Tensor& x) {
@@ -272,44 +299,56 @@ ConvolutionWithSums empty_outputs(const ConvolutionShape& s, const torch::Tensor
   return {y, torch::zeros({2, s.out_channels}, x.options().dtype(torch::kFloat32))};
 }
 
-// Milliseconds of 3 runs of `plan` after one; a plan that fails to run counts as no plan.
+// A CUDA event, destroyed with its owner.
+class Event {
+ public:
+  Event() { MYRIAD_CHECK_CUDA(cudaEventCreate(&e_)); }
+  ~Event() { (void)cudaEventDestroy(e_); }  // nothing to do about a failure here
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// Milliseconds of 3 runs of `plan` after one.
 float time_plan(const ConvolutionStatisticsPlan& plan, const torch::Tensor& x,
                 const torch::Tensor& w, ConvolutionWithSums& out) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-  cudaEvent_t start = nullptr, stop = nullptr;
+  plan.run(x, w, out.y, out.sums);
+  const Event start, stop;
+  MYRIAD_CHECK_CUDA(cudaEventRecord(start.get(), stream));
+  for (int k = 0; k < 3; ++k) plan.run(x, w, out.y, out.sums);
+  MYRIAD_CHECK_CUDA(cudaEventRecord(stop.get(), stream));
+  MYRIAD_CHECK_CUDA(cudaEventSynchronize(stop.get()));
   float ms = 0;
-  try {
-    plan.run(x, w, out.y, out.sums);
-    MYRIAD_CHECK_CUDA(cudaEventCreate(&start));
-    MYRIAD_CHECK_CUDA(cudaEventCreate(&stop));
-    MYRIAD_CHECK_CUDA(cudaEventRecord(start, stream));
-    for (int k = 0; k < 3; ++k) plan.run(x, w, out.y, out.sums);
-    MYRIAD_CHECK_CUDA(cudaEventRecord(stop, stream));
-    MYRIAD_CHECK_CUDA(cudaEventSynchronize(stop));
-    MYRIAD_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-  } catch (const Error& e) {
-    // Cleanup on the way to reporting the failure; its own errors add nothing.
-    (void)cudaEventDestroy(start);
-    (void)cudaEventDestroy(stop);
-    throw Unsupported(e.what());
-  }
-  MYRIAD_CHECK_CUDA(cudaEventDestroy(start));
-  MYRIAD_CHECK_CUDA(cudaEventDestroy(stop));
+  MYRIAD_CHECK_CUDA(cudaEventElapsedTime(&ms, start.get(), stop.get()));
   return ms;
 }
 
-// The fastest of `plans`, each run on x and w (the first use's own inputs: no memory beyond what
-// the convolution takes anyway).
-size_t fastest(const std::vector<ConvolutionStatisticsPlan>& plans, const torch::Tensor& x,
-               const torch::Tensor& w) {
+// The fastest of `plans` that run, each run on x and w (the first use's own inputs: no memory
+// beyond what the convolution takes anyway); a lone plan runs once, untimed. A plan that fails to
+// run counts as none; where none runs, the last failure is the refusal.
+ConvolutionStatisticsPlan fastest(std::vector<ConvolutionStatisticsPlan> plans,
+                                  const torch::Tensor& x, const torch::Tensor& w) {
   ConvolutionWithSums out = empty_outputs(plans.front().shape(), x);
-  size_t best = 0;
+  std::optional<size_t> best;
   float best_ms = 0;
+  std::string failure;
   for (size_t i = 0; i < plans.size(); ++i) {
-    const float ms = time_plan(plans[i], x, w, out);
-    if (i == 0 || ms < best_ms) best = i, best_ms = ms;
+    try {
+      const float ms = plans.size() == 1 ? (plans[i].run(x, w, out.y, out.sums), 0.0f)
+                                         : time_plan(plans[i], x, w, out);
+      if (!best || ms < best_ms) best = i, best_ms = ms;
+    } catch (const Error& e) {
+      // A CUDA error that sticks ends the process's use of the GPU: no refusal, the run's end.
+      if (cudaPeekAtLastError() != cudaSuccess) throw;
+      failure = e.what();
+    }
   }
-  return best;
+  if (!best) throw Unsupported(failure);
+  return std::move(plans[*best]);
 }
 
 struct Registry {
@@ -318,9 +357,10 @@ struct Registry {
   ConvolutionStatisticsReport report;
 };
 
+// Never destroyed, as the handles: the plans must not outlive the driver at exit.
 Registry& registry() {
-  static Registry r;
-  return r;
+  static Registry* r = new Registry;
+  return *r;
 }
 
 bool capturing(int device) {
@@ -337,11 +377,12 @@ std::unique_ptr<ConvolutionStatisticsPlan> build_plan(const ConvolutionShape& s,
   try {
     const auto start = std::chrono::steady_clock::now();
     std::vector<ConvolutionStatisticsPlan> plans = candidate_plans(s);
-    const size_t best = fastest(plans, x, w);
+    const size_t candidates = plans.size();
+    auto plan = std::make_unique<ConvolutionStatisticsPlan>(fastest(std::move(plans), x, w));
     ++report.planned;
-    log_debug("the convolution {} forms its sums in cuDNN: {} plan(s) built and timed in {:.0f} ms",
-              s.to_string(), plans.size(), 1e3 * seconds_since(start));
-    return std::make_unique<ConvolutionStatisticsPlan>(std::move(plans[best]));
+    log_debug("the convolution {} forms its sums in cuDNN: {} plan(s) built and run in {:.0f} ms",
+              s.to_string(), candidates, 1e3 * seconds_since(start));
+    return plan;
   } catch (const Unsupported& e) {
     ++report.unplanned;
     if (report.first_reason.empty()) report.first_reason = e.what();
