@@ -42,6 +42,41 @@ bool overflowed(const torch::Tensor& overflow) {
   return overflow.defined() && overflow.item<float>() > 0;
 }
 
+// AdamW's parameters stepped together: those that have taken the same number of steps (all of
+// them, unless some had no gradient on some step), since the bias corrections depend on it.
+struct Cohort {
+  std::vector<torch::Tensor> params, grads, exp_avg, exp_avg_sq;
+};
+
+// `a`'s parameters by the step each takes now (its count advanced, its state created at the
+// first), with their gradients and moments passed through `layout` (what a kernel needs of them).
+template <class Layout>
+std::map<int64_t, Cohort> adamw_cohorts(torch::optim::Optimizer& optimizer, const Active& a,
+                                        Layout layout) {
+  std::map<int64_t, Cohort> cohorts;
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    const torch::Tensor& p = a.params[i];
+    auto* state = static_cast<torch::optim::AdamWParamState*>(find_param_state(optimizer, p));
+    if (state == nullptr) {
+      auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+      fresh->step(0);
+      fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+      state = fresh.get();
+      set_param_state(optimizer, p, std::move(fresh));
+    }
+    state->exp_avg(layout(state->exp_avg(), p));
+    state->exp_avg_sq(layout(state->exp_avg_sq(), p));
+    state->step(state->step() + 1);
+    Cohort& c = cohorts[state->step()];
+    c.params.push_back(p);
+    c.grads.push_back(layout(a.grads[i], p));
+    c.exp_avg.push_back(state->exp_avg());
+    c.exp_avg_sq.push_back(state->exp_avg_sq());
+  }
+  return cohorts;
+}
+
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 #define MYRIAD_HAVE_FUSED_OPTIMIZERS 1
 
@@ -180,33 +215,8 @@ bool MultiTensorAdamW::fused_step(const torch::Tensor& overflow) {
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups()[g].options());
     TORCH_CHECK(!o.amsgrad(), "MultiTensorAdamW does not implement amsgrad");
-    Active& a = groups[g];
-    // Parameters are stepped together when they have taken the same number of steps.
-    struct Cohort {
-      std::vector<torch::Tensor> params, grads, exp_avg, exp_avg_sq;
-    };
-    std::map<int64_t, Cohort> cohorts;
-    for (size_t i = 0; i < a.params.size(); ++i) {
-      const torch::Tensor& p = a.params[i];
-      auto* state = static_cast<torch::optim::AdamWParamState*>(find_param_state(*this, p));
-      if (state == nullptr) {
-        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-        fresh->step(0);
-        fresh->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-        state = fresh.get();
-        set_param_state(*this, p, std::move(fresh));
-      }
-      state->exp_avg(in_layout_of(state->exp_avg(), p));
-      state->exp_avg_sq(in_layout_of(state->exp_avg_sq(), p));
-      state->step(state->step() + 1);
-      Cohort& c = cohorts[state->step()];
-      c.params.push_back(p);
-      c.grads.push_back(in_layout_of(a.grads[i], p));
-      c.exp_avg.push_back(state->exp_avg());
-      c.exp_avg_sq.push_back(state->exp_avg_sq());
-    }
-    for (auto& [step, c] : cohorts) {
+    const std::map<int64_t, Cohort> cohorts = adamw_cohorts(*this, groups[g], in_layout_of);
+    for (const auto& [step, c] : cohorts) {
       // The kernel reads each parameter's step from the device: the host's count less the skips.
       const torch::Tensor device_step = skipped_.neg().add_(static_cast<double>(step));
       at::_fused_adamw_(c.params, c.grads, c.exp_avg, c.exp_avg_sq, /*max_exp_avg_sqs=*/{},
@@ -234,30 +244,8 @@ void MultiTensorAdamW::step_unless(const torch::Tensor& overflow) {
     Active a = active_parameters(group);
     if (a.params.empty()) continue;
     if (o.weight_decay() != 0) torch::_foreach_mul_(a.params, 1.0 - o.lr() * o.weight_decay());
-    // Parameters are stepped together when they have taken the same number of steps (always,
-    // unless some had no gradient on some step), since the bias corrections depend on it.
-    struct Cohort {
-      std::vector<torch::Tensor> params, grads, exp_avg, exp_avg_sq;
-    };
-    std::map<int64_t, Cohort> cohorts;
-    for (size_t i = 0; i < a.params.size(); ++i) {
-      auto* state =
-          static_cast<torch::optim::AdamWParamState*>(find_param_state(*this, a.params[i]));
-      if (state == nullptr) {
-        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-        fresh->step(0);
-        fresh->exp_avg(torch::zeros_like(a.params[i], torch::MemoryFormat::Preserve));
-        fresh->exp_avg_sq(torch::zeros_like(a.params[i], torch::MemoryFormat::Preserve));
-        state = fresh.get();
-        set_param_state(*this, a.params[i], std::move(fresh));
-      }
-      state->step(state->step() + 1);
-      Cohort& c = cohorts[state->step()];
-      c.params.push_back(a.params[i]);
-      c.grads.push_back(a.grads[i]);
-      c.exp_avg.push_back(state->exp_avg());
-      c.exp_avg_sq.push_back(state->exp_avg_sq());
-    }
+    std::map<int64_t, Cohort> cohorts =
+        adamw_cohorts(*this, a, [](const torch::Tensor& t, const torch::Tensor&) { return t; });
     const double beta1 = std::get<0>(o.betas());
     const double beta2 = std::get<1>(o.betas());
     for (auto& [step, c] : cohorts) {
