@@ -37,6 +37,19 @@ Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled, int64
                "'{}' is not a myriad image dataset: it needs /images{} (see docs/data-format.md)",
                path, labelled ? " and /labels" : "");
   info_.name = path;
+  read_geometry();
+  const int64_t image_bytes = static_cast<int64_t>(info_.height) * info_.width * info_.channels;
+  if (!info_.encoded && info_.size <= resident_bytes / image_bytes) {
+    resident_ = file_.read("images");
+  } else if (!info_.encoded) {
+    layout_ = file_.row_layout("images");
+    if (layout_) direct_ = std::make_unique<ReadOnlyFile>(path);
+  }
+  if (labelled) read_labels();
+}
+
+void Hdf5ImageDataset::read_geometry() {
+  const std::string& path = info_.name;
   info_.encoded = file_.is_bytes("images");
   const std::vector<int64_t> shape = file_.shape("images");
   info_.size = shape.empty() ? 0 : shape[0];
@@ -62,13 +75,10 @@ Hdf5ImageDataset::Hdf5ImageDataset(const std::string& path, bool labelled, int64
   info_.height = static_cast<int>(height);
   info_.width = static_cast<int>(width);
   info_.channels = static_cast<int>(channels);
-  if (!info_.encoded && info_.size <= resident_bytes / (height * width * channels)) {
-    resident_ = file_.read("images");
-  } else if (!info_.encoded) {
-    layout_ = file_.row_layout("images");
-    if (layout_) direct_ = std::make_unique<ReadOnlyFile>(path);
-  }
-  if (!labelled) return;
+}
+
+void Hdf5ImageDataset::read_labels() {
+  const std::string& path = info_.name;
   const std::vector<int64_t> label_shape = file_.shape("labels");
   MYRIAD_CHECK(label_shape.size() == 1 && label_shape[0] == info_.size,
                "'{}': {} images but {} labels", path, info_.size,

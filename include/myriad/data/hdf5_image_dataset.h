@@ -37,6 +37,11 @@ class Hdf5ImageDataset final : public ImageSource {
   void read(const std::vector<int64_t>& indices, uint8_t* out) const override;
 
  private:
+  // /images' count, size and channels into info_, checked.
+  void read_geometry();
+  // /labels and the classes into labels_ and info_, checked.
+  void read_labels();
+
   // Images `rows` (ascending, distinct) of a raw file, uint8 [n, H, W, C].
   torch::Tensor read_raw_rows(const std::vector<int64_t>& rows) const;
 
