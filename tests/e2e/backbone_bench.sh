@@ -15,7 +15,7 @@ for batch in 4 8; do
   bench --batch-size "$batch" --csv "$work/kinds$batch.csv" >"$work/out$batch.txt"
 done
 cat "$work/out8.txt"
-grep -q "^# backbone smallcnn: 8 images of 1x28x28 per rank, fp32, NCHW, device cpu, 2 rank(s), batch norm in LibTorch's, oneDNN's convolutions$" "$work/out8.txt"
+grep -q "^# backbone smallcnn: 8 images of 1x28x28 per rank, fp32, NCHW, device cpu, 2 rank(s), batch norm in LibTorch's, statistics from the convolutions: off, oneDNN's convolutions$" "$work/out8.txt"
 grep -Eq "^step: [0-9.]+ ms per rank .* samples/s per rank" "$work/out8.txt"
 grep -q "^on the CPU these ceilings are no bound" "$work/out8.txt"
 "$py" - "$work" <<'PY'

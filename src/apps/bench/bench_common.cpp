@@ -1,5 +1,7 @@
 #include "bench_common.h"
 
+#include <c10/util/Exception.h>
+
 #include <new>
 
 #include "myriad/util/error.h"
@@ -51,10 +53,20 @@ RankSpread spread_over_ranks(double value, const ProcessContext& context) {
 }
 
 bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+      dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    return true;
+  }
+  // LibTorch's CPU allocator ("can't allocate memory" in 1.x, "not enough memory" in 2.x) and
+  // CUDA's runtime outside the caching allocator (cuBLAS's and cuDNN's own buffers) refuse with a
+  // plain c10::Error: its message is all there is.
   const std::string what = e.what();
-  return dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
-         what.find("out of memory") != std::string::npos ||
-         what.find("can't allocate memory") != std::string::npos;
+  for (const char* refusal :
+       {"DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory",
+        "CUDA error: out of memory"}) {
+    if (what.find(refusal) != std::string::npos) return true;
+  }
+  return false;
 }
 
 void fits_on_every_rank(const ProcessContext& context, const std::string& what,
