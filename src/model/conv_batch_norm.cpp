@@ -106,7 +106,7 @@ ConvolutionOutput BatchNormImpl::convolve(torch::nn::Conv2dImpl& conv, const tor
   // The dtype the convolution computes in: autocast's, else x's own.
   const torch::ScalarType dtype = active_autocast(x.device().type()).value_or(x.scalar_type());
   const bool wanted =
-      statistics_enabled && x.is_cuda() && sync == nullptr && is_training() &&
+      statistics_enabled && sync == nullptr && is_training() &&
       (dtype == torch::kBFloat16 || dtype == torch::kHalf) &&
       conv.weight.size(0) == weight.size(0) && at::globalContext().userEnabledCuDNN() &&
       !at::globalContext().deterministicCuDNN() && !at::globalContext().deterministicAlgorithms() &&

@@ -170,7 +170,24 @@ __global__ void batch_norm_statistics_kernel(const T* __restrict__ x, int64_t ro
   write_block_sums(s, l, channels, partials);
 }
 
-// The statistics from the blocks' sums, a block per channel; the running statistics updated.
+// Channel c's statistics from its mean and its variance before clamping, and the running
+// statistics updated as LibTorch's batch norm updates them (with the unbiased variance).
+__device__ inline void store_statistics(int64_t c, float m, float diff, float n, float eps,
+                                        float momentum, float* __restrict__ mean,
+                                        float* __restrict__ invstd,
+                                        float* __restrict__ running_mean,
+                                        float* __restrict__ running_var) {
+  // Rounding can take the difference below 0; NaN stays NaN (fmaxf would hide it in running_var).
+  const float var = diff < 0.0f ? 0.0f : diff;
+  mean[c] = m;
+  invstd[c] = rsqrtf(var + eps);
+  if (running_mean != nullptr) {
+    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * m;
+    running_var[c] = (1.0f - momentum) * running_var[c] + momentum * var * n / (n - 1.0f);
+  }
+}
+
+// The statistics from the blocks' sums, a block per channel.
 template <typename T>
 __global__ void batch_norm_statistics_finish_kernel(
     const T* __restrict__ x, const float* __restrict__ partials, int64_t blocks, int64_t rows,
@@ -180,22 +197,14 @@ __global__ void batch_norm_statistics_finish_kernel(
   float sums[2];
   sum_columns<2>(partials, blocks, 2 * channels, {c, channels + c}, sums);
   if (threadIdx.x != 0) return;
-  const float s1 = sums[0], s2 = sums[1];
   const float n = static_cast<float>(rows);
-  const float offset = s1 / n;
-  // Rounding can take the difference below 0; NaN stays NaN (fmaxf would hide it in running_var).
-  const float diff = s2 / n - offset * offset;
-  const float var = diff < 0.0f ? 0.0f : diff;
-  const float m = to_float(x[c]) + offset;
-  mean[c] = m;
-  invstd[c] = rsqrtf(var + eps);
-  if (running_mean != nullptr) {
-    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * m;
-    running_var[c] = (1.0f - momentum) * running_var[c] + momentum * var * n / (n - 1.0f);
-  }
+  const float offset = sums[0] / n;
+  store_statistics(c, to_float(x[c]) + offset, sums[1] / n - offset * offset, n, eps, momentum,
+                   mean, invstd, running_mean, running_var);
 }
 
-// The statistics from sums formed elsewhere, a thread per channel.
+// The statistics from sums formed elsewhere, a thread per channel; the difference of squares in
+// double precision.
 __global__ void batch_norm_statistics_from_sums_kernel(const float* __restrict__ sums, int64_t rows,
                                                        int64_t channels, float eps, float momentum,
                                                        float* __restrict__ mean,
@@ -206,15 +215,8 @@ __global__ void batch_norm_statistics_from_sums_kernel(const float* __restrict__
   if (c >= channels) return;
   const double n = static_cast<double>(rows);
   const double m = sums[c] / n;
-  const double diff = sums[channels + c] / n - m * m;
-  const double var = diff < 0.0 ? 0.0 : diff;
-  mean[c] = static_cast<float>(m);
-  invstd[c] = static_cast<float>(1.0 / sqrt(var + eps));
-  if (running_mean != nullptr) {
-    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * static_cast<float>(m);
-    running_var[c] =
-        (1.0f - momentum) * running_var[c] + momentum * static_cast<float>(var * n / (n - 1.0));
-  }
+  store_statistics(c, static_cast<float>(m), static_cast<float>(sums[channels + c] / n - m * m),
+                   static_cast<float>(n), eps, momentum, mean, invstd, running_mean, running_var);
 }
 
 // y = PReLU(batch norm(x)) (+ residual): the residual's add costs no pass of its own.
