@@ -72,7 +72,7 @@ if not step:
 kinds = [
     ("batch norm (+ PReLU), myriad's kernels", r"myriad::.*batch_norm", "batch norm + PReLU"),
     ("classifier (myriad's kernels)", r"myriad::", ""),
-    ("batch norm", r"batch_norm|batchnorm|bn_fw|bn_bw|welford", "batch norm + PReLU"),
+    ("batch norm", r"batch_norm|batchnorm|bn_fw|bn_bw|welford|gen_?stats", "batch norm + PReLU"),
     ("PReLU", r"prelu", "batch norm + PReLU"),
     ("adds (residuals, gradient sums)", r"CUDAFunctor_add|AddFunctor|add_kernel", "add"),
     ("convolution", r"conv|fprop|dgrad|wgrad|implicit|winograd|cudnn", "convolution"),

@@ -143,6 +143,12 @@ bool convolution_statistics_built() {
 #endif
 }
 
+#ifndef MYRIAD_WITH_CUDNN_GRAPH
+ConvolutionStatisticsReport convolution_statistics_report() {
+  return {};
+}
+#endif
+
 std::string convolution_statistics_state() {
   if (!convolution_statistics_built() || !statistics_enabled) return "off";
 #ifdef MYRIAD_WITH_CUDNN_GRAPH

@@ -105,10 +105,8 @@ torch::ScalarType classifier_dtype(const po::variables_map& values, const std::s
   return *dtype;
 }
 
-}  // namespace
-
-po::options_description train_options(TrainConfig& c) {
-  po::options_description options("myriad-train options");
+// The run's inputs and outputs, and the backbone.
+void add_input_options(po::options_description& options, TrainConfig& c) {
   // clang-format off
   options.add_options()
       ("config", po::value<std::string>(), "INI file of options (key = value); the command line overrides it")
@@ -126,7 +124,14 @@ po::options_description train_options(TrainConfig& c) {
       ("dropout", real_option(&c.dropout), "dropout before the embedding layer")
       ("channels-last", po::value<std::string>()->default_value(name_of(c.channels_last)), "convolutions in channels-last (NHWC) layout: auto (on GPUs, where cuDNN's NHWC kernels are the fast ones), on or off")
       ("sync-bn", po::bool_switch(&c.sync_bn), "batch norm over the global batch (SyncBN): training does not depend on how the batch is split")
-      ("cuda-graphs", po::value<std::string>()->default_value(name_of(c.cuda_graphs)), "on: record the backbone's forward and backward of a micro-batch as CUDA graphs once and replay them, with no per-kernel launch cost on the host, which dominates deep backbones at small micro-batches, and the gradient all-reduce overlapped inside the replayed backward (GPUs; not with --sync-bn or --activation-checkpointing); auto: on GPUs where they may run, whichever of eager steps and graphs the first steps measure faster; off. A recording that runs out of memory goes on eagerly")
+      ("cuda-graphs", po::value<std::string>()->default_value(name_of(c.cuda_graphs)), "on: record the backbone's forward and backward of a micro-batch as CUDA graphs once and replay them, with no per-kernel launch cost on the host, which dominates deep backbones at small micro-batches, and the gradient all-reduce overlapped inside the replayed backward (GPUs; not with --sync-bn or --activation-checkpointing); auto: on GPUs where they may run, whichever of eager steps and graphs the first steps measure faster; off. A recording that runs out of memory goes on eagerly");
+  // clang-format on
+}
+
+// Classes, batches, pipeline stages and the length of the run.
+void add_scale_options(po::options_description& options, TrainConfig& c) {
+  // clang-format off
+  options.add_options()
       ("num-classes", count_option(&c.num_classes), "classes C (default: the data's num_classes attribute)")
       ("synthetic-size", count_option(&c.synthetic_size), "images of --data synthetic (default: 64 per class, at least one epoch of 100 steps)")
       ("batch-size", count_option(&c.batch_size), "samples per replica and step: per rank with one pipeline stage")
@@ -138,7 +143,14 @@ po::options_description train_options(TrainConfig& c) {
       ("pipeline-profile", po::bool_switch(&c.pipeline_profile), "log every block's profiled time and memory, and the cut's predicted stage times (also with one stage)")
       ("pipeline-memory", po::value<std::string>()->default_value("0"), "memory a stage may use per GPU (e.g. 70G; 0: what the device has left after the classifier)")
       ("epochs", count_option(&c.epochs), "passes over the training data")
-      ("max-steps", count_option(&c.max_steps), "stop after this many steps (0: --epochs decides)")
+      ("max-steps", count_option(&c.max_steps), "stop after this many steps (0: --epochs decides)");
+  // clang-format on
+}
+
+// The optimizer, the classifier's numbers and the learning-rate schedule.
+void add_optimizer_options(po::options_description& options, TrainConfig& c) {
+  // clang-format off
+  options.add_options()
       ("optimizer", po::value<std::string>()->default_value(name_of(c.optimizer)), "sgd or adamw, for the backbone and the classifier")
       ("lr", real_option(&c.lr), "peak learning rate")
       ("weight-decay", real_option(&c.weight_decay), "weight decay")
@@ -156,7 +168,14 @@ po::options_description train_options(TrainConfig& c) {
       ("lr-steps", po::value<std::string>(), "steps at which the step schedule multiplies the rate by --lr-gamma (e.g. 10000,20000)")
       ("lr-gamma", real_option(&c.lr_gamma), "factor of the step schedule")
       ("warmup-steps", count_option(&c.warmup_steps), "linear warmup from 0 to --lr")
-      ("warmup-epochs", real_option(&c.warmup_epochs), "linear warmup over this many epochs (may be fractional); replaces --warmup-steps")
+      ("warmup-epochs", real_option(&c.warmup_epochs), "linear warmup over this many epochs (may be fractional); replaces --warmup-steps");
+  // clang-format on
+}
+
+// Precision, sampling, gradients' communication, logging and evaluation.
+void add_numerics_options(po::options_description& options, TrainConfig& c) {
+  // clang-format off
+  options.add_options()
       ("precision", po::value<std::string>()->default_value(name_of(c.precision)), "auto (bf16 on GPUs of compute capability 8.0 or later, fp32 on the CPU and older GPUs), fp32, bf16 (autocast) or fp16 (autocast and dynamic loss scaling)")
       ("sample-rate", real_option(&c.sample_rate), "Partial FC: fraction of negative classes per step, in (0, 1]")
       ("grad-clip", real_option(&c.grad_clip), "clip the backbone gradient's global norm to this (0: off)")
@@ -165,15 +184,29 @@ po::options_description train_options(TrainConfig& c) {
       ("log-every", count_option(&c.log_every), "log and record metrics every this many steps")
       ("eval-every", count_option(&c.eval_every), "evaluate every this many steps (0: at the end only)")
       ("eval-batch-size", count_option(&c.eval_batch_size), "samples per rank and evaluation batch")
-      ("seed", po::value(&c.seed)->default_value(0), "seed of initialisation, sampling and augmentation")
+      ("seed", po::value(&c.seed)->default_value(0), "seed of initialisation, sampling and augmentation");
+  // clang-format on
+}
+
+// How kernels are chosen, threads, the loader and the device.
+void add_engine_options(po::options_description& options, TrainConfig& c) {
+  // clang-format off
+  options.add_options()
       ("deterministic", po::bool_switch(&c.deterministic), "deterministic cuDNN and cuBLAS: a run repeats bit for bit on the same GPUs and ranks (slower)")
       ("cudnn-benchmark", po::value<std::string>()->default_value(name_of(c.cudnn_benchmark)), "on: cuDNN times the engines of each convolution shape once, in the first step, and keeps the fastest (GPUs; not with --deterministic); auto: on GPUs unless --deterministic; off: cuDNN's heuristics choose")
-      ("conv-statistics", po::value<std::string>()->default_value(name_of(c.conv_statistics)), "on: each convolution followed by a batch norm also forms its output's per-channel sums in cuDNN's epilogue, and the batch norm reads the output once less (GPUs, a build with cuDNN's graph API; not with --deterministic); auto: wherever it can; off: the batch norm's statistics pass")
+      ("conv-statistics", po::value<std::string>()->default_value(name_of(c.conv_statistics)), "on: each convolution followed by a batch norm also forms its output's per-channel sums in cuDNN's epilogue, and the batch norm reads the output once less (GPUs, a build with cuDNN's graph API, bf16 or fp16, channels-last, per-rank batch norm; not with --deterministic; an error after the first step where no convolution formed them); auto: wherever it can; off: the batch norm's statistics pass")
       ("threads", po::value(&c.threads)->default_value(0), "CPU threads per rank for LibTorch (0: cores over ranks on the node)")
       ("workers", po::value(&c.workers)->default_value(c.workers), "data loader threads per rank")
       ("prefetch", po::value(&c.prefetch)->default_value(c.prefetch), "batches the loader prepares ahead")
       ("no-flip", po::bool_switch(), "no random horizontal flip")
-      ("device", po::value<std::string>()->default_value(name_of(c.device)), "auto, cpu or cuda")
+      ("device", po::value<std::string>()->default_value(name_of(c.device)), "auto, cpu or cuda");
+  // clang-format on
+}
+
+// Checkpoints, resumption, stops, hangs and profiling.
+void add_checkpoint_options(po::options_description& options, TrainConfig& c) {
+  // clang-format off
+  options.add_options()
       ("checkpoint-dir", po::value(&c.checkpoint_dir), "where checkpoints go (default: RUN_DIR/checkpoints)")
       ("checkpoint-every", count_option(&c.checkpoint_every), "write a checkpoint every this many steps, and at the end (0: only when stopped by a signal)")
       ("checkpoint-keep", po::value(&c.checkpoint_keep)->default_value(c.checkpoint_keep), "how many checkpoints to keep")
@@ -185,6 +218,18 @@ po::options_description train_options(TrainConfig& c) {
       ("profile-steps", po::value<std::string>(), "FIRST:LAST: run steps FIRST to LAST inside the CUDA profiler's capture range, for nsys --capture-range=cudaProfilerApi or ncu --profile-from-start off (GPUs only, unless with --timeline)")
       ("timeline", po::value(&c.timeline), "FILE: write every rank's forward, backward, classifier and transfers of the --profile-steps steps, per micro-batch, as one Chrome trace (JSON, for ui.perfetto.dev or chrome://tracing)");
   // clang-format on
+}
+
+}  // namespace
+
+po::options_description train_options(TrainConfig& c) {
+  po::options_description options("myriad-train options");
+  add_input_options(options, c);
+  add_scale_options(options, c);
+  add_optimizer_options(options, c);
+  add_numerics_options(options, c);
+  add_engine_options(options, c);
+  add_checkpoint_options(options, c);
   add_margin_options(options);
   return options;
 }
@@ -476,16 +521,31 @@ ConvolutionEngines convolution_engines(bool deterministic, Toggle cudnn_benchmar
                                                              : ConvolutionEngines::kHeuristic;
 }
 
-bool convolution_statistics(bool deterministic, Toggle conv_statistics,
-                            const torch::Device& device) {
-  if (conv_statistics == Toggle::kOn) {
+ConvStatisticsRequest conv_statistics_request(const TrainConfig& config,
+                                              const torch::Device& device) {
+  return {config.conv_statistics, config.deterministic, config.precision,
+          use_channels_last(config.channels_last, device), config.sync_bn};
+}
+
+bool convolution_statistics(const ConvStatisticsRequest& r, const torch::Device& device) {
+  const bool half = r.precision == Precision::kBf16 || r.precision == Precision::kFp16;
+  if (r.toggle == Toggle::kOn) {
     MYRIAD_CHECK_COLLECTIVE(device.is_cuda(), "--conv-statistics on needs GPUs");
+    MYRIAD_CHECK_COLLECTIVE(half,
+                            "--conv-statistics on needs --precision bf16 or fp16 (the sums come "
+                            "from 16-bit convolutions; this run computes in {})",
+                            to_string(r.precision));
+    MYRIAD_CHECK_COLLECTIVE(r.channels_last,
+                            "--conv-statistics on needs channels-last maps (--channels-last on)");
+    MYRIAD_CHECK_COLLECTIVE(!r.sync_bn,
+                            "--conv-statistics on and --sync-bn exclude each other (SyncBN sums "
+                            "the statistics over every rank in a pass of its own)");
     MYRIAD_CHECK_COLLECTIVE(convolution_statistics_built(),
                             "--conv-statistics on needs a build with cuDNN's graph API (CMake "
                             "found no cuDNN 9 headers and library: set CUDNN_ROOT)");
   }
-  return conv_statistics != Toggle::kOff && !deterministic && device.is_cuda() &&
-         convolution_statistics_built();
+  return r.toggle != Toggle::kOff && !r.deterministic && device.is_cuda() && half &&
+         r.channels_last && !r.sync_bn && convolution_statistics_built();
 }
 
 torch::ScalarType compute_dtype(Precision precision) {

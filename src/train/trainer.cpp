@@ -24,6 +24,7 @@
 #include "myriad/model/batch_norm.h"
 #include "myriad/optim/lr_schedule.h"
 #include "myriad/train/async_checkpoint.h"
+#include "myriad/train/conv_statistics_check.h"
 #include "myriad/train/graphs_choice.h"
 #include "myriad/train/metrics_log.h"
 #include "myriad/train/progress_report.h"
@@ -207,6 +208,7 @@ class Run {
   StopFile stop_file_;
   StragglerReport stragglers_;
   GraphsChoice graphs_;
+  ConvStatisticsCheck conv_statistics_check_;
   StepProfiler profiler_;
   AsyncCheckpointer checkpointer_;
   MetricsLog metrics_;
@@ -224,7 +226,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       conv_engines_(use_convolution_engines(
           convolution_engines(c_.deterministic, c_.cudnn_benchmark, device_), device_)),
       conv_statistics_(use_convolution_statistics(
-          convolution_statistics(c_.deterministic, c_.conv_statistics, device_))),
+          convolution_statistics(conv_statistics_request(c_, device_), device_))),
       config_ini_(std::move(config_ini)),
       comms_(context),
       comm_(comms_.for_device(device_)),
@@ -247,6 +249,7 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       stragglers_(context),
       graphs_(c_.cuda_graphs, cuda_graphs_possible(c_, device_), step_.engine(), comms_.mpi(),
               device_),
+      conv_statistics_check_(context, c_.conv_statistics, conv_statistics_, c_.backbone),
       profiler_(context, c_, device_, step_.engine()),
       checkpointer_(context, store_, training_state(), checkpoint_options(),
                     [this](const nlohmann::json& record) { metrics_.write(record); }),
@@ -255,7 +258,8 @@ Run::Run(ProcessContext& context, const TrainConfig& config, std::string config_
       evaluation_(eval_sets_, c_.eval_every, step_.backbone(), step_.classifier(), eval_setup(),
                   metrics_),
       // In the order of their collectives on every rank; the checkpoint's poll comes last.
-      observers_{&stragglers_, &graphs_, &profiler_, &progress_, &evaluation_, &checkpointer_} {
+      observers_{&stragglers_, &graphs_,     &conv_statistics_check_, &profiler_,
+                 &progress_,   &evaluation_, &checkpointer_} {
   for (StepObserver* observer : extra) observers_.add(*observer);
   if (c_.profile_first > 0 && (c_.profile_last <= start_.step || c_.profile_first > total_steps_))
     log_warn(

@@ -274,7 +274,8 @@ TEST(TrainConfig, PrecisionAutoIsFp32OnTheCpu) {
 }
 
 // --conv-statistics forms batch norm's statistics in the convolutions where it can (GPUs, a build
-// with cuDNN's graph API, not --deterministic), and is an error where it was asked for and cannot.
+// with cuDNN's graph API, 16-bit channels-last maps, per-rank batch norm, not --deterministic), and
+// `on` is an error, naming what is missing, where it cannot.
 TEST(TrainConfig, ConvStatisticsOnGpusOfBuildsWithCudnnsGraphOnly) {
   EXPECT_EQ(parse({}).conv_statistics, Toggle::kAuto);
   try {
@@ -285,23 +286,60 @@ TEST(TrainConfig, ConvStatisticsOnGpusOfBuildsWithCudnnsGraphOnly) {
               "--conv-statistics on and --deterministic exclude each other (cuDNN's sums are not "
               "added in a fixed order)");
   }
-  try {
-    convolution_statistics(false, Toggle::kOn, torch::kCPU);
-    ADD_FAILURE() << "--conv-statistics on was accepted on the CPU";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.message(), "--conv-statistics on needs GPUs");
-  }
-  for (const Toggle toggle : {Toggle::kAuto, Toggle::kOff}) {
-    EXPECT_FALSE(convolution_statistics(false, toggle, torch::kCPU));
-    EXPECT_FALSE(convolution_statistics(true, toggle, torch::kCUDA));
-  }
-  EXPECT_FALSE(convolution_statistics(false, Toggle::kOff, torch::kCUDA));
-  EXPECT_EQ(convolution_statistics(false, Toggle::kAuto, torch::kCUDA),
-            convolution_statistics_built());
-  if (convolution_statistics_built()) {
-    EXPECT_TRUE(convolution_statistics(false, Toggle::kOn, torch::kCUDA));
-  } else {
-    EXPECT_THROW(convolution_statistics(false, Toggle::kOn, torch::kCUDA), Error);
+  const TrainConfig parsed =
+      parse({"--precision", "fp16", "--channels-last", "off", "--sync-bn", "--deterministic"});
+  const ConvStatisticsRequest from_config = conv_statistics_request(parsed, torch::kCUDA);
+  EXPECT_EQ(from_config.toggle, Toggle::kAuto);
+  EXPECT_EQ(from_config.precision, Precision::kFp16);
+  EXPECT_FALSE(from_config.channels_last);
+  EXPECT_TRUE(from_config.sync_bn);
+  EXPECT_TRUE(from_config.deterministic);
+  EXPECT_TRUE(conv_statistics_request(parse({}), torch::kCUDA).channels_last);
+
+  // What `on` says of a request on a device: "" where it is accepted.
+  const auto refusal = [](ConvStatisticsRequest r, const torch::Device& device) {
+    r.toggle = Toggle::kOn;
+    try {
+      EXPECT_TRUE(convolution_statistics(r, device));
+      return std::string();
+    } catch (const Error& e) {
+      return e.message();
+    }
+  };
+  const ConvStatisticsRequest fits{Toggle::kAuto, false, Precision::kBf16, true, false};
+  ConvStatisticsRequest fp16 = fits, fp32 = fits, nchw = fits, synchronised = fits,
+                        deterministic = fits;
+  fp16.precision = Precision::kFp16;
+  fp32.precision = Precision::kFp32;
+  nchw.channels_last = false;
+  synchronised.sync_bn = true;
+  deterministic.deterministic = true;
+  EXPECT_EQ(refusal(fits, torch::kCPU), "--conv-statistics on needs GPUs");
+  EXPECT_EQ(refusal(fp32, torch::kCUDA),
+            "--conv-statistics on needs --precision bf16 or fp16 (the sums come from 16-bit "
+            "convolutions; this run computes in fp32)");
+  EXPECT_EQ(refusal(nchw, torch::kCUDA),
+            "--conv-statistics on needs channels-last maps (--channels-last on)");
+  EXPECT_EQ(refusal(synchronised, torch::kCUDA),
+            "--conv-statistics on and --sync-bn exclude each other (SyncBN sums the statistics "
+            "over every rank in a pass of its own)");
+  const std::string unbuilt =
+      convolution_statistics_built()
+          ? ""
+          : "--conv-statistics on needs a build with cuDNN's graph API (CMake found no cuDNN 9 "
+            "headers and library: set CUDNN_ROOT)";
+  EXPECT_EQ(refusal(fits, torch::kCUDA), unbuilt);
+  EXPECT_EQ(refusal(fp16, torch::kCUDA), unbuilt);
+
+  // auto and off never refuse; auto takes the sums only where every condition holds.
+  for (const ConvStatisticsRequest& r : {fits, fp16, fp32, nchw, synchronised, deterministic}) {
+    const bool fitting =
+        r.precision != Precision::kFp32 && r.channels_last && !r.sync_bn && !r.deterministic;
+    ConvStatisticsRequest off = r;
+    off.toggle = Toggle::kOff;
+    EXPECT_EQ(convolution_statistics(r, torch::kCUDA), fitting && convolution_statistics_built());
+    EXPECT_FALSE(convolution_statistics(r, torch::kCPU));
+    EXPECT_FALSE(convolution_statistics(off, torch::kCUDA));
   }
 }
 

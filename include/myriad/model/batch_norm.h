@@ -83,6 +83,15 @@ bool convolution_statistics_built();
 // Which convolutions formed the statistics, for start-up and summary lines: "off", "on" before the
 // first step, then "N of M shapes" with cuDNN's first refusal.
 std::string convolution_statistics_state();
+// The convolution shapes seen so far in this process: how many form their sums in cuDNN, how many
+// it refused (with its first reason), and the seconds their plans took to build. Zero before the
+// first training forward, and always in builds without cuDNN's graph API.
+struct ConvolutionStatisticsReport {
+  int64_t planned = 0, unplanned = 0;
+  double build_seconds = 0;
+  std::string first_reason;
+};
+ConvolutionStatisticsReport convolution_statistics_report();
 
 // Points every BatchNorm inside `module` at `comm` (null: per-rank statistics again).
 void set_batch_norm_sync(torch::nn::Module& module, Communicator* comm);

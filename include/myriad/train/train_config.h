@@ -160,11 +160,22 @@ Precision resolve_precision(Precision precision, const torch::Device& device);
 // without GPUs is an error (collective check).
 ConvolutionEngines convolution_engines(bool deterministic, Toggle cudnn_benchmark,
                                        const torch::Device& device);
+// What decides whether a run's batch norms take their statistics from its convolutions.
+struct ConvStatisticsRequest {
+  Toggle toggle = Toggle::kAuto;  // --conv-statistics
+  bool deterministic = false;
+  Precision precision = Precision::kFp32;  // resolved
+  bool channels_last = false;              // resolved (use_channels_last)
+  bool sync_bn = false;
+};
+// The request of a run of `config` (precision resolved) on `device`.
+ConvStatisticsRequest conv_statistics_request(const TrainConfig& config,
+                                              const torch::Device& device);
 // Whether --conv-statistics forms batch norm's statistics in the convolutions
-// (use_convolution_statistics sets it): on GPUs of a build with cuDNN's graph API unless off or
-// deterministic. `on` where it cannot is an error that says why (collective check).
-bool convolution_statistics(bool deterministic, Toggle conv_statistics,
-                            const torch::Device& device);
+// (use_convolution_statistics sets it): with 16-bit channels-last maps and per-rank batch norm on
+// GPUs of a build with cuDNN's graph API, unless off or deterministic. `on` where it cannot is an
+// error that says why (collective check).
+bool convolution_statistics(const ConvStatisticsRequest& request, const torch::Device& device);
 // The dtype a resolved precision computes in: what its GEMMs take.
 torch::ScalarType compute_dtype(Precision precision);
 // The autocast dtype of a resolved precision: none for fp32.

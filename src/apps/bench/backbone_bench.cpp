@@ -276,7 +276,9 @@ int run_backbone_bench(ProcessContext& context, int argc, char** argv) {
   const Precision precision = resolve_precision(b.precision, device);
   const char* algorithms =
       use_convolution_engines(convolution_engines(false, b.cudnn_benchmark, device), device);
-  use_convolution_statistics(convolution_statistics(false, b.conv_statistics, device));
+  use_convolution_statistics(convolution_statistics(
+      {b.conv_statistics, false, precision, use_channels_last(b.channels_last, device), false},
+      device));
   const Ceilings ceilings = measure_ceilings(device, compute_dtype(precision));
   std::unique_ptr<Subject> subject;
   std::vector<KindFloor> kinds;
@@ -286,6 +288,9 @@ int run_backbone_bench(ProcessContext& context, int argc, char** argv) {
     // One forward's graph, as the timed steps build it.
     kinds = roofline(layer_census(subject->forward()), ceilings);
     subject->step();
+    // What holds the most of any later call: the split backward keeps the forward's graph for a
+    // second pass, and the comparison keeps both backwards' gradients in float64.
+    if (b.split_backward) subject->split_difference();
     synchronize_device(device);
   });
   const Timing t = time_subject(context, *subject, b, device);

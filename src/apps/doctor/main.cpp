@@ -82,7 +82,7 @@ int run(ProcessContext& context, int argc, char** argv) {
   use_convolution_engines(convolution_engines(config.deterministic, config.cudnn_benchmark, device),
                           device);
   use_convolution_statistics(
-      convolution_statistics(config.deterministic, config.conv_statistics, device));
+      convolution_statistics(conv_statistics_request(config, device), device));
   const int64_t message = o.message_size == "auto"
                               ? (device.is_cuda() ? int64_t{64} << 20 : int64_t{4} << 20)
                               : parse_byte_size(o.message_size);

@@ -374,17 +374,19 @@ std::unique_ptr<ConvolutionStatisticsPlan> build_plan(const ConvolutionShape& s,
                                                       const torch::Tensor& x,
                                                       const torch::Tensor& w,
                                                       ConvolutionStatisticsReport& report) {
+  const auto start = std::chrono::steady_clock::now();
   try {
-    const auto start = std::chrono::steady_clock::now();
     std::vector<ConvolutionStatisticsPlan> plans = candidate_plans(s);
     const size_t candidates = plans.size();
     auto plan = std::make_unique<ConvolutionStatisticsPlan>(fastest(std::move(plans), x, w));
     ++report.planned;
+    report.build_seconds += seconds_since(start);
     log_debug("the convolution {} forms its sums in cuDNN: {} plan(s) built and run in {:.0f} ms",
               s.to_string(), candidates, 1e3 * seconds_since(start));
     return plan;
   } catch (const Unsupported& e) {
     ++report.unplanned;
+    report.build_seconds += seconds_since(start);
     if (report.first_reason.empty()) report.first_reason = e.what();
     log_info(
         "the convolution {} forms no batch-norm statistics in cuDNN ({}); its batch norm "

@@ -16,6 +16,8 @@
 #include <string>
 #include <utility>
 
+#include "myriad/model/batch_norm.h"
+
 namespace myriad {
 
 // What a graph is built for: x [batch, channels, height, width] and a weight [out_channels,
@@ -51,13 +53,6 @@ const ConvolutionStatisticsPlan* convolution_statistics_plan(const ConvolutionSh
 // Runs `plan` on the current stream; x and weight as its shape says.
 ConvolutionWithSums run_convolution_statistics(const ConvolutionStatisticsPlan& plan,
                                                const torch::Tensor& x, const torch::Tensor& weight);
-
-// How many shapes have a plan, and how many have none; with the first reason cuDNN gave.
-struct ConvolutionStatisticsReport {
-  int64_t planned = 0, unplanned = 0;
-  std::string first_reason;
-};
-ConvolutionStatisticsReport convolution_statistics_report();
 
 // The version of the cuDNN library loaded at run time, as "9.19.0".
 std::string loaded_cudnn_version();
