@@ -277,6 +277,13 @@ TEST(BatchNormPReLU, ConvolutionSumsGiveTheBatchNormsStatistics) {
     }
   }
   std::printf("convolutions forming their sums: %s\n", convolution_statistics_state().c_str());
+  // The process's report counts each of the 8 shapes (other tests may have added more), and the
+  // time their plans took.
+  const ConvolutionStatisticsReport report = convolution_statistics_report();
+  EXPECT_GE(report.planned, fused);
+  EXPECT_GE(report.planned + report.unplanned, 8);
+  EXPECT_GT(report.build_seconds, 0.0);
+  EXPECT_EQ(report.first_reason.empty(), report.unplanned == 0);
   if (fused == 0) GTEST_SKIP() << "cuDNN formed no sums: " << convolution_statistics_state();
   // Off, the same convolutions take the statistics pass.
   use_convolution_statistics(false);
