@@ -19,7 +19,8 @@
 # profile (scripts/profile-step.sh: one step of iresnet50 and of iresnet100 by kind of kernel
 # beside the backbone's roofline,
 # on two GPUs side by side where there are two), conv-statistics (myriad-bench backbone for
-# iresnet50 and iresnet100 with batch norm's statistics from cuDNN's convolutions off, then on)
+# iresnet50 and iresnet100 with batch norm's statistics from cuDNN's convolutions off, then on;
+# then 5 steps of myriad-train that require them)
 # (default: all).
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX, and to the GPU
@@ -492,6 +493,16 @@ if wants conv-statistics; then
         tee -a "$summary"
     done
   done
+  # Training that requires the sums: after the first step a line says how many convolution shapes
+  # formed them, or the run stops with the reason (cuDNN refused every shape).
+  runs="$out/../gpu-check-runs"
+  rm -rf "$runs/conv-statistics"
+  mpirun -np 1 --bind-to none "${forward[@]}" "$bin/myriad-train" --data synthetic-resident \
+    --backbone iresnet18 --num-classes 10000 --batch-size 128 --precision bf16 \
+    --conv-statistics on --max-steps 5 --log-every 1 --run-dir "$runs/conv-statistics" \
+    >"$out/conv-statistics-train.txt" 2>&1 || status=1
+  note "myriad-train --conv-statistics on, iresnet18, 5 steps:"
+  grep -E "statistics from cuDNN|ERROR|error" "$out/conv-statistics-train.txt" | tee -a "$summary"
 fi
 note "gpu-check status: $status"
 exit $status
