@@ -530,6 +530,10 @@ ConvStatisticsRequest conv_statistics_request(const TrainConfig& config,
 bool convolution_statistics(const ConvStatisticsRequest& r, const torch::Device& device) {
   const bool half = r.precision == Precision::kBf16 || r.precision == Precision::kFp16;
   if (r.toggle == Toggle::kOn) {
+    // The options' conflict first: it holds whatever the machine.
+    MYRIAD_CHECK_COLLECTIVE(!r.sync_bn,
+                            "--conv-statistics on and --sync-bn exclude each other (SyncBN sums "
+                            "the statistics over every rank in a pass of its own)");
     MYRIAD_CHECK_COLLECTIVE(device.is_cuda(), "--conv-statistics on needs GPUs");
     MYRIAD_CHECK_COLLECTIVE(half,
                             "--conv-statistics on needs --precision bf16 or fp16 (the sums come "
@@ -537,9 +541,6 @@ bool convolution_statistics(const ConvStatisticsRequest& r, const torch::Device&
                             to_string(r.precision));
     MYRIAD_CHECK_COLLECTIVE(r.channels_last,
                             "--conv-statistics on needs channels-last maps (--channels-last on)");
-    MYRIAD_CHECK_COLLECTIVE(!r.sync_bn,
-                            "--conv-statistics on and --sync-bn exclude each other (SyncBN sums "
-                            "the statistics over every rank in a pass of its own)");
     MYRIAD_CHECK_COLLECTIVE(convolution_statistics_built(),
                             "--conv-statistics on needs a build with cuDNN's graph API (CMake "
                             "found no cuDNN 9 headers and library: set CUDNN_ROOT)");

@@ -435,6 +435,8 @@ expect R18 2 "--cudnn-benchmark on needs GPUs" $(train --cudnn-benchmark on)
 expect R19 2 "--cudnn-benchmark on and --deterministic exclude each other" $(train --cudnn-benchmark on --deterministic)
 expect R20 2 "--conv-statistics on needs GPUs" $(train --conv-statistics on)
 expect R21 2 "--conv-statistics on and --deterministic exclude each other" $(train --conv-statistics on --deterministic)
+expect R22 2 "--conv-statistics on and --sync-bn exclude each other \(SyncBN sums the statistics over every rank in a pass of its own\)" \
+  $(train --conv-statistics on --sync-bn)
 expect R12 2 "the fused classifier kernels need an H100 or H200 GPU, bf16 GEMMs and an embedding size that is a multiple of 8 up to 512 \(this run: GEMMs and softmax loops on the CPU" \
   env CUDA_VISIBLE_DEVICES= $(train --fused-classifier on)
 expect R16 2 "the fused weight update needs the fused classifier kernels, SGD and bfloat16 weights that the classifier updates \(this run: GEMMs and softmax loops on the CPU( \(bf16 pair products\))?, SGD, BFloat16 weights\)" \

@@ -320,9 +320,12 @@ TEST(TrainConfig, ConvStatisticsOnGpusOfBuildsWithCudnnsGraphOnly) {
             "convolutions; this run computes in fp32)");
   EXPECT_EQ(refusal(nchw, torch::kCUDA),
             "--conv-statistics on needs channels-last maps (--channels-last on)");
-  EXPECT_EQ(refusal(synchronised, torch::kCUDA),
-            "--conv-statistics on and --sync-bn exclude each other (SyncBN sums the statistics "
-            "over every rank in a pass of its own)");
+  // The options' conflict is named first, whatever the device.
+  for (const torch::Device& device : {torch::Device(torch::kCUDA), torch::Device(torch::kCPU)}) {
+    EXPECT_EQ(refusal(synchronised, device),
+              "--conv-statistics on and --sync-bn exclude each other (SyncBN sums the statistics "
+              "over every rank in a pass of its own)");
+  }
   const std::string unbuilt =
       convolution_statistics_built()
           ? ""
