@@ -24,7 +24,7 @@ namespace myriad {
 
 namespace {
 
-std::atomic<bool> statistics_enabled{true};
+std::atomic<bool> statistics_enabled{false};
 
 #ifdef MYRIAD_WITH_CUDNN_GRAPH
 // The convolution by the plan, forward; backward takes LibTorch's convolution gradients. The sums

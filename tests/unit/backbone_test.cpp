@@ -139,7 +139,8 @@ GpuPass gpu_pass(const std::string& name, InputShape shape, const torch::Tensor&
 
 // The fused batch norm computes the unfused function, forward and backward, for every IResNet
 // depth and mbf: in float32 up to rounding (batch norm's backward over 8 images amplifies it), and
-// under bfloat16 autocast no further from the float32 function than LibTorch's path is. bfloat16's
+// under bfloat16 autocast (also with the statistics from the convolutions) no further from the
+// float32 function than LibTorch's path is. bfloat16's
 // rounding compounds over the depth (r200's two bf16 paths differ by 16% in their gradients), so
 // each is set against float32, not against the other.
 TEST(Backbone, FusedBatchNormComputesTheUnfusedFunction) {
@@ -172,12 +173,22 @@ TEST(Backbone, FusedBatchNormComputesTheUnfusedFunction) {
         relative_difference(fused16.gradient, exact32.gradient),
         relative_difference(plain16.embedding, exact32.embedding),
         relative_difference(plain16.gradient, exact32.gradient));
-    EXPECT_LE(relative_difference(fused16.embedding, exact32.embedding),
-              2 * relative_difference(plain16.embedding, exact32.embedding) + 2e-2)
-        << "bfloat16 embedding";
-    EXPECT_LE(relative_difference(fused16.gradient, exact32.gradient),
-              2 * relative_difference(plain16.gradient, exact32.gradient) + 2e-2)
-        << "bfloat16 gradients";
+    const auto expect_near_float32 = [&](const GpuPass& bf16, const char* path) {
+      EXPECT_LE(relative_difference(bf16.embedding, exact32.embedding),
+                2 * relative_difference(plain16.embedding, exact32.embedding) + 2e-2)
+          << path << ": bfloat16 embedding";
+      EXPECT_LE(relative_difference(bf16.gradient, exact32.gradient),
+                2 * relative_difference(plain16.gradient, exact32.gradient) + 2e-2)
+          << path << ": bfloat16 gradients";
+    };
+    expect_near_float32(fused16, "fused");
+    // And with the statistics from cuDNN's convolutions (--conv-statistics), where built.
+    if (convolution_statistics_built()) {
+      use_convolution_statistics(true);
+      const GpuPass sums16 = pass(true, torch::kBFloat16);
+      use_convolution_statistics(false);
+      expect_near_float32(sums16, "statistics from the convolutions");
+    }
   }
 }
 

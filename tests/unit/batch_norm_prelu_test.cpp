@@ -267,15 +267,21 @@ TEST(BatchNormPReLU, ConvolveIsThePlainConvolutionOnTheCpu) {
 TEST(BatchNormPReLU, ConvolutionSumsGiveTheBatchNormsStatistics) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   if (!convolution_statistics_built()) GTEST_SKIP() << "built without cuDNN's graph API";
+  // The gradients pass through 16-bit maps and a 16-bit backward: bfloat16 keeps 3 bits less than
+  // float16, and the plain path's gradients are as far from float64's as the fused path's.
+  const auto tolerance = [](torch::ScalarType dtype) {
+    return dtype == torch::kBFloat16 ? 5e-2 : 2e-2;
+  };
   ASSERT_TRUE(use_convolution_statistics(true));
   int fused = 0;
   for (const torch::ScalarType dtype : {torch::kBFloat16, torch::kFloat16}) {
     for (const ConvCase& c : kConvCases) {
       SCOPED_TRACE(str_format("{} -> {}, {}x{} stride {}, {}", c.channels, c.out_channels, c.kernel,
                               c.kernel, c.stride, c10::toString(dtype)));
-      fused += expect_convolve_matches_composition(torch::kCUDA, dtype, c, 2e-2);
+      fused += expect_convolve_matches_composition(torch::kCUDA, dtype, c, tolerance(dtype));
     }
   }
+  use_convolution_statistics(false);  // the process's default
   std::printf("convolutions forming their sums: %s\n", convolution_statistics_state().c_str());
   // The process's report counts each of the 8 shapes (other tests may have added more), and the
   // time their plans took.
@@ -286,10 +292,8 @@ TEST(BatchNormPReLU, ConvolutionSumsGiveTheBatchNormsStatistics) {
   EXPECT_EQ(report.first_reason.empty(), report.unplanned == 0);
   if (fused == 0) GTEST_SKIP() << "cuDNN formed no sums: " << convolution_statistics_state();
   // Off, the same convolutions take the statistics pass.
-  use_convolution_statistics(false);
-  EXPECT_FALSE(
-      expect_convolve_matches_composition(torch::kCUDA, torch::kBFloat16, kConvCases[0], 2e-2));
-  use_convolution_statistics(true);
+  EXPECT_FALSE(expect_convolve_matches_composition(torch::kCUDA, torch::kBFloat16, kConvCases[0],
+                                                   tolerance(torch::kBFloat16)));
 }
 
 }  // namespace

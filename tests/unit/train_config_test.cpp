@@ -277,7 +277,7 @@ TEST(TrainConfig, PrecisionAutoIsFp32OnTheCpu) {
 // with cuDNN's graph API, 16-bit channels-last maps, per-rank batch norm, not --deterministic), and
 // `on` is an error, naming what is missing, where it cannot.
 TEST(TrainConfig, ConvStatisticsOnGpusOfBuildsWithCudnnsGraphOnly) {
-  EXPECT_EQ(parse({}).conv_statistics, Toggle::kAuto);
+  EXPECT_EQ(parse({}).conv_statistics, Toggle::kOff);
   try {
     parse({"--conv-statistics", "on", "--deterministic"});
     ADD_FAILURE() << "--conv-statistics on --deterministic was accepted";
@@ -289,7 +289,7 @@ TEST(TrainConfig, ConvStatisticsOnGpusOfBuildsWithCudnnsGraphOnly) {
   const TrainConfig parsed =
       parse({"--precision", "fp16", "--channels-last", "off", "--sync-bn", "--deterministic"});
   const ConvStatisticsRequest from_config = conv_statistics_request(parsed, torch::kCUDA);
-  EXPECT_EQ(from_config.toggle, Toggle::kAuto);
+  EXPECT_EQ(from_config.toggle, Toggle::kOff);
   EXPECT_EQ(from_config.precision, Precision::kFp16);
   EXPECT_FALSE(from_config.channels_last);
   EXPECT_TRUE(from_config.sync_bn);

@@ -75,8 +75,9 @@ bool batch_norm_runs_own_kernels(const torch::Device& device, bool synchronised,
 // Which kernels those are, for start-up lines.
 const char* batch_norm_kernels(const torch::Device& device, bool synchronised, bool channels_last);
 
-// Whether BatchNormImpl::convolve may form the statistics in cuDNN's graph (the default where the
-// build has cuDNN's graph API). Process-wide: --conv-statistics. Returns `enabled`.
+// Whether BatchNormImpl::convolve may form the statistics in cuDNN's graph. Off unless
+// --conv-statistics asks: on an H200 cuDNN's fused convolutions were slower than its timed plain
+// ones. Process-wide. Returns `enabled`.
 bool use_convolution_statistics(bool enabled);
 // Whether this build can: LibTorch with CUDA, and cuDNN's headers and library found.
 bool convolution_statistics_built();

@@ -64,7 +64,7 @@ struct TrainConfig {
   Toggle cudnn_benchmark = Toggle::kAuto;
   // Batch norm's statistics formed in the epilogues of the convolutions before them (cuDNN's graph
   // API); auto: where the build has it, on GPUs, unless --deterministic.
-  Toggle conv_statistics = Toggle::kAuto;
+  Toggle conv_statistics = Toggle::kOff;
   int64_t num_classes = 0;  // 0: from the training data's num_classes attribute
   int64_t synthetic_size = 0;
   int64_t batch_size = 128;  // per replica: per rank with one pipeline stage
@@ -162,7 +162,7 @@ ConvolutionEngines convolution_engines(bool deterministic, Toggle cudnn_benchmar
                                        const torch::Device& device);
 // What decides whether a run's batch norms take their statistics from its convolutions.
 struct ConvStatisticsRequest {
-  Toggle toggle = Toggle::kAuto;  // --conv-statistics
+  Toggle toggle = Toggle::kOff;  // --conv-statistics
   bool deterministic = false;
   Precision precision = Precision::kFp32;  // resolved
   bool channels_last = false;              // resolved (use_channels_last)

@@ -38,7 +38,7 @@ struct BackboneBenchOptions {
   Precision precision = Precision::kAuto;
   Toggle channels_last = Toggle::kAuto;
   Toggle cudnn_benchmark = Toggle::kAuto;
-  Toggle conv_statistics = Toggle::kAuto;
+  Toggle conv_statistics = Toggle::kOff;
   std::string device = "auto";
   std::string csv;
   int steps = 20, warmup = 5;
@@ -59,7 +59,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
       ("precision", po::value(&precision_text)->default_value("auto"), "auto (bf16 on GPUs that compute in it at full speed, else fp32), fp32, bf16 or fp16, as myriad-train")
       ("channels-last", po::value(&layout_text)->default_value("auto"), "convolutions in channels-last (NHWC) layout: auto (on GPUs), on or off, as myriad-train")
       ("cudnn-benchmark", po::value(&benchmark_text)->default_value("auto"), "cuDNN times each convolution shape's engines once and keeps the fastest: auto (on GPUs), on or off, as myriad-train")
-      ("conv-statistics", po::value(&statistics_text)->default_value("auto"), "batch norm's statistics formed in the epilogues of the convolutions before them (cuDNN's graph API): auto, on or off, as myriad-train")
+      ("conv-statistics", po::value(&statistics_text)->default_value("off"), "batch norm's statistics formed in the epilogues of the convolutions before them (cuDNN's graph API): off, auto or on, as myriad-train")
       ("steps", po::value(&b.steps)->default_value(b.steps), "timed steps")
       ("warmup", po::value(&b.warmup)->default_value(b.warmup), "untimed steps first")
       ("csv", po::value(&b.csv), "also write the roofline per layer kind to this CSV file (rank 0)")
