@@ -8,6 +8,7 @@
 #include "myriad/model/batch_norm.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/error.h"
+#include "support/convolution_statistics_on.h"
 #include "support/exact_float32.h"
 
 namespace myriad {
@@ -140,9 +141,9 @@ GpuPass gpu_pass(const std::string& name, InputShape shape, const torch::Tensor&
 // The fused batch norm computes the unfused function, forward and backward, for every IResNet
 // depth and mbf: in float32 up to rounding (batch norm's backward over 8 images amplifies it), and
 // under bfloat16 autocast (also with the statistics from the convolutions) no further from the
-// float32 function than LibTorch's path is. bfloat16's
-// rounding compounds over the depth (r200's two bf16 paths differ by 16% in their gradients), so
-// each is set against float32, not against the other.
+// float32 function than LibTorch's path is. bfloat16's rounding compounds over the depth (r200's
+// two bf16 paths differ by 16% in their gradients), so each is set against float32, not against
+// the other.
 TEST(Backbone, FusedBatchNormComputesTheUnfusedFunction) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   const myriad::testing::ExactFloat32 exact;
@@ -184,9 +185,10 @@ TEST(Backbone, FusedBatchNormComputesTheUnfusedFunction) {
     expect_near_float32(fused16, "fused");
     // And with the statistics from cuDNN's convolutions (--conv-statistics), where built.
     if (convolution_statistics_built()) {
-      use_convolution_statistics(true);
-      const GpuPass sums16 = pass(true, torch::kBFloat16);
-      use_convolution_statistics(false);
+      const GpuPass sums16 = [&] {
+        const myriad::testing::ConvolutionStatisticsOn on;
+        return pass(true, torch::kBFloat16);
+      }();
       expect_near_float32(sums16, "statistics from the convolutions");
     }
   }

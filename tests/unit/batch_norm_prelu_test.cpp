@@ -15,6 +15,7 @@
 #include "myriad/model/batch_norm.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/format.h"
+#include "support/convolution_statistics_on.h"
 #include "support/reference_softmax.h"
 
 namespace myriad::testing {
@@ -272,17 +273,18 @@ TEST(BatchNormPReLU, ConvolutionSumsGiveTheBatchNormsStatistics) {
   const auto tolerance = [](torch::ScalarType dtype) {
     return dtype == torch::kBFloat16 ? 5e-2 : 2e-2;
   };
-  ASSERT_TRUE(use_convolution_statistics(true));
   int fused = 0;
-  for (const torch::ScalarType dtype : {torch::kBFloat16, torch::kFloat16}) {
-    for (const ConvCase& c : kConvCases) {
-      SCOPED_TRACE(str_format("{} -> {}, {}x{} stride {}, {}", c.channels, c.out_channels, c.kernel,
-                              c.kernel, c.stride, c10::toString(dtype)));
-      fused += expect_convolve_matches_composition(torch::kCUDA, dtype, c, tolerance(dtype));
+  {
+    const ConvolutionStatisticsOn on;
+    for (const torch::ScalarType dtype : {torch::kBFloat16, torch::kFloat16}) {
+      for (const ConvCase& c : kConvCases) {
+        SCOPED_TRACE(str_format("{} -> {}, {}x{} stride {}, {}", c.channels, c.out_channels,
+                                c.kernel, c.kernel, c.stride, c10::toString(dtype)));
+        fused += expect_convolve_matches_composition(torch::kCUDA, dtype, c, tolerance(dtype));
+      }
     }
+    std::printf("convolutions forming their sums: %s\n", convolution_statistics_state().c_str());
   }
-  use_convolution_statistics(false);  // the process's default
-  std::printf("convolutions forming their sums: %s\n", convolution_statistics_state().c_str());
   // The process's report counts each of the 8 shapes (other tests may have added more), and the
   // time their plans took.
   const ConvolutionStatisticsReport report = convolution_statistics_report();
