@@ -92,6 +92,10 @@ bool recomputing_activations() {
   return recomputing;
 }
 
+SummedMap summed_input(const Activations& in) {
+  return in.summed.y.is_same(in.x) ? in.summed : SummedMap{in.x};
+}
+
 torch::Tensor Backbone::forward(const torch::Tensor& images, const torch::Tensor& keys) {
   return forward_blocks({images, keys, torch::Tensor()}, 0, num_blocks()).x;
 }
@@ -99,14 +103,17 @@ torch::Tensor Backbone::forward(const torch::Tensor& images, const torch::Tensor
 Activations Backbone::forward_blocks(Activations in, int64_t begin, int64_t end) {
   MYRIAD_CHECK(0 <= begin && begin <= end && end <= num_blocks(),
                "blocks [{}, {}) of a backbone of {}", begin, end, num_blocks());
+  // The first block's input is the images and the last one's output the embedding: keeping
+  // those costs nothing extra.
+  const auto checkpointed = [&](int64_t b) {
+    return checkpointing_ && is_training() && torch::GradMode::is_enabled() && b > 0 &&
+           b + 1 < num_blocks();
+  };
   for (int64_t b = begin; b < end; ++b) {
-    // The first block's input is the images and the last one's output the embedding: keeping
-    // those costs nothing extra.
-    const bool checkpoint = checkpointing_ && is_training() && torch::GradMode::is_enabled() &&
-                            b > 0 && b + 1 < num_blocks();
-    if (checkpoint) {
+    if (checkpointed(b)) {
       in.x = CheckpointedBlock::apply(in.x, this, b, &in);
     } else {
+      in.sum_output = b + 1 < end && !checkpointed(b + 1);
       in = forward_block(b, std::move(in));
     }
   }

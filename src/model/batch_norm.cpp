@@ -98,16 +98,16 @@ BatchNormImpl::BatchNormImpl(int64_t features, double eps, double momentum)
 }
 
 torch::Tensor BatchNormImpl::forward(const torch::Tensor& x) {
-  return forward_output(ConvolutionOutput{x, torch::Tensor()});
+  return forward_output(SummedMap{x});
 }
 
-torch::Tensor BatchNormImpl::forward_output(const ConvolutionOutput& conv) {
-  const torch::Tensor& x = conv.y;
+torch::Tensor BatchNormImpl::forward_output(const SummedMap& map) {
+  const torch::Tensor& x = map.y;
   if (is_training() && sync != nullptr) {
     return SyncBatchNormFunction::apply(x, weight, bias, this, eps_, momentum_);
   }
   if (runs_own_kernels(x)) {
-    return own_kernels(x, conv.sums, torch::Tensor(), torch::Tensor(), false)[0];
+    return own_kernels(map, torch::Tensor(), torch::Tensor(), false, nullptr)[0];
   }
   if (is_training() && recomputing_activations()) {
     // The first pass of this batch updated the running statistics already.

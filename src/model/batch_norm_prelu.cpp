@@ -1,10 +1,11 @@
 // Batch norm, alone or followed by PReLU or a residual's add, in kernels of our own on GPUs
-// (BatchNormImpl::forward, forward_prelu and forward_add): the statistics pass, then one pass that
-// normalises and applies the slope or adds the residual;
-// backward recomputes the normalised values from the input, so the batch norm's output is neither
-// written nor kept. With PReLU, two passes each way instead of five forward and eight backward,
-// and one activation less kept per pair. LibTorch's own channels-last statistics kernel (Welford,
-// a division per element) read at about a sixth of an H100's memory rate; ours at near the rate.
+// (BatchNormImpl::forward, forward_prelu and forward_add): the statistics pass (none where the
+// kernel that wrote the input summed it), then one pass that normalises and applies the slope or
+// adds the residual, and may sum its output for the next batch norm; backward recomputes the
+// normalised values from the input, so the batch norm's output is neither written nor kept. With
+// PReLU, two passes each way instead of five forward and eight backward, and one activation less
+// kept per pair. LibTorch's own channels-last statistics kernel (Welford, a division per element)
+// read at about a sixth of an H100's memory rate; ours at near the rate.
 
 #include <torch/autograd.h>
 
@@ -51,54 +52,105 @@ cudaStream_t stream_of(const torch::Tensor& t) {
   return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
 
+// What a node does besides batch norm and its PReLU or residual.
+struct NodeSpec {
+  double momentum, eps;
+  bool fork;               // the input again, for a second use (forward_fork)
+  const SummedMap* sums;   // the input, with its sums where a kernel formed them
+  SummedMap* output_sums;  // where not null, receives the output's sums and shift
+};
+
+// mean and invstd of x's channels, from spec.sums where a kernel formed them, else by the
+// statistics pass; the running statistics updated unless empty (a recomputation).
+std::pair<torch::Tensor, torch::Tensor> batch_statistics(const torch::Tensor& x,
+                                                         torch::Tensor& running_mean,
+                                                         torch::Tensor& running_var,
+                                                         const NodeSpec& spec) {
+  const int64_t channels = x.size(1), rows = x.numel() / std::max<int64_t>(channels, 1);
+  const torch::TensorOptions floats = x.options().dtype(torch::kFloat32);
+  torch::Tensor mean = torch::empty({channels}, floats);
+  torch::Tensor invstd = torch::empty({channels}, floats);
+  const bool running = running_mean.numel() > 0;
+  float* const running_m = running ? running_mean.data_ptr<float>() : nullptr;
+  float* const running_v = running ? running_var.data_ptr<float>() : nullptr;
+  const auto e = static_cast<float>(spec.eps), m = static_cast<float>(spec.momentum);
+  const SummedMap& given = *spec.sums;
+  if (given.sums.defined()) {
+    const torch::Tensor sums = given.sums.contiguous();
+    const torch::Tensor shift = given.shift.defined() ? given.shift.contiguous() : given.shift;
+    MYRIAD_CHECK(sums.dim() == 3 && sums.size(1) == 2 && sums.size(2) == channels &&
+                     sums.scalar_type() == torch::kFloat32 &&
+                     (!shift.defined() || shift.numel() == channels),
+                 "a batch norm of {} channels was handed sums of shape {}", channels,
+                 c10::IntArrayRef(sums.sizes()));
+    MYRIAD_CHECK_CUDA(cuda::batch_norm_statistics_from_sums(
+        sums.data_ptr<float>(), shift.defined() ? shift.data_ptr<float>() : nullptr, sums.size(0),
+        rows, channels, e, m, mean.data_ptr<float>(), invstd.data_ptr<float>(), running_m,
+        running_v, stream_of(x)));
+  } else {
+    const torch::Tensor partials = torch::empty({cuda::batch_norm_partials(channels)}, floats);
+    MYRIAD_CHECK_CUDA(cuda::batch_norm_statistics(x.data_ptr(), element_type(x.scalar_type()), rows,
+                                                  channels, e, m, partials.data_ptr<float>(),
+                                                  mean.data_ptr<float>(), invstd.data_ptr<float>(),
+                                                  running_m, running_v, stream_of(x)));
+  }
+  return {mean, invstd};
+}
+
+// The buffer of the sums that the forward pass forms over `channels`, where wanted, and their
+// views once it ran.
+class OutputSumsBuffer {
+ public:
+  OutputSumsBuffer(const torch::Tensor& like, int64_t channels, bool wanted) : channels_(channels) {
+    if (!wanted) return;
+    buffer_ =
+        torch::empty({cuda::batch_norm_partials(channels)}, like.options().dtype(torch::kFloat32));
+    sums_.partials = buffer_.data_ptr<float>();
+  }
+  cuda::OutputSums* launch() { return buffer_.defined() ? &sums_ : nullptr; }
+  // Sets map's sums and shift.
+  void store(SummedMap& map) const {
+    map.sums =
+        buffer_.narrow(0, 0, sums_.blocks * 2 * channels_).view({sums_.blocks, 2, channels_});
+    map.shift = buffer_.narrow(0, cuda::batch_norm_shift_offset(channels_), channels_);
+  }
+
+ private:
+  int64_t channels_;
+  torch::Tensor buffer_;
+  cuda::OutputSums sums_;
+};
+
 class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFunction> {
  public:
-  // sums empty: the statistics pass forms the statistics (else [2, C]: Σ input, Σ input²);
   // alpha empty: batch norm alone; residual empty: nothing added (else of the input's dtype and
   // shape). running_mean and running_var are updated unless empty (a recomputation). Empty rather
-  // than undefined: autograd records every input's device. Returns y, and where `fork` the input
-  // again, for a second use of it whose gradient backward adds into the input's.
+  // than undefined: autograd records every input's device. Returns y, and where spec.fork the
+  // input again, for a second use of it whose gradient backward adds into the input's.
   static torch::autograd::variable_list forward(
-      torch::autograd::AutogradContext* ctx, const torch::Tensor& input, const torch::Tensor& sums,
-      const torch::Tensor& gamma, const torch::Tensor& beta, const torch::Tensor& alpha,
-      const torch::Tensor& residual, torch::Tensor running_mean, torch::Tensor running_var,
-      double momentum, double eps, bool fork) {
+      torch::autograd::AutogradContext* ctx, const torch::Tensor& input, const torch::Tensor& gamma,
+      const torch::Tensor& beta, const torch::Tensor& alpha, const torch::Tensor& residual,
+      torch::Tensor running_mean, torch::Tensor running_var, NodeSpec spec) {
     // The input's dtype throughout; the statistics and parameters in float32.
     const NoAutocast no_autocast;
     const torch::Tensor x = input.contiguous(channels_fastest(input));
     const int64_t channels = x.size(1), rows = x.numel() / std::max<int64_t>(channels, 1);
-    const cuda::ElementType type = element_type(x.scalar_type());
-    const torch::TensorOptions floats = x.options().dtype(torch::kFloat32);
-    torch::Tensor mean = torch::empty({channels}, floats);
-    torch::Tensor invstd = torch::empty({channels}, floats);
-    {
-      const bool running = running_mean.numel() > 0;
-      float* const running_m = running ? running_mean.data_ptr<float>() : nullptr;
-      float* const running_v = running ? running_var.data_ptr<float>() : nullptr;
-      const auto e = static_cast<float>(eps), m = static_cast<float>(momentum);
-      if (sums.numel() > 0) {
-        MYRIAD_CHECK_CUDA(cuda::batch_norm_statistics_from_sums(
-            sums.data_ptr<float>(), rows, channels, e, m, mean.data_ptr<float>(),
-            invstd.data_ptr<float>(), running_m, running_v, stream_of(x)));
-      } else {
-        const torch::Tensor partials = torch::empty({cuda::batch_norm_partials(channels)}, floats);
-        MYRIAD_CHECK_CUDA(cuda::batch_norm_statistics(
-            x.data_ptr(), type, rows, channels, e, m, partials.data_ptr<float>(),
-            mean.data_ptr<float>(), invstd.data_ptr<float>(), running_m, running_v, stream_of(x)));
-      }
-    }
+    const auto [mean, invstd] = batch_statistics(x, running_mean, running_var, spec);
     const torch::Tensor g = gamma.to(torch::kFloat32).contiguous();
     const torch::Tensor b = beta.to(torch::kFloat32).contiguous();
     const torch::Tensor a = alpha.to(torch::kFloat32).contiguous();
     const torch::Tensor r =
         residual.numel() > 0 ? residual.contiguous(channels_fastest(input)) : residual;
     torch::Tensor y = torch::empty_like(x);
+    OutputSumsBuffer output_sums(y, channels, spec.output_sums != nullptr);
     MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_forward(
-        x.data_ptr(), r.numel() > 0 ? r.data_ptr() : nullptr, y.data_ptr(), type, rows, channels,
-        params_of(mean, invstd, g, b, a), stream_of(x)));
+        x.data_ptr(), r.numel() > 0 ? r.data_ptr() : nullptr, y.data_ptr(),
+        element_type(x.scalar_type()), rows, channels, params_of(mean, invstd, g, b, a),
+        output_sums.launch(), stream_of(x)));
+    if (spec.output_sums != nullptr) output_sums.store(*spec.output_sums);
     ctx->saved_data["residual"] = r.numel() > 0;
     ctx->save_for_backward({x, mean, invstd, g, b, a});
-    if (!fork) return {y};
+    if (!spec.fork) return {y};
     // An unused second use's gradient stays undefined rather than a tensor of zeros to add.
     ctx->set_materialize_grads(false);
     return {y, input};
@@ -130,17 +182,8 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
                                                       : sums[2];
     // The residual's gradient is the output's.
     const torch::Tensor dresidual = ctx->saved_data["residual"].toBool() ? dy : torch::Tensor();
-    return {dx,
-            torch::Tensor(),
-            sums[1],
-            sums[0],
-            dalpha,
-            dresidual,
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor(),
-            torch::Tensor()};
+    return {dx,        sums[1],         sums[0],         dalpha,
+            dresidual, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -161,7 +204,8 @@ bool batch_norm_runs_own_kernels(const torch::Device& device, bool synchronised,
 
 const char* batch_norm_kernels(const torch::Device& device, bool synchronised, bool channels_last) {
   return batch_norm_runs_own_kernels(device, synchronised, channels_last)
-             ? "myriad's kernels (with PReLU, residual adds and the shortcut's gradient)"
+             ? "myriad's kernels (with PReLU, residual adds, the shortcut's gradient and the next "
+               "batch norm's statistics)"
              : "LibTorch's";
 }
 
@@ -178,11 +222,10 @@ bool BatchNormImpl::runs_own_kernels(const torch::Tensor& x) const {
          x.size(1) == weight.size(0) && x.numel() > x.size(1);
 }
 
-torch::autograd::variable_list BatchNormImpl::own_kernels(const torch::Tensor& x,
-                                                          const torch::Tensor& sums,
+torch::autograd::variable_list BatchNormImpl::own_kernels(const SummedMap& x,
                                                           const torch::Tensor& prelu_weight,
-                                                          const torch::Tensor& residual,
-                                                          bool fork) {
+                                                          const torch::Tensor& residual, bool fork,
+                                                          SummedMap* output_sums) {
 #ifdef MYRIAD_WITH_CUDA
   const bool recompute = recomputing_activations();
   if (!recompute) {
@@ -193,54 +236,62 @@ torch::autograd::variable_list BatchNormImpl::own_kernels(const torch::Tensor& x
   // the kernels.
   const torch::Tensor none = torch::empty({0}, running_mean.options());
   return BatchNormPReLUFunction::apply(
-      x, sums.defined() ? sums : none, weight, bias, prelu_weight.defined() ? prelu_weight : none,
+      x.y, weight, bias, prelu_weight.defined() ? prelu_weight : none,
       residual.defined() ? residual : none, recompute ? none : running_mean,
-      recompute ? none : running_var, momentum_, eps_, fork);
+      recompute ? none : running_var, NodeSpec{momentum_, eps_, fork, &x, output_sums});
 #else
   (void)x;
-  (void)sums;
   (void)prelu_weight;
   (void)residual;
   (void)fork;
+  (void)output_sums;
   MYRIAD_THROW("batch norm's own kernels need a CUDA build");
 #endif
 }
 
 torch::Tensor BatchNormImpl::forward_prelu(const torch::Tensor& x,
                                            const torch::Tensor& prelu_weight) {
-  return forward_prelu(ConvolutionOutput{x, torch::Tensor()}, prelu_weight);
+  return forward_prelu(SummedMap{x}, prelu_weight).y;
 }
 
-torch::Tensor BatchNormImpl::forward_prelu(const ConvolutionOutput& conv,
-                                           const torch::Tensor& prelu_weight) {
-  const torch::Tensor& x = conv.y;
+SummedMap BatchNormImpl::forward_prelu(const SummedMap& map, const torch::Tensor& prelu_weight,
+                                       bool sum_output) {
+  const torch::Tensor& x = map.y;
   if (runs_own_kernels(x) && (prelu_weight.numel() == 1 || prelu_weight.numel() == x.size(1))) {
-    return own_kernels(x, conv.sums, prelu_weight, torch::Tensor(), false)[0];
+    SummedMap out;
+    out.y = own_kernels(map, prelu_weight, torch::Tensor(), false, sum_output ? &out : nullptr)[0];
+    return out;
   }
-  return torch::prelu(forward(x), prelu_weight);
+  return {torch::prelu(forward_output(map), prelu_weight)};
 }
 
 torch::Tensor BatchNormImpl::forward_add(const torch::Tensor& x, const torch::Tensor& residual) {
-  return forward_add(ConvolutionOutput{x, torch::Tensor()}, residual);
+  return forward_add(SummedMap{x}, residual).y;
 }
 
-torch::Tensor BatchNormImpl::forward_add(const ConvolutionOutput& conv,
-                                         const torch::Tensor& residual) {
-  const torch::Tensor& x = conv.y;
+SummedMap BatchNormImpl::forward_add(const SummedMap& map, const torch::Tensor& residual,
+                                     bool sum_output) {
+  const torch::Tensor& x = map.y;
   if (runs_own_kernels(x) && residual.scalar_type() == x.scalar_type() &&
       residual.sizes() == x.sizes() && residual.device() == x.device()) {
-    return own_kernels(x, conv.sums, torch::Tensor(), residual, false)[0];
+    SummedMap out;
+    out.y = own_kernels(map, torch::Tensor(), residual, false, sum_output ? &out : nullptr)[0];
+    return out;
   }
-  return forward(x) + residual;
+  return {forward_output(map) + residual};
 }
 
 std::pair<torch::Tensor, torch::Tensor> BatchNormImpl::forward_fork(const torch::Tensor& x) {
-  if (runs_own_kernels(x)) {
+  return forward_fork(SummedMap{x});
+}
+
+std::pair<torch::Tensor, torch::Tensor> BatchNormImpl::forward_fork(const SummedMap& x) {
+  if (runs_own_kernels(x.y)) {
     const torch::autograd::variable_list outputs =
-        own_kernels(x, torch::Tensor(), torch::Tensor(), torch::Tensor(), true);
+        own_kernels(x, torch::Tensor(), torch::Tensor(), true, nullptr);
     return {outputs[0], outputs[1]};
   }
-  return {forward(x), x};
+  return {forward_output(x), x.y};
 }
 
 }  // namespace myriad

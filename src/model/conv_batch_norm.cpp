@@ -101,7 +101,7 @@ std::optional<ConvolutionShape> shape_of(const torch::nn::Conv2dImpl& conv, cons
 
 }  // namespace
 
-ConvolutionOutput BatchNormImpl::convolve(torch::nn::Conv2dImpl& conv, const torch::Tensor& x) {
+SummedMap BatchNormImpl::convolve(torch::nn::Conv2dImpl& conv, const torch::Tensor& x) {
 #ifdef MYRIAD_WITH_CUDNN_GRAPH
   // The dtype the convolution computes in: autocast's, else x's own.
   const torch::ScalarType dtype = active_autocast(x.device().type()).value_or(x.scalar_type());
@@ -123,7 +123,7 @@ ConvolutionOutput BatchNormImpl::convolve(torch::nn::Conv2dImpl& conv, const tor
     if (plan != nullptr) {
       const torch::autograd::variable_list out =
           ConvolutionStatisticsFunction::apply(xs, w, plan, shape->stride, shape->padding);
-      return {out[0], out[1]};
+      return {out[0], out[1].view({1, 2, -1})};
     }
   }
 #endif

@@ -45,14 +45,15 @@ class BasicBlockImpl : public torch::nn::Module, public OnnxModule {
 
   int64_t multiply_adds() const { return multiply_adds_; }
 
-  torch::Tensor forward(const torch::Tensor& x) {
+  // The block's output, with its sums for the batch norm that reads it next where `sum_output`.
+  SummedMap forward(const SummedMap& x, bool sum_output) {
     // x feeds bn1 and the shortcut: bn1's backward adds the shortcut's gradient. Each convolution
     // hands its batch norm the output's sums where it formed them.
     const auto [normalised, shortcut] = bn1_->forward_fork(x);
     const torch::Tensor hidden =
-        bn2_->forward_prelu(bn2_->convolve(*conv1_, normalised), prelu_->weight);
-    const ConvolutionOutput out = bn3_->convolve(*conv2_, hidden);
-    return bn3_->forward_add(out, downsample_ ? project(shortcut) : shortcut);
+        bn2_->forward_prelu(bn2_->convolve(*conv1_, normalised), prelu_->weight).y;
+    const SummedMap out = bn3_->convolve(*conv2_, hidden);
+    return bn3_->forward_add(out, downsample_ ? project(shortcut) : shortcut, sum_output);
   }
 
   std::string to_onnx(OnnxGraph& g, const std::string& x, const std::string& name) const override {
@@ -82,6 +83,16 @@ class BasicBlockImpl : public torch::nn::Module, public OnnxModule {
   int64_t multiply_adds_ = 0;
 };
 TORCH_MODULE(BasicBlock);
+
+// The index-th basic block, counting through the stages.
+BasicBlockImpl& residual_block(torch::nn::Sequential (&layers)[4], int64_t index) {
+  int64_t unit = index;
+  for (torch::nn::Sequential& layer : layers) {
+    if (unit < static_cast<int64_t>(layer->size())) return *layer[unit]->as<BasicBlockImpl>();
+    unit -= static_cast<int64_t>(layer->size());
+  }
+  MYRIAD_THROW("an IResNet has no residual block {}", index);
+}
 
 }  // namespace
 
@@ -127,24 +138,20 @@ IResNet::IResNet(const BackboneOptions& options, const std::vector<int64_t>& blo
   features_->weight.set_requires_grad(false);
 }
 
+// Where asked (in.sum_output), each block's last batch norm forms its output's sums for the batch
+// norm that reads it next (the next block's bn1, or the head's bn2), which then makes no
+// statistics pass over it.
 Activations IResNet::forward_block(int64_t block, Activations in) {
-  if (block == 0) {
-    in.x = bn1_->forward_prelu(bn1_->convolve(*conv1_, in.x), prelu_->weight);
-    return in;
-  }
   if (block + 1 == num_blocks()) {
-    in.x = features_(fc_(dropout_(bn2_(in.x).flatten(1))));
+    in.x = features_(fc_(dropout_(bn2_->forward_output(summed_input(in)).flatten(1))));
+    in.summed = {};
     return in;
   }
-  int64_t unit = block - 1;
-  for (torch::nn::Sequential& layer : layers_) {
-    if (unit < static_cast<int64_t>(layer->size())) {
-      in.x = layer[unit]->as<BasicBlockImpl>()->forward(in.x);
-      return in;
-    }
-    unit -= static_cast<int64_t>(layer->size());
-  }
-  MYRIAD_THROW("an IResNet has no block {}", block);
+  in.summed =
+      block == 0 ? bn1_->forward_prelu(bn1_->convolve(*conv1_, in.x), prelu_->weight, in.sum_output)
+                 : residual_block(layers_, block - 1).forward(summed_input(in), in.sum_output);
+  in.x = in.summed.y;
+  return in;
 }
 
 std::string IResNet::to_onnx(OnnxGraph& g, const std::string& x) const {

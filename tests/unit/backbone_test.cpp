@@ -194,6 +194,39 @@ TEST(Backbone, FusedBatchNormComputesTheUnfusedFunction) {
   }
 }
 
+// IResNet's blocks form their outputs' sums where asked (forward_blocks asks where the next block
+// runs right after), and the next block's first batch norm takes its statistics from them.
+TEST(Backbone, IResNetBlocksHandTheirOutputsSumsOn) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const torch::Device gpu(torch::kCUDA);
+  torch::manual_seed(7);
+  auto net = build("r18", {3, 32, 32}, 16);
+  net->to(gpu);
+  net->set_channels_last(true);
+  net->train();
+  Activations in{net->in_layout(torch::randn({4, 3, 32, 32}).to(gpu)), {}, {}};
+  EXPECT_FALSE(net->forward_block(0, in).summed.sums.defined()) << "not asked";
+  in.sum_output = true;
+  Activations stem = net->forward_block(0, in);
+  ASSERT_TRUE(stem.summed.sums.defined());
+  EXPECT_TRUE(stem.summed.y.is_same(stem.x));
+  stem.sum_output = true;
+  const Activations first = net->forward_block(1, stem);
+  ASSERT_TRUE(first.summed.sums.defined());
+  EXPECT_TRUE(first.summed.y.is_same(first.x));
+  // Block 2 (layer1.1) reads block 1's output: a shift moved by 1 moves its bn1's mean by 1, and
+  // the running mean by the momentum.
+  torch::Tensor running_mean = *net->named_buffers().find("layer1.1.bn1.running_mean");
+  const torch::Tensor before = running_mean.clone();
+  net->forward_block(2, first);
+  const torch::Tensor plain = running_mean.clone();
+  running_mean.detach().copy_(before);
+  Activations moved = first;
+  moved.summed.shift = first.summed.shift + 1.0;
+  net->forward_block(2, moved);
+  EXPECT_NEAR((running_mean - plain).mean().item<double>(), 0.1, 1e-3);
+}
+
 // A backbone cut anywhere between blocks computes the whole network: what pipeline stages rely on.
 // Every state-dict entry belongs to a block.
 TEST(Backbone, BlocksComposeToTheWholeNetwork) {

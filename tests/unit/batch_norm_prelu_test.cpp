@@ -1,9 +1,10 @@
 // BatchNormImpl::forward, forward_prelu, forward_add and forward_fork against batch norm (and
 // PReLU, or a residual's add, or a second use of the input) composed by LibTorch in float64 on the
 // CPU: the output, the gradients of the input, of the residual and of the parameters, and the
-// running statistics. On a GPU the
-// channels-last maps and [N, C] matrices take myriad's kernels (checked by the autograd node), in
-// float32 and bfloat16; everything else, and the CPU, takes LibTorch's batch norm.
+// running statistics. On a GPU the channels-last maps and [N, C] matrices take myriad's kernels
+// (checked by the autograd node), in float32 and bfloat16; everything else, and the CPU, takes
+// LibTorch's batch norm. Then the sums that a pass forms for the next batch norm (SummedMap), from
+// myriad's kernels and from cuDNN's convolutions.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -166,8 +167,8 @@ TEST(BatchNormPReLU, FusedOnGpusMatchesTheComposition) {
   }
 }
 
-// The statistics and the backward sum over rows in a fixed order, without atomics: the same bits at
-// every run, as --deterministic promises.
+// The statistics, the output's sums and the backward sum over rows in a fixed order, without
+// atomics: the same bits at every run, as --deterministic promises.
 TEST(BatchNormPReLU, FusedGradientsAreTheSameBitsEveryRun) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   torch::manual_seed(8);
@@ -180,13 +181,123 @@ TEST(BatchNormPReLU, FusedGradientsAreTheSameBitsEveryRun) {
     BatchNorm bn(64, 1e-5);
     bn->to(torch::kCUDA);
     const torch::Tensor slope = torch::full({64}, 0.25, torch::kCUDA).requires_grad_(true);
+    BatchNorm next(64, 1e-5);
+    next->to(torch::kCUDA);
     const torch::Tensor input = x.clone().requires_grad_(true);
-    const torch::Tensor y = bn->forward_prelu(input, slope);
+    // The first batch norm's statistics from its pass, the next one's from the sums the first
+    // formed.
+    const SummedMap out = bn->forward_prelu(SummedMap{input}, slope, /*sum_output=*/true);
+    const torch::Tensor y = next->forward_output(out);
     y.backward(g);
-    runs.push_back(torch::cat({y.reshape(-1), input.grad().reshape(-1), bn->weight.grad(),
-                               bn->bias.grad(), slope.grad(), bn->running_mean, bn->running_var}));
+    runs.push_back(torch::cat({y.reshape(-1), out.sums.reshape(-1), input.grad().reshape(-1),
+                               bn->weight.grad(), bn->bias.grad(), slope.grad(), bn->running_mean,
+                               bn->running_var, next->running_mean, next->running_var}));
   }
   EXPECT_TRUE(torch::equal(runs[0], runs[1]));
+}
+
+// Σ y and Σ y² per channel [2, C] in float64, from a SummedMap's sums of y - shift over its blocks.
+torch::Tensor channel_sums(const SummedMap& map) {
+  const torch::Tensor s = map.sums.cpu().to(torch::kFloat64).sum(0);
+  if (!map.shift.defined()) return s;
+  const double n = static_cast<double>(map.y.numel() / map.y.size(1));
+  const torch::Tensor shift = map.shift.cpu().to(torch::kFloat64);
+  return torch::stack({s[0] + n * shift, s[1] + 2.0 * shift * s[0] + n * shift.square()});
+}
+
+// Σ y and Σ y² per channel [2, C] of y as stored, in float64.
+torch::Tensor channel_sums(const torch::Tensor& y) {
+  const torch::Tensor v =
+      y.detach().cpu().to(torch::kFloat64).transpose(0, 1).reshape({y.size(1), -1});
+  return torch::stack({v.sum(1), v.square().sum(1)});
+}
+
+// A batch norm (with PReLU, or plus a residual) forming its output's sums for the next batch norm,
+// as IResNet's blocks hand them on: the sums are the output's, and the next batch norm, taking its
+// statistics from them, computes what it computes from the output alone, forward and backward.
+// Where LibTorch's batch norm runs (the CPU) no sums are formed.
+void expect_output_sums_serve_the_next(const torch::Device& device, torch::ScalarType dtype,
+                                       const Case& c, double tolerance) {
+  const int64_t channels = c.shape[1];
+  torch::manual_seed(static_cast<uint64_t>(channels * 5 + c.shape.size()));
+  const auto map = [&](double scale, double offset) {
+    const torch::Tensor t = (torch::randn(c.shape) * scale + offset).to(device, dtype);
+    return c.shape.size() == 4 ? t.contiguous(torch::MemoryFormat::ChannelsLast) : t;
+  };
+  const torch::Tensor x = map(3.0, 1.5).requires_grad_(true);
+  // An output whose mean is well off zero: the shift must carry it.
+  const torch::Tensor residual = map(1.0, 40.0);
+  const torch::Tensor slope = torch::full({channels}, 0.25, device);
+  BatchNorm first(channels, 1e-5), next(channels, 1e-5), alone(channels, 1e-5);
+  for (BatchNorm bn : {first, next, alone}) bn->to(device);
+  SummedMap out;
+  torch::Tensor y_next, y_alone;
+  {
+    std::optional<AutocastGuard> autocast;
+    if (dtype != torch::kFloat32) autocast.emplace(device, dtype);
+    out = c.residual ? first->forward_add(SummedMap{x}, residual, /*sum_output=*/true)
+                     : first->forward_prelu(SummedMap{x}, slope, /*sum_output=*/true);
+    y_next = next->forward_output(out);
+    y_alone = alone->forward(out.y);
+  }
+  if (device.is_cpu()) {
+    EXPECT_FALSE(out.sums.defined());
+  } else {
+    ASSERT_TRUE(out.sums.defined() && out.shift.defined());
+    ASSERT_EQ(out.sums.dim(), 3);
+    EXPECT_EQ(out.sums.size(1), 2);
+    EXPECT_EQ(out.sums.size(2), channels);
+    EXPECT_EQ(out.shift.numel(), channels);
+    const torch::Tensor expected = channel_sums(out.y), got = channel_sums(out);
+    EXPECT_LE(relative_error(got[0], expected[0]), 1e-5) << "Σ y";
+    EXPECT_LE(relative_error(got[1], expected[1]), 1e-5) << "Σ y²";
+  }
+  const torch::Tensor g = torch::randn(y_next.sizes()).to(device, y_next.scalar_type());
+  const torch::Tensor dx_next = torch::autograd::grad({y_next}, {x}, {g}, /*retain_graph=*/true)[0];
+  const torch::Tensor dx_alone = torch::autograd::grad({y_alone}, {x}, {g})[0];
+  EXPECT_LE(relative_error(y_next, y_alone), tolerance) << "output";
+  EXPECT_LE(relative_error(dx_next, dx_alone), tolerance) << "input's gradient";
+  EXPECT_LE(relative_error(next->running_mean, alone->running_mean), 1e-5) << "running mean";
+  EXPECT_LE(relative_error(next->running_var, alone->running_var), 1e-5) << "running variance";
+  if (device.is_cpu()) return;
+  // The next batch norm takes its mean from the sums, alone or with its input used again (IResNet's
+  // bn1): a shift moved by 1 moves the mean by 1, and the running mean by the momentum.
+  SummedMap moved = out;
+  moved.shift = out.shift + 1.0;
+  BatchNorm shifted(channels, 1e-5), forked(channels, 1e-5);
+  {
+    torch::NoGradGuard no_grad;
+    for (BatchNorm bn : {shifted, forked}) bn->to(device);
+    shifted->forward_output(moved);
+    forked->forward_fork(moved);
+  }
+  for (BatchNorm bn : {shifted, forked}) {
+    EXPECT_NEAR((bn->running_mean - alone->running_mean).mean().item<double>(), 0.1, 1e-3);
+  }
+}
+
+const Case kSumCases[] = {{{8, 64, 7, 5}, true, false},
+                          {{6, 32}, false, false},
+                          {{3, 12, 5, 5}, true, false},    // 12 channels: no 16-byte packs in bf16
+                          {{64, 8, 40, 40}, true, false},  // several sweeps of the blocks
+                          {{8, 64, 7, 5}, true, false, false, true},
+                          {{3, 12, 5, 5}, true, false, false, true},
+                          {{64, 8, 40, 40}, true, false, false, true}};
+
+TEST(BatchNormPReLU, OutputSumsAreFormedOnlyByTheKernels) {
+  for (const Case& c : kSumCases) {
+    SCOPED_TRACE(describe(c));
+    expect_output_sums_serve_the_next(torch::kCPU, torch::kFloat32, c, 1e-6);
+  }
+}
+
+TEST(BatchNormPReLU, OutputSumsGiveTheNextBatchNormsStatistics) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  for (const Case& c : kSumCases) {
+    SCOPED_TRACE(describe(c));
+    expect_output_sums_serve_the_next(torch::kCUDA, torch::kFloat32, c, 1e-5);
+    expect_output_sums_serve_the_next(torch::kCUDA, torch::kBFloat16, c, 1e-2);
+  }
 }
 
 // A convolution followed by batch norm and PReLU through BatchNormImpl::convolve, against the
@@ -215,13 +326,13 @@ bool expect_convolve_matches_composition(const torch::Device& device, torch::Sca
   const torch::Tensor x = x64.to(device, torch::kFloat32)
                               .contiguous(torch::MemoryFormat::ChannelsLast)
                               .requires_grad_(true);
-  ConvolutionOutput out;
+  SummedMap out;
   torch::Tensor y;
   {
     std::optional<AutocastGuard> autocast;
     if (dtype != torch::kFloat32) autocast.emplace(device, dtype);
     out = bn->convolve(*conv, x);
-    y = bn->forward_prelu(out, slope);
+    y = bn->forward_prelu(out, slope).y;
   }
   const torch::Tensor g64 = torch::randn(y.sizes(), torch::kFloat64);
   y.backward(g64.to(device, y.scalar_type()));
@@ -239,10 +350,9 @@ bool expect_convolve_matches_composition(const torch::Device& device, torch::Sca
       torch::prelu(torch::batch_norm(rz, {}, {}, rmean, rvar, true, 0.1, 1e-5, false), rslope);
   ry.backward(g64);
   if (out.sums.defined()) {
-    const torch::Tensor z = out.y.detach().to(torch::kFloat64).cpu();
-    const torch::Tensor sums = out.sums.cpu().to(torch::kFloat64);
-    EXPECT_LE(relative_error(sums[0], z.sum({0, 2, 3})), 1e-3) << "Σ y";
-    EXPECT_LE(relative_error(sums[1], z.square().sum({0, 2, 3})), 1e-3) << "Σ y²";
+    const torch::Tensor expected = channel_sums(out.y), got = channel_sums(out);
+    EXPECT_LE(relative_error(got[0], expected[0]), 1e-3) << "Σ y";
+    EXPECT_LE(relative_error(got[1], expected[1]), 1e-3) << "Σ y²";
   }
   EXPECT_LE(relative_error(y, ry), tolerance) << "output";
   EXPECT_LE(relative_error(x.grad(), rx.grad()), tolerance) << "input's gradient";

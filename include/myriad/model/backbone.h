@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "myriad/model/batch_norm.h"
 #include "myriad/util/state_dict.h"
 
 namespace myriad {
@@ -43,7 +44,17 @@ struct Activations {
   // ViT with masking: the order that puts kept and masked tokens back (int64 [B, tokens]), from
   // the first block to the last. Undefined otherwise.
   torch::Tensor restore;
+  // x's per-channel sums, where the block that wrote x formed them for the next one's batch norm
+  // (IResNet's). They hold only while summed.y is x (summed_input).
+  SummedMap summed = {};
+  // Whether the block should form its output's sums: forward_blocks asks where the next block runs
+  // right after it on the same output, not where the output leaves (a checkpointed block, a
+  // pipeline stage's last).
+  bool sum_output = false;
 };
+
+// in.x with its sums where they are x's, else without.
+SummedMap summed_input(const Activations& in);
 
 // A network mapping images [B, C, H, W] to embeddings [B, D], replicated on every rank, or cut
 // into consecutive stages (pipeline parallelism). It is a sequence of blocks: block 0 takes the

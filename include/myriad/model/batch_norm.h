@@ -2,14 +2,24 @@
 
 #include <torch/torch.h>
 
+#include <utility>
+
 namespace myriad {
 
 class Communicator;
 
-// A convolution's output on its way to a batch norm (BatchNormImpl::convolve), with its
-// per-channel sums [2, C] float32 (Σ y, Σ y²) where the convolution formed them; else undefined.
-struct ConvolutionOutput {
-  torch::Tensor y, sums;
+// A map on its way to a batch norm, with the per-channel sums that the kernel writing it formed, so
+// that the batch norm makes no statistics pass over it: `sums` [B, 2, C] float32, over B blocks of
+// rows, Σ (y - shift) and Σ (y - shift)², with `shift` [C] float32 (undefined: 0). A batch norm's
+// own kernels form them shifted by the output's first row, near the mean; cuDNN's convolutions
+// (convolve) unshifted, B = 1. The sums are undefined where no kernel formed them.
+struct SummedMap {
+  SummedMap() = default;
+  // A map without sums, or with them. (Not explicit: a plain map is a SummedMap.)
+  SummedMap(torch::Tensor y, torch::Tensor sums = {}, torch::Tensor shift = {})
+      : y(std::move(y)), sums(std::move(sums)), shift(std::move(shift)) {}
+
+  torch::Tensor y, sums, shift;
 };
 
 // Batch normalisation over dim 1 of [N, C] or [N, C, *] inputs, with the parameters and buffers
@@ -27,26 +37,30 @@ class BatchNormImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   // conv(x), the convolution whose output this batch norm normalises next. Where that runs the
   // kernels below with 16-bit maps (autocast) and cuDNN's graph API has an engine for the shape,
-  // one cuDNN graph writes the output and its sums, and the forward methods taking the output skip
-  // their statistics pass. Not under --deterministic (cuDNN's sums are not ordered) nor where
-  // use_convolution_statistics(false).
-  ConvolutionOutput convolve(torch::nn::Conv2dImpl& conv, const torch::Tensor& x);
-  // forward(conv.y), with the statistics from conv.sums where they are defined. (Not an overload of
+  // one cuDNN graph writes the output and its sums. Not under --deterministic (cuDNN's sums are
+  // not ordered) nor where use_convolution_statistics(false).
+  SummedMap convolve(torch::nn::Conv2dImpl& conv, const torch::Tensor& x);
+  // forward(map.y), with the statistics from map.sums where they are defined. (Not an overload of
   // forward: a Sequential holds batch norms.)
-  torch::Tensor forward_output(const ConvolutionOutput& conv);
+  torch::Tensor forward_output(const SummedMap& map);
   // torch::prelu(forward(x), prelu_weight), the PReLU's slope [C] or [1]. Where forward runs its
   // own kernels, the slope is applied in the same two passes each way, and only x is kept for
-  // backward.
+  // backward. Given a SummedMap, returns one: with `sum_output`, and where the kernels run, the
+  // output's sums for the batch norm that reads it next, formed in the pass that writes it.
   torch::Tensor forward_prelu(const torch::Tensor& x, const torch::Tensor& prelu_weight);
-  torch::Tensor forward_prelu(const ConvolutionOutput& conv, const torch::Tensor& prelu_weight);
+  SummedMap forward_prelu(const SummedMap& map, const torch::Tensor& prelu_weight,
+                          bool sum_output = false);
   // forward(x) + residual, where forward runs its own kernels in the pass that writes the output
-  // (a residual block's last batch norm): the sum's pass over memory is saved.
+  // (a residual block's last batch norm): the sum's pass over memory is saved. Given a SummedMap,
+  // as forward_prelu.
   torch::Tensor forward_add(const torch::Tensor& x, const torch::Tensor& residual);
-  torch::Tensor forward_add(const ConvolutionOutput& conv, const torch::Tensor& residual);
+  SummedMap forward_add(const SummedMap& map, const torch::Tensor& residual,
+                        bool sum_output = false);
   // {forward(x), x} for a second use of x (a residual block's shortcut). Where forward runs its own
   // kernels, the second use's gradient is added in the pass that writes x's: the sum of x's two
   // gradients costs no pass of its own.
   std::pair<torch::Tensor, torch::Tensor> forward_fork(const torch::Tensor& x);
+  std::pair<torch::Tensor, torch::Tensor> forward_fork(const SummedMap& x);
 
   torch::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   Communicator* sync = nullptr;
@@ -55,12 +69,12 @@ class BatchNormImpl : public torch::nn::Module {
 
  private:
   bool runs_own_kernels(const torch::Tensor& x) const;
-  // Batch norm, followed by PReLU unless prelu_weight is undefined, plus residual unless undefined,
-  // in our kernels, with the statistics from sums where they are defined; where `fork`, x again
-  // (forward_fork).
-  torch::autograd::variable_list own_kernels(const torch::Tensor& x, const torch::Tensor& sums,
-                                             const torch::Tensor& prelu_weight,
-                                             const torch::Tensor& residual, bool fork);
+  // Batch norm of x.y, with the statistics from x.sums where defined, followed by PReLU unless
+  // prelu_weight is undefined, plus residual unless undefined, in our kernels; where `fork`, x.y
+  // again (forward_fork); where output_sums is not null, the output's sums into it.
+  torch::autograd::variable_list own_kernels(const SummedMap& x, const torch::Tensor& prelu_weight,
+                                             const torch::Tensor& residual, bool fork,
+                                             SummedMap* output_sums);
 
   double eps_;
   double momentum_;

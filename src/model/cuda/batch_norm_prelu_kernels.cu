@@ -10,7 +10,8 @@
 // needs channels % V == 0 and 16-byte aligned data (every IResNet width), otherwise V = 1.
 //
 // The reductions run one wave of the blocks that fit on the GPU at once, each writing one row of
-// partial sums; a second wave would start its loads only as the first one's blocks drain.
+// partial sums; a second wave would start its loads only as the first one's blocks drain. So does
+// a forward pass that also sums its output for the next batch norm.
 
 #include <algorithm>
 #include <cstdint>
@@ -143,12 +144,23 @@ __device__ inline void sum_columns(const float* __restrict__ partials, int64_t b
   }
 }
 
-// Per channel, sums of d = x - shift and of d², the shift being row 0's value: the same for every
-// thread, so that the sums of all blocks add up, and near the mean, so that the variance's
-// difference of squares loses little. Plain sums need no division per element (Welford's does).
+// The shift of the thread's pack of channels, `first`, stored once: by the threads of row 0.
+template <int V>
+__device__ inline void store_shift(const Lane& l, const float (&first)[V],
+                                   float* __restrict__ shift) {
+  if (blockIdx.y != 0 || threadIdx.y != 0) return;
+#pragma unroll
+  for (int k = 0; k < V; ++k) shift[l.pack * V + k] = first[k];
+}
+
+// Per channel, sums of d = x - shift and of d², the shift being row 0's value (written to `shift`
+// for the statistics): the same for every thread, so that the sums of all blocks add up, and near
+// the mean, so that the variance's difference of squares loses little. Plain sums need no division
+// per element (Welford's does).
 template <typename T, int V>
 __global__ void batch_norm_statistics_kernel(const T* __restrict__ x, int64_t rows,
-                                             int64_t channels, float* __restrict__ partials) {
+                                             int64_t channels, float* __restrict__ partials,
+                                             float* __restrict__ shift_out) {
   const Lane l = lane<V>(channels);
   float s[2][V] = {};
   if (l.pack < l.packs_per_row) {
@@ -156,6 +168,7 @@ __global__ void batch_norm_statistics_kernel(const T* __restrict__ x, int64_t ro
     float shift[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) shift[k] = to_float(first.e[k]);
+    store_shift(l, shift, shift_out);
     for_each_lane_row(
         l, rows, [&](int64_t i) { return load_pack<V>(x + i * V); },
         [&](int64_t, const Pack<T, V>& xs) {
@@ -187,67 +200,79 @@ __device__ inline void store_statistics(int64_t c, float m, float diff, float n,
   }
 }
 
-// The statistics from the blocks' sums, a block per channel.
-template <typename T>
+// The statistics from the blocks' sums of x - shift (shift null: 0), a block per channel; the
+// difference of squares in double precision.
 __global__ void batch_norm_statistics_finish_kernel(
-    const T* __restrict__ x, const float* __restrict__ partials, int64_t blocks, int64_t rows,
-    int64_t channels, float eps, float momentum, float* __restrict__ mean,
+    const float* __restrict__ partials, const float* __restrict__ shift, int64_t blocks,
+    int64_t rows, int64_t channels, float eps, float momentum, float* __restrict__ mean,
     float* __restrict__ invstd, float* __restrict__ running_mean, float* __restrict__ running_var) {
   const int64_t c = blockIdx.x;
   float sums[2];
   sum_columns<2>(partials, blocks, 2 * channels, {c, channels + c}, sums);
   if (threadIdx.x != 0) return;
-  const float n = static_cast<float>(rows);
-  const float offset = sums[0] / n;
-  store_statistics(c, to_float(x[c]) + offset, sums[1] / n - offset * offset, n, eps, momentum,
-                   mean, invstd, running_mean, running_var);
-}
-
-// The statistics from sums formed elsewhere, a thread per channel; the difference of squares in
-// double precision.
-__global__ void batch_norm_statistics_from_sums_kernel(const float* __restrict__ sums, int64_t rows,
-                                                       int64_t channels, float eps, float momentum,
-                                                       float* __restrict__ mean,
-                                                       float* __restrict__ invstd,
-                                                       float* __restrict__ running_mean,
-                                                       float* __restrict__ running_var) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
   const double n = static_cast<double>(rows);
-  const double m = sums[c] / n;
-  store_statistics(c, static_cast<float>(m), static_cast<float>(sums[channels + c] / n - m * m),
+  const double offset = sums[0] / n;
+  const double m = (shift != nullptr ? shift[c] : 0.0) + offset;
+  store_statistics(c, static_cast<float>(m), static_cast<float>(sums[1] / n - offset * offset),
                    static_cast<float>(n), eps, momentum, mean, invstd, running_mean, running_var);
 }
 
-// y = PReLU(batch norm(x)) (+ residual): the residual's add costs no pass of its own.
-template <typename T, int V, bool kResidual>
+// y = PReLU(batch norm(x)) (+ residual): the residual's add costs no pass of its own. Where kSums,
+// also the sums of y as stored, less y's first row (written to `shift`), over the block's rows into
+// `partials`: the statistics of the batch norm that reads y next, without a pass of its own.
+template <typename T, int V, bool kResidual, bool kSums>
 __global__ void batch_norm_prelu_forward_kernel(const T* __restrict__ x,
                                                 const T* __restrict__ residual, T* __restrict__ y,
                                                 int64_t rows, int64_t channels,
-                                                BatchNormPReLUParams p) {
+                                                BatchNormPReLUParams p,
+                                                float* __restrict__ partials,
+                                                float* __restrict__ shift) {
   const Lane l = lane<V>(channels);
-  if (l.pack >= l.packs_per_row) return;
-  Channel ch[V];
+  const bool mine = l.pack < l.packs_per_row;
+  // Summing, every thread takes part in the block's tree.
+  if (!kSums && !mine) return;
+  float s[2][V] = {};
+  if (mine) {
+    Channel ch[V];
 #pragma unroll
-  for (int k = 0; k < V; ++k) ch[k] = channel(p, l.pack * V + k);
-  for_each_lane_row(
-      l, rows,
-      [&](int64_t i) {
-        TwoPacks<T, V> in{load_pack<V>(x + i * V), {}};
-        if constexpr (kResidual) in.other = load_pack<V>(residual + i * V);
-        return in;
-      },
-      [&](int64_t i, const TwoPacks<T, V>& in) {
-        Pack<T, V> out;
+    for (int k = 0; k < V; ++k) ch[k] = channel(p, l.pack * V + k);
+    const auto read = [&](int64_t i) {
+      TwoPacks<T, V> in{load_pack<V>(x + i * V), {}};
+      if constexpr (kResidual) in.other = load_pack<V>(residual + i * V);
+      return in;
+    };
+    const auto output = [&](const TwoPacks<T, V>& in) {
+      Pack<T, V> out;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float z = (to_float(in.x.e[k]) * ch[k].a + ch[k].b) * ch[k].gamma + ch[k].beta;
+        float v = z > 0.0f ? z : ch[k].alpha * z;
+        if constexpr (kResidual) v += to_float(in.other.e[k]);
+        out.e[k] = from_float<T>(v);
+      }
+      return out;
+    };
+    [[maybe_unused]] float first[V] = {};
+    if constexpr (kSums) {
+      const Pack<T, V> y0 = output(read(l.pack));
+#pragma unroll
+      for (int k = 0; k < V; ++k) first[k] = to_float(y0.e[k]);
+      store_shift(l, first, shift);
+    }
+    for_each_lane_row(l, rows, read, [&](int64_t i, const TwoPacks<T, V>& in) {
+      const Pack<T, V> out = output(in);
+      store_pack<V>(y + i * V, out);
+      if constexpr (kSums) {
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-          const float z = (to_float(in.x.e[k]) * ch[k].a + ch[k].b) * ch[k].gamma + ch[k].beta;
-          float v = z > 0.0f ? z : ch[k].alpha * z;
-          if constexpr (kResidual) v += to_float(in.other.e[k]);
-          out.e[k] = from_float<T>(v);
+          const float d = to_float(out.e[k]) - first[k];
+          s[0][k] += d;
+          s[1][k] += d * d;
         }
-        store_pack<V>(y + i * V, out);
-      });
+      }
+    });
+  }
+  if constexpr (kSums) write_block_sums(s, l, channels, partials);
 }
 
 template <typename T, int V>
@@ -437,15 +462,22 @@ cudaError_t dispatch(ElementType type, int64_t channels,
 }  // namespace
 
 int64_t batch_norm_partials(int64_t channels) {
-  // The most row blocks of any reduction, three sums a channel.
+  // The most row blocks of any reduction, three sums a channel; two-sum reductions keep their
+  // shift in the third.
   return max_reduce_blocks() * 3 * channels;
+}
+
+int64_t batch_norm_shift_offset(int64_t channels) {
+  return max_reduce_blocks() * 2 * channels;
 }
 
 cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows, int64_t channels,
                                   float eps, float momentum, float* partials, float* mean,
                                   float* invstd, float* running_mean, float* running_var,
                                   cudaStream_t stream) {
-  return dispatch(type, channels, {x}, [&](auto t, auto v) {
+  float* const shift = partials + batch_norm_shift_offset(channels);
+  int64_t blocks = 0;
+  const cudaError_t status = dispatch(type, channels, {x}, [&](auto t, auto v) {
     using T = decltype(t);
     constexpr int V = decltype(v)::value;
     const int64_t packs_per_row = channels / V;
@@ -456,39 +488,54 @@ cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows,
         e != cudaSuccess)
       return e;
     kernel<<<l.grid, l.block, l.shared, stream>>>(static_cast<const T*>(x), rows, channels,
-                                                  partials);
-    batch_norm_statistics_finish_kernel<T>
-        <<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
-            static_cast<const T*>(x), partials, l.grid.y, rows, channels, eps, momentum, mean,
-            invstd, running_mean, running_var);
+                                                  partials, shift);
+    blocks = l.grid.y;
     return cudaGetLastError();
   });
+  if (status != cudaSuccess) return status;
+  return batch_norm_statistics_from_sums(partials, shift, blocks, rows, channels, eps, momentum,
+                                         mean, invstd, running_mean, running_var, stream);
 }
 
-cudaError_t batch_norm_statistics_from_sums(const float* sums, int64_t rows, int64_t channels,
-                                            float eps, float momentum, float* mean, float* invstd,
+cudaError_t batch_norm_statistics_from_sums(const float* sums, const float* shift, int64_t blocks,
+                                            int64_t rows, int64_t channels, float eps,
+                                            float momentum, float* mean, float* invstd,
                                             float* running_mean, float* running_var,
                                             cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((channels + kThreads - 1) / kThreads);
-  batch_norm_statistics_from_sums_kernel<<<blocks, kThreads, 0, stream>>>(
-      sums, rows, channels, eps, momentum, mean, invstd, running_mean, running_var);
+  if (channels == 0) return cudaSuccess;
+  batch_norm_statistics_finish_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
+      sums, shift, blocks, rows, channels, eps, momentum, mean, invstd, running_mean, running_var);
   return cudaGetLastError();
 }
 
 cudaError_t batch_norm_prelu_forward(const void* x, const void* residual, void* y, ElementType type,
                                      int64_t rows, int64_t channels, BatchNormPReLUParams p,
-                                     cudaStream_t stream) {
+                                     OutputSums* sums, cudaStream_t stream) {
   return dispatch(type, channels, {x, residual, y}, [&](auto t, auto v) {
     using T = decltype(t);
     constexpr int V = decltype(v)::value;
     const int64_t packs_per_row = channels / V;
     if (packs_per_row == 0) return cudaSuccess;
-    const Launch l = elementwise_launch(rows, packs_per_row);
-    const auto kernel = residual != nullptr ? batch_norm_prelu_forward_kernel<T, V, true>
-                                            : batch_norm_prelu_forward_kernel<T, V, false>;
-    kernel<<<l.grid, l.block, 0, stream>>>(static_cast<const T*>(x),
-                                           static_cast<const T*>(residual), static_cast<T*>(y),
-                                           rows, channels, p);
+    const auto* xs = static_cast<const T*>(x);
+    const auto* rs = static_cast<const T*>(residual);
+    auto* ys = static_cast<T*>(y);
+    if (sums == nullptr) {
+      const Launch l = elementwise_launch(rows, packs_per_row);
+      const auto kernel = residual != nullptr ? batch_norm_prelu_forward_kernel<T, V, true, false>
+                                              : batch_norm_prelu_forward_kernel<T, V, false, false>;
+      kernel<<<l.grid, l.block, 0, stream>>>(xs, rs, ys, rows, channels, p, nullptr, nullptr);
+      return cudaGetLastError();
+    }
+    const auto kernel = residual != nullptr ? batch_norm_prelu_forward_kernel<T, V, true, true>
+                                            : batch_norm_prelu_forward_kernel<T, V, false, true>;
+    Launch l;
+    if (const cudaError_t e = reduce_launch<2, V>(kernel, rows, packs_per_row, &l);
+        e != cudaSuccess)
+      return e;
+    kernel<<<l.grid, l.block, l.shared, stream>>>(
+        xs, rs, ys, rows, channels, p, sums->partials,
+        sums->partials + batch_norm_shift_offset(channels));
+    sums->blocks = l.grid.y;
     return cudaGetLastError();
   });
 }

@@ -12,9 +12,9 @@
 // alpha null for batch norm alone, a slope of 1):
 //   x̂ = (x - mean) invstd,   z = gamma x̂ + beta,   y = z > 0 ? z : alpha z.
 //
-// Reductions over rows (the statistics, the parameters' gradients) sum blocks of rows into
-// `partials` (batch_norm_partials floats), which are then added in a fixed order: no atomics, so
-// every result is the same bits at every run (--deterministic).
+// Reductions over rows (the statistics, the parameters' gradients, an output's sums) sum blocks of
+// rows into `partials` (batch_norm_partials floats), which are then added in a fixed order: no
+// atomics, so every result is the same bits at every run (--deterministic).
 
 #include <cuda_runtime_api.h>
 
@@ -45,19 +45,32 @@ cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows,
                                   cudaStream_t stream);
 
 // The same statistics (and running statistics) from per-channel sums that another kernel formed
-// as it wrote x (a convolution's epilogue): sums[c] = Σ x, sums[channels + c] = Σ x². The
-// variance is their difference of squares, taken in double precision, as cuDNN's own batch-norm
-// fusions take it; unlike the shifted sums above, float32 sums lose the variance of a channel whose
-// mean is thousands of times its spread. rows >= 2.
-cudaError_t batch_norm_statistics_from_sums(const float* sums, int64_t rows, int64_t channels,
-                                            float eps, float momentum, float* mean, float* invstd,
+// as it wrote x: `sums` [blocks, 2, channels] float32, over blocks of rows, Σ (x - shift[c]) and
+// Σ (x - shift[c])², shift null for 0 (a convolution's epilogue). The variance's difference of
+// squares is taken in double precision, as cuDNN's own batch-norm fusions take it: unshifted
+// float32 sums would lose the variance of a channel whose mean is thousands of times its spread.
+// rows >= 2.
+cudaError_t batch_norm_statistics_from_sums(const float* sums, const float* shift, int64_t blocks,
+                                            int64_t rows, int64_t channels, float eps,
+                                            float momentum, float* mean, float* invstd,
                                             float* running_mean, float* running_var,
                                             cudaStream_t stream);
 
-// y from x, plus `residual` (of x's type and layout) where it is not null.
+// Where the forward pass also forms its output's sums, for the batch norm that reads the output
+// next (batch_norm_statistics_from_sums): `partials` (batch_norm_partials floats) receives
+// [blocks, 2, channels], the sums of y as stored less y's first row, and that row, the shift
+// [channels], at partials + batch_norm_shift_offset(channels). The launch sets `blocks`.
+struct OutputSums {
+  float* partials = nullptr;
+  int64_t blocks = 0;
+};
+int64_t batch_norm_shift_offset(int64_t channels);
+
+// y from x, plus `residual` (of x's type and layout) where it is not null, and y's sums where
+// `sums` is not null.
 cudaError_t batch_norm_prelu_forward(const void* x, const void* residual, void* y, ElementType type,
                                      int64_t rows, int64_t channels, BatchNormPReLUParams p,
-                                     cudaStream_t stream);
+                                     OutputSums* sums, cudaStream_t stream);
 
 // Per channel, over the rows, given dy (the gradient of y): sums[c] = Σ dz,
 // sums[channels + c] = Σ dz x̂ and sums[2 channels + c] = Σ dy z [z <= 0], where
