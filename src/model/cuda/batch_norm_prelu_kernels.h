@@ -47,8 +47,9 @@ cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows,
 // The same statistics (and running statistics) from per-channel sums that another kernel formed
 // as it wrote x: `sums` [blocks, 2, channels] float32, over blocks of rows, Σ (x - shift[c]) and
 // Σ (x - shift[c])², shift null for 0 (a convolution's epilogue). The variance's difference of
-// squares is taken in double precision, as cuDNN's own batch-norm fusions take it: unshifted
-// float32 sums would lose the variance of a channel whose mean is thousands of times its spread.
+// squares is taken in double precision, as cuDNN's own batch-norm fusions take it. Double cannot
+// restore what float32 sums lost: our kernels shift by a row of x so that a channel whose mean is
+// far above its spread keeps its variance; cuDNN's unshifted sums are held to their own bound.
 // rows >= 2.
 cudaError_t batch_norm_statistics_from_sums(const float* sums, const float* shift, int64_t blocks,
                                             int64_t rows, int64_t channels, float eps,
