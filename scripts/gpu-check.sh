@@ -20,7 +20,8 @@
 # beside the backbone's roofline,
 # on two GPUs side by side where there are two), conv-statistics (myriad-bench backbone for
 # iresnet50 and iresnet100 with batch norm's statistics from cuDNN's convolutions off, then on;
-# then 5 steps of myriad-train that require them)
+# then 5 steps of myriad-train that require them), output-sums (myriad-bench backbone for iresnet50
+# and iresnet100 with a block's output sums off and on, alternated twice)
 # (default: all).
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX, and to the GPU
@@ -36,7 +37,7 @@ deps_args=()
 tests=()
 tests_regex=""
 out=${OUT:-$repo/build/gpu-check}
-only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,ijb,train,checkpoint,deterministic,launch,preempt,backbones,pipeline,profile,conv-statistics
+only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,ijb,train,checkpoint,deterministic,launch,preempt,backbones,pipeline,profile,conv-statistics,output-sums
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
@@ -503,6 +504,21 @@ if wants conv-statistics; then
     >"$out/conv-statistics-train.txt" 2>&1 || status=1
   note "myriad-train --conv-statistics on, iresnet18, 5 steps:"
   grep -E "statistics from cuDNN|ERROR|error" "$out/conv-statistics-train.txt" | tee -a "$summary"
+fi
+if wants output-sums; then
+  # The next batch norm's statistics from a block's output sums, off against on, alternated on one
+  # machine (docs/benchmarks.md, "A block's output summed for the next batch norm").
+  for net in iresnet50 iresnet100; do
+    for run in 1 2; do
+      for mode in off on; do
+        "$bin/myriad-bench" backbone --backbone "$net" --batch-size 256 --device cuda \
+          --output-sums "$mode" >"$out/output-sums-$net-$run-$mode.txt" 2>&1 || status=1
+        note "$net, --output-sums $mode, run $run:"
+        grep -E "^step:|^peak memory|^step floor" "$out/output-sums-$net-$run-$mode.txt" |
+          tee -a "$summary"
+      done
+    done
+  done
 fi
 note "gpu-check status: $status"
 exit $status

@@ -113,7 +113,7 @@ Activations Backbone::forward_blocks(Activations in, int64_t begin, int64_t end)
     if (checkpointed(b)) {
       in.x = CheckpointedBlock::apply(in.x, this, b, &in);
     } else {
-      in.sum_output = b + 1 < end && !checkpointed(b + 1);
+      in.sum_output = output_sums_ && b + 1 < end && !checkpointed(b + 1);
       in = forward_block(b, std::move(in));
     }
   }

@@ -15,7 +15,7 @@ for batch in 4 8; do
   bench --batch-size "$batch" --csv "$work/kinds$batch.csv" >"$work/out$batch.txt"
 done
 cat "$work/out8.txt"
-grep -q "^# backbone smallcnn: 8 images of 1x28x28 per rank, fp32, NCHW, device cpu, 2 rank(s), batch norm in LibTorch's, statistics from the convolutions: off, oneDNN's convolutions$" "$work/out8.txt"
+grep -q "^# backbone smallcnn: 8 images of 1x28x28 per rank, fp32, NCHW, device cpu, 2 rank(s), batch norm in LibTorch's, statistics from the convolutions: off, output sums: on, oneDNN's convolutions$" "$work/out8.txt"
 grep -Eq "^step: [0-9.]+ ms per rank .* samples/s per rank" "$work/out8.txt"
 grep -q "^on the CPU these ceilings are no bound" "$work/out8.txt"
 "$py" - "$work" <<'PY'
@@ -65,6 +65,10 @@ assert apart <= 1e-5, f"the split backward's gradients are {apart} apart from on
 print(f"split backward: B {b} ms + W {w} ms against {whole} ms, gradients {apart} apart")
 PY
 
+# --output-sums off: the route each batch norm takes its own statistics pass on, named in the header.
+bench --batch-size 4 --steps 1 --output-sums off >"$work/sums-off.txt"
+grep -q ", output sums: off, " "$work/sums-off.txt" || { cat "$work/sums-off.txt"; exit 1; }
+
 # A ViT's mask token takes no gradient in this forward: the split backward counts it as zero.
 mpirun --oversubscribe --bind-to none -np 2 "$bin/myriad-bench" backbone --device cpu --backbone vit_t \
   --input-shape 3x18x18 --embedding-size 32 --steps 1 --warmup 1 --batch-size 2 --split-backward \
@@ -89,6 +93,7 @@ bad_option "--precision" --precision fp8
 bad_option "fp16" --precision fp16
 bad_option "unknown backbone 'nosuchnet'" --backbone nosuchnet
 bad_option "--channels-last must be auto, on or off" --channels-last maybe
+bad_option "--output-sums must be auto, on or off" --output-sums sometimes
 bad_option "must be positive" --steps 0
 bad_option "cannot create '$work/missing/k.csv'" --csv "$work/missing/k.csv"
 # Images beyond any address space (300 PB), so that a kernel that overcommits refuses them too

@@ -260,6 +260,11 @@ TEST(Backbone, BlocksComposeToTheWholeNetwork) {
 // On a GPU with channels-last maps batch norm runs its own kernels, which the recomputation reaches
 // too, without updating the running statistics a second time.
 TEST(Backbone, ActivationCheckpointingKeepsGradientsAndStatistics) {
+  // Checkpointing, and the route without output sums (each batch norm's own statistics pass,
+  // which checkpointed blocks take too), against the plain forward.
+  struct Route {
+    bool checkpointing, output_sums;
+  };
   const myriad::testing::ExactFloat32 exact;
   std::vector<torch::Device> devices{torch::kCPU};
   if (torch::cuda::is_available()) devices.emplace_back(torch::kCUDA);
@@ -269,36 +274,40 @@ TEST(Backbone, ActivationCheckpointingKeepsGradientsAndStatistics) {
     const torch::Tensor images = torch::randn({4, 3, 32, 32}).to(device);
     const torch::Tensor projection = torch::randn({4, 16}).to(device);
     std::vector<std::shared_ptr<Backbone>> nets;
-    for (const bool checkpointing : {false, true}) {
+    for (const Route route : {Route{false, true}, Route{true, true}, Route{false, false}}) {
       torch::manual_seed(8);
       auto net = build("r18", {3, 32, 32}, 16);
       net->to(device);
       net->set_channels_last(device.is_cuda());
-      net->set_activation_checkpointing(checkpointing);
+      net->set_activation_checkpointing(route.checkpointing);
+      net->set_output_sums(route.output_sums);
       (net->forward(images) * projection).sum().backward();
       nets.push_back(net);
     }
     // Each gradient against the scale of them all: on a GPU cuDNN's backward convolutions need not
     // repeat bit for bit, and some gradients (the FC's bias before batch norm) are float noise.
     const auto plain = nets[0]->named_parameters();
-    const auto recomputed = nets[1]->named_parameters();
     std::vector<torch::Tensor> flat;
     for (const auto& item : plain) {
       if (item.value().requires_grad()) flat.push_back(item.value().grad().reshape(-1).cpu());
     }
     const double scale = torch::cat(flat).norm().item<double>();
-    for (const auto& item : plain) {
-      if (!item.value().requires_grad()) continue;
-      EXPECT_LE((item.value().grad() - recomputed[item.key()].grad()).norm().item<double>(),
-                1e-5 * scale)
-          << item.key();
+    for (size_t n = 1; n < nets.size(); ++n) {
+      SCOPED_TRACE(n == 1 ? "checkpointing" : "no output sums");
+      const auto other = nets[n]->named_parameters();
+      for (const auto& item : plain) {
+        if (!item.value().requires_grad()) continue;
+        EXPECT_LE((item.value().grad() - other[item.key()].grad()).norm().item<double>(),
+                  1e-5 * scale)
+            << item.key();
+      }
+      const auto a = nets[0]->named_buffers();
+      const auto b = nets[n]->named_buffers();
+      for (const auto& item : a) {
+        EXPECT_TRUE(torch::allclose(item.value(), b[item.key()])) << item.key();
+      }
+      EXPECT_EQ(b["layer2.0.bn1.num_batches_tracked"].item<int64_t>(), 1);
     }
-    const auto a = nets[0]->named_buffers();
-    const auto b = nets[1]->named_buffers();
-    for (const auto& item : a) {
-      EXPECT_TRUE(torch::allclose(item.value(), b[item.key()])) << item.key();
-    }
-    EXPECT_EQ(b["layer2.0.bn1.num_batches_tracked"].item<int64_t>(), 1);
   }
 }
 

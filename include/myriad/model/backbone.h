@@ -105,6 +105,11 @@ class Backbone : public torch::nn::Module {
   void set_activation_checkpointing(bool on) { checkpointing_ = on; }
   bool activation_checkpointing() const { return checkpointing_; }
 
+  // Whether a block sums its output for the next block's batch norm (Activations::sum_output; on
+  // by default). Off, each batch norm runs its own statistics pass: benchmarks time both routes.
+  void set_output_sums(bool on) { output_sums_ = on; }
+  bool output_sums() const { return output_sums_; }
+
   // Multiply-adds of the convolutions, linear layers and attention in one image's forward pass: a
   // training step costs about 3 x 2 x this many floating-point operations per image.
   int64_t multiply_adds() const { return multiply_adds_; }
@@ -132,6 +137,7 @@ class Backbone : public torch::nn::Module {
   std::vector<Block> blocks_;
   bool channels_last_ = false;
   bool checkpointing_ = false;
+  bool output_sums_ = true;
   int64_t multiply_adds_ = 0;
 };
 

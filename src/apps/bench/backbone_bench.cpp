@@ -39,6 +39,7 @@ struct BackboneBenchOptions {
   Toggle channels_last = Toggle::kAuto;
   Toggle cudnn_benchmark = Toggle::kAuto;
   Toggle conv_statistics = Toggle::kOff;
+  Toggle output_sums = Toggle::kOn;
   std::string device = "auto";
   std::string csv;
   int steps = 20, warmup = 5;
@@ -49,7 +50,7 @@ struct BackboneBenchOptions {
 bool parse_backbone_options(const ProcessContext& context, int argc, char** argv,
                             BackboneBenchOptions& b) {
   po::options_description options("backbone options");
-  std::string shape_text, precision_text, layout_text, benchmark_text, statistics_text;
+  std::string shape_text, precision_text, layout_text, benchmark_text, statistics_text, sums_text;
   // clang-format off
   options.add_options()
       ("backbone", po::value(&b.net.name)->default_value(b.net.name), "the network (myriad-train's names)")
@@ -60,6 +61,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
       ("channels-last", po::value(&layout_text)->default_value(to_string(b.channels_last)), "convolutions in channels-last (NHWC) layout: auto (on GPUs), on or off, as myriad-train")
       ("cudnn-benchmark", po::value(&benchmark_text)->default_value(to_string(b.cudnn_benchmark)), "cuDNN times each convolution shape's engines once and keeps the fastest: auto (on GPUs), on or off, as myriad-train")
       ("conv-statistics", po::value(&statistics_text)->default_value(to_string(b.conv_statistics)), "batch norm's statistics formed in the epilogues of the convolutions before them (cuDNN's graph API): off, auto or on, as myriad-train")
+      ("output-sums", po::value(&sums_text)->default_value(to_string(b.output_sums)), "a block sums its output for the next block's batch norm, which then makes no statistics pass of its own: on (auto, myriad-train's route) or off")
       ("steps", po::value(&b.steps)->default_value(b.steps), "timed steps")
       ("warmup", po::value(&b.warmup)->default_value(b.warmup), "untimed steps first")
       ("csv", po::value(&b.csv), "also write the roofline per layer kind to this CSV file (rank 0)")
@@ -82,6 +84,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
   b.channels_last = parse_toggle("channels-last", layout_text);
   b.cudnn_benchmark = parse_toggle("cudnn-benchmark", benchmark_text);
   b.conv_statistics = parse_toggle("conv-statistics", statistics_text);
+  b.output_sums = parse_toggle("output-sums", sums_text);
   return true;
 }
 
@@ -94,6 +97,7 @@ class Subject {
     backbone_ = make_backbone(b.net);
     backbone_->to(device);
     backbone_->set_channels_last(use_channels_last(b.channels_last, device));
+    backbone_->set_output_sums(b.output_sums != Toggle::kOff);
     backbone_->train();
     const InputShape& s = b.net.input;
     images_ = backbone_->in_layout(
@@ -229,12 +233,12 @@ void report(const BackboneBenchOptions& b, Precision precision, const Subject& s
   const Backbone& net = subject.backbone();
   std::printf(
       "# backbone %s: %lld images of %lldx%lldx%lld per rank, %s, %s, device %s, %d rank(s), "
-      "batch norm in %s, statistics from the convolutions: %s, %s\n",
+      "batch norm in %s, statistics from the convolutions: %s, output sums: %s, %s\n",
       b.net.name.c_str(), static_cast<long long>(b.batch), static_cast<long long>(s.channels),
       static_cast<long long>(s.height), static_cast<long long>(s.width), to_string(precision),
       net.channels_last() ? "channels-last" : "NCHW", device.str().c_str(), world,
       batch_norm_kernels(device, false, net.channels_last()),
-      convolution_statistics_state().c_str(), algorithms);
+      convolution_statistics_state().c_str(), net.output_sums() ? "on" : "off", algorithms);
   std::printf("ceilings measured: %s GEMM %.4g TFLOP/s, memory %.4g GB/s\n",
               c10::toString(compute_dtype(precision)), ceilings.gemm_tflops,
               ceilings.memory_bandwidth / 1e9);
