@@ -20,6 +20,9 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;
 constexpr int kThreads = kRowsPerBlock * 32;
+// Groups of 4 elements a lane keeps in registers through sgd_rows_kernel: rows up to 512 wide,
+// the embedding sizes of face recognition, are read once.
+constexpr int kHeldGroups = 4;
 
 __device__ inline float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
@@ -94,25 +97,56 @@ __global__ void prepare_rows_kernel(const In* __restrict__ weight, int64_t dim,
   });
 }
 
-template <int kWidth, typename W, typename G>
+// A lane's w and g: with kGroups > 0 its groups of a row of at most 32 * kWidth * kGroups elements,
+// kept in registers from row_gradient's pass to the update's, so that the update reads them from
+// memory once, all in flight together; with kGroups = 0 each pass reads them again.
+template <int kWidth, int kGroups>
+struct LaneRow {
+  static constexpr int kSlots = kGroups > 0 ? kGroups : 1;
+  float w[kSlots][kWidth], g[kSlots][kWidth];
+  bool held = false;
+
+  template <typename W, typename G>
+  __device__ void load(int slot, const W* wp, const G* gp) {
+    load_floats(wp, w[slot]);
+    load_floats(gp, g[slot]);
+  }
+};
+
+// f(slot, k) for the first element k of each of this lane's groups of kWidth, in order: with
+// kGroups > 0 unrolled, group i in slot i; else in a loop, every group in slot 0.
+template <int kWidth, int kGroups, typename F>
+__device__ inline void for_each_slot(int64_t dim, int lane, F&& f) {
+  if constexpr (kGroups > 0) {
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i) {
+      const int64_t k = (static_cast<int64_t>(lane) + 32 * i) * kWidth;
+      if (k < dim) f(i, k);
+    }
+  } else {
+    for_each_group<kWidth>(dim, lane, [&](int64_t k) { f(0, k); });
+  }
+}
+
+template <int kWidth, int kGroups, typename W, typename G>
 __device__ inline RowGradientOf row_gradient(const W* w, const G* g, int64_t dim, int lane,
-                                             RowGradient grad_of, const float* multiplier) {
+                                             RowGradient grad_of, const float* multiplier,
+                                             LaneRow<kWidth, kGroups>& row) {
   float squares = 0.0f, dot = 0.0f;
   if (grad_of == RowGradient::kRow) return row_gradient_of(dot, squares, grad_of, multiplier);
-  for_each_group<kWidth>(dim, lane, [&](int64_t k) {
-    float wv[kWidth], gv[kWidth];
-    load_floats(w + k, wv);
-    load_floats(g + k, gv);
+  for_each_slot<kWidth, kGroups>(dim, lane, [&](int i, int64_t k) {
+    row.load(i, w + k, g + k);
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
-      squares += wv[j] * wv[j];
-      dot += wv[j] * gv[j];
+      squares += row.w[i][j] * row.w[i][j];
+      dot += row.w[i][j] * row.g[i][j];
     }
   });
+  row.held = kGroups > 0;
   return row_gradient_of(warp_sum(dot), warp_sum(squares), grad_of, multiplier);
 }
 
-template <int kWidth, typename W, typename State, typename G>
+template <int kWidth, int kGroups, typename W, typename State, typename G>
 __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight,
                                 State* __restrict__ momentum, const G* __restrict__ grad,
                                 int64_t dim, const int64_t* __restrict__ index, int64_t begin,
@@ -123,20 +157,20 @@ __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight
   W* w = weight + slot.src * dim;
   const G* g = grad + slot.row * dim;
   const int64_t first_element = (store_weight.first_row + slot.src) * dim;
-  const RowGradientOf dw =
-      row_gradient<kWidth>(w, g, dim, slot.lane, grad_of, args.grad_multiplier);
+  LaneRow<kWidth, kGroups> row;
+  const RowGradientOf dw = row_gradient(w, g, dim, slot.lane, grad_of, args.grad_multiplier, row);
   State* buf = momentum != nullptr ? momentum + slot.src * dim : nullptr;
   float squares = 0.0f;
-  for_each_group<kWidth>(dim, slot.lane, [&](int64_t k) {
-    float wv[kWidth], gv[kWidth], bv[kWidth];
-    load_floats(w + k, wv);
-    load_floats(g + k, gv);
+  for_each_slot<kWidth, kGroups>(dim, slot.lane, [&](int i, int64_t k) {
+    float bv[kWidth];
+    if (!row.held) row.load(i, w + k, g + k);
     if (buf != nullptr) load_floats(buf + k, bv);
+    float* wv = row.w[i];
 #pragma unroll
     for (int j = 0; j < kWidth; ++j)
-      wv[j] = sgd_element(wv[j], gv[j], dw, args, buf != nullptr ? &bv[j] : nullptr);
+      wv[j] = sgd_element(wv[j], row.g[i][j], dw, args, buf != nullptr ? &bv[j] : nullptr);
     if (buf != nullptr) store_floats(buf + k, bv);
-    store_weight(w + k, wv, first_element + k);
+    store_weight(w + k, row.w[i], first_element + k);
     if (inv_norms != nullptr) {
       // The values as stored, read back by the thread that stored them.
       float sv[kWidth];
@@ -161,8 +195,8 @@ __global__ void adamw_rows_kernel(W* __restrict__ weight, WeightStore store_weig
   W* w = weight + slot.src * dim;
   const G* g = grad + slot.row * dim;
   const int64_t first_element = (store_weight.first_row + slot.src) * dim;
-  const RowGradientOf dw =
-      row_gradient<kWidth>(w, g, dim, slot.lane, grad_of, args.grad_multiplier);
+  LaneRow<kWidth, 0> row;
+  const RowGradientOf dw = row_gradient(w, g, dim, slot.lane, grad_of, args.grad_multiplier, row);
   State* m = exp_avg + slot.src * dim;
   State* v = exp_avg_sq + slot.src * dim;
   const AdamWStep s = adamw_step(args);
@@ -249,21 +283,29 @@ cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_ty
       using State = std::remove_pointer_t<decltype(s_tag)>;
       with_storage_type(grad_type, [&](auto* g_tag) {
         using G = std::remove_pointer_t<decltype(g_tag)>;
-        with_width(
-            dim,
-            {{weight.data, bytes_of(weight.type)},
-             {momentum, bytes_of(momentum_type)},
-             {grad, bytes_of(grad_type)}},
-            [&](auto width) {
-              // prepare_rows sums in packs of 4 wherever the weights allow them.
-              const bool same_order = (decltype(width)::value == 4) ==
-                                      packs_fit(dim, 4, weight.data, bytes_of(weight.type));
-              float* norms = same_order ? inv_norms : nullptr;
-              if (norms_written != nullptr) *norms_written = norms != nullptr;
-              sgd_rows_kernel<decltype(width)::value><<<blocks_for(count), kThreads, 0, stream>>>(
-                  static_cast<W*>(weight.data), store, static_cast<State*>(momentum),
-                  static_cast<const G*>(grad), dim, index, begin, count, grad_of, args, norms);
-            });
+        with_width(dim,
+                   {{weight.data, bytes_of(weight.type)},
+                    {momentum, bytes_of(momentum_type)},
+                    {grad, bytes_of(grad_type)}},
+                   [&](auto width) {
+                     constexpr int kWidth = decltype(width)::value;
+                     // prepare_rows sums in packs of 4 wherever the weights allow them.
+                     const bool same_order =
+                         (kWidth == 4) == packs_fit(dim, 4, weight.data, bytes_of(weight.type));
+                     float* norms = same_order ? inv_norms : nullptr;
+                     if (norms_written != nullptr) *norms_written = norms != nullptr;
+                     const auto launch = [&](auto kernel) {
+                       kernel<<<blocks_for(count), kThreads, 0, stream>>>(
+                           static_cast<W*>(weight.data), store, static_cast<State*>(momentum),
+                           static_cast<const G*>(grad), dim, index, begin, count, grad_of, args,
+                           norms);
+                     };
+                     if constexpr (kWidth == 4) {
+                       if (dim <= 32 * kWidth * kHeldGroups)
+                         return launch(sgd_rows_kernel<kWidth, kHeldGroups, W, State, G>);
+                     }
+                     launch(sgd_rows_kernel<kWidth, 0, W, State, G>);
+                   });
       });
     });
   });
