@@ -482,18 +482,27 @@ if wants profile; then
     [ ! -f "$out/profile-$net/roofline.txt" ] || tee -a "$summary" <"$out/profile-$net/roofline.txt"
   done
 fi
+# backbone_routes OPTION RUNS MODE...: myriad-bench backbone for iresnet50 and iresnet100 at each
+# --OPTION MODE in turn, RUNS times alternated on this machine, into OPTION-NET-RUN-MODE.txt.
+backbone_routes() {
+  local option=$1 runs=$2 net run mode file
+  shift 2
+  for net in iresnet50 iresnet100; do
+    for run in $(seq "$runs"); do
+      for mode in "$@"; do
+        file="$out/$option-$net-$run-$mode.txt"
+        "$bin/myriad-bench" backbone --backbone "$net" --batch-size 256 --device cuda \
+          "--$option" "$mode" >"$file" 2>&1 || status=1
+        note "$net, --$option $mode, run $run:"
+        grep -E "^# backbone|^step:|^peak memory|^step floor" "$file" | tee -a "$summary"
+      done
+    done
+  done
+}
 if wants conv-statistics; then
   # --conv-statistics off against auto on the same machine, one after the other (docs/benchmarks.md,
   # "Batch norm's statistics from cuDNN's convolutions").
-  for net in iresnet50 iresnet100; do
-    for mode in off auto; do
-      "$bin/myriad-bench" backbone --backbone "$net" --batch-size 256 --device cuda \
-        --conv-statistics "$mode" >"$out/conv-statistics-$net-$mode.txt" 2>&1 || status=1
-      note "$net, --conv-statistics $mode:"
-      grep -E "^# backbone|^step:|^peak memory|^step floor" "$out/conv-statistics-$net-$mode.txt" |
-        tee -a "$summary"
-    done
-  done
+  backbone_routes conv-statistics 1 off auto
   # Training that requires the sums: after the first step a line says how many convolution shapes
   # formed them, or the run stops with the reason (cuDNN refused every shape).
   runs="$out/../gpu-check-runs"
@@ -508,17 +517,7 @@ fi
 if wants output-sums; then
   # The next batch norm's statistics from a block's output sums, off against on, alternated on one
   # machine (docs/benchmarks.md, "A block's output summed for the next batch norm").
-  for net in iresnet50 iresnet100; do
-    for run in 1 2; do
-      for mode in off on; do
-        "$bin/myriad-bench" backbone --backbone "$net" --batch-size 256 --device cuda \
-          --output-sums "$mode" >"$out/output-sums-$net-$run-$mode.txt" 2>&1 || status=1
-        note "$net, --output-sums $mode, run $run:"
-        grep -E "^step:|^peak memory|^step floor" "$out/output-sums-$net-$run-$mode.txt" |
-          tee -a "$summary"
-      done
-    done
-  done
+  backbone_routes output-sums 2 off on
 fi
 note "gpu-check status: $status"
 exit $status
