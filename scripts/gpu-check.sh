@@ -44,7 +44,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --tests) tests=(-R "$2"); tests_regex=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set /{/^set /!p;}' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -485,10 +485,10 @@ fi
 # backbone_routes OPTION RUNS MODE...: myriad-bench backbone for iresnet50 and iresnet100 at each
 # --OPTION MODE in turn, RUNS times alternated on this machine, into OPTION-NET-RUN-MODE.txt.
 backbone_routes() {
-  local option=$1 runs=$2 net run mode file
+  local option=$1 count=$2 net run mode file
   shift 2
   for net in iresnet50 iresnet100; do
-    for run in $(seq "$runs"); do
+    for run in $(seq "$count"); do
       for mode in "$@"; do
         file="$out/$option-$net-$run-$mode.txt"
         "$bin/myriad-bench" backbone --backbone "$net" --batch-size 256 --device cuda \
