@@ -9,6 +9,8 @@
 
 #include <torch/autograd.h>
 
+#include <atomic>
+
 #include "myriad/model/backbone.h"
 #include "myriad/model/batch_norm.h"
 #include "myriad/util/autocast.h"
@@ -23,6 +25,15 @@
 #endif
 
 namespace myriad {
+
+namespace {
+std::atomic<int64_t> statistics_passes{0}, output_sums_formed{0};
+}  // namespace
+
+BatchNormRouteCount batch_norm_route_count() {
+  return {statistics_passes.load(std::memory_order_relaxed),
+          output_sums_formed.load(std::memory_order_relaxed)};
+}
 
 #ifdef MYRIAD_WITH_CUDA
 namespace {
@@ -88,6 +99,7 @@ std::pair<torch::Tensor, torch::Tensor> batch_statistics(const torch::Tensor& x,
         rows, channels, e, m, mean.data_ptr<float>(), invstd.data_ptr<float>(), running_m,
         running_v, stream_of(x)));
   } else {
+    statistics_passes.fetch_add(1, std::memory_order_relaxed);
     const torch::Tensor partials = torch::empty({cuda::batch_norm_partials(channels)}, floats);
     MYRIAD_CHECK_CUDA(cuda::batch_norm_statistics(x.data_ptr(), element_type(x.scalar_type()), rows,
                                                   channels, e, m, partials.data_ptr<float>(),
@@ -147,7 +159,10 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
         x.data_ptr(), r.numel() > 0 ? r.data_ptr() : nullptr, y.data_ptr(),
         element_type(x.scalar_type()), rows, channels, params_of(mean, invstd, g, b, a),
         output_sums.launch(), stream_of(x)));
-    if (spec.output_sums != nullptr) output_sums.store(*spec.output_sums);
+    if (spec.output_sums != nullptr) {
+      output_sums.store(*spec.output_sums);
+      output_sums_formed.fetch_add(1, std::memory_order_relaxed);
+    }
     ctx->saved_data["residual"] = r.numel() > 0;
     ctx->save_for_backward({x, mean, invstd, g, b, a});
     if (!spec.fork) return {y};
@@ -249,6 +264,13 @@ torch::autograd::variable_list BatchNormImpl::own_kernels(const SummedMap& x,
 #endif
 }
 
+SummedMap BatchNormImpl::own_output(const SummedMap& map, const torch::Tensor& prelu_weight,
+                                    const torch::Tensor& residual, bool sum_output) {
+  SummedMap out;
+  out.y = own_kernels(map, prelu_weight, residual, false, sum_output ? &out : nullptr)[0];
+  return out;
+}
+
 torch::Tensor BatchNormImpl::forward_prelu(const torch::Tensor& x,
                                            const torch::Tensor& prelu_weight) {
   return forward_prelu(SummedMap{x}, prelu_weight).y;
@@ -257,11 +279,8 @@ torch::Tensor BatchNormImpl::forward_prelu(const torch::Tensor& x,
 SummedMap BatchNormImpl::forward_prelu(const SummedMap& map, const torch::Tensor& prelu_weight,
                                        bool sum_output) {
   const torch::Tensor& x = map.y;
-  if (runs_own_kernels(x) && (prelu_weight.numel() == 1 || prelu_weight.numel() == x.size(1))) {
-    SummedMap out;
-    out.y = own_kernels(map, prelu_weight, torch::Tensor(), false, sum_output ? &out : nullptr)[0];
-    return out;
-  }
+  if (runs_own_kernels(x) && (prelu_weight.numel() == 1 || prelu_weight.numel() == x.size(1)))
+    return own_output(map, prelu_weight, torch::Tensor(), sum_output);
   return {torch::prelu(forward_output(map), prelu_weight)};
 }
 
@@ -273,11 +292,8 @@ SummedMap BatchNormImpl::forward_add(const SummedMap& map, const torch::Tensor& 
                                      bool sum_output) {
   const torch::Tensor& x = map.y;
   if (runs_own_kernels(x) && residual.scalar_type() == x.scalar_type() &&
-      residual.sizes() == x.sizes() && residual.device() == x.device()) {
-    SummedMap out;
-    out.y = own_kernels(map, torch::Tensor(), residual, false, sum_output ? &out : nullptr)[0];
-    return out;
-  }
+      residual.sizes() == x.sizes() && residual.device() == x.device())
+    return own_output(map, torch::Tensor(), residual, sum_output);
   return {forward_output(map) + residual};
 }
 

@@ -227,6 +227,38 @@ TEST(Backbone, IResNetBlocksHandTheirOutputsSumsOn) {
   EXPECT_NEAR((running_mean - plain).mean().item<double>(), 0.1, 1e-3);
 }
 
+// The switch chooses the route a forward takes: on, each block's output and the stem's are summed
+// for the batch norm after them (the next block's bn1, the head's bn2), which then makes no
+// statistics pass; off, every batch norm makes its own. Counted against the network's modules.
+TEST(Backbone, OutputSumsSwitchChoosesTheRoute) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const torch::Device gpu(torch::kCUDA);
+  torch::manual_seed(5);
+  auto net = build("r18", {3, 32, 32}, 16);
+  net->to(gpu);
+  net->set_channels_last(true);
+  net->train();
+  int64_t batch_norms = 0, blocks = 0;
+  for (const auto& item : net->named_modules()) {
+    batch_norms += item.value()->as<BatchNorm>() != nullptr;
+    const std::string& name = item.key();
+    blocks += name.rfind("layer", 0) == 0 && name.size() > 4 &&
+              name.compare(name.size() - 4, 4, ".bn1") == 0;
+  }
+  ASSERT_EQ(blocks, 8) << "iresnet18's 2 + 2 + 2 + 2 blocks";
+  const torch::Tensor images = net->in_layout(torch::randn({4, 3, 32, 32}).to(gpu));
+  for (const bool on : {true, false}) {
+    SCOPED_TRACE(on ? "on" : "off");
+    net->set_output_sums(on);
+    const BatchNormRouteCount before = batch_norm_route_count();
+    net->forward(images);
+    const BatchNormRouteCount after = batch_norm_route_count();
+    const int64_t summed = on ? blocks + 1 : 0;
+    EXPECT_EQ(after.output_sums - before.output_sums, summed);
+    EXPECT_EQ(after.statistics_passes - before.statistics_passes, batch_norms - summed);
+  }
+}
+
 // A backbone cut anywhere between blocks computes the whole network: what pipeline stages rely on.
 // Every state-dict entry belongs to a block.
 TEST(Backbone, BlocksComposeToTheWholeNetwork) {

@@ -75,6 +75,9 @@ class BatchNormImpl : public torch::nn::Module {
   torch::autograd::variable_list own_kernels(const SummedMap& x, const torch::Tensor& prelu_weight,
                                              const torch::Tensor& residual, bool fork,
                                              SummedMap* output_sums);
+  // own_kernels' output alone, with its sums where `sum_output`.
+  SummedMap own_output(const SummedMap& map, const torch::Tensor& prelu_weight,
+                       const torch::Tensor& residual, bool sum_output);
 
   double eps_;
   double momentum_;
@@ -88,6 +91,15 @@ bool batch_norm_runs_own_kernels(const torch::Device& device, bool synchronised,
                                  bool channels_last);
 // Which kernels those are, for start-up lines.
 const char* batch_norm_kernels(const torch::Device& device, bool synchronised, bool channels_last);
+
+// What the kernels of our own did since the process began, for a bench's route line and tests:
+// their statistics passes, and the outputs they summed for the batch norm after them (output sums).
+// Zero in builds without CUDA.
+struct BatchNormRouteCount {
+  int64_t statistics_passes = 0;
+  int64_t output_sums = 0;
+};
+BatchNormRouteCount batch_norm_route_count();
 
 // Whether BatchNormImpl::convolve may form the statistics in cuDNN's graph. Off unless
 // --conv-statistics asks: on an H200 cuDNN's fused convolutions were slower than its timed plain

@@ -226,9 +226,26 @@ void write_csv(const std::string& path, const std::vector<KindFloor>& kinds, dou
   write_file_atomically(path, out.str());
 }
 
+// What the batch norms' kernels did since `before`.
+BatchNormRouteCount since(const BatchNormRouteCount& before) {
+  const BatchNormRouteCount now = batch_norm_route_count();
+  return {now.statistics_passes - before.statistics_passes, now.output_sums - before.output_sums};
+}
+
+// The output sums' switch and the route one forward took: how many outputs were summed for the
+// batch norm after them, and how many batch norms made a statistics pass of their own.
+std::string output_sums_route(bool on, const BatchNormRouteCount& route) {
+  const char* const state = on ? "on" : "off";
+  if (route.statistics_passes + route.output_sums == 0)
+    return str_format("{} (LibTorch's batch norm forms none)", state);
+  return str_format("{} (formed for {} batch norms; {} statistics passes)", state,
+                    route.output_sums, route.statistics_passes);
+}
+
 void report(const BackboneBenchOptions& b, Precision precision, const Subject& subject,
             const Timing& t, const Ceilings& ceilings, const std::vector<KindFloor>& kinds,
-            int world, const torch::Device& device, const char* algorithms) {
+            const BatchNormRouteCount& route, int world, const torch::Device& device,
+            const char* algorithms) {
   const InputShape& s = b.net.input;
   const Backbone& net = subject.backbone();
   std::printf(
@@ -238,7 +255,8 @@ void report(const BackboneBenchOptions& b, Precision precision, const Subject& s
       static_cast<long long>(s.height), static_cast<long long>(s.width), to_string(precision),
       net.channels_last() ? "channels-last" : "NCHW", device.str().c_str(), world,
       batch_norm_kernels(device, false, net.channels_last()),
-      convolution_statistics_state().c_str(), net.output_sums() ? "on" : "off", algorithms);
+      convolution_statistics_state().c_str(), output_sums_route(net.output_sums(), route).c_str(),
+      algorithms);
   std::printf("ceilings measured: %s GEMM %.4g TFLOP/s, memory %.4g GB/s\n",
               c10::toString(compute_dtype(precision)), ceilings.gemm_tflops,
               ceilings.memory_bandwidth / 1e9);
@@ -286,11 +304,14 @@ int run_backbone_bench(ProcessContext& context, int argc, char** argv) {
   const Ceilings ceilings = measure_ceilings(device, compute_dtype(precision));
   std::unique_ptr<Subject> subject;
   std::vector<KindFloor> kinds;
+  BatchNormRouteCount route;
   const std::string what = str_format("{} at {} images per rank", b.net.name, b.batch);
   fits_on_every_rank(context, what, "use a smaller --batch-size", [&] {
     subject = std::make_unique<Subject>(b, device, precision);
-    // One forward's graph, as the timed steps build it.
+    // One forward's graph, as the timed steps build it, and the batch norms' route in it.
+    const BatchNormRouteCount before = batch_norm_route_count();
     kinds = roofline(layer_census(subject->forward()), ceilings);
+    route = since(before);
     subject->step();
     // What holds the most of any later call: the split backward keeps the forward's graph for a
     // second pass, and the comparison keeps both backwards' gradients in float64.
@@ -299,7 +320,7 @@ int run_backbone_bench(ProcessContext& context, int argc, char** argv) {
   });
   const Timing t = time_subject(context, *subject, b, device);
   if (context.rank() == 0) {
-    report(b, precision, *subject, t, ceilings, kinds, context.size(), device, algorithms);
+    report(b, precision, *subject, t, ceilings, kinds, route, context.size(), device, algorithms);
     if (!b.csv.empty()) write_csv(b.csv, kinds, t.step_ms.avg);
   }
   return kExitOk;

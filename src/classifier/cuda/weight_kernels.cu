@@ -103,8 +103,14 @@ __global__ void prepare_rows_kernel(const In* __restrict__ weight, int64_t dim,
 template <int kWidth, int kGroups>
 struct LaneRow {
   static constexpr int kSlots = kGroups > 0 ? kGroups : 1;
+  // The widest row held (kGroups > 0).
+  static constexpr int64_t max_dim() { return 32 * kWidth * kGroups; }
   float w[kSlots][kWidth], g[kSlots][kWidth];
-  bool held = false;
+
+  // Whether row_gradient left the row in registers: it reads none for a gradient of kRow.
+  static __device__ bool held(RowGradient grad_of) {
+    return kGroups > 0 && grad_of != RowGradient::kRow;
+  }
 
   template <typename W, typename G>
   __device__ void load(int slot, const W* wp, const G* gp) {
@@ -142,7 +148,6 @@ __device__ inline RowGradientOf row_gradient(const W* w, const G* g, int64_t dim
       dot += row.w[i][j] * row.g[i][j];
     }
   });
-  row.held = kGroups > 0;
   return row_gradient_of(warp_sum(dot), warp_sum(squares), grad_of, multiplier);
 }
 
@@ -160,10 +165,11 @@ __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight
   LaneRow<kWidth, kGroups> row;
   const RowGradientOf dw = row_gradient(w, g, dim, slot.lane, grad_of, args.grad_multiplier, row);
   State* buf = momentum != nullptr ? momentum + slot.src * dim : nullptr;
+  const bool held = row.held(grad_of);
   float squares = 0.0f;
   for_each_slot<kWidth, kGroups>(dim, slot.lane, [&](int i, int64_t k) {
     float bv[kWidth];
-    if (!row.held) row.load(i, w + k, g + k);
+    if (!held) row.load(i, w + k, g + k);
     if (buf != nullptr) load_floats(buf + k, bv);
     float* wv = row.w[i];
 #pragma unroll
@@ -217,6 +223,22 @@ __global__ void adamw_rows_kernel(W* __restrict__ weight, WeightStore store_weig
 
 unsigned blocks_for(int64_t count) {
   return static_cast<unsigned>((count + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
+// sgd_rows_kernel for rows of `dim`: held in registers where they fit, else streamed.
+template <int kWidth, typename W, typename State, typename G>
+void launch_sgd_rows(W* weight, WeightStore store, State* momentum, const G* grad, int64_t dim,
+                     const int64_t* index, int64_t begin, int64_t count, RowGradient grad_of,
+                     const SgdArgs& args, float* inv_norms, cudaStream_t stream) {
+  const auto launch = [&](auto kernel) {
+    kernel<<<blocks_for(count), kThreads, 0, stream>>>(weight, store, momentum, grad, dim, index,
+                                                       begin, count, grad_of, args, inv_norms);
+  };
+  if constexpr (kWidth == 4) {
+    if (dim <= LaneRow<kWidth, kHeldGroups>::max_dim())
+      return launch(sgd_rows_kernel<kWidth, kHeldGroups, W, State, G>);
+  }
+  launch(sgd_rows_kernel<kWidth, 0, W, State, G>);
 }
 
 // with_element_type for the types that weights, optimizer state and rows' gradients are stored in
@@ -294,17 +316,10 @@ cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_ty
                          (kWidth == 4) == packs_fit(dim, 4, weight.data, bytes_of(weight.type));
                      float* norms = same_order ? inv_norms : nullptr;
                      if (norms_written != nullptr) *norms_written = norms != nullptr;
-                     const auto launch = [&](auto kernel) {
-                       kernel<<<blocks_for(count), kThreads, 0, stream>>>(
-                           static_cast<W*>(weight.data), store, static_cast<State*>(momentum),
-                           static_cast<const G*>(grad), dim, index, begin, count, grad_of, args,
-                           norms);
-                     };
-                     if constexpr (kWidth == 4) {
-                       if (dim <= 32 * kWidth * kHeldGroups)
-                         return launch(sgd_rows_kernel<kWidth, kHeldGroups, W, State, G>);
-                     }
-                     launch(sgd_rows_kernel<kWidth, 0, W, State, G>);
+                     launch_sgd_rows<kWidth>(static_cast<W*>(weight.data), store,
+                                             static_cast<State*>(momentum),
+                                             static_cast<const G*>(grad), dim, index, begin, count,
+                                             grad_of, args, norms, stream);
                    });
       });
     });
