@@ -298,14 +298,15 @@ if wants checkpoint; then
 fi
 # The losses logged in RUN_DIR/metrics.jsonl, one per line.
 losses() { grep -o '"loss":[-0-9.eE+]*' "$1/metrics.jsonl" | cut -d: -f2; }
-if wants deterministic && [ "$gpus" -ge 2 ]; then
-  # --deterministic on 2 GPUs (channels-last, bf16, fused SGD): two runs through 30 steps, and one
-  # stopped at step 15 and resumed, must log bit-identical losses.
+if wants deterministic; then
+  # --deterministic on 2 GPUs, or on the one there is (channels-last, bf16, fused SGD): two runs
+  # through 30 steps, and one stopped at step 15 and resumed, must log bit-identical losses.
   runs="$out/../gpu-check-runs"
+  det_ranks=$(( gpus >= 2 ? 2 : 1 ))
   det_train() {
     local run=$1
     shift
-    mpirun -np 2 --bind-to none "${forward[@]}" "$bin/myriad-train" --data synthetic --backbone iresnet18 \
+    mpirun -np "$det_ranks" --bind-to none "${forward[@]}" "$bin/myriad-train" --data synthetic --backbone iresnet18 \
       --input-shape 3x112x112 --num-classes 100000 --batch-size 64 --precision bf16 --deterministic \
       --max-steps 30 --log-every 1 --lr 0.02 --workers 4 --run-dir "$runs/$run" "$@" >>"$out/deterministic.txt" 2>&1
   }
@@ -316,7 +317,7 @@ if wants deterministic && [ "$gpus" -ge 2 ]; then
   det_train det-resumed --resume auto || status=1
   for other in det-b det-resumed; do
     if cmp -s <(losses "$runs/det-a") <(losses "$runs/$other") && [ "$(losses "$runs/det-a" | wc -l)" -eq 30 ]; then
-      note "deterministic: det-a and $other: 30 bit-identical losses"
+      note "deterministic ($det_ranks rank(s)): det-a and $other: 30 bit-identical losses"
     else
       status=1; note "DETERMINISM FAILED: det-a and $other differ"; paste <(losses "$runs/det-a") <(losses "$runs/$other") | head -n 32 >>"$summary"
     fi
