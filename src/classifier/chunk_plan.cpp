@@ -10,6 +10,10 @@ RowSource row_source(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype, b
   return !sampled && weight_dtype == gemm_dtype ? RowSource::kStored : RowSource::kCopy;
 }
 
+bool update_writes_copy(RowSource source, bool sampled, bool cached) {
+  return source == RowSource::kCopy && !sampled && cached;
+}
+
 bool fused_kernels_take(c10::ScalarType gemm_dtype, int64_t dim) {
   return gemm_dtype == c10::ScalarType::BFloat16 && fused_dim_fits(dim);
 }
@@ -44,6 +48,11 @@ RowGradientStore row_gradient_store(c10::ScalarType weight_dtype, c10::ScalarTyp
 c10::ScalarType row_gradient_dtype(RowGradientStore store) {
   MYRIAD_CHECK(store != RowGradientStore::kNone, "no rows' gradient is stored");
   return store == RowGradientStore::kBFloat16 ? c10::ScalarType::BFloat16 : c10::ScalarType::Float;
+}
+
+int64_t row_gradient_piece_rows(int64_t budget_bytes, int64_t dim, RowGradientStore store) {
+  const int64_t row_bytes = dim * static_cast<int64_t>(c10::elementSize(row_gradient_dtype(store)));
+  return std::max<int64_t>(1, budget_bytes / 32 / std::max<int64_t>(row_bytes, 1));
 }
 
 ChunkPlan plan_chunks(int64_t rows, int64_t batch, int64_t dim, int64_t gemm_bytes,

@@ -2,6 +2,8 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
+
 #include "cpu_bf16_products.h"
 #include "myriad/classifier/mixed_gemm.h"
 #include "myriad/util/format.h"
@@ -40,10 +42,10 @@ class GemmRowUpdater : public RowUpdater {
   // The step's tensors are not kept beyond it.
   void end_gradient() { features_ = multiplier_ = torch::Tensor(); }
 
-  torch::Tensor chunk_gradient(const SoftmaxStep& step, int64_t c,
-                               const torch::Tensor& logit_grad) const {
+  // The rows' gradient of the logits' gradient `logit_grad` [rows, B]: [rows, D].
+  torch::Tensor rows_gradient(const torch::Tensor& logit_grad) const {
     phases_("gemm_weight_grad");
-    torch::Tensor grad = torch::empty({step.chunk_end(c) - step.chunk_begin(c), features_.size(1)},
+    torch::Tensor grad = torch::empty({logit_grad.size(0), features_.size(1)},
                                       features_.options().dtype(row_gradient_dtype(store_)));
     gemm_f32(grad, logit_grad, false, features_, false, false);
     return grad;
@@ -58,11 +60,12 @@ class GemmRowUpdater : public RowUpdater {
   RowGradientStore store_ = RowGradientStore::kFloat32;
 };
 
-// The optimizer's row kernels on each chunk's gradient. SGD on the GPU, on the stored rows (all of
-// them, no Partial FC) of a normalising margin or of a step that keeps the exponentials (plain
-// softmax bounds its logits by the largest |w|), also writes each row's 1/|w| as it stores it,
-// bit for bit what the next forward would measure; they stay current until the weight changes
-// otherwise.
+// The optimizer's row kernels on each chunk's gradient, formed in pieces (row_gradient_piece_rows).
+// SGD on the GPU, on every row of the shard (no Partial FC), also writes what the next forward
+// would make of the rows as it stores them, bit for bit: each row's 1/|w| where the GEMMs read the
+// stored rows (of a normalising margin, or of a step that keeps the exponentials: plain softmax
+// bounds its logits by the largest |w|), the GEMMs' copy where the plan takes it from the update
+// (update_writes_copy). They stay current until the weight changes otherwise.
 class OptimizerRowUpdater final : public GemmRowUpdater {
  public:
   OptimizerRowUpdater(const ShardedSoftmaxOptions& options, ShardOptimizer& optimizer,
@@ -80,73 +83,95 @@ class OptimizerRowUpdater final : public GemmRowUpdater {
   void begin(const SoftmaxStep& step, const torch::Tensor& factor,
              const GradientScale& g) override {
     optimizer_.begin_step();
-    void_norms();
+    void_from_update();
     begin_gradient(step, factor);
     multiplier_ = g.multiplier;
-    norms_target_ = norms_target(step);
-    norms_written_ = norms_target_ != nullptr;
+    next_ = next_forward(step);
+    written_ = next_.inv_norms != nullptr || next_.copy.defined();
   }
 
   void update_chunk(const SoftmaxStep& step, int64_t c, const torch::Tensor& logit_grad) override {
-    const torch::Tensor grad = chunk_gradient(step, c, logit_grad);
-    phases_("update");
-    norms_written_ =
-        optimizer_.update_rows(weight_, step.active, step.chunk_begin(c), step.chunk_end(c), grad,
-                               grad_of_, multiplier_, norms_target_) &&
-        norms_written_;
+    const int64_t begin = step.chunk_begin(c), rows = step.chunk_end(c) - begin;
+    const int64_t piece =
+        row_gradient_piece_rows(options_.workspace_bytes, features_.size(1), store_);
+    for (int64_t first = 0; first < rows; first += piece) {
+      const int64_t count = std::min(piece, rows - first);
+      const torch::Tensor grad = rows_gradient(logit_grad.narrow(0, first, count));
+      phases_("update");
+      written_ = optimizer_.update_rows(weight_, step.active, begin + first, begin + first + count,
+                                        grad, grad_of_, multiplier_, next_) &&
+                 written_;
+    }
   }
 
   void finish(const SoftmaxStep& step) override {
     end_gradient();
-    if (!norms_written_ || step.plan.chunks == 0) return;
-    norms_.storage = weight_.storage().getWeakStorageImpl();
-    norms_.version = static_cast<int64_t>(weight_._version());
+    next_ = NextForward();
+    if (!written_ || step.plan.chunks == 0) return;
+    from_update_.storage = weight_.storage().getWeakStorageImpl();
+    from_update_.version = static_cast<int64_t>(weight_._version());
   }
 
-  torch::Tensor current_norms() const override {
-    const bool current = norms_.version >= 0 &&
-                         norms_.version == static_cast<int64_t>(weight_._version()) &&
-                         norms_.storage.lock().get() == weight_.storage().unsafeGetStorageImpl() &&
-                         norms_.inv_norms.size(0) == weight_.size(0);
-    return current ? norms_.inv_norms : torch::Tensor();
-  }
+  torch::Tensor current_norms() const override { return current(from_update_.inv_norms); }
+  torch::Tensor current_copy() const override { return current(from_update_.copy); }
 
-  // Every other write of the rows makes the norms stale before it starts.
-  void void_norms() { norms_.version = -1; }
+  // Every other write of the rows makes what the update wrote stale before it starts.
+  void void_from_update() { from_update_.version = -1; }
 
  private:
   static const char* store_name(RowGradientStore store) {
     return store == RowGradientStore::kBFloat16 ? "bfloat16" : "float32";
   }
 
-  // Where the update may write the rows' 1/|w| for the next forward; null where it may not.
-  float* norms_target(const SoftmaxStep& step) {
-    const bool read = options_.margin.params().normalized || step.plan.kept_exponentials;
-    if (!step.stored_rows || !read || !weight_.is_cuda() || step.active.defined() ||
-        options_.optimizer.kind != OptimizerKind::kSgd) {
-      return nullptr;
-    }
-    torch::Tensor& norms = norms_.inv_norms;
-    if (!norms.defined() || norms.size(0) != weight_.size(0) ||
-        norms.device() != weight_.device()) {
-      norms = torch::empty({weight_.size(0)}, weight_.options().dtype(torch::kFloat32));
-    }
-    return norms.data_ptr<float>();
+  // What this step's update may write for the next forward. A buffer that it may not write is
+  // let go, so that none outlives its use.
+  NextForward next_forward(const SoftmaxStep& step) {
+    const MarginParams params = options_.margin.params();
+    const bool sgd = weight_.is_cuda() && options_.optimizer.kind == OptimizerKind::kSgd;
+    const bool sampled = step.active.defined();
+    const bool norms =
+        sgd && !sampled && step.stored_rows && (params.normalized || step.plan.kept_exponentials);
+    const RowSource source = step.stored_rows ? RowSource::kStored : RowSource::kCopy;
+    const bool copy = sgd && update_writes_copy(source, sampled, step.plan.cache);
+    FromUpdate& f = from_update_;
+    f.inv_norms = norms ? reuse(f.inv_norms, {weight_.size(0)}, torch::kFloat32) : torch::Tensor();
+    f.copy = copy ? reuse(f.copy, weight_.sizes(), options_.gemm_dtype) : torch::Tensor();
+    return {norms ? f.inv_norms.data_ptr<float>() : nullptr, f.copy, params.normalized};
   }
 
-  // The norms with the weight they describe: its storage (weakly held, so that a new tensor at
-  // a freed one's address does not match) and version. A write through torch (a checkpoint's
-  // load, copy_) moves the version; the update kernels write through raw pointers, which do not.
-  struct Norms {
+  torch::Tensor reuse(const torch::Tensor& buffer, c10::IntArrayRef sizes,
+                      torch::ScalarType dtype) const {
+    if (buffer.defined() && buffer.sizes() == sizes && buffer.scalar_type() == dtype &&
+        buffer.device() == weight_.device()) {
+      return buffer;
+    }
+    return torch::empty(sizes, weight_.options().dtype(dtype));
+  }
+
+  torch::Tensor current(const torch::Tensor& written) const {
+    const bool valid =
+        written.defined() && from_update_.version >= 0 &&
+        from_update_.version == static_cast<int64_t>(weight_._version()) &&
+        from_update_.storage.lock().get() == weight_.storage().unsafeGetStorageImpl() &&
+        written.size(0) == weight_.size(0);
+    return valid ? written : torch::Tensor();
+  }
+
+  // What the update wrote, with the weight it describes: its storage (weakly held, so that a new
+  // tensor at a freed one's address does not match) and version. A write through torch (a
+  // checkpoint's load, copy_) moves the version; the update kernels write through raw pointers,
+  // which do not.
+  struct FromUpdate {
     torch::Tensor inv_norms;
+    torch::Tensor copy;
     c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
     int64_t version = -1;
   };
 
   ShardOptimizer& optimizer_;
-  float* norms_target_ = nullptr;
-  bool norms_written_ = false;
-  Norms norms_;
+  NextForward next_;
+  bool written_ = false;
+  FromUpdate from_update_;
 };
 
 // SGD's update formed from the logits' gradient on the tensor cores, the rows' gradient never in
@@ -180,7 +205,7 @@ class FusedRowUpdater final : public RowUpdater {
     if (!fused_) return rows_.begin(step, factor, g);
     optimizer_.begin_step();
     // The fused update writes no norms: those of an earlier step no longer describe the rows.
-    rows_.void_norms();
+    rows_.void_from_update();
     xt_ = optimizer_.logit_grad_update_features(row_features(step, factor, options_.gemm_dtype));
     grad_of_ = row_gradient_of_step(step, options_.margin.params().normalized);
     multiplier_ = g.multiplier;
@@ -200,6 +225,7 @@ class FusedRowUpdater final : public RowUpdater {
   }
 
   torch::Tensor current_norms() const override { return rows_.current_norms(); }
+  torch::Tensor current_copy() const override { return rows_.current_copy(); }
 
  private:
   bool takes(int64_t batch) const {
@@ -260,7 +286,6 @@ class CpuProductRowUpdater final : public RowUpdater {
   }
 
   void finish(const SoftmaxStep&) override { features_ = multiplier_ = torch::Tensor(); }
-  torch::Tensor current_norms() const override { return {}; }
 
  private:
   const ShardedSoftmaxOptions& options_;
@@ -292,7 +317,7 @@ class AccumulatingRowUpdater final : public GemmRowUpdater {
   }
 
   void update_chunk(const SoftmaxStep& step, int64_t c, const torch::Tensor& logit_grad) override {
-    torch::Tensor grad = chunk_gradient(step, c, logit_grad);
+    torch::Tensor grad = rows_gradient(logit_grad);
     phases_("update");
     const int64_t begin = step.chunk_begin(c), end = step.chunk_end(c);
     const torch::Tensor index =
@@ -306,7 +331,6 @@ class AccumulatingRowUpdater final : public GemmRowUpdater {
   }
 
   void finish(const SoftmaxStep&) override { end_gradient(); }
-  torch::Tensor current_norms() const override { return {}; }
 
  private:
   torch::Tensor& weight_grad_;

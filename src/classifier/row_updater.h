@@ -3,8 +3,9 @@
 // The second of the classifier's two backward strategies: what backward does with each chunk's
 // logits' gradient for the rows. The module picks one in its constructor (make_row_updater):
 //   - the optimizer's GPU row kernels (sgd_rows / adamw_rows) on the rows' gradient, which a GEMM
-//     writes chunk by chunk; with SGD they also write the stored rows' 1/|w| for the next
-//     forward, and the updater owns those norms and their validity;
+//     writes chunk by chunk, in pieces; with SGD they also write what the next forward would make
+//     of the rows (the stored rows' 1/|w|, or the GEMMs' copy), and the updater owns those and
+//     their validity;
 //   - SGD's fused update (fused_sgd_rows), the rows' gradient never in memory, at the global
 //     batches it takes, and the row kernels at the others;
 //   - on the CPU, the optimizer's row loop, which forms each row's gradient from the logits'
@@ -40,7 +41,10 @@ class RowUpdater {
   virtual void finish(const SoftmaxStep& step) = 0;
   // The stored rows' 1/|w| [n_r] float32 as the last update wrote them, where they still describe
   // the weight; else undefined, and the next forward measures the rows.
-  virtual torch::Tensor current_norms() const = 0;
+  virtual torch::Tensor current_norms() const { return {}; }
+  // The rows' copy for the GEMMs [n_r, D] (prepare_chunk_rows of every row) as the last update
+  // wrote it, where it still describes the weight; else undefined, and forward makes its own.
+  virtual torch::Tensor current_copy() const { return {}; }
 };
 
 // The updater for `options` (update, optimizer, fused update), where `fused_update` says that

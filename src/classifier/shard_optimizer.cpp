@@ -168,7 +168,7 @@ void ShardOptimizer::update_rows_from_logit_grad(torch::Tensor& weight, const to
 
 bool ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& index, int64_t begin,
                                  int64_t end, const torch::Tensor& grad, RowGradient grad_of,
-                                 const torch::Tensor& grad_multiplier, float* inv_norms) {
+                                 const torch::Tensor& grad_multiplier, const NextForward& next) {
   const int64_t count = end - begin;
   if (count == 0) return false;
   check_grad_multiplier(grad_multiplier, weight);
@@ -199,15 +199,26 @@ bool ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
         grad_of, adamw_args(options_, step_, grad_multiplier), stream));
     return false;
   }
-  bool norms_written = false;
+  cuda::NextForwardRows rows_for_next{next.inv_norms, nullptr, cuda::ElementType::kBFloat16,
+                                      next.normalize};
+  if (next.copy.defined()) {
+    MYRIAD_CHECK(next.copy.is_contiguous() && next.copy.sizes() == weight.sizes() &&
+                     next.copy.device() == weight.device(),
+                 "the rows' copy for the next forward must be a contiguous {} on {}, not {} on {}",
+                 weight.sizes(), weight.device().str(), next.copy.sizes(),
+                 next.copy.device().str());
+    rows_for_next.copy = next.copy.data_ptr();
+    rows_for_next.copy_type = element_type(next.copy.scalar_type());
+  }
+  bool written = false;
   MYRIAD_CHECK_CUDA(cuda::sgd_rows(shard, momentum_.defined() ? momentum_.data_ptr() : nullptr,
                                    element_type(options_.state_dtype), grad.data_ptr(),
                                    element_type(grad.scalar_type()), weight.size(1), rows, begin,
                                    count, grad_of, sgd_args(options_, grad_multiplier), stream,
-                                   inv_norms, &norms_written));
-  return norms_written;
+                                   rows_for_next, &written));
+  return written;
 #else
-  (void)inv_norms;
+  (void)next;
   MYRIAD_THROW("a CUDA weight in a build without CUDA");
 #endif
 }

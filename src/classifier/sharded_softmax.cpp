@@ -183,6 +183,10 @@ bool ShardedMarginSoftmax::norms_from_update() const {
   return updater_->current_norms().defined();
 }
 
+bool ShardedMarginSoftmax::copy_from_update() const {
+  return updater_->current_copy().defined();
+}
+
 void ShardedMarginSoftmax::set_phase_timer(PhaseTimer* timer) {
   phases_->set_timer(timer);
 }
@@ -192,6 +196,8 @@ ShardedMarginSoftmax::~ShardedMarginSoftmax() = default;
 torch::Tensor ShardedMarginSoftmax::chunk_rows(const SoftmaxStep& step, int64_t begin,
                                                int64_t end) {
   if (step.stored_rows) return weight_.slice(0, begin, end);
+  const torch::Tensor copy = updater_->current_copy();
+  if (copy.defined() && !step.active.defined()) return copy.slice(0, begin, end);
   return prepare_chunk_rows(weight_, step.active, begin, end, options_.gemm_dtype,
                             options_.margin.params().normalized);
 }

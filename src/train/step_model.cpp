@@ -57,6 +57,7 @@ StepShape step_shape(const TrainConfig& config, int64_t ranks, int64_t num_class
   // myriad-train updates the rows with the update kernels (WeightUpdate::kFused).
   s.classifier_row_gradient = row_gradient_store(config.classifier_weight_dtype,
                                                  compute_dtype(precision), /*update_kernels=*/true);
+  s.classifier_sgd_rows = config.optimizer == OptimizerKind::kSgd && !s.classifier_update_fused;
   s.backbone_params = backbone_params;
   s.backbone_states = states;
   s.grad_comm_bytes = config.grad_comm_dtype == torch::kFloat32 ? 4 : 2;
@@ -91,11 +92,15 @@ void predict_classifier(const StepShape& s, const StepRates& rates, StepCost& c)
   // exponentials), which both GEMMs read.
   const double per_logit = fused ? 3.0 * g : 4.0 * (passes + 2.0) + g;
   // Per weight element: read and GEMM copy per pass (or, reading the stored rows, one more read
-  // for 1/|w|), the rows' gradient written and read unless the update is fused, the weight and
-  // its state read and written by the update.
+  // for 1/|w|; or only the copy, written by SGD's update), the rows' gradient written and read
+  // unless the update is fused, the weight and its state read and written by the update.
   const double w = static_cast<double>(s.classifier_weight_bytes);
-  const double rows_read =
-      s.classifier_rows == RowSource::kStored ? w * (passes + 1.0) : (w + g) * passes;
+  const bool copy_from_update =
+      s.classifier_sgd_rows &&
+      update_writes_copy(s.classifier_rows, s.sample_rate < 1.0, c.plan.cache);
+  const double rows_read = s.classifier_rows == RowSource::kStored ? w * (passes + 1.0)
+                           : copy_from_update                      ? g
+                                                                   : (w + g) * passes;
   const double per_weight =
       rows_read +
       (row_gradient == RowGradientStore::kNone

@@ -10,6 +10,7 @@
 #include "myriad/util/cli.h"
 #include "myriad/util/device.h"
 #include "myriad/util/error.h"
+#include "myriad/util/format.h"
 
 namespace myriad {
 
@@ -162,7 +163,7 @@ void add_optimizer_options(po::options_description& options, TrainConfig& c) {
       ("classifier-weight-dtype", po::value<std::string>()->default_value(name_of(c.classifier_weight_dtype)), "classifier weights: fp32, or bf16 updated with stochastic rounding (half the memory)")
       ("classifier-workspace", po::value<std::string>()->default_value("2G"), "memory budget of the classifier's chunks (e.g. 512M, 8G)")
       ("fused-classifier", po::value<std::string>()->default_value(name_of(c.fused_classifier)), "the classifier's fused kernels, logits never in memory: auto (where they apply: H100 and H200 GPUs, bf16 precision, --embedding-size a multiple of 8 up to 512), on (an error elsewhere) or off")
-      ("fused-update", po::value<std::string>()->default_value(name_of(c.fused_update)), "SGD's update of bf16 classifier rows formed from the logits' gradient in one kernel, where the fused kernels run: auto (at global batches up to 512, where it measures faster), on (every batch; an error where it cannot run) or off")
+      ("fused-update", po::value<std::string>()->default_value(name_of(c.fused_update)), str_format("SGD's update of bf16 classifier rows formed from the logits' gradient in one kernel, where the fused kernels run: auto (at global batches up to {}, where it measures faster), on (every batch; an error where it cannot run) or off", kFusedUpdateAutoMaxBatch).c_str())
       ("lr-schedule", po::value<std::string>()->default_value(name_of(c.lr_schedule)), "poly, cosine or step, after the warmup")
       ("poly-power", real_option(&c.poly_power), "exponent of the poly schedule")
       ("lr-steps", po::value<std::string>(), "steps at which the step schedule multiplies the rate by --lr-gamma (e.g. 10000,20000)")

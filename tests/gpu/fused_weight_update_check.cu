@@ -344,7 +344,7 @@ int check_case(int number, const Case& c) {
   const auto plain_of = [&](const void* g, ElementType type) {
     return [&, g, type](WeightShard w, void* m) {
       return myriad::cuda::sgd_rows(w, m, p.m.type(), g, type, dim, index, p.begin, c.count,
-                                    c.grad_of, args, nullptr, nullptr, nullptr);
+                                    c.grad_of, args, nullptr, {}, nullptr);
     };
   };
   const State got = run(p, fused), again = run(p, fused);
@@ -491,7 +491,7 @@ void time_case(int64_t rows, int64_t batch, int dim) {
   };
   const auto update_from = [&](const void* from, ElementType type) {
     CHECK(myriad::cuda::sgd_rows(shard, m, ElementType::kBFloat16, from, type, dim, nullptr, 0,
-                                 rows, grad_of, args, nullptr, nullptr, nullptr));
+                                 rows, grad_of, args, nullptr, {}, nullptr));
   };
   const auto gemm = [&] { gemm_to(grad, CUDA_R_32F); };
   const auto update = [&] { update_from(grad, ElementType::kFloat32); };

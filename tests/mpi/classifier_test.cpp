@@ -605,48 +605,70 @@ TEST_P(ClassifierTest, LossScaleOnTheDeviceIsUndoneByTheUpdate) {
   }
 }
 
-// The rows' 1/|w| that sgd_rows writes as it stores the rows are what the next forward would
-// measure, bit for bit: a module made to measure them afresh each step (an in-place write of the
-// same values moves the weight's version) steps as one that takes them from the update. At D = 64
-// the row kernels read packs of 4, at D = 6 single elements; in chunks, each chunk's update
-// writes its own rows. Float32 rows under float32 GEMMs are read as stored too. On the CPU both
-// measure.
-TEST_P(ClassifierTest, NormsFromTheUpdateAreTheMeasuredNorms) {
+// What sgd_rows writes for the next forward as it stores the rows is what that forward would make,
+// bit for bit: the rows' 1/|w| where the GEMMs read the stored rows, the GEMMs' normalised copy
+// where they read float32 rows in bfloat16 and the plan caches. A module made to make them afresh
+// each step (an in-place write of the same values moves the weight's version) steps as one that
+// takes them from the update. At D = 64 the row kernels read packs of 4, at D = 6 single elements;
+// in chunks, each chunk's update writes its own rows' norms, and no copy is kept. The copy's cases
+// run in a workspace that just fits the rows, so that each chunk's gradient comes in several
+// pieces (row_gradient_piece_rows). On the CPU both modules make their own.
+TEST_P(ClassifierTest, WhatTheUpdateWritesIsWhatForwardWouldMake) {
   struct Case {
     int64_t dim;
     bool chunked;
-    torch::ScalarType dtype;
+    torch::ScalarType weight, gemm;
   };
-  for (const Case c : {Case{64, false, torch::kBFloat16}, Case{6, false, torch::kBFloat16},
-                       Case{64, true, torch::kBFloat16}, Case{64, false, torch::kFloat32},
-                       Case{6, true, torch::kFloat32}}) {
-    const std::string what = str_format("{} rows, D = {}{}", c10::toString(c.dtype), c.dim,
-                                        c.chunked ? ", in chunks" : "");
+  for (const Case c : {Case{64, false, torch::kBFloat16, torch::kBFloat16},
+                       Case{6, false, torch::kBFloat16, torch::kBFloat16},
+                       Case{64, true, torch::kBFloat16, torch::kBFloat16},
+                       Case{64, false, torch::kFloat32, torch::kFloat32},
+                       Case{6, true, torch::kFloat32, torch::kFloat32},
+                       Case{64, false, torch::kFloat32, torch::kBFloat16},
+                       Case{6, false, torch::kFloat32, torch::kBFloat16},
+                       Case{64, true, torch::kFloat32, torch::kBFloat16}}) {
+    const std::string what =
+        str_format("{} rows, {} GEMMs, D = {}{}", c10::toString(c.weight), c10::toString(c.gemm),
+                   c.dim, c.chunked ? ", in chunks" : "");
     const Problem p = make_problem(uneven_batches(world()), 301, c.dim, 37);
     ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
     o.update = WeightUpdate::kFused;
     o.fused_update = FusedUpdate::kOff;
-    o.weight_dtype = o.gemm_dtype = c.dtype;
+    o.weight_dtype = c.weight;
+    o.gemm_dtype = c.gemm;
     o.optimizer.lr = 0.1;
     o.optimizer.momentum = 0.9;
-    const int64_t bytes = static_cast<int64_t>(torch::elementSize(c.dtype));
+    const int64_t gemm_bytes = static_cast<int64_t>(torch::elementSize(c.gemm));
+    const RowSource source = row_source(c.weight, c.gemm, false);
+    const RowGradientStore store = row_gradient_store(c.weight, c.gemm, true);
+    const int64_t batch = p.features.size(0);
     if (c.chunked) {
-      o.workspace_bytes = budget_for_chunk(
-          16, p.features.size(0), c.dim, bytes, RowSource::kStored, Logits::kInMemory,
-          c.dtype == torch::kBFloat16 ? RowGradientStore::kBFloat16 : RowGradientStore::kFloat32);
+      o.workspace_bytes =
+          budget_for_chunk(16, batch, c.dim, gemm_bytes, source, Logits::kInMemory, store);
+    } else if (source == RowSource::kCopy) {
+      o.workspace_bytes =
+          budget_for_chunk(301, batch, c.dim, gemm_bytes, source, Logits::kInMemory, store);
     }
     auto taken = make_module(p, o), measured = make_module(p, o);
+    const bool copies = source == RowSource::kCopy && !c.chunked;
     for (int step = 0; step < 3; ++step) {
       measured->weight().mul_(1);
-      EXPECT_FALSE(measured->norms_from_update()) << what;
+      EXPECT_FALSE(measured->norms_from_update() || measured->copy_from_update()) << what;
       const Outcome a = run_step(*taken, p), b = run_step(*measured, p);
       EXPECT_TRUE(torch::equal(a.loss, b.loss)) << what << ", step " << step;
       EXPECT_TRUE(torch::equal(a.grad_features, b.grad_features)) << what << ", step " << step;
       EXPECT_TRUE(torch::equal(taken->weight().cpu(), measured->weight().cpu()))
           << what << ", step " << step;
-      EXPECT_EQ(taken->norms_from_update(), device().is_cuda()) << what << ", step " << step;
+      EXPECT_EQ(taken->norms_from_update(), device().is_cuda() && source == RowSource::kStored)
+          << what << ", step " << step;
+      EXPECT_EQ(taken->copy_from_update(), device().is_cuda() && copies)
+          << what << ", step " << step;
+      EXPECT_EQ(taken->last_plan().cache, !c.chunked) << what;
       if (c.chunked) {
         EXPECT_GT(taken->last_plan().chunks, 1) << what;
+      } else if (copies) {
+        const int64_t shard = taken->weight().size(0);
+        EXPECT_LT(row_gradient_piece_rows(o.workspace_bytes, c.dim, store), shard) << what;
       }
     }
   }

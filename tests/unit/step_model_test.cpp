@@ -77,6 +77,23 @@ TEST(StepModel, CachedStepCountedByHand) {
   EXPECT_DOUBLE_EQ(c.total_memory, 60 + 60 + 574 + 1200 + 500);
 }
 
+// SGD's row kernels write the GEMMs' copy as they store the rows, so a cached step reads no row
+// to make it: per weight 2 (the copy written) instead of 4 + 2. A chunked step, or Partial FC's
+// sampled rows, still makes its copies in forward.
+TEST(StepModel, SgdRowKernelsWriteTheCopy) {
+  StepShape s = small_step();
+  s.classifier_sgd_rows = true;
+  EXPECT_DOUBLE_EQ(predict_step(s, small_rates()).classifier_traffic, 560 + 5 * 3 * 26);
+  StepShape chunked = s;
+  chunked.classifier_workspace = 2 * 66;
+  EXPECT_DOUBLE_EQ(predict_step(chunked, small_rates()).classifier_traffic,
+                   5 * 8 * 18 + 5 * 3 * 36);
+  StepShape sampled = s;
+  sampled.sample_rate = 0.5;  // 3 rows of 5
+  EXPECT_DOUBLE_EQ(predict_step(sampled, small_rates()).classifier_traffic,
+                   3 * 8 * 14 + 3 * 3 * 30);
+}
+
 TEST(StepModel, MeasuredExposureReplacesTheModel) {
   StepShape shape = small_step();
   shape.measured_exposed_all_reduce = 0.05;
@@ -216,6 +233,10 @@ TEST(StepModel, ShapeFollowsTheTrainingOptions) {
   EXPECT_EQ(half.classifier_row_gradient, RowGradientStore::kFloat32);       // float32 GEMMs
   EXPECT_TRUE(step_shape(config, 6, 1000000, 42).classifier_update_fused);   // 384
   EXPECT_FALSE(step_shape(config, 7, 1000000, 42).classifier_update_fused);  // 448
+  // SGD's row kernels run where the update is not fused; AdamW has its own.
+  EXPECT_FALSE(s.classifier_sgd_rows);
+  EXPECT_FALSE(fused_update.classifier_sgd_rows);
+  EXPECT_TRUE(step_shape(config, 7, 1000000, 42).classifier_sgd_rows);
   StepShape unfused_update = fused_update;
   unfused_update.classifier_update_fused = false;
   EXPECT_DOUBLE_EQ(predict_step(unfused_update, small_rates()).classifier_traffic -

@@ -30,6 +30,12 @@ enum class RowSource { kCopy, kStored };
 // row takes part (no Partial FC sampling).
 RowSource row_source(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype, bool sampled);
 
+// The one rule for where SGD's row kernels write the next forward's copy of the rows as they store
+// them (NextForward), so that forward makes none: a step that reads a copy of every row (no
+// Partial FC) and caches its plan. The copy then stays from one step to the next, in the room of
+// the rows that forward keeps for backward.
+bool update_writes_copy(RowSource source, bool sampled, bool cached);
+
 // Where a chunk's logits live: in memory, float32, between the GEMM and the softmax kernels; or
 // in registers, for the fused kernels, which recompute them in backward and never store them.
 enum class Logits { kInMemory, kInRegisters };
@@ -49,6 +55,11 @@ enum class RowGradientStore { kFloat32, kBFloat16, kNone };
 RowGradientStore row_gradient_store(c10::ScalarType weight_dtype, c10::ScalarType gemm_dtype,
                                     bool update_kernels);
 c10::ScalarType row_gradient_dtype(RowGradientStore store);
+
+// The rows that one piece of a chunk's rows' gradient spans: the update kernels' updaters form and
+// apply it in pieces of at most 1/32 of the workspace `budget_bytes` (at least a row each), so
+// that the gradient (2 GiB of float32 at a million rows of 512) does not set the step's peak.
+int64_t row_gradient_piece_rows(int64_t budget_bytes, int64_t dim, RowGradientStore store);
 
 // Bytes one class row costs: kept from forward to backward when cached (its logits if in memory,
 // its GEMM row or 1/|w|), and in flight during backward (its logit gradients, its weight

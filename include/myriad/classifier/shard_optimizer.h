@@ -39,6 +39,17 @@ struct OptimizerOptions {
 // The weights may be float32 or bfloat16. Updates are computed in float32 either way; bfloat16
 // weights are stored with stochastic rounding, whose random bits depend on (seed, optimizer step,
 // global class, column) only, so that any rank count trains the same weights.
+// What SGD's row update on the GPU may write for the next forward as it stores the rows, at each
+// row's place in the shard, bit for bit as that forward would make it: the rows' 1/|w| (a float32
+// buffer of the shard's rows, as chunk_inv_norms measures them), and their copy ([shard rows, D]
+// in the GEMM dtype, normalised where `normalize`, as prepare_chunk_rows makes it). Either may be
+// left out.
+struct NextForward {
+  float* inv_norms = nullptr;
+  torch::Tensor copy;
+  bool normalize = false;
+};
+
 class ShardOptimizer {
  public:
   // The shard holds `rows` classes from global class `first_row` on.
@@ -51,12 +62,10 @@ class ShardOptimizer {
   // shard's own rows) of `weight` (float32 or bfloat16), given `grad` [end-begin, D] float32 (or
   // bfloat16, row_gradient_store), the gradient with respect to what `grad_of` says.
   // `grad_multiplier`, a float32 [1] on the weight's device read there (undefined: 1), undoes loss
-  // scaling. Given `inv_norms` (a float32 buffer of the shard's rows, on the device), SGD on
-  // the GPU also writes the updated rows' 1/|w| there, as chunk_inv_norms measures it; returns
-  // whether it did.
+  // scaling. SGD on the GPU also writes what `next` asks for; returns whether it did.
   bool update_rows(torch::Tensor& weight, const torch::Tensor& index, int64_t begin, int64_t end,
                    const torch::Tensor& grad, RowGradient grad_of,
-                   const torch::Tensor& grad_multiplier, float* inv_norms = nullptr);
+                   const torch::Tensor& grad_multiplier, const NextForward& next = {});
 
   // Whether update_rows_from_logit_grad takes a global batch of `batch` rows of width `dim`,
   // stored as `weight_dtype`, on the GPU for optimizer `kind`: SGD, in a build with the fused

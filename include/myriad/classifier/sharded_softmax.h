@@ -144,6 +144,9 @@ class ShardedMarginSoftmax {
   // Whether the next forward takes the stored rows' 1/|w| from the last update, which wrote them
   // as it stored the rows (SGD on the GPU), rather than reading every row to measure them.
   bool norms_from_update() const;
+  // Whether the next forward takes the GEMMs' copy of the rows from the last update, which wrote
+  // it as it stored the rows (SGD on the GPU, update_writes_copy), rather than making its own.
+  bool copy_from_update() const;
   // Whether the fused Hopper kernels compute the logits (never in memory; H100 and H200 with
   // bfloat16 GEMMs and D a multiple of 8 up to 512), rather than GEMMs with the softmax kernels
   // (or LibTorch operations on the CPU).

@@ -99,6 +99,10 @@ struct BatchNormRouteCount {
   int64_t statistics_passes = 0;
   int64_t output_sums = 0;
 };
+// What the kernels did between two counts.
+inline BatchNormRouteCount operator-(const BatchNormRouteCount& a, const BatchNormRouteCount& b) {
+  return {a.statistics_passes - b.statistics_passes, a.output_sums - b.output_sums};
+}
 BatchNormRouteCount batch_norm_route_count();
 
 // Whether BatchNormImpl::convolve may form the statistics in cuDNN's graph. Off unless

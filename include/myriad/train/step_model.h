@@ -38,6 +38,9 @@ struct StepShape {
   bool classifier_update_fused = false;
   // Where the rows' gradient lives otherwise (row_gradient_store()).
   RowGradientStore classifier_row_gradient = RowGradientStore::kFloat32;
+  // Whether SGD's row kernels update the rows (not fused), and so write what the next forward
+  // would make of them (update_writes_copy).
+  bool classifier_sgd_rows = false;
   int64_t classifier_workspace = int64_t{2} << 30;
   int64_t backbone_params = 0;
   int64_t backbone_states = 1;  // SGD 1, AdamW 2

@@ -226,26 +226,31 @@ void write_csv(const std::string& path, const std::vector<KindFloor>& kinds, dou
   write_file_atomically(path, out.str());
 }
 
-// What the batch norms' kernels did since `before`.
-BatchNormRouteCount since(const BatchNormRouteCount& before) {
-  const BatchNormRouteCount now = batch_norm_route_count();
-  return {now.statistics_passes - before.statistics_passes, now.output_sums - before.output_sums};
-}
-
 // The output sums' switch and the route one forward took: how many outputs were summed for the
 // batch norm after them, and how many batch norms made a statistics pass of their own.
 std::string output_sums_route(bool on, const BatchNormRouteCount& route) {
   const char* const state = on ? "on" : "off";
   if (route.statistics_passes + route.output_sums == 0)
-    return str_format("{} (LibTorch's batch norm forms none)", state);
+    return str_format("{} (no batch norm kernel of ours ran)", state);
   return str_format("{} (formed for {} batch norms; {} statistics passes)", state,
                     route.output_sums, route.statistics_passes);
 }
 
-void report(const BackboneBenchOptions& b, Precision precision, const Subject& subject,
-            const Timing& t, const Ceilings& ceilings, const std::vector<KindFloor>& kinds,
-            const BatchNormRouteCount& route, int world, const torch::Device& device,
-            const char* algorithms) {
+// What a run chose and measured, for its report.
+struct Findings {
+  Precision precision = Precision::kFp32;
+  const char* algorithms = "";
+  Ceilings ceilings;
+  std::vector<KindFloor> kinds;
+  BatchNormRouteCount route;
+  Timing timing;
+};
+
+void report(const BackboneBenchOptions& b, const Subject& subject, const Findings& f, int world,
+            const torch::Device& device) {
+  const Precision precision = f.precision;
+  const Ceilings& ceilings = f.ceilings;
+  const Timing& t = f.timing;
   const InputShape& s = b.net.input;
   const Backbone& net = subject.backbone();
   std::printf(
@@ -255,8 +260,8 @@ void report(const BackboneBenchOptions& b, Precision precision, const Subject& s
       static_cast<long long>(s.height), static_cast<long long>(s.width), to_string(precision),
       net.channels_last() ? "channels-last" : "NCHW", device.str().c_str(), world,
       batch_norm_kernels(device, false, net.channels_last()),
-      convolution_statistics_state().c_str(), output_sums_route(net.output_sums(), route).c_str(),
-      algorithms);
+      convolution_statistics_state().c_str(), output_sums_route(net.output_sums(), f.route).c_str(),
+      f.algorithms);
   std::printf("ceilings measured: %s GEMM %.4g TFLOP/s, memory %.4g GB/s\n",
               c10::toString(compute_dtype(precision)), ceilings.gemm_tflops,
               ceilings.memory_bandwidth / 1e9);
@@ -284,7 +289,7 @@ void report(const BackboneBenchOptions& b, Precision precision, const Subject& s
   }
   if (device.is_cuda())
     std::printf("peak memory per rank: %s\n", format_bytes(t.peak_bytes).c_str());
-  print_roofline(kinds, step_s);
+  print_roofline(f.kinds, step_s);
 }
 
 }  // namespace
@@ -295,33 +300,32 @@ int run_backbone_bench(ProcessContext& context, int argc, char** argv) {
   if (!context.all_true(b.csv.empty() || context.rank() != 0 || can_create(b.csv)))
     throw UsageError("--csv: cannot create '" + b.csv + "' (no such folder, or not writable)");
   const torch::Device device = context.select_device(parse_device_preference(b.device));
-  const Precision precision = resolve_precision(b.precision, device);
-  const char* algorithms =
+  Findings f;
+  f.precision = resolve_precision(b.precision, device);
+  f.algorithms =
       use_convolution_engines(convolution_engines(false, b.cudnn_benchmark, device), device);
   use_convolution_statistics(convolution_statistics(
-      {b.conv_statistics, false, precision, use_channels_last(b.channels_last, device), false},
+      {b.conv_statistics, false, f.precision, use_channels_last(b.channels_last, device), false},
       device));
-  const Ceilings ceilings = measure_ceilings(device, compute_dtype(precision));
+  f.ceilings = measure_ceilings(device, compute_dtype(f.precision));
   std::unique_ptr<Subject> subject;
-  std::vector<KindFloor> kinds;
-  BatchNormRouteCount route;
   const std::string what = str_format("{} at {} images per rank", b.net.name, b.batch);
   fits_on_every_rank(context, what, "use a smaller --batch-size", [&] {
-    subject = std::make_unique<Subject>(b, device, precision);
+    subject = std::make_unique<Subject>(b, device, f.precision);
     // One forward's graph, as the timed steps build it, and the batch norms' route in it.
     const BatchNormRouteCount before = batch_norm_route_count();
-    kinds = roofline(layer_census(subject->forward()), ceilings);
-    route = since(before);
+    f.kinds = roofline(layer_census(subject->forward()), f.ceilings);
+    f.route = batch_norm_route_count() - before;
     subject->step();
     // What holds the most of any later call: the split backward keeps the forward's graph for a
     // second pass, and the comparison keeps both backwards' gradients in float64.
     if (b.split_backward) subject->split_difference();
     synchronize_device(device);
   });
-  const Timing t = time_subject(context, *subject, b, device);
+  f.timing = time_subject(context, *subject, b, device);
   if (context.rank() == 0) {
-    report(b, precision, *subject, t, ceilings, kinds, route, context.size(), device, algorithms);
-    if (!b.csv.empty()) write_csv(b.csv, kinds, t.step_ms.avg);
+    report(b, *subject, f, context.size(), device);
+    if (!b.csv.empty()) write_csv(b.csv, f.kinds, f.timing.step_ms.avg);
   }
   return kExitOk;
 }

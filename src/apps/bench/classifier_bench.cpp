@@ -165,7 +165,7 @@ bool parse_classifier_options(const ProcessContext& context, int argc, char** ar
       ("momentum-dtype", po::value(&state_name)->default_value("fp32"), "SGD momentum storage: fp32 or bf16")
       ("weight-dtype", po::value(&weight_name)->default_value("fp32"), "classifier weights: fp32, or bf16 with stochastic rounding")
       ("fused", po::value(&fused_name)->default_value("auto"), "the fused Hopper kernels: auto (where they apply), on (an error elsewhere) or off (GEMMs and softmax kernels)")
-      ("fused-update", po::value(&fused_update_name)->default_value("auto"), "SGD's update formed from the logits' gradient in one kernel, for bf16 weights where the fused kernels run: auto (at global batches up to 512, where it measures faster; docs/classifier.md), on (every batch; an error where it cannot run) or off")
+      ("fused-update", po::value(&fused_update_name)->default_value("auto"), str_format("SGD's update formed from the logits' gradient in one kernel, for bf16 weights where the fused kernels run: auto (at global batches up to {}, where it measures faster; docs/classifier.md), on (every batch; an error where it cannot run) or off", kFusedUpdateAutoMaxBatch).c_str())
       ("naive", po::bool_switch(&config.naive), "benchmark the naive baseline (logits gathered to rank 0)")
       ("steps", po::value(&config.steps)->default_value(20), "timed steps")
       ("warmup", po::value(&config.warmup)->default_value(5), "untimed steps first")

@@ -64,16 +64,26 @@ struct WeightShard {
 
 using ::myriad::SgdArgs;
 
+// What sgd_rows may write for the next forward as it stores each row, at the row's place in the
+// shard, as prepare_rows would make it: its 1/|w| (the GEMMs on the stored rows take it), and its
+// copy in copy_type, normalised where `normalize` (the GEMMs on copies read it). Either may be
+// null.
+struct NextForwardRows {
+  float* inv_norms = nullptr;
+  void* copy = nullptr;
+  ElementType copy_type = ElementType::kBFloat16;
+  bool normalize = false;
+};
+
 // For each of `count` rows: dw from grad (taken with respect to what grad_of says), then SGD with
 // momentum and weight decay on the row and its momentum buffer (momentum_type; null when momentum
-// is 0). One pass over each row. `grad` is float32 or bfloat16 (grad_type). Where inv_norms is
-// given, it also writes each stored row's 1/|w| at its shard row, as prepare_rows would measure
-// it, and sets *norms_written; where its order of sums would differ from prepare_rows', it
-// writes none.
+// is 0). One pass over each row. `grad` is float32 or bfloat16 (grad_type). It also writes `next`
+// and sets *next_written, except where its order of sums would differ from prepare_rows': there it
+// writes none of it.
 cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_type,
                      const void* grad, ElementType grad_type, int64_t dim, const int64_t* index,
                      int64_t begin, int64_t count, RowGradient grad_of, SgdArgs args,
-                     cudaStream_t stream, float* inv_norms, bool* norms_written);
+                     cudaStream_t stream, const NextForwardRows& next, bool* next_written);
 
 using ::myriad::AdamWArgs;
 

@@ -48,8 +48,8 @@ __device__ inline RowSlot row_slot(const int64_t* index, int64_t begin, int64_t 
 }
 
 // The rows' 1/|w|, which prepare_rows_kernel measures and sgd_rows_kernel writes as it stores the
-// rows: one sum and one rounding for both, on which the next forward's norms from the update rest
-// bit for bit (ShardedMarginSoftmax::norms_from_update).
+// rows: one sum and one rounding for both, on which the next forward's norms and copies from the
+// update rest bit for bit (ShardedMarginSoftmax::rows_from_update).
 template <int kWidth>
 __device__ inline void add_squares(float& squares, const float (&v)[kWidth]) {
 #pragma unroll
@@ -97,6 +97,11 @@ __global__ void prepare_rows_kernel(const In* __restrict__ weight, int64_t dim,
   });
 }
 
+// Whether row_gradient reads the row: a gradient of kRow needs no sums over it.
+__device__ inline bool reads_row(RowGradient grad_of) {
+  return grad_of != RowGradient::kRow;
+}
+
 // A lane's w and g: with kGroups > 0 its groups of a row of at most 32 * kWidth * kGroups elements,
 // kept in registers from row_gradient's pass to the update's, so that the update reads them from
 // memory once, all in flight together; with kGroups = 0 each pass reads them again.
@@ -107,10 +112,8 @@ struct LaneRow {
   static constexpr int64_t max_dim() { return 32 * kWidth * kGroups; }
   float w[kSlots][kWidth], g[kSlots][kWidth];
 
-  // Whether row_gradient left the row in registers: it reads none for a gradient of kRow.
-  static __device__ bool held(RowGradient grad_of) {
-    return kGroups > 0 && grad_of != RowGradient::kRow;
-  }
+  // Whether row_gradient left the row in registers.
+  static __device__ bool held(RowGradient grad_of) { return kGroups > 0 && reads_row(grad_of); }
 
   template <typename W, typename G>
   __device__ void load(int slot, const W* wp, const G* gp) {
@@ -139,7 +142,7 @@ __device__ inline RowGradientOf row_gradient(const W* w, const G* g, int64_t dim
                                              RowGradient grad_of, const float* multiplier,
                                              LaneRow<kWidth, kGroups>& row) {
   float squares = 0.0f, dot = 0.0f;
-  if (grad_of == RowGradient::kRow) return row_gradient_of(dot, squares, grad_of, multiplier);
+  if (!reads_row(grad_of)) return row_gradient_of(dot, squares, grad_of, multiplier);
   for_each_slot<kWidth, kGroups>(dim, lane, [&](int i, int64_t k) {
     row.load(i, w + k, g + k);
 #pragma unroll
@@ -151,12 +154,26 @@ __device__ inline RowGradientOf row_gradient(const W* w, const G* g, int64_t dim
   return row_gradient_of(warp_sum(dot), warp_sum(squares), grad_of, multiplier);
 }
 
+// A row's copy for the next forward, in the GEMM dtype: a choice at run time, so that the update
+// kernels' instantiations do not multiply by it.
+template <int kWidth>
+__device__ inline void store_copy(const NextForwardRows& next, int64_t at,
+                                  const float (&v)[kWidth]) {
+  if (next.copy_type == ElementType::kBFloat16) {
+    store_floats(static_cast<__nv_bfloat16*>(next.copy) + at, v);
+  } else if (next.copy_type == ElementType::kFloat16) {
+    store_floats(static_cast<__half*>(next.copy) + at, v);
+  } else {
+    store_floats(static_cast<float*>(next.copy) + at, v);
+  }
+}
+
 template <int kWidth, int kGroups, typename W, typename State, typename G>
 __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight,
                                 State* __restrict__ momentum, const G* __restrict__ grad,
                                 int64_t dim, const int64_t* __restrict__ index, int64_t begin,
                                 int64_t count, RowGradient grad_of, SgdArgs args,
-                                float* __restrict__ inv_norms) {
+                                NextForwardRows next) {
   const RowSlot slot = row_slot(index, begin, count);
   if (slot.row < 0) return;
   W* w = weight + slot.src * dim;
@@ -165,7 +182,8 @@ __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight
   LaneRow<kWidth, kGroups> row;
   const RowGradientOf dw = row_gradient(w, g, dim, slot.lane, grad_of, args.grad_multiplier, row);
   State* buf = momentum != nullptr ? momentum + slot.src * dim : nullptr;
-  const bool held = row.held(grad_of);
+  const bool held = LaneRow<kWidth, kGroups>::held(grad_of);
+  const bool measures = next.inv_norms != nullptr || next.copy != nullptr;
   float squares = 0.0f;
   for_each_slot<kWidth, kGroups>(dim, slot.lane, [&](int i, int64_t k) {
     float bv[kWidth];
@@ -177,17 +195,25 @@ __global__ void sgd_rows_kernel(W* __restrict__ weight, WeightStore store_weight
       wv[j] = sgd_element(wv[j], row.g[i][j], dw, args, buf != nullptr ? &bv[j] : nullptr);
     if (buf != nullptr) store_floats(buf + k, bv);
     store_weight(w + k, row.w[i], first_element + k);
-    if (inv_norms != nullptr) {
+    if (measures) {
       // The values as stored, read back by the thread that stored them.
-      float sv[kWidth];
-      load_floats(w + k, sv);
-      add_squares(squares, sv);
+      load_floats(w + k, row.w[i]);
+      add_squares(squares, row.w[i]);
     }
   });
-  if (inv_norms != nullptr) {
-    const float inv_norm = row_inv_norm(squares);
-    if (slot.lane == 0) inv_norms[slot.src] = inv_norm;
-  }
+  if (!measures) return;
+  const float inv_norm = row_inv_norm(squares);
+  if (next.inv_norms != nullptr && slot.lane == 0) next.inv_norms[slot.src] = inv_norm;
+  if (next.copy == nullptr) return;
+  const float scale = next.normalize ? inv_norm : 1.0f;
+  for_each_slot<kWidth, kGroups>(dim, slot.lane, [&](int i, int64_t k) {
+    // Held rows keep their stored values in registers; wider ones are read again.
+    if constexpr (kGroups == 0) load_floats(w + k, row.w[i]);
+    float v[kWidth];
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) v[j] = row.w[i][j] * scale;
+    store_copy(next, slot.src * dim + k, v);
+  });
 }
 
 template <int kWidth, typename W, typename State, typename G>
@@ -229,10 +255,10 @@ unsigned blocks_for(int64_t count) {
 template <int kWidth, typename W, typename State, typename G>
 void launch_sgd_rows(W* weight, WeightStore store, State* momentum, const G* grad, int64_t dim,
                      const int64_t* index, int64_t begin, int64_t count, RowGradient grad_of,
-                     const SgdArgs& args, float* inv_norms, cudaStream_t stream) {
+                     const SgdArgs& args, const NextForwardRows& next, cudaStream_t stream) {
   const auto launch = [&](auto kernel) {
     kernel<<<blocks_for(count), kThreads, 0, stream>>>(weight, store, momentum, grad, dim, index,
-                                                       begin, count, grad_of, args, inv_norms);
+                                                       begin, count, grad_of, args, next);
   };
   if constexpr (kWidth == 4) {
     if (dim <= LaneRow<kWidth, kHeldGroups>::max_dim())
@@ -291,8 +317,8 @@ cudaError_t prepare_rows(const void* weight, ElementType weight_type, int64_t di
 cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_type,
                      const void* grad, ElementType grad_type, int64_t dim, const int64_t* index,
                      int64_t begin, int64_t count, RowGradient grad_of, SgdArgs args,
-                     cudaStream_t stream, float* inv_norms, bool* norms_written) {
-  if (norms_written != nullptr) *norms_written = false;
+                     cudaStream_t stream, const NextForwardRows& next, bool* next_written) {
+  if (next_written != nullptr) *next_written = false;
   if (count == 0) return cudaSuccess;
   if (weight.type == ElementType::kFloat16 || momentum_type == ElementType::kFloat16 ||
       grad_type == ElementType::kFloat16) {
@@ -308,18 +334,20 @@ cudaError_t sgd_rows(WeightShard weight, void* momentum, ElementType momentum_ty
         with_width(dim,
                    {{weight.data, bytes_of(weight.type)},
                     {momentum, bytes_of(momentum_type)},
-                    {grad, bytes_of(grad_type)}},
+                    {grad, bytes_of(grad_type)},
+                    {next.copy, bytes_of(next.copy_type)}},
                    [&](auto width) {
                      constexpr int kWidth = decltype(width)::value;
                      // prepare_rows sums in packs of 4 wherever the weights allow them.
                      const bool same_order =
                          (kWidth == 4) == packs_fit(dim, 4, weight.data, bytes_of(weight.type));
-                     float* norms = same_order ? inv_norms : nullptr;
-                     if (norms_written != nullptr) *norms_written = norms != nullptr;
+                     const NextForwardRows taken = same_order ? next : NextForwardRows{};
+                     if (next_written != nullptr)
+                       *next_written = taken.inv_norms != nullptr || taken.copy != nullptr;
                      launch_sgd_rows<kWidth>(static_cast<W*>(weight.data), store,
                                              static_cast<State*>(momentum),
                                              static_cast<const G*>(grad), dim, index, begin, count,
-                                             grad_of, args, norms, stream);
+                                             grad_of, args, taken, stream);
                    });
       });
     });
