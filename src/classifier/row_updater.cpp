@@ -6,6 +6,7 @@
 
 #include "cpu_bf16_products.h"
 #include "myriad/classifier/mixed_gemm.h"
+#include "myriad/util/device.h"
 #include "myriad/util/format.h"
 
 namespace myriad {
@@ -73,8 +74,8 @@ class OptimizerRowUpdater final : public GemmRowUpdater {
       : GemmRowUpdater(options, weight, phases), optimizer_(optimizer) {}
 
   std::string describe() const override {
-    return str_format("{} from the rows' {} gradient", optimizer_name(options_.optimizer.kind),
-                      store_name(gradient_store(0)));
+    return str_format("{} from the rows' {} gradient{}", optimizer_name(options_.optimizer.kind),
+                      store_name(gradient_store(0)), next_forward_note());
   }
   RowGradientStore gradient_store(int64_t) const override {
     return row_gradient_store(options_.weight_dtype, options_.gemm_dtype, true);
@@ -121,6 +122,17 @@ class OptimizerRowUpdater final : public GemmRowUpdater {
  private:
   static const char* store_name(RowGradientStore store) {
     return store == RowGradientStore::kBFloat16 ? "bfloat16" : "float32";
+  }
+
+  // What SGD writes for the next forward as it stores the rows, for the start-up line: the rules
+  // of next_forward, before any plan.
+  std::string next_forward_note() const {
+    const bool sampled = options_.sample_rate < 1.0;
+    if (options_.optimizer.kind != OptimizerKind::kSgd || sampled) return "";
+    if (row_source(options_.weight_dtype, options_.gemm_dtype, sampled) == RowSource::kStored)
+      return ", which writes the rows' 1/|w| where the next forward reads them";
+    return str_format(", which writes the next forward's {} copy of the rows where a plan caches",
+                      float_dtype_name(options_.gemm_dtype));
   }
 
   // What this step's update may write for the next forward. A buffer that it may not write is

@@ -651,6 +651,13 @@ TEST_P(ClassifierTest, WhatTheUpdateWritesIsWhatForwardWouldMake) {
     }
     auto taken = make_module(p, o), measured = make_module(p, o);
     const bool copies = source == RowSource::kCopy && !c.chunked;
+    // The start-up line names what the update writes.
+    if (device().is_cuda()) {
+      const char* const says = source == RowSource::kStored
+                                   ? "writes the rows' 1/|w|"
+                                   : "copy of the rows where a plan caches";
+      EXPECT_NE(taken->kernels().find(says), std::string::npos) << taken->kernels();
+    }
     for (int step = 0; step < 3; ++step) {
       measured->weight().mul_(1);
       EXPECT_FALSE(measured->norms_from_update() || measured->copy_from_update()) << what;

@@ -88,6 +88,12 @@ class Subject {
   std::string kept_for_backward() const {
     return sharded_ ? sharded_->kept_for_backward() : std::string();
   }
+  // What the next forward takes from the last update rather than making it.
+  const char* rows_from_update() const {
+    if (sharded_ && sharded_->copy_from_update()) return "the GEMMs' copy of the rows";
+    if (sharded_ && sharded_->norms_from_update()) return "the rows' 1/|w|";
+    return "nothing";
+  }
   void set_phase_timer(PhaseTimer* timer) {
     if (sharded_) sharded_->set_phase_timer(timer);
   }
@@ -227,6 +233,7 @@ struct StepResult {
   int64_t global_batch = 0;
   std::optional<ChunkPlan> plan;  // myriad's classifier only
   std::string kernels, kept_for_backward;
+  const char* rows_from_update = "";
   RankSpread step_ms, rate, peak;
   Floor floor{};
 };
@@ -242,6 +249,7 @@ StepResult summarise(const ProcessContext& context, const Communicator& comm,
   if (subject.plan() != nullptr) r.plan = *subject.plan();
   r.kernels = subject.kernels();
   r.kept_for_backward = subject.kept_for_backward();
+  r.rows_from_update = subject.rows_from_update();
   r.step_ms = spread_over_ranks(per_step * 1e3, context);
   const double tflops = 6.0 * r.global_batch * o.embedding_size * r.shard_rows / (per_step * 1e12);
   r.rate = spread_over_ranks(tflops, context);
@@ -268,9 +276,11 @@ void print_configuration(const BenchConfig& config, const StepResult& r, int wor
       c10::toString(o.weight_dtype), c10::toString(o.optimizer.state_dtype),
       format_bytes(o.workspace_bytes).c_str(), device.str().c_str());
   if (r.plan) {
-    std::printf("# plan: %s, %s, %lld chunk(s) of %lld classes\n", r.kernels.c_str(),
-                r.kept_for_backward.c_str(), static_cast<long long>(r.plan->chunks),
-                static_cast<long long>(r.plan->chunk_rows));
+    std::printf(
+        "# plan: %s, %s, %lld chunk(s) of %lld classes; the next forward takes from the update: "
+        "%s\n",
+        r.kernels.c_str(), r.kept_for_backward.c_str(), static_cast<long long>(r.plan->chunks),
+        static_cast<long long>(r.plan->chunk_rows), r.rows_from_update);
   }
 }
 
