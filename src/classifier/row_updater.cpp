@@ -63,10 +63,11 @@ class GemmRowUpdater : public RowUpdater {
 
 // The optimizer's row kernels on each chunk's gradient, formed in pieces (row_gradient_piece_rows).
 // SGD on the GPU, on every row of the shard (no Partial FC), also writes what the next forward
-// would make of the rows as it stores them, bit for bit: each row's 1/|w| where the GEMMs read the
-// stored rows (of a normalising margin, or of a step that keeps the exponentials: plain softmax
-// bounds its logits by the largest |w|), the GEMMs' copy where the plan takes it from the update
-// (update_writes_copy). They stay current until the weight changes otherwise.
+// would make of the rows as it stores them, bit for bit: each row's 1/|w| where forward reads it
+// (the GEMMs on a normalising margin's stored rows; plain softmax's bound on its logits, by the
+// largest |w|, where it keeps the exponentials), the GEMMs' copy where the plan takes it from the
+// update (update_writes_copy). They stay current, from one step to the next, until the weight
+// changes otherwise.
 class OptimizerRowUpdater final : public GemmRowUpdater {
  public:
   OptimizerRowUpdater(const ShardedSoftmaxOptions& options, ShardOptimizer& optimizer,
@@ -129,10 +130,13 @@ class OptimizerRowUpdater final : public GemmRowUpdater {
   std::string next_forward_note() const {
     const bool sampled = options_.sample_rate < 1.0;
     if (options_.optimizer.kind != OptimizerKind::kSgd || sampled) return "";
-    if (row_source(options_.weight_dtype, options_.gemm_dtype, sampled) == RowSource::kStored)
-      return ", which writes the rows' 1/|w| where the next forward reads them";
-    return str_format(", which writes the next forward's {} copy of the rows where a plan caches",
-                      float_dtype_name(options_.gemm_dtype));
+    const bool stored =
+        row_source(options_.weight_dtype, options_.gemm_dtype, sampled) == RowSource::kStored;
+    return str_format(", which writes {}the rows' 1/|w| where the next forward reads them",
+                      stored ? std::string()
+                             : str_format("the next forward's {} copy of the rows where a plan "
+                                          "caches, and ",
+                                          float_dtype_name(options_.gemm_dtype)));
   }
 
   // What this step's update may write for the next forward. A buffer that it may not write is
@@ -142,7 +146,7 @@ class OptimizerRowUpdater final : public GemmRowUpdater {
     const bool sgd = weight_.is_cuda() && options_.optimizer.kind == OptimizerKind::kSgd;
     const bool sampled = step.active.defined();
     const bool norms =
-        sgd && !sampled && step.stored_rows && (params.normalized || step.plan.kept_exponentials);
+        sgd && !sampled && (params.normalized ? step.stored_rows : step.plan.kept_exponentials);
     const RowSource source = step.stored_rows ? RowSource::kStored : RowSource::kCopy;
     const bool copy = sgd && update_writes_copy(source, sampled, step.plan.cache);
     FromUpdate& f = from_update_;
@@ -216,7 +220,8 @@ class FusedRowUpdater final : public RowUpdater {
     fused_ = takes(step.batch);
     if (!fused_) return rows_.begin(step, factor, g);
     optimizer_.begin_step();
-    // The fused update writes no norms: those of an earlier step no longer describe the rows.
+    // The fused update writes neither norms nor copy: an earlier step's no longer describe the
+    // rows.
     rows_.void_from_update();
     xt_ = optimizer_.logit_grad_update_features(row_features(step, factor, options_.gemm_dtype));
     grad_of_ = row_gradient_of_step(step, options_.margin.params().normalized);

@@ -202,6 +202,8 @@ bool ShardOptimizer::update_rows(torch::Tensor& weight, const torch::Tensor& ind
   cuda::NextForwardRows rows_for_next{next.inv_norms, nullptr, cuda::ElementType::kBFloat16,
                                       next.normalize};
   if (next.copy.defined()) {
+    // Sampled rows would leave the rest of the copy as it was.
+    MYRIAD_CHECK(!index.defined(), "the rows' copy for the next forward takes every row's update");
     MYRIAD_CHECK(next.copy.is_contiguous() && next.copy.sizes() == weight.sizes() &&
                      next.copy.device() == weight.device(),
                  "the rows' copy for the next forward must be a contiguous {} on {}, not {} on {}",

@@ -606,32 +606,35 @@ TEST_P(ClassifierTest, LossScaleOnTheDeviceIsUndoneByTheUpdate) {
 }
 
 // What sgd_rows writes for the next forward as it stores the rows is what that forward would make,
-// bit for bit: the rows' 1/|w| where the GEMMs read the stored rows, the GEMMs' normalised copy
-// where they read float32 rows in bfloat16 and the plan caches. A module made to make them afresh
-// each step (an in-place write of the same values moves the weight's version) steps as one that
-// takes them from the update. At D = 64 the row kernels read packs of 4, at D = 6 single elements;
-// in chunks, each chunk's update writes its own rows' norms, and no copy is kept. The copy's cases
-// run in a workspace that just fits the rows, so that each chunk's gradient comes in several
-// pieces (row_gradient_piece_rows). On the CPU both modules make their own.
+// bit for bit: the rows' 1/|w| where forward reads them (the GEMMs on ArcFace's stored rows, plain
+// softmax's bound where it keeps the exponentials), the GEMMs' copy where they read float32 rows in
+// bfloat16 and the plan caches. A module made to make them afresh each step (an in-place write of
+// the same values moves the weight's version) steps as one that takes them from the update, and a
+// forward under no_grad (which caches no plan) takes them alike. At D = 64 the row kernels read
+// packs of 4, at D = 6 single elements; in chunks, each chunk's update writes its own rows' norms,
+// and no copy is kept. The copy's cases run in a workspace that just fits the rows, so that each
+// chunk's gradient comes in several pieces (row_gradient_piece_rows). On the CPU both modules make
+// their own.
 TEST_P(ClassifierTest, WhatTheUpdateWritesIsWhatForwardWouldMake) {
   struct Case {
     int64_t dim;
     bool chunked;
     torch::ScalarType weight, gemm;
+    MarginType margin = MarginType::kArcFace;
   };
-  for (const Case c : {Case{64, false, torch::kBFloat16, torch::kBFloat16},
-                       Case{6, false, torch::kBFloat16, torch::kBFloat16},
-                       Case{64, true, torch::kBFloat16, torch::kBFloat16},
-                       Case{64, false, torch::kFloat32, torch::kFloat32},
-                       Case{6, true, torch::kFloat32, torch::kFloat32},
-                       Case{64, false, torch::kFloat32, torch::kBFloat16},
-                       Case{6, false, torch::kFloat32, torch::kBFloat16},
-                       Case{64, true, torch::kFloat32, torch::kBFloat16}}) {
-    const std::string what =
-        str_format("{} rows, {} GEMMs, D = {}{}", c10::toString(c.weight), c10::toString(c.gemm),
-                   c.dim, c.chunked ? ", in chunks" : "");
+  const torch::ScalarType f32 = torch::kFloat32, bf16 = torch::kBFloat16;
+  for (const Case c :
+       {Case{64, false, bf16, bf16}, Case{6, false, bf16, bf16}, Case{64, true, bf16, bf16},
+        Case{64, false, f32, f32}, Case{6, true, f32, f32}, Case{64, false, f32, bf16},
+        Case{6, false, f32, bf16}, Case{64, true, f32, bf16},
+        Case{64, false, f32, bf16, MarginType::kSoftmax}}) {
+    const std::string what = str_format(
+        "{} rows, {} GEMMs, D = {}{}{}", c10::toString(c.weight), c10::toString(c.gemm), c.dim,
+        c.chunked ? ", in chunks" : "", c.margin == MarginType::kSoftmax ? ", plain softmax" : "");
     const Problem p = make_problem(uneven_batches(world()), 301, c.dim, 37);
-    ShardedSoftmaxOptions o = options_for(p, margin_of(MarginType::kArcFace, 1, 0.5, 0));
+    const bool normalized = c.margin != MarginType::kSoftmax;
+    ShardedSoftmaxOptions o =
+        options_for(p, normalized ? margin_of(c.margin, 1, 0.5, 0) : margin_of(c.margin, 1, 0, 0));
     o.update = WeightUpdate::kFused;
     o.fused_update = FusedUpdate::kOff;
     o.weight_dtype = c.weight;
@@ -651,6 +654,10 @@ TEST_P(ClassifierTest, WhatTheUpdateWritesIsWhatForwardWouldMake) {
     }
     auto taken = make_module(p, o), measured = make_module(p, o);
     const bool copies = source == RowSource::kCopy && !c.chunked;
+    if (copies) {
+      ASSERT_LT(row_gradient_piece_rows(o.workspace_bytes, c.dim, store), taken->weight().size(0))
+          << what << ": the update in pieces";
+    }
     // The start-up line names what the update writes.
     if (device().is_cuda()) {
       const char* const says = source == RowSource::kStored
@@ -658,25 +665,28 @@ TEST_P(ClassifierTest, WhatTheUpdateWritesIsWhatForwardWouldMake) {
                                    : "copy of the rows where a plan caches";
       EXPECT_NE(taken->kernels().find(says), std::string::npos) << taken->kernels();
     }
+    const torch::Tensor x = local_rows(p, p.features).to(device());
+    const torch::Tensor y = local_rows(p, p.labels).to(device());
     for (int step = 0; step < 3; ++step) {
+      const std::string at = str_format("{}, step {}", what, step);
       measured->weight().mul_(1);
       EXPECT_FALSE(measured->norms_from_update() || measured->copy_from_update()) << what;
       const Outcome a = run_step(*taken, p), b = run_step(*measured, p);
-      EXPECT_TRUE(torch::equal(a.loss, b.loss)) << what << ", step " << step;
-      EXPECT_TRUE(torch::equal(a.grad_features, b.grad_features)) << what << ", step " << step;
-      EXPECT_TRUE(torch::equal(taken->weight().cpu(), measured->weight().cpu()))
-          << what << ", step " << step;
-      EXPECT_EQ(taken->norms_from_update(), device().is_cuda() && source == RowSource::kStored)
-          << what << ", step " << step;
-      EXPECT_EQ(taken->copy_from_update(), device().is_cuda() && copies)
-          << what << ", step " << step;
-      EXPECT_EQ(taken->last_plan().cache, !c.chunked) << what;
+      EXPECT_TRUE(torch::equal(a.loss, b.loss)) << at;
+      EXPECT_TRUE(torch::equal(a.grad_features, b.grad_features)) << at;
+      EXPECT_TRUE(torch::equal(taken->weight().cpu(), measured->weight().cpu())) << at;
+      const bool kept = taken->last_plan().kept_exponentials;
+      EXPECT_EQ(taken->norms_from_update(),
+                device().is_cuda() && (normalized ? source == RowSource::kStored : kept))
+          << at;
+      EXPECT_EQ(taken->copy_from_update(), device().is_cuda() && copies) << at;
+      EXPECT_EQ(taken->last_plan().cache, !c.chunked) << at;
       if (c.chunked) {
-        EXPECT_GT(taken->last_plan().chunks, 1) << what;
-      } else if (copies) {
-        const int64_t shard = taken->weight().size(0);
-        EXPECT_LT(row_gradient_piece_rows(o.workspace_bytes, c.dim, store), shard) << what;
+        EXPECT_GT(taken->last_plan().chunks, 1) << at;
       }
+      measured->weight().mul_(1);
+      torch::NoGradGuard no_grad;
+      EXPECT_TRUE(torch::equal(taken->forward(x, y).cpu(), measured->forward(x, y).cpu())) << at;
     }
   }
 }

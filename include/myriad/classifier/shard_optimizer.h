@@ -31,14 +31,6 @@ struct OptimizerOptions {
   torch::ScalarType state_dtype = torch::kFloat32;
 };
 
-// The classifier shard's optimizer. Its updates are applied row by row as backward produces each
-// chunk's gradient, fused with the backward of the row normalisation, so no gradient of the whole
-// shard is ever stored. Semantics follow torch.optim.SGD (weight decay added to the gradient,
-// dampening 0) and torch.optim.AdamW. Rows Partial FC did not sample keep their state untouched.
-//
-// The weights may be float32 or bfloat16. Updates are computed in float32 either way; bfloat16
-// weights are stored with stochastic rounding, whose random bits depend on (seed, optimizer step,
-// global class, column) only, so that any rank count trains the same weights.
 // What SGD's row update on the GPU may write for the next forward as it stores the rows, at each
 // row's place in the shard, bit for bit as that forward would make it: the rows' 1/|w| (a float32
 // buffer of the shard's rows, as chunk_inv_norms measures them), and their copy ([shard rows, D]
@@ -50,6 +42,14 @@ struct NextForward {
   bool normalize = false;
 };
 
+// The classifier shard's optimizer. Its updates are applied row by row as backward produces each
+// chunk's gradient, fused with the backward of the row normalisation, so no gradient of the whole
+// shard is ever stored. Semantics follow torch.optim.SGD (weight decay added to the gradient,
+// dampening 0) and torch.optim.AdamW. Rows Partial FC did not sample keep their state untouched.
+//
+// The weights may be float32 or bfloat16. Updates are computed in float32 either way; bfloat16
+// weights are stored with stochastic rounding, whose random bits depend on (seed, optimizer step,
+// global class, column) only, so that any rank count trains the same weights.
 class ShardOptimizer {
  public:
   // The shard holds `rows` classes from global class `first_row` on.

@@ -49,7 +49,7 @@ __device__ inline RowSlot row_slot(const int64_t* index, int64_t begin, int64_t 
 
 // The rows' 1/|w|, which prepare_rows_kernel measures and sgd_rows_kernel writes as it stores the
 // rows: one sum and one rounding for both, on which the next forward's norms and copies from the
-// update rest bit for bit (ShardedMarginSoftmax::rows_from_update).
+// update rest bit for bit (ShardedMarginSoftmax::norms_from_update, copy_from_update).
 template <int kWidth>
 __device__ inline void add_squares(float& squares, const float (&v)[kWidth]) {
 #pragma unroll
