@@ -15,8 +15,9 @@
 #   scripts/profile-step.sh [--bin DIR] [--out DIR] [--steps N] [--backbone NET] [-- myriad-train options]
 #
 #   --bin       the executables (default build/bin)
-#   --out       the kernel table (kernels.csv), the breakdown (breakdown.txt, kinds.csv) and the
-#               roofline (roofline.csv, roofline.txt) (default build/profile)
+#   --out       the kernel table (kernels.csv), the breakdown (breakdown.txt, kinds.csv), every
+#               kernel summed by name with its launches (kernels-by-name.txt) and the roofline
+#               (roofline.csv, roofline.txt) (default build/profile)
 #   --steps     steps to run (default 3; the last is profiled)
 #   --backbone  the network of the default run (default iresnet50)
 # Options after -- replace the default run: the backbone in bf16, 256 images of 112x112 on the
@@ -58,7 +59,7 @@ ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.s
   --print-kernel-base demangled --csv --log-file "$out/kernels.csv" "$bin/myriad-train" "${run[@]}" \
   --max-steps "$steps" --profile-steps "$steps:$steps" --log-every 1 --device cuda --hang-timeout 0 \
   --run-dir "$out/run" --log-level warn
-python3 - "$out/kernels.csv" "$out/kinds.csv" <<'PY' | tee "$out/breakdown.txt"
+python3 - "$out/kernels.csv" "$out/kinds.csv" "$out/kernels-by-name.txt" <<'PY' | tee "$out/breakdown.txt"
 import csv, re, sys
 rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
         if r.get("Metric Name") == "gpu__time_duration.sum"]
@@ -94,12 +95,18 @@ for name, t in step:
 print(f"one step: {len(step)} kernels, {total:.2f} ms of GPU time")
 for kind in sorted(sums, key=sums.get, reverse=True):
     print(f"  {kind:34s} {sums[kind]:8.2f} ms  {100 * sums[kind] / total:5.1f}%  {counts[kind]:5d} kernels")
-slowest = {}
+slowest, launches = {}, {}
 for name, t in step:
     slowest[name[:140]] = slowest.get(name[:140], 0.0) + t
+    launches[name[:140]] = launches.get(name[:140], 0) + 1
+by_time = sorted(slowest, key=slowest.get, reverse=True)
 print("the ten largest kernels (summed by name):")
-for name in sorted(slowest, key=slowest.get, reverse=True)[:10]:
+for name in by_time[:10]:
     print(f"  {slowest[name]:8.2f} ms  {name}")
+# Every kernel by name with its launches: small kernels launched once per layer show up here.
+with open(sys.argv[3], "w") as f:
+    for name in by_time:
+        f.write(f"{slowest[name]:8.3f} ms {launches[name]:5d}  {name}\n")
 with open(sys.argv[2], "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(["kind", "layer_kind", "ms", "kernels"])
