@@ -69,6 +69,7 @@ struct NodeSpec {
   bool fork;               // the input again, for a second use (forward_fork)
   const SummedMap* sums;   // the input, with its sums where a kernel formed them
   SummedMap* output_sums;  // where not null, receives the output's sums and shift
+  int64_t* batches;        // num_batches_tracked, which the statistics' kernel counts; null: not
 };
 
 // mean and invstd of x's channels, from spec.sums where a kernel formed them, else by the
@@ -82,8 +83,9 @@ std::pair<torch::Tensor, torch::Tensor> batch_statistics(const torch::Tensor& x,
   torch::Tensor mean = torch::empty({channels}, floats);
   torch::Tensor invstd = torch::empty({channels}, floats);
   const bool running = running_mean.numel() > 0;
-  float* const running_m = running ? running_mean.data_ptr<float>() : nullptr;
-  float* const running_v = running ? running_var.data_ptr<float>() : nullptr;
+  const cuda::RunningStatistics updated{running ? running_mean.data_ptr<float>() : nullptr,
+                                        running ? running_var.data_ptr<float>() : nullptr,
+                                        spec.batches};
   const auto e = static_cast<float>(spec.eps), m = static_cast<float>(spec.momentum);
   const SummedMap& given = *spec.sums;
   if (given.sums.defined()) {
@@ -96,15 +98,15 @@ std::pair<torch::Tensor, torch::Tensor> batch_statistics(const torch::Tensor& x,
                  c10::IntArrayRef(sums.sizes()));
     MYRIAD_CHECK_CUDA(cuda::batch_norm_statistics_from_sums(
         sums.data_ptr<float>(), shift.defined() ? shift.data_ptr<float>() : nullptr, sums.size(0),
-        rows, channels, e, m, mean.data_ptr<float>(), invstd.data_ptr<float>(), running_m,
-        running_v, stream_of(x)));
+        rows, channels, e, m, mean.data_ptr<float>(), invstd.data_ptr<float>(), updated,
+        stream_of(x)));
   } else {
     statistics_passes.fetch_add(1, std::memory_order_relaxed);
     const torch::Tensor partials = torch::empty({cuda::batch_norm_partials(channels)}, floats);
     MYRIAD_CHECK_CUDA(cuda::batch_norm_statistics(x.data_ptr(), element_type(x.scalar_type()), rows,
                                                   channels, e, m, partials.data_ptr<float>(),
                                                   mean.data_ptr<float>(), invstd.data_ptr<float>(),
-                                                  running_m, running_v, stream_of(x)));
+                                                  updated, stream_of(x)));
   }
   return {mean, invstd};
 }
@@ -243,17 +245,15 @@ torch::autograd::variable_list BatchNormImpl::own_kernels(const SummedMap& x,
                                                           SummedMap* output_sums) {
 #ifdef MYRIAD_WITH_CUDA
   const bool recompute = recomputing_activations();
-  if (!recompute) {
-    torch::NoGradGuard no_grad;
-    num_batches_tracked.add_(1);
-  }
   // Under autocast LibTorch's batch norm runs in the input's dtype with float32 statistics: so do
   // the kernels.
   const torch::Tensor none = torch::empty({0}, running_mean.options());
   return BatchNormPReLUFunction::apply(
       x.y, weight, bias, prelu_weight.defined() ? prelu_weight : none,
       residual.defined() ? residual : none, recompute ? none : running_mean,
-      recompute ? none : running_var, NodeSpec{momentum_, eps_, fork, &x, output_sums});
+      recompute ? none : running_var,
+      NodeSpec{momentum_, eps_, fork, &x, output_sums,
+               recompute ? nullptr : num_batches_tracked.data_ptr<int64_t>()});
 #else
   (void)x;
   (void)prelu_weight;

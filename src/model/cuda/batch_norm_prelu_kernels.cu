@@ -184,28 +184,31 @@ __global__ void batch_norm_statistics_kernel(const T* __restrict__ x, int64_t ro
 }
 
 // Channel c's statistics from its mean and its variance before clamping, and the running
-// statistics updated as LibTorch's batch norm updates them (with the unbiased variance).
+// statistics updated as LibTorch's batch norm updates them (with the unbiased variance); channel
+// 0 counts the batch.
 __device__ inline void store_statistics(int64_t c, float m, float diff, float n, float eps,
                                         float momentum, float* __restrict__ mean,
                                         float* __restrict__ invstd,
-                                        float* __restrict__ running_mean,
-                                        float* __restrict__ running_var) {
+                                        const RunningStatistics& running) {
   // Rounding can take the difference below 0; NaN stays NaN (fmaxf would hide it in running_var).
   const float var = diff < 0.0f ? 0.0f : diff;
   mean[c] = m;
   invstd[c] = rsqrtf(var + eps);
-  if (running_mean != nullptr) {
-    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * m;
-    running_var[c] = (1.0f - momentum) * running_var[c] + momentum * var * n / (n - 1.0f);
+  if (running.mean != nullptr) {
+    running.mean[c] = (1.0f - momentum) * running.mean[c] + momentum * m;
+    running.var[c] = (1.0f - momentum) * running.var[c] + momentum * var * n / (n - 1.0f);
   }
+  if (running.batches != nullptr && c == 0) *running.batches += 1;
 }
 
 // The statistics from the blocks' sums of x - shift (shift null: 0), a block per channel; the
 // difference of squares in double precision.
-__global__ void batch_norm_statistics_finish_kernel(
-    const float* __restrict__ partials, const float* __restrict__ shift, int64_t blocks,
-    int64_t rows, int64_t channels, float eps, float momentum, float* __restrict__ mean,
-    float* __restrict__ invstd, float* __restrict__ running_mean, float* __restrict__ running_var) {
+__global__ void batch_norm_statistics_finish_kernel(const float* __restrict__ partials,
+                                                    const float* __restrict__ shift, int64_t blocks,
+                                                    int64_t rows, int64_t channels, float eps,
+                                                    float momentum, float* __restrict__ mean,
+                                                    float* __restrict__ invstd,
+                                                    RunningStatistics running) {
   const int64_t c = blockIdx.x;
   float sums[2];
   sum_columns<2>(partials, blocks, 2 * channels, {c, channels + c}, sums);
@@ -214,7 +217,7 @@ __global__ void batch_norm_statistics_finish_kernel(
   const double offset = sums[0] / n;
   const double m = (shift != nullptr ? shift[c] : 0.0) + offset;
   store_statistics(c, static_cast<float>(m), static_cast<float>(sums[1] / n - offset * offset),
-                   static_cast<float>(n), eps, momentum, mean, invstd, running_mean, running_var);
+                   static_cast<float>(n), eps, momentum, mean, invstd, running);
 }
 
 // y = PReLU(batch norm(x)) (+ residual): the residual's add costs no pass of its own. Where kSums,
@@ -473,8 +476,7 @@ int64_t batch_norm_shift_offset(int64_t channels) {
 
 cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows, int64_t channels,
                                   float eps, float momentum, float* partials, float* mean,
-                                  float* invstd, float* running_mean, float* running_var,
-                                  cudaStream_t stream) {
+                                  float* invstd, RunningStatistics running, cudaStream_t stream) {
   float* const shift = partials + batch_norm_shift_offset(channels);
   int64_t blocks = 0;
   const cudaError_t status = dispatch(type, channels, {x}, [&](auto t, auto v) {
@@ -494,17 +496,16 @@ cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows,
   });
   if (status != cudaSuccess) return status;
   return batch_norm_statistics_from_sums(partials, shift, blocks, rows, channels, eps, momentum,
-                                         mean, invstd, running_mean, running_var, stream);
+                                         mean, invstd, running, stream);
 }
 
 cudaError_t batch_norm_statistics_from_sums(const float* sums, const float* shift, int64_t blocks,
                                             int64_t rows, int64_t channels, float eps,
                                             float momentum, float* mean, float* invstd,
-                                            float* running_mean, float* running_var,
-                                            cudaStream_t stream) {
+                                            RunningStatistics running, cudaStream_t stream) {
   if (channels == 0) return cudaSuccess;
   batch_norm_statistics_finish_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
-      sums, shift, blocks, rows, channels, eps, momentum, mean, invstd, running_mean, running_var);
+      sums, shift, blocks, rows, channels, eps, momentum, mean, invstd, running);
   return cudaGetLastError();
 }
 

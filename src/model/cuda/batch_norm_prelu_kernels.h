@@ -35,14 +35,21 @@ struct BatchNormPReLUParams {
 
 int64_t batch_norm_partials(int64_t channels);
 
+// What a batch norm keeps across batches, updated by the kernel that finishes the statistics, so
+// that counting a batch costs no launch of its own: mean and var as LibTorch's batch norm updates
+// them (momentum; the unbiased variance), and batches, LibTorch's num_batches_tracked, by one. All
+// null: nothing updated (a recomputation).
+struct RunningStatistics {
+  float* mean = nullptr;
+  float* var = nullptr;
+  int64_t* batches = nullptr;
+};
+
 // The batch statistics of x: mean[c] and invstd[c] = 1 / sqrt(var[c] + eps) with the biased
-// variance. Where running_mean is not null, also running_mean = (1 - momentum) running_mean +
-// momentum mean and running_var likewise with the unbiased variance, as LibTorch's batch norm.
-// rows >= 2.
+// variance, and the running statistics updated. rows >= 2.
 cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows, int64_t channels,
                                   float eps, float momentum, float* partials, float* mean,
-                                  float* invstd, float* running_mean, float* running_var,
-                                  cudaStream_t stream);
+                                  float* invstd, RunningStatistics running, cudaStream_t stream);
 
 // The same statistics (and running statistics) from per-channel sums that another kernel formed
 // as it wrote x: `sums` [blocks, 2, channels] float32, over blocks of rows, Σ (x - shift[c]) and
@@ -54,8 +61,7 @@ cudaError_t batch_norm_statistics(const void* x, ElementType type, int64_t rows,
 cudaError_t batch_norm_statistics_from_sums(const float* sums, const float* shift, int64_t blocks,
                                             int64_t rows, int64_t channels, float eps,
                                             float momentum, float* mean, float* invstd,
-                                            float* running_mean, float* running_var,
-                                            cudaStream_t stream);
+                                            RunningStatistics running, cudaStream_t stream);
 
 // Where the forward pass also forms its output's sums, for the batch norm that reads the output
 // next (batch_norm_statistics_from_sums): `partials` (batch_norm_partials floats) receives
