@@ -69,7 +69,8 @@ struct NodeSpec {
   bool fork;               // the input again, for a second use (forward_fork)
   const SummedMap* sums;   // the input, with its sums where a kernel formed them
   SummedMap* output_sums;  // where not null, receives the output's sums and shift
-  int64_t* batches;        // num_batches_tracked, which the statistics' kernel counts; null: not
+  int64_t* batches;        // num_batches_tracked, counted by the statistics' kernel; null: not
+                           // counted (a recomputation)
 };
 
 // mean and invstd of x's channels, from spec.sums where a kernel formed them, else by the

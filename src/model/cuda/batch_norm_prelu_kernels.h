@@ -35,10 +35,9 @@ struct BatchNormPReLUParams {
 
 int64_t batch_norm_partials(int64_t channels);
 
-// What a batch norm keeps across batches, updated by the kernel that finishes the statistics, so
-// that counting a batch costs no launch of its own: mean and var as LibTorch's batch norm updates
-// them (momentum; the unbiased variance), and batches, LibTorch's num_batches_tracked, by one. All
-// null: nothing updated (a recomputation).
+// What a batch norm keeps across batches, updated as LibTorch's batch norm updates it (batches is
+// num_batches_tracked), by the kernel that finishes the statistics, so that counting costs no
+// launch of its own. Null members are left alone (a recomputation passes none).
 struct RunningStatistics {
   float* mean = nullptr;
   float* var = nullptr;
