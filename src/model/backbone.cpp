@@ -3,6 +3,7 @@
 #include <torch/autograd.h>
 
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "myriad/model/iresnet.h"
@@ -10,6 +11,7 @@
 #include "myriad/model/mobilefacenet.h"
 #include "myriad/model/small_cnn.h"
 #include "myriad/model/vit.h"
+#include "myriad/model/weight_casts.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/error.h"
 
@@ -103,21 +105,66 @@ torch::Tensor Backbone::forward(const torch::Tensor& images, const torch::Tensor
 Activations Backbone::forward_blocks(Activations in, int64_t begin, int64_t end) {
   MYRIAD_CHECK(0 <= begin && begin <= end && end <= num_blocks(),
                "blocks [{}, {}) of a backbone of {}", begin, end, num_blocks());
-  // The first block's input is the images and the last one's output the embedding: keeping
-  // those costs nothing extra.
-  const auto checkpointed = [&](int64_t b) {
-    return checkpointing_ && is_training() && torch::GradMode::is_enabled() && b > 0 &&
-           b + 1 < num_blocks();
-  };
+  const bool training = is_training() && torch::GradMode::is_enabled();
+  const auto checkpointed = [&](int64_t b) { return training && checkpointed_in_training(b); };
+  const std::optional<torch::ScalarType> autocast = active_autocast(in.x.device().type());
+  std::optional<WeightCasts> casts;
+  std::vector<std::pair<int64_t, int64_t>> groups;
+  if (training && autocast && grouped_weight_casts_) {
+    casts.emplace(*autocast);
+    groups = weight_cast_groups(begin, end);
+  }
+  auto group = groups.begin();
   for (int64_t b = begin; b < end; ++b) {
     if (checkpointed(b)) {
       in.x = CheckpointedBlock::apply(in.x, this, b, &in);
-    } else {
-      in.sum_output = output_sums_ && b + 1 < end && !checkpointed(b + 1);
-      in = forward_block(b, std::move(in));
+      continue;
     }
+    // Cast right before the group's first block: autograd's engine runs a node once nothing made
+    // after it is ready, so the group's gradients come back as soon as its blocks' backward ends.
+    if (group != groups.end() && group->first == b) casts->cast(convolution_weights(*group++));
+    in.sum_output = output_sums_ && b + 1 < end && !checkpointed(b + 1);
+    in = forward_block(b, std::move(in));
   }
   return in;
+}
+
+// The first block's input is the images and the last one's output the embedding: keeping those
+// costs nothing extra.
+bool Backbone::checkpointed_in_training(int64_t b) const {
+  return checkpointing_ && b > 0 && b + 1 < num_blocks();
+}
+
+std::vector<std::pair<int64_t, int64_t>> Backbone::weight_cast_groups(int64_t begin,
+                                                                      int64_t end) const {
+  std::vector<std::pair<int64_t, int64_t>> groups;
+  for (int64_t b = begin; b < end; ++b) {
+    if (checkpointed_in_training(b)) continue;
+    if (groups.empty() || groups.back().second != b) {
+      groups.emplace_back(b, b + 1);
+    } else {
+      ++groups.back().second;
+    }
+  }
+  return groups;
+}
+
+std::vector<torch::Tensor> Backbone::convolution_weights(std::pair<int64_t, int64_t> group) const {
+  std::vector<torch::Tensor> weights;
+  for (int64_t b = group.first; b < group.second; ++b) {
+    for (torch::Tensor& w : convolution_weights(b)) weights.push_back(std::move(w));
+  }
+  return weights;
+}
+
+std::string Backbone::weight_casts_note() const {
+  if (!grouped_weight_casts_) return "";
+  int64_t groups = 0;
+  for (const auto& group : weight_cast_groups(0, num_blocks())) {
+    if (!convolution_weights(group).empty()) ++groups;
+  }
+  if (groups == 0) return "";
+  return str_format("convolution weights cast in {} group{}", groups, groups == 1 ? "" : "s");
 }
 
 void Backbone::add_block(std::string name, std::vector<std::string> prefixes) {

@@ -1,8 +1,10 @@
 // BatchNormImpl::convolve: a convolution whose output's batch-norm statistics come from cuDNN's
 // epilogue (cuda/convolution_statistics.h), where the build, the run and cuDNN allow it; else the
-// plain convolution, whose output the batch norm reads once more for them.
+// plain convolution, whose output the batch norm reads once more for them. Either takes the
+// weight's copy from a live WeightCasts, where one was made, instead of autocast's cast.
 
 #include <torch/autograd.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <cstdint>
@@ -10,12 +12,13 @@
 #include <variant>
 
 #include "myriad/model/batch_norm.h"
+#include "myriad/model/weight_casts.h"
 #include "myriad/util/autocast.h"
+#include "myriad/util/error.h"
 #include "myriad/util/format.h"
 
 #ifdef MYRIAD_WITH_CUDNN_GRAPH
 #include <ATen/Context.h>
-#include <torch/version.h>
 
 #include "cuda/convolution_statistics.h"
 #endif
@@ -25,6 +28,31 @@ namespace myriad {
 namespace {
 
 std::atomic<bool> statistics_enabled{false};
+
+// The options' variants: std's in LibTorch 2, c10's before.
+#if TORCH_VERSION_MAJOR >= 2
+using std::get_if;
+using std::holds_alternative;
+#else
+using c10::get_if;
+using c10::holds_alternative;
+#endif
+
+// `conv` on x with `w`, a cast copy of its weight, in the weight's place.
+torch::Tensor convolve_with(const torch::nn::Conv2dImpl& conv, const torch::Tensor& x,
+                            const torch::Tensor& w) {
+  const torch::nn::detail::ConvNdOptions<2>& o = conv.options;
+  MYRIAD_CHECK(holds_alternative<torch::enumtype::kZeros>(o.padding_mode()),
+               "a cast weight for a convolution that pads with other than zeros");
+  namespace F = torch::nn::functional;
+  return F::conv2d(x, w,
+                   F::Conv2dFuncOptions()
+                       .bias(conv.bias)
+                       .stride(o.stride())
+                       .padding(o.padding())
+                       .dilation(o.dilation())
+                       .groups(o.groups()));
+}
 
 #ifdef MYRIAD_WITH_CUDNN_GRAPH
 // The convolution by the plan, forward; backward takes LibTorch's convolution gradients. The sums
@@ -60,15 +88,6 @@ class ConvolutionStatisticsFunction
   }
 };
 
-// The options' variants: std's in LibTorch 2, c10's before.
-#if TORCH_VERSION_MAJOR >= 2
-using std::get_if;
-using std::holds_alternative;
-#else
-using c10::get_if;
-using c10::holds_alternative;
-#endif
-
 // The shape of conv(x) in `dtype`, where the convolution is one the graph takes.
 std::optional<ConvolutionShape> shape_of(const torch::nn::Conv2dImpl& conv, const torch::Tensor& x,
                                          torch::ScalarType dtype) {
@@ -102,9 +121,10 @@ std::optional<ConvolutionShape> shape_of(const torch::nn::Conv2dImpl& conv, cons
 }  // namespace
 
 SummedMap BatchNormImpl::convolve(torch::nn::Conv2dImpl& conv, const torch::Tensor& x) {
-#ifdef MYRIAD_WITH_CUDNN_GRAPH
   // The dtype the convolution computes in: autocast's, else x's own.
   const torch::ScalarType dtype = active_autocast(x.device().type()).value_or(x.scalar_type());
+  const torch::Tensor cast = WeightCasts::copy_of(conv.weight, dtype);
+#ifdef MYRIAD_WITH_CUDNN_GRAPH
   const bool wanted =
       statistics_enabled && sync == nullptr && is_training() &&
       (dtype == torch::kBFloat16 || dtype == torch::kHalf) &&
@@ -114,7 +134,8 @@ SummedMap BatchNormImpl::convolve(torch::nn::Conv2dImpl& conv, const torch::Tens
   if (const std::optional<ConvolutionShape> shape =
           wanted ? shape_of(conv, x, dtype) : std::optional<ConvolutionShape>()) {
     const torch::Tensor xs = x.to(dtype);
-    const torch::Tensor w = conv.weight.to(dtype).contiguous(torch::MemoryFormat::ChannelsLast);
+    const torch::Tensor w = (cast.defined() ? cast : conv.weight.to(dtype))
+                                .contiguous(torch::MemoryFormat::ChannelsLast);
     // A view into a larger map may start off the 16 bytes that the graph declares.
     const ConvolutionStatisticsPlan* plan =
         reinterpret_cast<uintptr_t>(xs.data_ptr()) % 16 == 0
@@ -127,7 +148,7 @@ SummedMap BatchNormImpl::convolve(torch::nn::Conv2dImpl& conv, const torch::Tens
     }
   }
 #endif
-  return {conv.forward(x), torch::Tensor()};
+  return {cast.defined() ? convolve_with(conv, x, cast) : conv.forward(x), torch::Tensor()};
 }
 
 bool use_convolution_statistics(bool enabled) {

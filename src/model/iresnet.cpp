@@ -45,6 +45,13 @@ class BasicBlockImpl : public torch::nn::Module, public OnnxModule {
 
   int64_t multiply_adds() const { return multiply_adds_; }
 
+  // The weights of the convolutions that forward runs, all through convolve.
+  std::vector<torch::Tensor> convolution_weights() const {
+    std::vector<torch::Tensor> weights{conv1_->weight, conv2_->weight};
+    if (downsample_) weights.push_back(downsample_->ptr(0)->as<torch::nn::Conv2dImpl>()->weight);
+    return weights;
+  }
+
   // The block's output, with its sums for the batch norm that reads it next where `sum_output`.
   SummedMap forward(const SummedMap& x, bool sum_output) {
     // x feeds bn1 and the shortcut: bn1's backward adds the shortcut's gradient. Each convolution
@@ -85,10 +92,10 @@ class BasicBlockImpl : public torch::nn::Module, public OnnxModule {
 TORCH_MODULE(BasicBlock);
 
 // The index-th basic block, counting through the stages.
-BasicBlockImpl& residual_block(torch::nn::Sequential (&layers)[4], int64_t index) {
+BasicBlockImpl& residual_block(const torch::nn::Sequential (&layers)[4], int64_t index) {
   int64_t unit = index;
-  for (torch::nn::Sequential& layer : layers) {
-    if (unit < static_cast<int64_t>(layer->size())) return *layer[unit]->as<BasicBlockImpl>();
+  for (const torch::nn::Sequential& layer : layers) {
+    if (unit < static_cast<int64_t>(layer->size())) return *layer->ptr(unit)->as<BasicBlockImpl>();
     unit -= static_cast<int64_t>(layer->size());
   }
   MYRIAD_THROW("an IResNet has no residual block {}", index);
@@ -152,6 +159,12 @@ Activations IResNet::forward_block(int64_t block, Activations in) {
                  : residual_block(layers_, block - 1).forward(summed_input(in), in.sum_output);
   in.x = in.summed.y;
   return in;
+}
+
+std::vector<torch::Tensor> IResNet::convolution_weights(int64_t block) const {
+  if (block == 0) return {conv1_->weight};
+  if (block + 1 == num_blocks()) return {};
+  return residual_block(layers_, block - 1).convolution_weights();
 }
 
 std::string IResNet::to_onnx(OnnxGraph& g, const std::string& x) const {

@@ -210,6 +210,9 @@ void TrainStepBuilder::build_stage(TrainStep::Parts& parts) const {
   parts.layout.chunks = plan.chunks;
   parts.predicted_stage_ms = std::move(plan.predicted);
   const PipelineLayout& layout = parts.layout;
+  // Grouped casts hand a group's gradients back at once, later than all-reduces that overlap
+  // backward want the first of them: only where no other replica sums them.
+  backbone.set_grouped_weight_casts(layout.replicas == 1);
   std::unique_ptr<Communicator> pipe;
   if (layout.stages > 1) {
     parts.stage_comm = comms_.create_split(device_, layout.stage, layout.replica);

@@ -387,14 +387,17 @@ void Run::log_start() {
   int64_t backbone_params = 0;
   for (const torch::Tensor& p : backbone.parameters()) backbone_params += p.numel();
   const std::string placement = context_.placement(device_);
+  const std::string weight_casts =
+      c_.precision == Precision::kFp32 ? "" : backbone.weight_casts_note();
   log_info(
       "myriad-train: {}; {}{} (backbone {}, {:.1f}M parameters, {:.2f}G multiply-adds per image, "
-      "{}, batch norm in {}{}, {}{}, {} gradient buckets{}), {} classes ({} per rank, {}), {}",
+      "{}, batch norm in {}{}, {}{}{}, {} gradient buckets{}), {} classes ({} per rank, {}), {}",
       placement, to_string(c_.precision), precision_was_auto_ ? " (--precision auto)" : "",
       c_.backbone, backbone_params / 1e6, backbone.multiply_adds() / 1e9,
       backbone.channels_last() ? "channels-last" : "NCHW",
       batch_norm_kernels(device_, c_.sync_bn, backbone.channels_last()),
       conv_statistics_ ? " with statistics from cuDNN's convolutions" : "", conv_engines_,
+      weight_casts.empty() ? "" : ", " + weight_casts,
       graphs_.describe().empty() ? "" : ", " + graphs_.describe(), step_.sync().bucket_count(),
       c_.grad_comm_dtype == torch::kFloat32
           ? ""

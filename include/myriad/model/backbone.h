@@ -105,6 +105,19 @@ class Backbone : public torch::nn::Module {
   void set_activation_checkpointing(bool on) { checkpointing_ = on; }
   bool activation_checkpointing() const { return checkpointing_; }
 
+  // In training under autocast, forward_blocks casts the convolutions' weights (those that
+  // convolution_weights names) in one pass per run of consecutive blocks that are not recomputed,
+  // and their gradients come back in one (WeightCasts), rather than one by one; off, autocast casts
+  // them. A group's gradients come back when its first block's backward ends, so runs whose
+  // gradient all-reduces overlap backward turn it off.
+  void set_grouped_weight_casts(bool on) { grouped_weight_casts_ = on; }
+  bool grouped_weight_casts() const { return grouped_weight_casts_; }
+  // The groups [first, end) of blocks whose convolution weights a training forward_blocks(begin,
+  // end) casts together: the runs of blocks that are not recomputed.
+  std::vector<std::pair<int64_t, int64_t>> weight_cast_groups(int64_t begin, int64_t end) const;
+  // For the start-up line: "convolution weights cast in N groups", or empty where none would be.
+  std::string weight_casts_note() const;
+
   // Whether a block sums its output for the next block's batch norm (Activations::sum_output; on
   // by default). Off, each batch norm runs its own statistics pass: benchmarks time both routes.
   void set_output_sums(bool on) { output_sums_ = on; }
@@ -116,12 +129,20 @@ class Backbone : public torch::nn::Module {
 
   // Block `block` on `in` (one block: the unit of pipeline stages and of checkpointing).
   virtual Activations forward_block(int64_t block, Activations in) = 0;
+  // The weights of block `block`'s convolutions, each of which every training forward of the block
+  // runs through BatchNormImpl::convolve (which takes WeightCasts' copies); none by default.
+  virtual std::vector<torch::Tensor> convolution_weights(int64_t block) const { return {}; }
 
   // The inference graph (as eval mode computes: batch norm's running statistics, no dropout, no
   // masking or drop path) appended to `g` on images `x`; returns the embedding's name.
   virtual std::string to_onnx(OnnxGraph& g, const std::string& x) const = 0;
 
  protected:
+  // Whether training recomputes block `b` (activation checkpointing).
+  bool checkpointed_in_training(int64_t b) const;
+  // The convolution weights of blocks [group.first, group.second).
+  std::vector<torch::Tensor> convolution_weights(std::pair<int64_t, int64_t> group) const;
+
   // Declares the next block: `name` for logs, and the state-dict names it owns (an entry belongs
   // to the block of the first prefix it equals or extends by a ".").
   void add_block(std::string name, std::vector<std::string> prefixes);
@@ -138,6 +159,7 @@ class Backbone : public torch::nn::Module {
   bool channels_last_ = false;
   bool checkpointing_ = false;
   bool output_sums_ = true;
+  bool grouped_weight_casts_ = true;
   int64_t multiply_adds_ = 0;
 };
 

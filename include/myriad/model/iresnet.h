@@ -21,6 +21,7 @@ class IResNet final : public Backbone {
   // {6,26,60,6} r200.
   IResNet(const BackboneOptions& options, const std::vector<int64_t>& blocks);
   Activations forward_block(int64_t block, Activations in) override;
+  std::vector<torch::Tensor> convolution_weights(int64_t block) const override;
   std::string to_onnx(OnnxGraph& g, const std::string& x) const override;
   // Before insightface's names: stem.{0,1,2} for conv1, bn1 and prelu, stages.N for layerK.J
   // (numbered through all stages), bn for bn2.
