@@ -15,7 +15,7 @@ for batch in 4 8; do
   bench --batch-size "$batch" --csv "$work/kinds$batch.csv" >"$work/out$batch.txt"
 done
 cat "$work/out8.txt"
-grep -q "^# backbone smallcnn: 8 images of 1x28x28 per rank, fp32, NCHW, device cpu, 2 rank(s), batch norm in LibTorch's, statistics from the convolutions: off, output sums: on (no batch norm kernel of ours ran), oneDNN's convolutions$" "$work/out8.txt"
+grep -q "^# backbone smallcnn: 8 images of 1x28x28 per rank, fp32, NCHW, device cpu, 2 rank(s), batch norm in LibTorch's, statistics from the convolutions: off, output sums: on (no batch norm kernel of ours ran), weight casts: none (float32), oneDNN's convolutions$" "$work/out8.txt"
 grep -Eq "^step: [0-9.]+ ms per rank .* samples/s per rank" "$work/out8.txt"
 grep -q "^on the CPU these ceilings are no bound" "$work/out8.txt"
 "$py" - "$work" <<'PY'
@@ -69,6 +69,16 @@ PY
 bench --batch-size 4 --output-sums off >"$work/sums-off.txt"
 grep -q ", output sums: off (no batch norm kernel of ours ran), " "$work/sums-off.txt" || { cat "$work/sums-off.txt"; exit 1; }
 
+# Under bf16 an iresnet's convolution weights are cast together, or one by one with
+# --grouped-casts off; the header names the route.
+for casts in on off; do
+  mpirun --oversubscribe --bind-to none -np 2 "$bin/myriad-bench" backbone --device cpu \
+    --backbone iresnet18 --input-shape 3x32x32 --embedding-size 32 --precision bf16 --steps 1 \
+    --warmup 1 --batch-size 2 --grouped-casts "$casts" >"$work/casts-$casts.txt"
+done
+grep -q ", weight casts: convolution weights cast in 1 group, " "$work/casts-on.txt" || { cat "$work/casts-on.txt"; exit 1; }
+grep -q ", weight casts: autocast's, one per weight, " "$work/casts-off.txt" || { cat "$work/casts-off.txt"; exit 1; }
+
 # A ViT's mask token takes no gradient in this forward: the split backward counts it as zero.
 mpirun --oversubscribe --bind-to none -np 2 "$bin/myriad-bench" backbone --device cpu --backbone vit_t \
   --input-shape 3x18x18 --embedding-size 32 --steps 1 --warmup 1 --batch-size 2 --split-backward \
@@ -94,6 +104,7 @@ bad_option "fp16" --precision fp16
 bad_option "unknown backbone 'nosuchnet'" --backbone nosuchnet
 bad_option "--channels-last must be auto, on or off" --channels-last maybe
 bad_option "--output-sums must be auto, on or off" --output-sums sometimes
+bad_option "--grouped-casts must be auto, on or off" --grouped-casts sometimes
 bad_option "must be positive" --steps 0
 bad_option "cannot create '$work/missing/k.csv'" --csv "$work/missing/k.csv"
 # Images beyond any address space (300 PB), so that a kernel that overcommits refuses them too

@@ -40,6 +40,7 @@ struct BackboneBenchOptions {
   Toggle cudnn_benchmark = Toggle::kAuto;
   Toggle conv_statistics = Toggle::kOff;
   Toggle output_sums = Toggle::kOn;
+  Toggle grouped_casts = Toggle::kOn;
   std::string device = "auto";
   std::string csv;
   int steps = 20, warmup = 5;
@@ -50,7 +51,8 @@ struct BackboneBenchOptions {
 bool parse_backbone_options(const ProcessContext& context, int argc, char** argv,
                             BackboneBenchOptions& b) {
   po::options_description options("backbone options");
-  std::string shape_text, precision_text, layout_text, benchmark_text, statistics_text, sums_text;
+  std::string shape_text, precision_text, layout_text, benchmark_text, statistics_text, sums_text,
+      casts_text;
   // clang-format off
   options.add_options()
       ("backbone", po::value(&b.net.name)->default_value(b.net.name), "the network (myriad-train's names)")
@@ -62,6 +64,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
       ("cudnn-benchmark", po::value(&benchmark_text)->default_value(to_string(b.cudnn_benchmark)), "cuDNN times each convolution shape's engines once and keeps the fastest: auto (on GPUs), on or off, as myriad-train")
       ("conv-statistics", po::value(&statistics_text)->default_value(to_string(b.conv_statistics)), "batch norm's statistics formed in the epilogues of the convolutions before them (cuDNN's graph API): off, auto or on, as myriad-train")
       ("output-sums", po::value(&sums_text)->default_value(to_string(b.output_sums)), "a block sums its output for the next block's batch norm, which then makes no statistics pass of its own: on (auto, myriad-train's route) or off")
+      ("grouped-casts", po::value(&casts_text)->default_value(to_string(b.grouped_casts)), "under bf16 or fp16, the convolutions' weights cast together, and their gradients back, in one pass each: on (auto, myriad-train's route on one replica) or off (autocast's cast per weight)")
       ("steps", po::value(&b.steps)->default_value(b.steps), "timed steps")
       ("warmup", po::value(&b.warmup)->default_value(b.warmup), "untimed steps first")
       ("csv", po::value(&b.csv), "also write the roofline per layer kind to this CSV file (rank 0)")
@@ -85,6 +88,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
   b.cudnn_benchmark = parse_toggle("cudnn-benchmark", benchmark_text);
   b.conv_statistics = parse_toggle("conv-statistics", statistics_text);
   b.output_sums = parse_toggle("output-sums", sums_text);
+  b.grouped_casts = parse_toggle("grouped-casts", casts_text);
   return true;
 }
 
@@ -98,6 +102,7 @@ class Subject {
     backbone_->to(device);
     backbone_->set_channels_last(use_channels_last(b.channels_last, device));
     backbone_->set_output_sums(b.output_sums != Toggle::kOff);
+    backbone_->set_grouped_weight_casts(b.grouped_casts != Toggle::kOff);
     backbone_->train();
     const InputShape& s = b.net.input;
     images_ = backbone_->in_layout(
@@ -236,6 +241,14 @@ std::string output_sums_route(bool on, const BatchNormRouteCount& route) {
                     route.output_sums, route.statistics_passes);
 }
 
+// How a training forward casts the convolutions' weights: not at all in float32, else together
+// (the groups) or one by one, autocast's way.
+std::string weight_casts_route(const Backbone& net, Precision precision) {
+  if (precision == Precision::kFp32) return "none (float32)";
+  const std::string note = net.weight_casts_note();
+  return note.empty() ? "autocast's, one per weight" : note;
+}
+
 // What a run chose and measured, for its report.
 struct Findings {
   Precision precision = Precision::kFp32;
@@ -255,13 +268,14 @@ void report(const BackboneBenchOptions& b, const Subject& subject, const Finding
   const Backbone& net = subject.backbone();
   std::printf(
       "# backbone %s: %lld images of %lldx%lldx%lld per rank, %s, %s, device %s, %d rank(s), "
-      "batch norm in %s, statistics from the convolutions: %s, output sums: %s, %s\n",
+      "batch norm in %s, statistics from the convolutions: %s, output sums: %s, weight casts: %s, "
+      "%s\n",
       b.net.name.c_str(), static_cast<long long>(b.batch), static_cast<long long>(s.channels),
       static_cast<long long>(s.height), static_cast<long long>(s.width), to_string(precision),
       net.channels_last() ? "channels-last" : "NCHW", device.str().c_str(), world,
       batch_norm_kernels(device, false, net.channels_last()),
       convolution_statistics_state().c_str(), output_sums_route(net.output_sums(), f.route).c_str(),
-      f.algorithms);
+      weight_casts_route(net, precision).c_str(), f.algorithms);
   std::printf("ceilings measured: %s GEMM %.4g TFLOP/s, memory %.4g GB/s\n",
               c10::toString(compute_dtype(precision)), ceilings.gemm_tflops,
               ceilings.memory_bandwidth / 1e9);
