@@ -93,8 +93,7 @@ expect_refused() {
 # --- two jobs on one run directory ------------------------------------------------------------------
 small_train 2 "${args[@]}" --max-steps 30 --checkpoint-every 10 --run-dir "$work/solo" >/dev/null
 run="$work/shared"
-# Rank 0 sleeps 100 ms in every step (the fault point of straggler_report.sh): unpaced, the 30 steps
-# took about a second, and the holder could end before it is paused.
+# Rank 0 sleeps 100 ms a step (fault_slow_step), so that the 30-step holder outlives its pause.
 MYRIAD_FAULT_SLOW_RANK=0:0.1 start 2 "$run.log" "${args[@]}" --max-steps 30 --checkpoint-every 10 --run-dir "$run" \
   --checkpoint-dir "$run.checkpoints"
 wait_for "$run.checkpoints/LOCK" 60 "the first job"

@@ -51,9 +51,8 @@ exec "$bin/myriad-train" "\$@"
 EOF
 chmod +x "$work/train.sh"
 export MYRIAD_TRAIN="$work/train.sh" MYRIAD_MAX_RESTARTS=1 MYRIAD_MIN_NODES=2
-# 30 ms of sleep in rank 0's every step (the fault point of tests/e2e/straggler_report.sh): an idle
-# machine runs the 400 steps in about 4 s, and myrh2's rank could finish before the test kills it.
-# Paced, about 11 s remain after the checkpoint of step 40. The losses do not depend on it.
+# Rank 0 (on myrh1, never killed) sleeps 30 ms a step (fault_slow_step), so that the job outlives
+# the kill of myrh2 after step 40; the losses do not depend on it.
 export MYRIAD_FAULT_SLOW_RANK=0:0.03
 
 steps=400
