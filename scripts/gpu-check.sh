@@ -21,8 +21,10 @@
 # on two GPUs side by side where there are two), conv-statistics (myriad-bench backbone for
 # iresnet50 and iresnet100 with batch norm's statistics from cuDNN's convolutions off, then on;
 # then 5 steps of myriad-train that require them), output-sums (myriad-bench backbone for iresnet50
-# and iresnet100 with a block's output sums off and on, alternated twice), grouped-casts (the same
-# with the convolution weights cast one by one and together)
+# and iresnet100 with a block's output sums off and on, alternated twice), backward-folds (the
+# same with a block's last batch norm's backward sums formed by its own pass, and by the next batch
+# norm's backward), grouped-casts (the same with the convolution weights cast one by one and
+# together)
 # (default: all).
 #
 # --tests limits the tests section to the CTest tests whose names match REGEX, and to the GPU
@@ -38,7 +40,7 @@ deps_args=()
 tests=()
 tests_regex=""
 out=${OUT:-$repo/build/gpu-check}
-only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,ijb,train,checkpoint,deterministic,launch,preempt,backbones,pipeline,profile,conv-statistics,output-sums,grouped-casts
+only=tests,collectives,classifier,momentum-bf16,naive,max-classes,loader,ijb,train,checkpoint,deterministic,launch,preempt,backbones,pipeline,profile,conv-statistics,output-sums,backward-folds,grouped-casts
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps-dir) deps_args=(--deps-dir "$2"); shift 2 ;;
@@ -520,6 +522,11 @@ if wants output-sums; then
   # The next batch norm's statistics from a block's output sums, off against on, alternated on one
   # machine (docs/benchmarks.md, "A block's output summed for the next batch norm").
   backbone_routes output-sums 2 off on
+fi
+if wants backward-folds; then
+  # A block's last batch norm's backward sums by a pass of its own against folded into the next
+  # batch norm's backward, alternated on one machine (docs/training.md).
+  backbone_routes backward-folds 2 off on
 fi
 if wants grouped-casts; then
   # The convolutions' weights cast one by one (autocast's) against together, alternated on one

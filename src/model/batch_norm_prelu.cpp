@@ -27,12 +27,23 @@
 namespace myriad {
 
 namespace {
-std::atomic<int64_t> statistics_passes{0}, output_sums_formed{0};
+std::atomic<int64_t> statistics_passes{0}, output_sums_formed{0}, backward_folds_set{0};
+std::atomic<bool> backward_folds{true};
 }  // namespace
 
 BatchNormRouteCount batch_norm_route_count() {
   return {statistics_passes.load(std::memory_order_relaxed),
-          output_sums_formed.load(std::memory_order_relaxed)};
+          output_sums_formed.load(std::memory_order_relaxed),
+          backward_folds_set.load(std::memory_order_relaxed)};
+}
+
+bool use_backward_folds(bool enabled) {
+  backward_folds = enabled;
+  return enabled;
+}
+
+bool backward_folds_enabled() {
+  return backward_folds;
 }
 
 #ifdef MYRIAD_WITH_CUDA
@@ -71,7 +82,44 @@ struct NodeSpec {
   SummedMap* output_sums;  // where not null, receives the output's sums and shift
   int64_t* batches;        // num_batches_tracked, counted by the statistics' kernel; null: not
                            // counted (a recomputation)
+  bool recompute;          // a checkpointed block's second forward
 };
+
+// The fold's handle in an autograd node's saved data, and back.
+c10::IValue fold_capsule(const c10::intrusive_ptr<BackwardFold>& fold) {
+  return c10::IValue::make_capsule(fold);
+}
+
+c10::intrusive_ptr<BackwardFold> saved_fold(torch::autograd::AutogradContext* ctx,
+                                            const char* key) {
+  const auto found = ctx->saved_data.find(key);
+  if (found == ctx->saved_data.end()) return {};
+  return c10::static_intrusive_pointer_cast<BackwardFold>(found->second.toCapsule());
+}
+
+// The fold a node without a slope offers the batch norm reading its output, where it sums that
+// output (and this is no recomputation, whose blocks hand nothing on).
+c10::intrusive_ptr<BackwardFold> offered_fold(const torch::Tensor& x, const torch::Tensor& mean,
+                                              const torch::Tensor& invstd,
+                                              const torch::Tensor& alpha, const NodeSpec& spec) {
+  if (spec.output_sums == nullptr || alpha.numel() > 0 || spec.recompute ||
+      !backward_folds_enabled())
+    return {};
+  auto fold = c10::make_intrusive<BackwardFold>();
+  fold->input = x.detach();
+  fold->mean = mean;
+  fold->invstd = invstd;
+  return fold;
+}
+
+// Whether this node's backward can form the sums of the batch norm that wrote x: its input, not yet
+// released by a backward, of x's device, dtype, shape and layout.
+bool takes_fold(const torch::Tensor& x, const NodeSpec& spec) {
+  const c10::intrusive_ptr<BackwardFold>& fold = spec.sums->fold;
+  return fold && fold->input.defined() && !spec.recompute && backward_folds_enabled() &&
+         fold->input.device() == x.device() && fold->input.scalar_type() == x.scalar_type() &&
+         fold->input.sizes() == x.sizes() && fold->input.strides() == x.strides();
+}
 
 // mean and invstd of x's channels, from spec.sums where a kernel formed them, else by the
 // statistics pass; the running statistics updated unless empty (a recomputation).
@@ -167,6 +215,14 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
       output_sums_formed.fetch_add(1, std::memory_order_relaxed);
     }
     ctx->saved_data["residual"] = r.numel() > 0;
+    if (const auto offered = offered_fold(x, mean, invstd, a, spec)) {
+      spec.output_sums->fold = offered;
+      ctx->saved_data["folded"] = fold_capsule(offered);
+    }
+    if (takes_fold(x, spec)) {
+      ctx->saved_data["fold"] = fold_capsule(spec.sums->fold);
+      backward_folds_set.fetch_add(1, std::memory_order_relaxed);
+    }
     ctx->save_for_backward({x, mean, invstd, g, b, a});
     if (!spec.fork) return {y};
     // An unused second use's gradient stays undefined rather than a tensor of zeros to add.
@@ -182,19 +238,11 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     const torch::Tensor dy = in_layout_of(x, grads[0].defined() ? grads[0] : torch::zeros_like(x));
     const torch::Tensor dbranch =
         grads.size() > 1 && grads[1].defined() ? in_layout_of(x, grads[1]) : torch::Tensor();
-    const int64_t channels = x.size(1), rows = x.numel() / std::max<int64_t>(channels, 1);
     const cuda::BatchNormPReLUParams p = params_of(saved[1], saved[2], saved[3], saved[4], alpha);
-    const cuda::ElementType type = element_type(x.scalar_type());
     torch::Tensor partials =
-        torch::empty({cuda::batch_norm_partials(channels)}, saved[1].options());
-    torch::Tensor sums = torch::empty({3, channels}, saved[1].options());
-    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_reduce(
-        x.data_ptr(), dy.data_ptr(), type, rows, channels, p, partials.data_ptr<float>(),
-        sums.data_ptr<float>(), stream_of(x)));
-    torch::Tensor dx = torch::empty_like(x);
-    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_input(
-        x.data_ptr(), dy.data_ptr(), dbranch.defined() ? dbranch.data_ptr() : nullptr,
-        dx.data_ptr(), type, rows, channels, p, sums.data_ptr<float>(), stream_of(x)));
+        torch::empty({cuda::batch_norm_partials(x.size(1))}, saved[1].options());
+    const torch::Tensor sums = backward_sums(ctx, x, dy, grads[0], p, partials);
+    const torch::Tensor dx = input_gradient(ctx, x, dy, dbranch, p, sums, partials);
     const torch::Tensor dalpha = alpha.numel() == 0   ? torch::Tensor()
                                  : alpha.numel() == 1 ? sums[2].sum().reshape({1})
                                                       : sums[2];
@@ -202,6 +250,57 @@ class BatchNormPReLUFunction : public torch::autograd::Function<BatchNormPReLUFu
     const torch::Tensor dresidual = ctx->saved_data["residual"].toBool() ? dy : torch::Tensor();
     return {dx,        sums[1],         sums[0],         dalpha,
             dresidual, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+
+ private:
+  // Σ dz, Σ dz x̂ and Σ dy z [z <= 0] per channel: formed by the next batch norm's backward where
+  // it folded them for exactly this gradient (`incoming`, unchanged), else by a pass of their own.
+  static torch::Tensor backward_sums(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                     const torch::Tensor& dy, const torch::Tensor& incoming,
+                                     const cuda::BatchNormPReLUParams& p, torch::Tensor& partials) {
+    if (const auto fold = saved_fold(ctx, "folded")) {
+      const bool same = fold->sums.defined() && incoming.defined() && incoming.is_same(fold->dy) &&
+                        incoming._version() == fold->dy_version;
+      const torch::Tensor sums = fold->sums;
+      fold->release();
+      if (same) return sums;
+    }
+    const int64_t channels = x.size(1), rows = x.numel() / std::max<int64_t>(channels, 1);
+    torch::Tensor sums = torch::empty({3, channels}, partials.options());
+    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_reduce(
+        x.data_ptr(), dy.data_ptr(), element_type(x.scalar_type()), rows, channels, p,
+        partials.data_ptr<float>(), sums.data_ptr<float>(), stream_of(x)));
+    return sums;
+  }
+
+  // dx, and where this node took a fold, the sums of the batch norm that wrote x, formed from dx
+  // in the same pass and handed to that batch norm's backward, which runs next on it.
+  static torch::Tensor input_gradient(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                      const torch::Tensor& dy, const torch::Tensor& dbranch,
+                                      const cuda::BatchNormPReLUParams& p,
+                                      const torch::Tensor& sums, torch::Tensor& partials) {
+    const int64_t channels = x.size(1), rows = x.numel() / std::max<int64_t>(channels, 1);
+    c10::intrusive_ptr<BackwardFold> fold = saved_fold(ctx, "fold");
+    if (fold && !fold->input.defined()) fold.reset();
+    torch::Tensor folded_sums;
+    cuda::FoldedSums folded;
+    if (fold) {
+      folded_sums = torch::empty({2, channels}, partials.options());
+      folded = {fold->input.data_ptr(), fold->mean.data_ptr<float>(),
+                fold->invstd.data_ptr<float>(), partials.data_ptr<float>(),
+                folded_sums.data_ptr<float>()};
+    }
+    torch::Tensor dx = torch::empty_like(x);
+    MYRIAD_CHECK_CUDA(cuda::batch_norm_prelu_backward_input(
+        x.data_ptr(), dy.data_ptr(), dbranch.defined() ? dbranch.data_ptr() : nullptr,
+        dx.data_ptr(), element_type(x.scalar_type()), rows, channels, p, sums.data_ptr<float>(),
+        fold ? &folded : nullptr, stream_of(x)));
+    if (fold) {
+      fold->sums = folded_sums;
+      fold->dy = dx;
+      fold->dy_version = dx._version();
+    }
+    return dx;
   }
 };
 
@@ -222,8 +321,8 @@ bool batch_norm_runs_own_kernels(const torch::Device& device, bool synchronised,
 
 const char* batch_norm_kernels(const torch::Device& device, bool synchronised, bool channels_last) {
   return batch_norm_runs_own_kernels(device, synchronised, channels_last)
-             ? "myriad's kernels (with PReLU, residual adds, the shortcut's gradient and the next "
-               "batch norm's statistics)"
+             ? "myriad's kernels (with PReLU, residual adds, the shortcut's gradient, the next "
+               "batch norm's statistics and a block's backward sums)"
              : "LibTorch's";
 }
 
@@ -254,7 +353,7 @@ torch::autograd::variable_list BatchNormImpl::own_kernels(const SummedMap& x,
       residual.defined() ? residual : none, recompute ? none : running_mean,
       recompute ? none : running_var,
       NodeSpec{momentum_, eps_, fork, &x, output_sums,
-               recompute ? nullptr : num_batches_tracked.data_ptr<int64_t>()});
+               recompute ? nullptr : num_batches_tracked.data_ptr<int64_t>(), recompute});
 #else
   (void)x;
   (void)prelu_weight;

@@ -104,6 +104,7 @@ bad_option "fp16" --precision fp16
 bad_option "unknown backbone 'nosuchnet'" --backbone nosuchnet
 bad_option "--channels-last must be auto, on or off" --channels-last maybe
 bad_option "--output-sums must be auto, on or off" --output-sums sometimes
+bad_option "--backward-folds must be auto, on or off" --backward-folds sometimes
 bad_option "--grouped-casts must be auto, on or off" --grouped-casts sometimes
 bad_option "must be positive" --steps 0
 bad_option "cannot create '$work/missing/k.csv'" --csv "$work/missing/k.csv"

@@ -9,6 +9,7 @@
 #include "myriad/model/batch_norm.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/error.h"
+#include "support/backward_folds.h"
 #include "support/convolution_statistics_on.h"
 #include "support/exact_float32.h"
 
@@ -230,7 +231,9 @@ TEST(Backbone, IResNetBlocksHandTheirOutputsSumsOn) {
 
 // The switch chooses the route a forward takes: on, each block's output and the stem's are summed
 // for the batch norm after them (the next block's bn1, the head's bn2), which then makes no
-// statistics pass; off, every batch norm makes its own. Counted against the network's modules.
+// statistics pass, and whose backward forms the block's last batch norm's backward sums (not the
+// stem's, which has a slope); off, every batch norm makes its own. Counted against the network's
+// modules.
 TEST(Backbone, OutputSumsSwitchChoosesTheRoute) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   const torch::Device gpu(torch::kCUDA);
@@ -257,6 +260,7 @@ TEST(Backbone, OutputSumsSwitchChoosesTheRoute) {
     const int64_t summed = on ? blocks + 1 : 0;
     EXPECT_EQ(route.output_sums, summed);
     EXPECT_EQ(route.statistics_passes, batch_norms - summed);
+    EXPECT_EQ(route.backward_folds, on ? blocks : 0);
   }
 }
 
@@ -293,10 +297,10 @@ TEST(Backbone, BlocksComposeToTheWholeNetwork) {
 // On a GPU with channels-last maps batch norm runs its own kernels, which the recomputation reaches
 // too, without updating the running statistics a second time.
 TEST(Backbone, ActivationCheckpointingKeepsGradientsAndStatistics) {
-  // Checkpointing, and the route without output sums (each batch norm's own statistics pass,
-  // which checkpointed blocks take too), against the plain forward.
+  // Checkpointing, the route without output sums (each batch norm's own statistics pass, which
+  // checkpointed blocks take too), and the one without backward folds, against the plain forward.
   struct Route {
-    bool checkpointing, output_sums;
+    bool checkpointing, output_sums, folds;
   };
   const myriad::testing::ExactFloat32 exact;
   std::vector<torch::Device> devices{torch::kCPU};
@@ -307,7 +311,9 @@ TEST(Backbone, ActivationCheckpointingKeepsGradientsAndStatistics) {
     const torch::Tensor images = torch::randn({4, 3, 32, 32}).to(device);
     const torch::Tensor projection = torch::randn({4, 16}).to(device);
     std::vector<std::shared_ptr<Backbone>> nets;
-    for (const Route route : {Route{false, true}, Route{true, true}, Route{false, false}}) {
+    for (const Route route : {Route{false, true, true}, Route{true, true, true},
+                              Route{false, false, true}, Route{false, true, false}}) {
+      const myriad::testing::BackwardFolds folds(route.folds);
       torch::manual_seed(8);
       auto net = build("r18", {3, 32, 32}, 16);
       net->to(device);
@@ -334,7 +340,7 @@ TEST(Backbone, ActivationCheckpointingKeepsGradientsAndStatistics) {
     }
     const double scale = torch::cat(flat).norm().item<double>();
     for (size_t n = 1; n < nets.size(); ++n) {
-      SCOPED_TRACE(n == 1 ? "checkpointing" : "no output sums");
+      SCOPED_TRACE(n == 1 ? "checkpointing" : n == 2 ? "no output sums" : "no backward folds");
       const auto other = nets[n]->named_parameters();
       for (const auto& item : plain) {
         if (!item.value().requires_grad()) continue;

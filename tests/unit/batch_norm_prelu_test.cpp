@@ -4,11 +4,13 @@
 // running statistics. On a GPU the channels-last maps and [N, C] matrices take myriad's kernels
 // (checked by the autograd node), in float32 and bfloat16; everything else, and the CPU, takes
 // LibTorch's batch norm. Then the sums that a pass forms for the next batch norm (SummedMap), from
-// myriad's kernels and from cuDNN's convolutions.
+// myriad's kernels and from cuDNN's convolutions, and the backward sums that the next batch norm's
+// backward forms for the one before it (BackwardFold).
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -16,6 +18,7 @@
 #include "myriad/model/batch_norm.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/format.h"
+#include "support/backward_folds.h"
 #include "support/convolution_statistics_on.h"
 #include "support/reference_softmax.h"
 
@@ -167,31 +170,34 @@ TEST(BatchNormPReLU, FusedOnGpusMatchesTheComposition) {
   }
 }
 
-// The statistics, the output's sums and the backward sum over rows in a fixed order, without
-// atomics: the same bits at every run, as --deterministic promises.
+// The statistics, the output's sums and the backward sums over rows in a fixed order, without
+// atomics, also where a backward forms the sums of the batch norm before it: the same bits at every
+// run, as --deterministic promises.
 TEST(BatchNormPReLU, FusedGradientsAreTheSameBitsEveryRun) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
   torch::manual_seed(8);
-  const torch::Tensor x = (torch::randn({32, 64, 14, 14}) * 2.0 + 0.5)
-                              .to(torch::kCUDA)
-                              .contiguous(torch::MemoryFormat::ChannelsLast);
-  const torch::Tensor g = torch::randn({32, 64, 14, 14}).to(torch::kCUDA);
+  const auto map = [](double scale, double offset) {
+    return (torch::randn({32, 64, 14, 14}) * scale + offset)
+        .to(torch::kCUDA)
+        .contiguous(torch::MemoryFormat::ChannelsLast);
+  };
+  const torch::Tensor x = map(2.0, 0.5), residual = map(1.0, 1.0), g = map(1.0, 0.0);
   std::vector<torch::Tensor> runs;
   for (int run = 0; run < 2; ++run) {
-    BatchNorm bn(64, 1e-5);
-    bn->to(torch::kCUDA);
+    BatchNorm bn(64, 1e-5), added(64, 1e-5), next(64, 1e-5);
+    for (BatchNorm b : {bn, added, next}) b->to(torch::kCUDA);
     const torch::Tensor slope = torch::full({64}, 0.25, torch::kCUDA).requires_grad_(true);
-    BatchNorm next(64, 1e-5);
-    next->to(torch::kCUDA);
     const torch::Tensor input = x.clone().requires_grad_(true);
-    // The first batch norm's statistics from its pass, the next one's from the sums the first
-    // formed.
+    // The first batch norm's statistics from its pass, the others' from the sums the one before
+    // formed; the second one's backward sums from the third one's backward.
     const SummedMap out = bn->forward_prelu(SummedMap{input}, slope, /*sum_output=*/true);
-    const torch::Tensor y = next->forward_output(out);
-    y.backward(g);
-    runs.push_back(torch::cat({y.reshape(-1), out.sums.reshape(-1), input.grad().reshape(-1),
-                               bn->weight.grad(), bn->bias.grad(), slope.grad(), bn->running_mean,
-                               bn->running_var, next->running_mean, next->running_var}));
+    const SummedMap sum = added->forward_add(out, residual, /*sum_output=*/true);
+    const auto [y, second] = next->forward_fork(sum);
+    torch::autograd::backward({y, second}, {g, g});
+    runs.push_back(torch::cat(
+        {y.reshape(-1), out.sums.reshape(-1), sum.sums.reshape(-1), input.grad().reshape(-1),
+         bn->weight.grad(), bn->bias.grad(), slope.grad(), added->weight.grad(), added->bias.grad(),
+         bn->running_mean, bn->running_var, next->running_mean, next->running_var}));
   }
   EXPECT_TRUE(torch::equal(runs[0], runs[1]));
 }
@@ -297,6 +303,118 @@ TEST(BatchNormPReLU, OutputSumsGiveTheNextBatchNormsStatistics) {
     SCOPED_TRACE(describe(c));
     expect_output_sums_serve_the_next(torch::kCUDA, torch::kFloat32, c, 1e-5);
     expect_output_sums_serve_the_next(torch::kCUDA, torch::kBFloat16, c, 1e-2);
+  }
+}
+
+// A batch norm plus a residual (IResNet's bn3) summing its output, and the batch norm that reads it
+// next, its input used again (the next block's bn1) or not (the head's bn2), against the two
+// composed by LibTorch in float64 on the CPU, with and without folds. Where the first output has a
+// third use, its gradient is no longer the one the fold summed: the first batch norm's own pass
+// must form its sums, or its gradients miss the third use's. Backward runs twice over the kept
+// graph, the second time without the fold (its first run released it), and the gradients add up.
+struct FoldCase {
+  std::vector<int64_t> shape;
+  bool fork, third_use;
+};
+
+void expect_fold_matches_composition(torch::ScalarType dtype, const FoldCase& c, bool folds,
+                                     double tolerance) {
+  const torch::Device gpu(torch::kCUDA);
+  const int64_t channels = c.shape[1];
+  torch::manual_seed(static_cast<uint64_t>(channels * 11 + c.shape.size()));
+  const auto draw = [&](double scale, double offset) {
+    return torch::randn(c.shape, torch::kFloat64) * scale + offset;
+  };
+  const torch::Tensor x64 = draw(3.0, 1.5), r64 = draw(1.0, 4.0);
+  const torch::Tensor dy64[3] = {draw(1.0, 0.0), draw(1.0, 0.0), draw(1.0, 0.0)};
+  const torch::Tensor gamma = torch::rand({2, channels}, torch::kFloat64) + 0.5;
+  const torch::Tensor beta = torch::randn({2, channels}, torch::kFloat64);
+  BatchNorm bns[2] = {BatchNorm(channels, 1e-5), BatchNorm(channels, 1e-5)};
+  for (int i = 0; i < 2; ++i) {
+    bns[i]->to(gpu);
+    torch::NoGradGuard no_grad;
+    bns[i]->weight.copy_(gamma[i]);
+    bns[i]->bias.copy_(beta[i]);
+  }
+  const auto on_gpu = [&](const torch::Tensor& t) {
+    const torch::Tensor d = t.to(gpu, dtype);
+    return c.shape.size() == 4 ? d.contiguous(torch::MemoryFormat::ChannelsLast) : d;
+  };
+  const torch::Tensor x = on_gpu(x64).requires_grad_(true);
+  const torch::Tensor residual = on_gpu(r64).requires_grad_(true);
+  const BackwardFolds switched(folds);
+  const BatchNormRouteCount before = batch_norm_route_count();
+  std::vector<torch::Tensor> outputs(1);
+  {
+    std::optional<AutocastGuard> autocast;
+    if (dtype != torch::kFloat32) autocast.emplace(gpu, dtype);
+    const SummedMap out = bns[0]->forward_add(SummedMap{x}, residual, /*sum_output=*/true);
+    if (c.fork) {
+      outputs.resize(2);
+      std::tie(outputs[0], outputs[1]) = bns[1]->forward_fork(out);
+    } else {
+      outputs[0] = bns[1]->forward_output(out);
+    }
+    if (c.third_use) outputs.push_back(out.y);
+  }
+  EXPECT_EQ((batch_norm_route_count() - before).backward_folds, folds ? 1 : 0);
+  std::vector<torch::Tensor> grads;
+  for (size_t i = 0; i < outputs.size(); ++i) grads.push_back(on_gpu(dy64[i]));
+  torch::autograd::backward(outputs, grads, /*retain_graph=*/true);
+  torch::autograd::backward(outputs, grads);
+
+  const auto reference = [&](const torch::Tensor& t) {
+    return t.to(dtype).to(torch::kFloat64).requires_grad_(true);
+  };
+  const torch::Tensor rx = reference(x64), rresidual = reference(r64);
+  const torch::Tensor rgamma = gamma.clone().requires_grad_(true);
+  const torch::Tensor rbeta = beta.clone().requires_grad_(true);
+  const torch::Tensor ry1 =
+      torch::batch_norm(rx, rgamma[0], rbeta[0], {}, {}, true, 0.1, 1e-5, false) + rresidual;
+  std::vector<torch::Tensor> routputs{
+      torch::batch_norm(ry1, rgamma[1], rbeta[1], {}, {}, true, 0.1, 1e-5, false)};
+  if (c.fork) routputs.push_back(ry1);
+  if (c.third_use) routputs.push_back(ry1);
+  std::vector<torch::Tensor> rgrads;
+  for (size_t i = 0; i < routputs.size(); ++i)
+    rgrads.push_back(dy64[i].to(dtype).to(torch::kFloat64));
+  torch::autograd::backward(routputs, rgrads);
+
+  // Each error against the reference's norm; the betas' against the incoming gradient's where that
+  // is larger: without a second or third use, the first beta's gradient, Σ dy over the rows, is 0
+  // up to rounding (the second batch norm's input gradient sums to 0 per channel).
+  const auto expect_twice = [&](const torch::Tensor& got, const torch::Tensor& once,
+                                const std::string& what, double floor = 0.0) {
+    const torch::Tensor expected = 2.0 * once.detach();
+    const double error = (got.detach().cpu().to(torch::kFloat64) - expected).norm().item<double>();
+    EXPECT_LE(error / std::max(expected.norm().item<double>(), 2.0 * floor), tolerance) << what;
+  };
+  expect_twice(x.grad(), rx.grad(), "input's gradient");
+  expect_twice(residual.grad(), rresidual.grad(), "residual's gradient");
+  const double incoming = dy64[0].norm().item<double>();
+  for (int i = 0; i < 2; ++i) {
+    expect_twice(bns[i]->weight.grad(), rgamma.grad()[i], str_format("batch norm {}'s gamma", i));
+    expect_twice(bns[i]->bias.grad(), rbeta.grad()[i], str_format("batch norm {}'s beta", i),
+                 incoming);
+  }
+}
+
+TEST(BatchNormPReLU, BackwardFoldsMatchTheComposition) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU";
+  const FoldCase cases[] = {{{8, 64, 7, 5}, true, false},   {{6, 32}, false, false},
+                            {{3, 12, 5, 5}, true, false},    // no 16-byte packs in bf16
+                            {{64, 8, 40, 40}, true, false},  // several sweeps of the blocks
+                            {{8, 64, 7, 5}, true, true},    {{6, 32}, false, true}};
+  for (const FoldCase& c : cases) {
+    for (const bool folds : {true, false}) {
+      SCOPED_TRACE(str_format("{}{}{}, folds {}", c10::IntArrayRef(c.shape),
+                              c.fork ? ", its input used again" : "",
+                              c.third_use ? ", a third use" : "", folds ? "on" : "off"));
+      expect_fold_matches_composition(torch::kFloat32, c, folds, 1e-4);
+      // Two batch norms in a row, each output rounded to 8 or 11 bits of mantissa.
+      expect_fold_matches_composition(torch::kBFloat16, c, folds, 2e-2);
+      expect_fold_matches_composition(torch::kFloat16, c, folds, 4e-3);
+    }
   }
 }
 

@@ -8,11 +8,27 @@ namespace myriad {
 
 class Communicator;
 
+// What a batch norm without a slope (IResNet's bn3) shares with the batch norm that reads its
+// output, so that the second one's backward forms the first one's backward sums in the pass that
+// writes its dy (use_backward_folds): the first one's input and statistics, and once that backward
+// ran, the sums and the gradient they were formed from. The first one takes them only where its
+// incoming gradient is that very tensor, unchanged: not where the output had another use.
+struct BackwardFold : torch::CustomClassHolder {
+  torch::Tensor input, mean, invstd;
+  torch::Tensor sums, dy;  // [2, C]: Σ dy and Σ dy x̂; and dy
+  uint32_t dy_version = 0;
+
+  // The first batch norm's backward, the last to read them, ran: the input goes as autograd
+  // releases its saved tensors (a second backward over a kept graph folds no more).
+  void release() { input = mean = invstd = sums = dy = torch::Tensor(); }
+};
+
 // A map on its way to a batch norm, with the per-channel sums that the kernel writing it formed, so
 // that the batch norm makes no statistics pass over it: `sums` [B, 2, C] float32, over B blocks of
 // rows, Σ (y - shift) and Σ (y - shift)², with `shift` [C] float32 (undefined: 0). A batch norm's
 // own kernels form them shifted by the output's first row, near the mean; cuDNN's convolutions
-// (convolve) unshifted, B = 1. The sums are undefined where no kernel formed them.
+// (convolve) unshifted, B = 1. The sums are undefined where no kernel formed them. `fold`, where
+// the batch norm that wrote the map offers its backward sums to the one reading it.
 struct SummedMap {
   SummedMap() = default;
   // A map without sums, or with them. (Not explicit: a plain map is a SummedMap.)
@@ -20,6 +36,7 @@ struct SummedMap {
       : y(std::move(y)), sums(std::move(sums)), shift(std::move(shift)) {}
 
   torch::Tensor y, sums, shift;
+  c10::intrusive_ptr<BackwardFold> fold;
 };
 
 // Batch normalisation over dim 1 of [N, C] or [N, C, *] inputs, with the parameters and buffers
@@ -93,17 +110,26 @@ bool batch_norm_runs_own_kernels(const torch::Device& device, bool synchronised,
 const char* batch_norm_kernels(const torch::Device& device, bool synchronised, bool channels_last);
 
 // What the kernels of our own did since the process began, for a bench's route line and tests:
-// their statistics passes, and the outputs they summed for the batch norm after them (output sums).
-// Zero in builds without CUDA.
+// their statistics passes, the outputs they summed for the batch norm after them (output sums), and
+// the batch norms whose backward sums the next one's backward was set to form (backward folds, set
+// in forward). Zero in builds without CUDA.
 struct BatchNormRouteCount {
   int64_t statistics_passes = 0;
   int64_t output_sums = 0;
+  int64_t backward_folds = 0;
 };
 // What the kernels did between two counts.
 inline BatchNormRouteCount operator-(const BatchNormRouteCount& a, const BatchNormRouteCount& b) {
-  return {a.statistics_passes - b.statistics_passes, a.output_sums - b.output_sums};
+  return {a.statistics_passes - b.statistics_passes, a.output_sums - b.output_sums,
+          a.backward_folds - b.backward_folds};
 }
 BatchNormRouteCount batch_norm_route_count();
+
+// Whether a batch norm without a slope that sums its output for the next batch norm (IResNet's bn3,
+// with output sums on) lets that one's backward form its backward sums (BackwardFold): on by
+// default; off for a bench's comparison (--backward-folds). Process-wide. Returns `enabled`.
+bool use_backward_folds(bool enabled);
+bool backward_folds_enabled();
 
 // Whether BatchNormImpl::convolve may form the statistics in cuDNN's graph. Off unless
 // --conv-statistics asks: on an H200 cuDNN's fused convolutions were slower than its timed plain

@@ -40,6 +40,7 @@ struct BackboneBenchOptions {
   Toggle cudnn_benchmark = Toggle::kAuto;
   Toggle conv_statistics = Toggle::kOff;
   Toggle output_sums = Toggle::kOn;
+  Toggle backward_folds = Toggle::kOn;
   Toggle grouped_casts = Toggle::kOn;
   std::string device = "auto";
   std::string csv;
@@ -52,7 +53,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
                             BackboneBenchOptions& b) {
   po::options_description options("backbone options");
   std::string shape_text, precision_text, layout_text, benchmark_text, statistics_text, sums_text,
-      casts_text;
+      folds_text, casts_text;
   // clang-format off
   options.add_options()
       ("backbone", po::value(&b.net.name)->default_value(b.net.name), "the network (myriad-train's names)")
@@ -64,6 +65,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
       ("cudnn-benchmark", po::value(&benchmark_text)->default_value(to_string(b.cudnn_benchmark)), "cuDNN times each convolution shape's engines once and keeps the fastest: auto (on GPUs), on or off, as myriad-train")
       ("conv-statistics", po::value(&statistics_text)->default_value(to_string(b.conv_statistics)), "batch norm's statistics formed in the epilogues of the convolutions before them (cuDNN's graph API): off, auto or on, as myriad-train")
       ("output-sums", po::value(&sums_text)->default_value(to_string(b.output_sums)), "a block sums its output for the next block's batch norm, which then makes no statistics pass of its own: on (auto, myriad-train's route) or off")
+      ("backward-folds", po::value(&folds_text)->default_value(to_string(b.backward_folds)), "with the output sums, a block's last batch norm has its backward sums formed by the next batch norm's backward, in the pass that writes its gradient: on (auto, myriad-train's route) or off")
       ("grouped-casts", po::value(&casts_text)->default_value(to_string(b.grouped_casts)), "under bf16 or fp16, the convolutions' weights cast together, and their gradients back, in one pass each: on (auto, myriad-train's route on one replica) or off (autocast's cast per weight)")
       ("steps", po::value(&b.steps)->default_value(b.steps), "timed steps")
       ("warmup", po::value(&b.warmup)->default_value(b.warmup), "untimed steps first")
@@ -88,6 +90,7 @@ bool parse_backbone_options(const ProcessContext& context, int argc, char** argv
   b.cudnn_benchmark = parse_toggle("cudnn-benchmark", benchmark_text);
   b.conv_statistics = parse_toggle("conv-statistics", statistics_text);
   b.output_sums = parse_toggle("output-sums", sums_text);
+  b.backward_folds = parse_toggle("backward-folds", folds_text);
   b.grouped_casts = parse_toggle("grouped-casts", casts_text);
   return true;
 }
@@ -232,13 +235,14 @@ void write_csv(const std::string& path, const std::vector<KindFloor>& kinds, dou
 }
 
 // The output sums' switch and the route one forward took: how many outputs were summed for the
-// batch norm after them, and how many batch norms made a statistics pass of their own.
+// batch norm after them, how many batch norms made a statistics pass of their own, and how many
+// have their backward sums folded into the next one's backward.
 std::string output_sums_route(bool on, const BatchNormRouteCount& route) {
   const char* const state = on ? "on" : "off";
   if (route.statistics_passes + route.output_sums == 0)
     return str_format("{} (no batch norm kernel of ours ran)", state);
-  return str_format("{} (formed for {} batch norms; {} statistics passes)", state,
-                    route.output_sums, route.statistics_passes);
+  return str_format("{} (formed for {} batch norms; {} statistics passes; {} backward sums folded)",
+                    state, route.output_sums, route.statistics_passes, route.backward_folds);
 }
 
 // How a training forward casts the convolutions' weights: not at all in float32, else together
@@ -318,6 +322,7 @@ int run_backbone_bench(ProcessContext& context, int argc, char** argv) {
   f.precision = resolve_precision(b.precision, device);
   f.algorithms =
       use_convolution_engines(convolution_engines(false, b.cudnn_benchmark, device), device);
+  use_backward_folds(b.backward_folds != Toggle::kOff);
   use_convolution_statistics(convolution_statistics(
       {b.conv_statistics, false, f.precision, use_channels_last(b.channels_last, device), false},
       device));

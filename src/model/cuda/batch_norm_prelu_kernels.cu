@@ -68,10 +68,10 @@ __device__ inline Lane lane(int64_t channels) {
 
 // This thread's rows (the shared row walk, kRowsAtOnce at a time), each named by the index of the
 // thread's pack in the whole tensor.
-template <class Read, class Use>
+template <int kAtOnce = kRowsAtOnce, class Read, class Use>
 __device__ inline void for_each_lane_row(const Lane& l, int64_t rows, Read&& read, Use&& use) {
   const auto at = [&](int64_t r) { return r * l.packs_per_row + l.pack; };
-  for_each_row<kRowsAtOnce>(
+  for_each_row<kAtOnce>(
       l.row, rows, l.row_step, [&](int64_t r) { return read(at(r)); },
       [&](int64_t r, const auto& data) { use(at(r), data); });
 }
@@ -308,21 +308,26 @@ __global__ void batch_norm_prelu_backward_reduce_kernel(const T* __restrict__ x,
   write_block_sums(s, l, channels, partials);
 }
 
-// The backward sums' three columns of each channel over the row blocks, a block per channel.
+// The backward sums' J columns of each channel over the row blocks, a block per channel: three
+// (batch_norm_prelu_backward_reduce), or two where a fold formed them (no slope's).
+template <int J>
 __global__ void batch_norm_backward_sums_kernel(const float* __restrict__ partials, int64_t blocks,
                                                 int64_t channels, float* __restrict__ sums) {
   const int64_t c = blockIdx.x;
-  float s[3];
-  sum_columns<3>(partials, blocks, 3 * channels, {c, channels + c, 2 * channels + c}, s);
+  int64_t column[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) column[j] = j * channels + c;
+  float s[J];
+  sum_columns<J>(partials, blocks, J * channels, column, s);
   if (threadIdx.x != 0) return;
 #pragma unroll
-  for (int j = 0; j < 3; ++j) sums[j * channels + c] = s[j];
+  for (int j = 0; j < J; ++j) sums[j * channels + c] = s[j];
 }
 
-// x, dy, and the gradient that x's other branch adds to dx.
+// x, dy, the gradient that x's other branch adds to dx, and the folded batch norm's input.
 template <typename T, int V>
 struct BackwardPacks {
-  Pack<T, V> x, dy, branch;
+  Pack<T, V> x, dy, branch, folded;
 };
 
 // One channel's input gradient as an affine map: with z = x scale + shift,
@@ -341,42 +346,59 @@ __device__ inline InputGradient input_gradient(const BatchNormPReLUParams& p, in
 }
 
 // dx from x and dy, plus the branch's gradient where kBranch: the sum of x's two gradients costs no
-// pass of its own.
-template <typename T, int V, bool kBranch>
+// pass of its own. Where kFold, also the folded batch norm's sums of dx as stored, Σ dx and
+// Σ dx x̂ (a slope of 1: dz is its dy).
+template <typename T, int V, bool kBranch, bool kFold>
 __global__ void __launch_bounds__(kThreads, 2)
     batch_norm_prelu_backward_input_kernel(const T* __restrict__ x, const T* __restrict__ dy,
                                            const T* __restrict__ dbranch, T* __restrict__ dx,
                                            int64_t rows, int64_t channels, BatchNormPReLUParams p,
-                                           const float* __restrict__ sums) {
+                                           const float* __restrict__ sums, FoldedSums fold) {
   const Lane l = lane<V>(channels);
-  if (l.pack >= l.packs_per_row) return;
-  const float inv_rows = 1.0f / static_cast<float>(rows);
-  InputGradient g[V];
+  [[maybe_unused]] float s[2][V] = {};
+  if (l.pack < l.packs_per_row) {
+    const float inv_rows = 1.0f / static_cast<float>(rows);
+    InputGradient g[V];
+    [[maybe_unused]] float fold_a[V], fold_b[V];  // the folded batch norm's x̂ = input a + b
 #pragma unroll
-  for (int k = 0; k < V; ++k) {
-    const int64_t c = l.pack * V + k;
-    g[k] = input_gradient(p, c, sums[c] * inv_rows, sums[channels + c] * inv_rows);
+    for (int k = 0; k < V; ++k) {
+      const int64_t c = l.pack * V + k;
+      g[k] = input_gradient(p, c, sums[c] * inv_rows, sums[channels + c] * inv_rows);
+      if constexpr (kFold) {
+        fold_a[k] = fold.invstd[c];
+        fold_b[k] = -fold.mean[c] * fold_a[k];
+      }
+    }
+    const auto* folded = static_cast<const T*>(fold.input);
+    // With the fold's fourth input and sums, two rows at a time would spill registers.
+    for_each_lane_row<kFold ? 1 : kRowsAtOnce>(
+        l, rows,
+        [&](int64_t i) {
+          BackwardPacks<T, V> in{load_pack<V>(x + i * V), load_pack<V>(dy + i * V), {}, {}};
+          if constexpr (kBranch) in.branch = load_pack<V>(dbranch + i * V);
+          if constexpr (kFold) in.folded = load_pack<V>(folded + i * V);
+          return in;
+        },
+        [&](int64_t i, const BackwardPacks<T, V>& in) {
+          Pack<T, V> out;
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            const float xv = to_float(in.x.e[k]), dyv = to_float(in.dy.e[k]);
+            const float z = xv * g[k].scale + g[k].shift;
+            const float dz = z > 0.0f ? dyv : g[k].alpha * dyv;
+            float v = dz * g[k].scale + xv * g[k].x_scale + g[k].offset;
+            if constexpr (kBranch) v += to_float(in.branch.e[k]);
+            out.e[k] = from_float<T>(v);
+            if constexpr (kFold) {
+              const float stored = to_float(out.e[k]);
+              s[0][k] += stored;
+              s[1][k] += stored * (to_float(in.folded.e[k]) * fold_a[k] + fold_b[k]);
+            }
+          }
+          store_pack<V>(dx + i * V, out);
+        });
   }
-  for_each_lane_row(
-      l, rows,
-      [&](int64_t i) {
-        BackwardPacks<T, V> in{load_pack<V>(x + i * V), load_pack<V>(dy + i * V), {}};
-        if constexpr (kBranch) in.branch = load_pack<V>(dbranch + i * V);
-        return in;
-      },
-      [&](int64_t i, const BackwardPacks<T, V>& in) {
-        Pack<T, V> out;
-#pragma unroll
-        for (int k = 0; k < V; ++k) {
-          const float xv = to_float(in.x.e[k]), dyv = to_float(in.dy.e[k]);
-          const float z = xv * g[k].scale + g[k].shift;
-          const float dz = z > 0.0f ? dyv : g[k].alpha * dyv;
-          float v = dz * g[k].scale + xv * g[k].x_scale + g[k].offset;
-          if constexpr (kBranch) v += to_float(in.branch.e[k]);
-          out.e[k] = from_float<T>(v);
-        }
-        store_pack<V>(dx + i * V, out);
-      });
+  if constexpr (kFold) write_block_sums(s, l, channels, fold.partials);
 }
 
 // Row blocks of a reduction at most: partials hold this many rows of sums, as many blocks as can
@@ -556,7 +578,7 @@ cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, Elem
       return e;
     kernel<<<l.grid, l.block, l.shared, stream>>>(
         static_cast<const T*>(x), static_cast<const T*>(dy), rows, channels, p, partials);
-    batch_norm_backward_sums_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
+    batch_norm_backward_sums_kernel<3><<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
         partials, l.grid.y, channels, sums);
     return cudaGetLastError();
   });
@@ -565,18 +587,38 @@ cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, Elem
 cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, const void* dbranch,
                                             void* dx, ElementType type, int64_t rows,
                                             int64_t channels, BatchNormPReLUParams p,
-                                            const float* sums, cudaStream_t stream) {
-  return dispatch(type, channels, {x, dy, dbranch, dx}, [&](auto t, auto v) {
+                                            const float* sums, const FoldedSums* fold,
+                                            cudaStream_t stream) {
+  const void* folded = fold != nullptr ? fold->input : nullptr;
+  return dispatch(type, channels, {x, dy, dbranch, dx, folded}, [&](auto t, auto v) {
     using T = decltype(t);
     constexpr int V = decltype(v)::value;
     const int64_t packs_per_row = channels / V;
     if (packs_per_row == 0) return cudaSuccess;
-    const Launch l = elementwise_launch(rows, packs_per_row);
-    const auto kernel = dbranch != nullptr ? batch_norm_prelu_backward_input_kernel<T, V, true>
-                                           : batch_norm_prelu_backward_input_kernel<T, V, false>;
-    kernel<<<l.grid, l.block, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(dy),
-                                           static_cast<const T*>(dbranch), static_cast<T*>(dx),
-                                           rows, channels, p, sums);
+    const auto* xs = static_cast<const T*>(x);
+    const auto* dys = static_cast<const T*>(dy);
+    const auto* branch = static_cast<const T*>(dbranch);
+    auto* dxs = static_cast<T*>(dx);
+    if (fold == nullptr) {
+      const Launch l = elementwise_launch(rows, packs_per_row);
+      const auto kernel = dbranch != nullptr
+                              ? batch_norm_prelu_backward_input_kernel<T, V, true, false>
+                              : batch_norm_prelu_backward_input_kernel<T, V, false, false>;
+      kernel<<<l.grid, l.block, 0, stream>>>(xs, dys, branch, dxs, rows, channels, p, sums,
+                                             FoldedSums{});
+      return cudaGetLastError();
+    }
+    const auto kernel = dbranch != nullptr
+                            ? batch_norm_prelu_backward_input_kernel<T, V, true, true>
+                            : batch_norm_prelu_backward_input_kernel<T, V, false, true>;
+    Launch l;
+    if (const cudaError_t e = reduce_launch<2, V>(kernel, rows, packs_per_row, &l);
+        e != cudaSuccess)
+      return e;
+    kernel<<<l.grid, l.block, l.shared, stream>>>(xs, dys, branch, dxs, rows, channels, p, sums,
+                                                  *fold);
+    batch_norm_backward_sums_kernel<2><<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
+        fold->partials, l.grid.y, channels, fold->sums);
     return cudaGetLastError();
   });
 }

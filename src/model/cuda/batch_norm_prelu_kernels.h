@@ -86,12 +86,27 @@ cudaError_t batch_norm_prelu_backward_reduce(const void* x, const void* dy, Elem
                                              int64_t rows, int64_t channels, BatchNormPReLUParams p,
                                              float* partials, float* sums, cudaStream_t stream);
 
+// Where the pass that writes dx also forms the backward sums of the batch norm whose output x is
+// (one without a slope, whose dy is then this dx: IResNet's bn3), so that its backward makes no
+// pass over its dy: `input` is that batch norm's input, of x's type and layout, and mean and
+// invstd its statistics; `partials` (batch_norm_partials floats) and `sums` [2, channels] receive
+// Σ dy and Σ dy x̂ of that batch norm, batch_norm_prelu_backward_reduce's first two sums.
+struct FoldedSums {
+  const void* input = nullptr;
+  const float* mean = nullptr;
+  const float* invstd = nullptr;
+  float* partials = nullptr;
+  float* sums = nullptr;
+};
+
 // dx = gamma invstd (dz - Σ dz / rows - x̂ Σ dz x̂ / rows), with the sums of
 // batch_norm_prelu_backward_reduce, plus dbranch (of x's type and layout) where it is not null:
-// the gradient of x's other use, where x also feeds a residual block's shortcut.
+// the gradient of x's other use, where x also feeds a residual block's shortcut. With the folded
+// batch norm's sums where `fold` is not null.
 cudaError_t batch_norm_prelu_backward_input(const void* x, const void* dy, const void* dbranch,
                                             void* dx, ElementType type, int64_t rows,
                                             int64_t channels, BatchNormPReLUParams p,
-                                            const float* sums, cudaStream_t stream);
+                                            const float* sums, const FoldedSums* fold,
+                                            cudaStream_t stream);
 
 }  // namespace myriad::cuda
