@@ -82,7 +82,8 @@ struct NodeSpec {
   SummedMap* output_sums;  // where not null, receives the output's sums and shift
   int64_t* batches;        // num_batches_tracked, counted by the statistics' kernel; null: not
                            // counted (a recomputation)
-  bool recompute;          // a checkpointed block's second forward
+  bool folds;  // may offer or take a BackwardFold: folds are on, a backward will run (grad mode),
+               // and this is no recomputation, whose blocks hand nothing on
 };
 
 // The fold's handle in an autograd node's saved data, and back.
@@ -98,13 +99,11 @@ c10::intrusive_ptr<BackwardFold> saved_fold(torch::autograd::AutogradContext* ct
 }
 
 // The fold a node without a slope offers the batch norm reading its output, where it sums that
-// output (and this is no recomputation, whose blocks hand nothing on).
+// output.
 c10::intrusive_ptr<BackwardFold> offered_fold(const torch::Tensor& x, const torch::Tensor& mean,
                                               const torch::Tensor& invstd,
                                               const torch::Tensor& alpha, const NodeSpec& spec) {
-  if (spec.output_sums == nullptr || alpha.numel() > 0 || spec.recompute ||
-      !backward_folds_enabled())
-    return {};
+  if (!spec.folds || spec.output_sums == nullptr || alpha.numel() > 0) return {};
   auto fold = c10::make_intrusive<BackwardFold>();
   fold->input = x.detach();
   fold->mean = mean;
@@ -116,9 +115,9 @@ c10::intrusive_ptr<BackwardFold> offered_fold(const torch::Tensor& x, const torc
 // released by a backward, of x's device, dtype, shape and layout.
 bool takes_fold(const torch::Tensor& x, const NodeSpec& spec) {
   const c10::intrusive_ptr<BackwardFold>& fold = spec.sums->fold;
-  return fold && fold->input.defined() && !spec.recompute && backward_folds_enabled() &&
-         fold->input.device() == x.device() && fold->input.scalar_type() == x.scalar_type() &&
-         fold->input.sizes() == x.sizes() && fold->input.strides() == x.strides();
+  return spec.folds && fold && fold->input.defined() && fold->input.device() == x.device() &&
+         fold->input.scalar_type() == x.scalar_type() && fold->input.sizes() == x.sizes() &&
+         fold->input.strides() == x.strides();
 }
 
 // mean and invstd of x's channels, from spec.sums where a kernel formed them, else by the
@@ -353,7 +352,8 @@ torch::autograd::variable_list BatchNormImpl::own_kernels(const SummedMap& x,
       residual.defined() ? residual : none, recompute ? none : running_mean,
       recompute ? none : running_var,
       NodeSpec{momentum_, eps_, fork, &x, output_sums,
-               recompute ? nullptr : num_batches_tracked.data_ptr<int64_t>(), recompute});
+               recompute ? nullptr : num_batches_tracked.data_ptr<int64_t>(),
+               !recompute && torch::GradMode::is_enabled() && backward_folds_enabled()});
 #else
   (void)x;
   (void)prelu_weight;

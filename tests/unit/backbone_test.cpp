@@ -9,9 +9,8 @@
 #include "myriad/model/batch_norm.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/error.h"
-#include "support/backward_folds.h"
-#include "support/convolution_statistics_on.h"
 #include "support/exact_float32.h"
+#include "support/model_switch.h"
 
 namespace myriad {
 namespace {
@@ -188,7 +187,7 @@ TEST(Backbone, FusedBatchNormComputesTheUnfusedFunction) {
     // And with the statistics from cuDNN's convolutions (--conv-statistics), where built.
     if (convolution_statistics_built()) {
       const GpuPass sums16 = [&] {
-        const myriad::testing::ConvolutionStatisticsOn on;
+        const auto on = myriad::testing::convolution_statistics_on();
         return pass(true, torch::kBFloat16);
       }();
       expect_near_float32(sums16, "statistics from the convolutions");
@@ -262,6 +261,15 @@ TEST(Backbone, OutputSumsSwitchChoosesTheRoute) {
     EXPECT_EQ(route.statistics_passes, batch_norms - summed);
     EXPECT_EQ(route.backward_folds, on ? blocks : 0);
   }
+  // A forward without a backward to come (evaluation under no_grad, a checkpointed block's first
+  // pass) sums as training does but folds nothing.
+  net->set_output_sums(true);
+  const torch::NoGradGuard no_grad;
+  const BatchNormRouteCount before = batch_norm_route_count();
+  net->forward(images);
+  const BatchNormRouteCount route = batch_norm_route_count() - before;
+  EXPECT_EQ(route.output_sums, blocks + 1);
+  EXPECT_EQ(route.backward_folds, 0);
 }
 
 // A backbone cut anywhere between blocks computes the whole network: what pipeline stages rely on.
@@ -313,7 +321,7 @@ TEST(Backbone, ActivationCheckpointingKeepsGradientsAndStatistics) {
     std::vector<std::shared_ptr<Backbone>> nets;
     for (const Route route : {Route{false, true, true}, Route{true, true, true},
                               Route{false, false, true}, Route{false, true, false}}) {
-      const myriad::testing::BackwardFolds folds(route.folds);
+      const auto folds = myriad::testing::backward_folds(route.folds);
       torch::manual_seed(8);
       auto net = build("r18", {3, 32, 32}, 16);
       net->to(device);

@@ -18,8 +18,7 @@
 #include "myriad/model/batch_norm.h"
 #include "myriad/util/autocast.h"
 #include "myriad/util/format.h"
-#include "support/backward_folds.h"
-#include "support/convolution_statistics_on.h"
+#include "support/model_switch.h"
 #include "support/reference_softmax.h"
 
 namespace myriad::testing {
@@ -342,7 +341,7 @@ void expect_fold_matches_composition(torch::ScalarType dtype, const FoldCase& c,
   };
   const torch::Tensor x = on_gpu(x64).requires_grad_(true);
   const torch::Tensor residual = on_gpu(r64).requires_grad_(true);
-  const BackwardFolds switched(folds);
+  const auto switched = backward_folds(folds);
   const BatchNormRouteCount before = batch_norm_route_count();
   std::vector<torch::Tensor> outputs(1);
   {
@@ -503,7 +502,7 @@ TEST(BatchNormPReLU, ConvolutionSumsGiveTheBatchNormsStatistics) {
   };
   int fused = 0;
   {
-    const ConvolutionStatisticsOn on;
+    const auto on = convolution_statistics_on();
     for (const torch::ScalarType dtype : {torch::kBFloat16, torch::kFloat16}) {
       for (const ConvCase& c : kConvCases) {
         SCOPED_TRACE(str_format("{} -> {}, {}x{} stride {}, {}", c.channels, c.out_channels,
